@@ -1,3 +1,4 @@
 //! cordon-sys: every raw system call cordon makes, and so every `unsafe`
 //! block in the project, lives in this crate. Each block carries a
 //! `// SAFETY:` comment. Other crates are `#![forbid(unsafe_code)]`.
+pub mod probe;
