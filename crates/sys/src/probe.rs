@@ -113,7 +113,7 @@ pub fn keyctl_get_keyring_id(keyring: Keyring) -> Result<i64, Errno> {
     if rc < 0 {
         Err(Errno::last())
     } else {
-        Ok(i64::from(rc))
+        Ok(rc)
     }
 }
 
