@@ -1,0 +1,497 @@
+//! `cordon diff`: every change between two resolved policy sets, each
+//! marked when it weakens isolation. The seed: moving a tool to a weaker
+//! profile is a security change with its own review.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::policy::{Exec, Lifetime, Limits, Network, PolicySet, Runtime, Seccomp, ToolPolicy};
+use crate::units::format_size;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub tool: String,
+    /// Dotted path of the setting, e.g. `limits.memory`.
+    pub field: String,
+    pub old: String,
+    pub new: String,
+    /// True when the new setting gives the tool more reach than the old one.
+    pub weakens: bool,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mark = if self.weakens { "WEAKENS" } else { "       " };
+        write!(
+            f,
+            "{mark}  {}: {}: {} -> {}",
+            self.tool, self.field, self.old, self.new
+        )
+    }
+}
+
+const ABSENT: &str = "(none)";
+
+/// Every change from `old` to `new`, tools in name order.
+pub fn diff(old: &PolicySet, new: &PolicySet) -> Vec<Change> {
+    let mut out = Vec::new();
+    let names: BTreeSet<&String> = old.tools.keys().chain(new.tools.keys()).collect();
+    for name in names {
+        match (old.tools.get(name), new.tools.get(name)) {
+            (None, Some(n)) => out.push(change(name, "tool", ABSENT, &summary(n), true)),
+            (Some(o), None) => out.push(change(name, "tool", &summary(o), ABSENT, false)),
+            (Some(o), Some(n)) => diff_tool(o, n, &mut out),
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+fn summary(t: &ToolPolicy) -> String {
+    format!("{:?} {}", t.profile, runtime_name(t.runtime))
+}
+
+fn change(tool: &str, field: &str, old: &str, new: &str, weakens: bool) -> Change {
+    Change {
+        tool: tool.to_string(),
+        field: field.to_string(),
+        old: old.to_string(),
+        new: new.to_string(),
+        weakens,
+    }
+}
+
+fn runtime_name(r: Runtime) -> &'static str {
+    match r {
+        Runtime::Native => "native",
+        Runtime::Gvisor => "gvisor",
+        Runtime::Microvm => "microvm",
+    }
+}
+
+/// Kernel-boundary strength: a separate kernel beats a shared one.
+fn runtime_strength(r: Runtime) -> u8 {
+    match r {
+        Runtime::Native => 0,
+        Runtime::Gvisor | Runtime::Microvm => 1,
+    }
+}
+
+fn network_reach(n: &Network) -> u8 {
+    match n {
+        Network::None => 0,
+        Network::Allowlist { .. } => 1,
+        Network::Proxy { .. } => 2,
+        Network::Host => 3,
+    }
+}
+
+fn network_mode(n: &Network) -> &'static str {
+    match n {
+        Network::None => "none",
+        Network::Allowlist { .. } => "allowlist",
+        Network::Proxy { .. } => "proxy",
+        Network::Host => "host",
+    }
+}
+
+fn lifetime_name(l: Lifetime) -> &'static str {
+    match l {
+        Lifetime::Call => "call",
+        Lifetime::Session => "session",
+        Lifetime::Pool => "pool",
+    }
+}
+
+fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
+    let t = &o.name;
+    if o.profile != n.profile {
+        out.push(change(
+            t,
+            "profile",
+            &format!("{:?}", o.profile),
+            &format!("{:?}", n.profile),
+            n.profile < o.profile,
+        ));
+    }
+    if o.runtime != n.runtime {
+        out.push(change(
+            t,
+            "runtime",
+            runtime_name(o.runtime),
+            runtime_name(n.runtime),
+            runtime_strength(n.runtime) < runtime_strength(o.runtime),
+        ));
+    }
+    diff_exec(t, &o.exec, &n.exec, out);
+    diff_limits(t, o.limits, n.limits, out);
+    diff_network(t, &o.network, &n.network, out);
+    diff_keyed(
+        t,
+        "secrets",
+        &o.secrets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    format!("scope={} ttl={}s", s.scope, s.ttl_seconds),
+                )
+            })
+            .collect(),
+        &n.secrets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    format!("scope={} ttl={}s", s.scope, s.ttl_seconds),
+                )
+            })
+            .collect(),
+        |old, new| {
+            // A longer lifetime or another scope is more reach.
+            let ttl = |s: &str| {
+                s.rsplit_once("ttl=")
+                    .and_then(|(_, v)| v.trim_end_matches('s').parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let scope = |s: &str| {
+                s.split_once(' ')
+                    .map(|(a, _)| a.to_string())
+                    .unwrap_or_default()
+            };
+            ttl(new) > ttl(old) || scope(new) != scope(old)
+        },
+        out,
+    );
+    diff_keyed(
+        t,
+        "mounts",
+        &o.mounts
+            .iter()
+            .map(|m| (m.dst.clone(), m.src.clone()))
+            .collect(),
+        &n.mounts
+            .iter()
+            .map(|m| (m.dst.clone(), m.src.clone()))
+            .collect(),
+        |_, _| true,
+        out,
+    );
+    diff_keyed(t, "env", &o.env, &n.env, |_, _| true, out);
+    if o.lifetime != n.lifetime {
+        out.push(change(
+            t,
+            "lifetime",
+            lifetime_name(o.lifetime),
+            lifetime_name(n.lifetime),
+            // Anything but a fresh sandbox per call lets state carry over.
+            o.lifetime == Lifetime::Call,
+        ));
+    }
+    if o.output_schema != n.output_schema {
+        out.push(change(
+            t,
+            "output_schema",
+            if o.output_schema.is_some() {
+                "set"
+            } else {
+                ABSENT
+            },
+            if n.output_schema.is_some() {
+                "changed"
+            } else {
+                ABSENT
+            },
+            n.output_schema.is_none(),
+        ));
+    }
+    if o.input_schema != n.input_schema {
+        out.push(change(
+            t,
+            "input_schema",
+            if o.input_schema.is_some() {
+                "set"
+            } else {
+                ABSENT
+            },
+            if n.input_schema.is_some() {
+                "changed"
+            } else {
+                ABSENT
+            },
+            n.input_schema.is_none(),
+        ));
+    }
+    for (field, a, b) in [
+        (
+            "output.strip_html",
+            o.output.strip_html,
+            n.output.strip_html,
+        ),
+        (
+            "output.strip_markdown",
+            o.output.strip_markdown,
+            n.output.strip_markdown,
+        ),
+    ] {
+        if a != b {
+            out.push(change(t, field, &a.to_string(), &b.to_string(), a && !b));
+        }
+    }
+    if o.output.kind != n.output.kind || o.output.media_type != n.output.media_type {
+        out.push(change(
+            t,
+            "output.kind",
+            &format!("{:?} {:?}", o.output.kind, o.output.media_type),
+            &format!("{:?} {:?}", n.output.kind, n.output.media_type),
+            false,
+        ));
+    }
+    if o.output.on_overflow != n.output.on_overflow {
+        out.push(change(
+            t,
+            "output.on_overflow",
+            &format!("{:?}", o.output.on_overflow),
+            &format!("{:?}", n.output.on_overflow),
+            false,
+        ));
+    }
+    diff_seccomp(t, &o.seccomp, &n.seccomp, out);
+    if o.description != n.description {
+        out.push(change(
+            t,
+            "description",
+            &o.description,
+            &n.description,
+            false,
+        ));
+    }
+}
+
+fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
+    if o == n {
+        return;
+    }
+    match (o, n) {
+        (
+            Exec::Image {
+                reference: r1,
+                digest: d1,
+            },
+            Exec::Image {
+                reference: r2,
+                digest: d2,
+            },
+        ) => {
+            if r1 != r2 {
+                out.push(change(t, "image", r1, r2, true));
+            }
+            if d1 != d2 {
+                out.push(change(t, "image.digest", d1, d2, true));
+            }
+        }
+        (Exec::Command { argv: a }, Exec::Command { argv: b }) => {
+            out.push(change(t, "command", &a.join(" "), &b.join(" "), true));
+        }
+        (Exec::Mcp { allow: a1, .. }, Exec::Mcp { allow: a2, .. }) => {
+            let widened = match (a1, a2) {
+                (Some(x), Some(y)) => y.iter().any(|e| !x.contains(e)),
+                (Some(_), None) => true,
+                _ => false,
+            };
+            out.push(change(
+                t,
+                "mcp",
+                &serde_json::to_string(o).unwrap_or_default(),
+                &serde_json::to_string(n).unwrap_or_default(),
+                // Another server, another image, or more of its tools exposed.
+                widened || !mcp_same_server(o, n),
+            ));
+        }
+        _ => out.push(change(
+            t,
+            "exec",
+            &serde_json::to_string(o).unwrap_or_default(),
+            &serde_json::to_string(n).unwrap_or_default(),
+            true,
+        )),
+    }
+}
+
+fn mcp_same_server(o: &Exec, n: &Exec) -> bool {
+    match (o, n) {
+        (
+            Exec::Mcp {
+                command: c1,
+                image: i1,
+                descriptions: d1,
+                ..
+            },
+            Exec::Mcp {
+                command: c2,
+                image: i2,
+                descriptions: d2,
+                ..
+            },
+        ) => c1 == c2 && i1 == i2 && d1 == d2,
+        _ => false,
+    }
+}
+
+fn diff_limits(t: &str, o: Option<Limits>, n: Option<Limits>, out: &mut Vec<Change>) {
+    let (o, n) = match (o, n) {
+        (Some(o), Some(n)) => (o, n),
+        (Some(_), None) => {
+            out.push(change(t, "limits", "enforced", "none (P0)", true));
+            return;
+        }
+        (None, Some(_)) => {
+            out.push(change(t, "limits", "none (P0)", "enforced", false));
+            return;
+        }
+        (None, None) => return,
+    };
+    let secs = |v: u64| format!("{v}s");
+    let size = |v: u64| format_size(v);
+    let plain = |v: u64| v.to_string();
+    let pct = |v: u64| format!("{v}%");
+    type Fmt<'a> = &'a dyn Fn(u64) -> String;
+    let rows: [(&str, u64, u64, Fmt); 8] = [
+        ("limits.wall_seconds", o.wall_seconds, n.wall_seconds, &secs),
+        ("limits.memory", o.memory_bytes, n.memory_bytes, &size),
+        ("limits.tasks", o.tasks, n.tasks, &plain),
+        (
+            "limits.cpu",
+            o.cpu_percent.into(),
+            n.cpu_percent.into(),
+            &pct,
+        ),
+        (
+            "limits.output_bytes",
+            o.output_bytes,
+            n.output_bytes,
+            &plain,
+        ),
+        (
+            "limits.stderr_bytes",
+            o.stderr_bytes,
+            n.stderr_bytes,
+            &plain,
+        ),
+        ("limits.nofile", o.nofile, n.nofile, &plain),
+        ("limits.disk", o.disk_bytes, n.disk_bytes, &size),
+    ];
+    for (field, a, b, fmt) in rows {
+        if a != b {
+            out.push(change(t, field, &fmt(a), &fmt(b), b > a));
+        }
+    }
+}
+
+fn diff_network(t: &str, o: &Network, n: &Network, out: &mut Vec<Change>) {
+    if network_mode(o) != network_mode(n) {
+        out.push(change(
+            t,
+            "network",
+            network_mode(o),
+            network_mode(n),
+            network_reach(n) > network_reach(o),
+        ));
+    }
+    let parts = |x: &Network| -> (
+        BTreeMap<String, String>,
+        BTreeMap<String, String>,
+        BTreeMap<String, String>,
+    ) {
+        match x {
+            Network::Allowlist {
+                allow,
+                resolve,
+                allow_cidrs,
+            } => (
+                allow.iter().map(|a| (a.clone(), String::new())).collect(),
+                resolve.clone(),
+                allow_cidrs
+                    .iter()
+                    .map(|a| (a.clone(), String::new()))
+                    .collect(),
+            ),
+            Network::Proxy {
+                resolve,
+                allow_cidrs,
+            } => (
+                BTreeMap::new(),
+                resolve.clone(),
+                allow_cidrs
+                    .iter()
+                    .map(|a| (a.clone(), String::new()))
+                    .collect(),
+            ),
+            _ => Default::default(),
+        }
+    };
+    let (a1, r1, c1) = parts(o);
+    let (a2, r2, c2) = parts(n);
+    diff_keyed(t, "egress", &a1, &a2, |_, _| true, out);
+    diff_keyed(t, "resolve", &r1, &r2, |_, _| true, out);
+    diff_keyed(t, "allow_cidrs", &c1, &c2, |_, _| true, out);
+}
+
+fn diff_seccomp(t: &str, o: &Seccomp, n: &Seccomp, out: &mut Vec<Change>) {
+    match (o, n) {
+        (Seccomp::AllowList { extra: a }, Seccomp::AllowList { extra: b }) => {
+            for s in b.iter().filter(|s| !a.contains(s)) {
+                out.push(change(t, "seccomp.allow", ABSENT, s, true));
+            }
+            for s in a.iter().filter(|s| !b.contains(s)) {
+                out.push(change(t, "seccomp.allow", s, ABSENT, false));
+            }
+        }
+        (Seccomp::AllowList { .. }, Seccomp::DenyList) => {
+            out.push(change(t, "seccomp", "allowlist", "denylist", true));
+        }
+        (Seccomp::DenyList, Seccomp::AllowList { .. }) => {
+            out.push(change(t, "seccomp", "denylist", "allowlist", false));
+        }
+        (Seccomp::DenyList, Seccomp::DenyList) => {}
+    }
+}
+
+/// Compare two keyed sets: an added key always weakens, a removed key never
+/// does, a changed value weakens when `changed_weakens(old, new)` says so.
+fn diff_keyed(
+    t: &str,
+    field: &str,
+    o: &BTreeMap<String, String>,
+    n: &BTreeMap<String, String>,
+    changed_weakens: impl Fn(&str, &str) -> bool,
+    out: &mut Vec<Change>,
+) {
+    let show = |k: &str, v: &str| {
+        if v.is_empty() {
+            k.to_string()
+        } else {
+            format!("{k}={v}")
+        }
+    };
+    for (k, v) in n {
+        match o.get(k) {
+            None => out.push(change(t, field, ABSENT, &show(k, v), true)),
+            Some(ov) if ov != v => out.push(change(
+                t,
+                field,
+                &show(k, ov),
+                &show(k, v),
+                changed_weakens(ov, v),
+            )),
+            _ => {}
+        }
+    }
+    for (k, v) in o {
+        if !n.contains_key(k) {
+            out.push(change(t, field, &show(k, v), ABSENT, false));
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The manifest as written: YAML, parsed into typed structs with unknown
+//! keys refused, so that a typo can never silently weaken a policy.
+//!
+//! These types mirror the file. They are not consumed by runtimes: see
+//! [`crate::policy`] for the resolved value that is.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+/// A cordon manifest: every tool an agent may call, and the boundary each runs in.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "cordon manifest")]
+pub struct Manifest {
+    /// Manifest format version. Only 1 exists; omit it or write 1.
+    #[serde(default)]
+    pub version: Option<u32>,
+    /// The tools, by name. A name is what the agent calls.
+    #[schemars(with = "BTreeMap<String, Tool>")]
+    pub tools: BTreeMap<String, Spanned<Tool>>,
+}
+
+/// One tool: its profile, what runs, and the allowances inside the profile.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Isolation profile. P0: no sandbox (must be explicit); P1: parser jail;
+    /// P2: MCP server with an egress allowlist and scoped secrets; P3: fresh
+    /// gVisor or microVM runtime per task.
+    #[schemars(with = "Profile")]
+    pub profile: Spanned<Profile>,
+    /// What the tool does, shown to the agent.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Command line, argv form (never passed through a shell).
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// OCI image reference, pinned by digest: `name@sha256:<64 hex digits>`.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub image: Option<Spanned<String>>,
+    /// A third-party MCP server started inside the sandbox.
+    #[serde(default)]
+    pub mcp: Option<McpServer>,
+    /// Sandbox runtime. native (default): namespaces, seccomp, Landlock, cgroups.
+    #[serde(default)]
+    #[schemars(with = "Option<Runtime>")]
+    pub runtime: Option<Spanned<Runtime>>,
+    /// Resource limits; absent fields take the profile's defaults.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+    /// `none`: no network at all. Mutually exclusive with `egress`.
+    #[serde(default)]
+    #[schemars(with = "Option<NetworkNone>")]
+    pub network: Option<Spanned<NetworkNone>>,
+    /// `[host:port, ...]` (an explicit allowlist) or `proxy` (any public
+    /// destination on ports 80 and 443 through the filtering proxy).
+    #[serde(default)]
+    #[schemars(with = "Option<Egress>")]
+    pub egress: Option<Spanned<Egress>>,
+    /// Pin names to addresses, skipping DNS (private services, tests).
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
+    /// Private ranges the egress door may connect to (refused by default).
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+    /// Credentials minted per session by the credential broker.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<Secret>>")]
+    pub secrets: Option<Spanned<Vec<Secret>>>,
+    /// Extra read-only binds: `/host/path` or `/host/path:/sandbox/path`.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    /// The only environment variables passed in, besides PATH, HOME and LANG.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// How long a sandbox lives: one call (default), one agent session, or a pool.
+    #[serde(default)]
+    pub lifetime: Option<Lifetime>,
+    /// JSON Schema of the tool's arguments (MCP exposure).
+    #[serde(default)]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub input_schema: Option<serde_json::Value>,
+    /// JSON Schema the tool's output must satisfy (output gate).
+    #[serde(default)]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub output_schema: Option<serde_json::Value>,
+    /// How the output gate treats this tool's results.
+    #[serde(default)]
+    pub output: Option<Output>,
+    /// Seccomp mode. Absent: the default deny list. `allow: [...]`: default
+    /// deny, with a base set plus these syscalls.
+    #[serde(default)]
+    pub seccomp: Option<Seccomp>,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum Profile {
+    P0,
+    P1,
+    P2,
+    P3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Native,
+    Gvisor,
+    Microvm,
+}
+
+/// The only value `network:` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkNone {
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Egress {
+    /// The literal `proxy`.
+    Proxy(EgressProxy),
+    /// `host:port` entries.
+    Allow(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressProxy {
+    Proxy,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock seconds before the whole sandbox is killed.
+    pub wall_seconds: Option<u64>,
+    /// Memory cap, e.g. `512M`, `2G` (no swap).
+    pub memory: Option<Size>,
+    /// Maximum number of tasks (processes and threads).
+    pub tasks: Option<u64>,
+    /// CPU quota, `100%` = one core.
+    pub cpu: Option<String>,
+    /// Bytes of stdout accepted.
+    pub output_bytes: Option<Size>,
+    /// Bytes of stderr kept.
+    pub stderr_bytes: Option<Size>,
+    /// Open file descriptors.
+    pub nofile: Option<u64>,
+    /// Size of the writable `/tmp`, e.g. `64M`.
+    pub disk: Option<Size>,
+}
+
+/// A byte size: an integer, or a string with a K/M/G/T suffix (powers of 1024).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    /// Variable name the tool receives it under.
+    pub name: String,
+    /// What the credential may do, e.g. `read:issues`.
+    pub scope: String,
+    /// Lifetime in seconds.
+    pub ttl: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Mount {
+    /// `/host/path` (same path inside) or `/host/path:/sandbox/path`.
+    Short(String),
+    Long {
+        src: String,
+        dst: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetime {
+    Call,
+    Session,
+    Pool,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// The server's command line.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// The server's image, pinned by digest.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Which of the server's tools are exposed.
+    #[serde(default)]
+    pub tools: Option<McpTools>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpTools {
+    /// Only these tools are exposed (absent: all).
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    /// Exposed name for a server tool: `{server_name: exposed_name}`.
+    #[serde(default)]
+    pub rename: BTreeMap<String, String>,
+    /// Pinned descriptions: a server whose description differs is refused.
+    #[serde(default)]
+    pub descriptions: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    Text,
+    Json,
+    Binary,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    Fail,
+    Truncate,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Output {
+    /// text (default), json or binary.
+    pub kind: Option<OutputKind>,
+    /// For binary output: the media type, e.g. `image/png`.
+    pub media_type: Option<String>,
+    /// What happens past `output_bytes`: fail (default) or truncate.
+    pub on_overflow: Option<Overflow>,
+    /// Remove HTML markup from text output.
+    pub strip_html: Option<bool>,
+    /// Remove markdown markup from text output.
+    pub strip_markdown: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Seccomp {
+    /// Default-deny allowlist: the base set plus these syscall names.
+    pub allow: Vec<String>,
+}

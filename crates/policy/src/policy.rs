@@ -1,0 +1,137 @@
+//! The resolved policy: one plain value per tool with every effective
+//! setting after defaults. Runtimes consume this and nothing else; it can be
+//! printed (`cordon explain`), diffed (`cordon diff`) and tested without
+//! running anything.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::manifest::{Lifetime, OutputKind, Overflow, Profile, Runtime};
+
+/// All tools of a manifest, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicySet {
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolPolicy {
+    pub name: String,
+    pub profile: Profile,
+    pub description: String,
+    pub runtime: Runtime,
+    pub exec: Exec,
+    /// Absent only for P0 (no sandbox, so nothing enforces a limit).
+    pub limits: Option<Limits>,
+    pub network: Network,
+    pub secrets: Vec<Secret>,
+    pub mounts: Vec<Mount>,
+    /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
+    pub env: BTreeMap<String, String>,
+    pub lifetime: Lifetime,
+    pub input_schema: Option<serde_json::Value>,
+    pub output_schema: Option<serde_json::Value>,
+    pub output: Output,
+    pub seccomp: Seccomp,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exec {
+    Command {
+        argv: Vec<String>,
+    },
+    Image {
+        reference: String,
+        digest: String,
+    },
+    Mcp {
+        command: Option<Vec<String>>,
+        image: Option<String>,
+        allow: Option<Vec<String>>,
+        rename: BTreeMap<String, String>,
+        descriptions: BTreeMap<String, String>,
+    },
+    /// The manifest names no program yet (allowed, e.g. a P3 runtime still
+    /// to be given an image); such a tool is refused at run time.
+    Unspecified,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub wall_seconds: u64,
+    pub memory_bytes: u64,
+    pub tasks: u64,
+    /// Percent of one core: 100 = one core.
+    pub cpu_percent: u32,
+    pub output_bytes: u64,
+    pub stderr_bytes: u64,
+    pub nofile: u64,
+    pub disk_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum Network {
+    /// An empty network namespace: no route anywhere.
+    None,
+    /// Only these `host:port` destinations, through the broker's doors.
+    Allowlist {
+        allow: Vec<String>,
+        resolve: BTreeMap<String, String>,
+        allow_cidrs: Vec<String>,
+    },
+    /// Any public destination on ports 80 and 443, through the filtering proxy.
+    Proxy {
+        resolve: BTreeMap<String, String>,
+        allow_cidrs: Vec<String>,
+    },
+    /// P0: the host's network, unfiltered.
+    Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secret {
+    pub name: String,
+    pub scope: String,
+    pub ttl_seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Mount {
+    pub src: String,
+    pub dst: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    pub kind: OutputKind,
+    pub media_type: Option<String>,
+    pub on_overflow: Overflow,
+    pub strip_html: bool,
+    pub strip_markdown: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum Seccomp {
+    /// The default deny list.
+    DenyList,
+    /// Default deny: the base set plus these syscalls.
+    AllowList { extra: Vec<String> },
+}
+
+impl ToolPolicy {
+    /// Limits, or an error naming the tool when the profile has none (P0).
+    pub fn require_limits(&self) -> Result<Limits, String> {
+        self.limits
+            .ok_or_else(|| format!("{}: profile P0 has no sandbox and no limits", self.name))
+    }
+}
+
+impl PolicySet {
+    pub fn get(&self, tool: &str) -> Option<&ToolPolicy> {
+        self.tools.get(tool)
+    }
+}
