@@ -51,7 +51,8 @@ pub struct Tool {
     pub runtime: Option<Spanned<Runtime>>,
     /// Resource limits; absent fields take the profile's defaults.
     #[serde(default)]
-    pub limits: Option<Limits>,
+    #[schemars(with = "Option<Limits>")]
+    pub limits: Option<Spanned<Limits>>,
     /// `none`: no network at all. Mutually exclusive with `egress`.
     #[serde(default)]
     #[schemars(with = "Option<NetworkNone>")]

@@ -694,8 +694,9 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
     let limits = match default_limits(profile) {
         None => None,
         Some(mut l) => {
-            if let Some(ml) = &t.limits {
-                let bad = |m: String| c.diag(c.at, format!("limits: {m}"), None);
+            if let Some(sl) = &t.limits {
+                let ml = &sl.value;
+                let bad = |m: String| c.diag(sl.referenced, format!("limits: {m}"), None);
                 if let Some(v) = ml.wall_seconds {
                     l.wall_seconds = v;
                 }
@@ -738,9 +739,9 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             Some(l)
         }
     };
-    if profile == Profile::P0 && t.limits.is_some() {
+    if let (Profile::P0, Some(sl)) = (profile, &t.limits) {
         return Err(c.diag(
-            c.at,
+            sl.referenced,
             "profile P0 has no sandbox, so `limits` would not be enforced".into(),
             Some("remove `limits`, or choose P1-P3 to have them enforced"),
         ));

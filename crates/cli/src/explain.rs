@@ -1,0 +1,65 @@
+//! `cordon explain` and `cordon diff`: the resolved policy, printed and compared.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, anyhow};
+
+use crate::exit;
+
+pub fn load(path: &Path) -> anyhow::Result<cordon_policy::Loaded> {
+    cordon_policy::load(path).map_err(|e| anyhow!("{e}"))
+}
+
+pub fn explain(path: &Path, tool: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let loaded = load(path)?;
+    let policy = loaded.policy.get(tool).ok_or_else(|| {
+        anyhow!(
+            "no tool `{tool}` in {}; it has: {}",
+            path.display(),
+            loaded
+                .policy
+                .tools
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(policy)?);
+    } else {
+        let yaml = serde_saphyr::to_string(policy).context("rendering the policy as YAML")?;
+        println!("{}", yaml.trim_end());
+    }
+    Ok(ExitCode::from(exit::OK))
+}
+
+pub fn diff(old: &Path, new: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let a = load(old)?;
+    let b = load(new)?;
+    let changes = cordon_policy::diff::diff(&a.policy, &b.policy);
+    let weakening = changes.iter().filter(|c| c.weakens).count();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&changes)?);
+    } else {
+        for c in &changes {
+            println!("{c}");
+        }
+        println!(
+            "{} changes, {} weaken isolation{}",
+            changes.len(),
+            weakening,
+            if weakening > 0 {
+                ": review required"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(ExitCode::from(if weakening > 0 {
+        exit::FINDING
+    } else {
+        exit::OK
+    }))
+}

@@ -1,0 +1,148 @@
+//! `diff` classifies each kind of change: weakening or not.
+
+use std::path::Path;
+
+use cordon_policy::diff::{Change, diff};
+use cordon_policy::load_str;
+
+const BASE: &str = r#"
+tools:
+  p:
+    profile: P1
+    command: ["/usr/bin/pdftotext", "-", "-"]
+    limits: {wall_seconds: 20, memory: 512M, tasks: 32, output_bytes: 2000000}
+  j:
+    profile: P2
+    image: reg.example/jira@sha256:1111111111111111111111111111111111111111111111111111111111111111
+    egress: ["jira.example:443"]
+    secrets: [{name: JIRA_TOKEN, scope: "read:issues", ttl: 900}]
+  b:
+    profile: P3
+    runtime: gvisor
+    command: ["/usr/bin/chromium"]
+    egress: proxy
+"#;
+
+fn changes(new: &str) -> Vec<Change> {
+    let a = load_str(Path::new("a.yaml"), BASE).unwrap();
+    let b = load_str(Path::new("b.yaml"), new).unwrap();
+    diff(&a.policy, &b.policy)
+}
+
+/// Apply `from -> to` to BASE; assert one change to `field` with `weakens`.
+fn one(from: &str, to: &str, field: &str, weakens: bool) {
+    assert!(BASE.contains(from), "fixture lacks {from}");
+    let c = changes(&BASE.replacen(from, to, 1));
+    let hit: Vec<_> = c.iter().filter(|c| c.field == field).collect();
+    assert_eq!(hit.len(), 1, "{from} -> {to}: {c:#?}");
+    assert_eq!(hit[0].weakens, weakens, "{from} -> {to}: {}", hit[0]);
+}
+
+#[test]
+fn identical_manifests_have_no_changes() {
+    assert!(changes(BASE).is_empty());
+}
+
+#[test]
+fn profile_lowered_weakens_and_raised_does_not() {
+    one(
+        "profile: P3\n    runtime: gvisor",
+        "profile: P0\n    runtime: gvisor",
+        "profile",
+        true,
+    );
+    one(
+        "profile: P1\n    command: [\"/usr/bin/pdftotext\"",
+        "profile: P3\n    runtime: gvisor\n    command: [\"/usr/bin/pdftotext\"",
+        "profile",
+        false,
+    );
+}
+
+#[test]
+fn limits_raised_weaken_and_lowered_do_not() {
+    one("memory: 512M", "memory: 1G", "limits.memory", true);
+    one("memory: 512M", "memory: 256M", "limits.memory", false);
+    one("tasks: 32", "tasks: 64", "limits.tasks", true);
+    one(
+        "wall_seconds: 20",
+        "wall_seconds: 10",
+        "limits.wall_seconds",
+        false,
+    );
+    one(
+        "output_bytes: 2000000",
+        "output_bytes: 9000000",
+        "limits.output_bytes",
+        true,
+    );
+}
+
+#[test]
+fn egress_widened_weakens() {
+    one(
+        r#"["jira.example:443"]"#,
+        r#"["jira.example:443", "evil.example:443"]"#,
+        "egress",
+        true,
+    );
+    one(
+        r#"egress: ["jira.example:443"]"#,
+        "network: none",
+        "network",
+        false,
+    );
+}
+
+#[test]
+fn secret_added_or_longer_weakens() {
+    one(
+        "ttl: 900}",
+        "ttl: 900}, {name: S3, scope: w, ttl: 60}",
+        "secrets",
+        true,
+    );
+    one("ttl: 900", "ttl: 3600", "secrets", true);
+    one("ttl: 900", "ttl: 60", "secrets", false);
+}
+
+#[test]
+fn mount_and_env_added_weaken() {
+    one(
+        "tasks: 32, output_bytes: 2000000}",
+        "tasks: 32, output_bytes: 2000000}\n    mounts: [/srv/fonts]",
+        "mounts",
+        true,
+    );
+    one(
+        "tasks: 32, output_bytes: 2000000}",
+        "tasks: 32, output_bytes: 2000000}\n    env: {LC_ALL: C}",
+        "env",
+        true,
+    );
+}
+
+#[test]
+fn image_digest_changed_weakens() {
+    one("@sha256:1111", "@sha256:2222", "image.digest", true);
+}
+
+#[test]
+fn tool_added_weakens_and_removed_does_not() {
+    let added = changes(&format!("{BASE}  n:\n    profile: P1\n    command: [x]\n"));
+    assert_eq!(added.len(), 1);
+    assert!(added[0].weakens && added[0].field == "tool");
+    let removed = changes(&BASE.replace("  b:\n    profile: P3\n    runtime: gvisor\n    command: [\"/usr/bin/chromium\"]\n    egress: proxy\n", ""));
+    assert_eq!(removed.len(), 1, "{removed:#?}");
+    assert!(!removed[0].weakens);
+}
+
+#[test]
+fn runtime_to_native_weakens() {
+    one(
+        "profile: P3\n    runtime: gvisor\n    command: [\"/usr/bin/chromium\"]\n    egress: proxy",
+        "profile: P2\n    command: [\"/usr/bin/chromium\"]\n    egress: [\"docs.example:443\"]",
+        "runtime",
+        true,
+    );
+}

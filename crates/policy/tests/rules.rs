@@ -1,0 +1,282 @@
+//! Each profile rule, broken by a manifest, with the exact error and line.
+
+use std::path::Path;
+
+use cordon_policy::policy::{Exec, Network};
+use cordon_policy::{Diagnostic, load_str};
+
+fn errors(yaml: &str) -> Vec<Diagnostic> {
+    match load_str(Path::new("m.yaml"), yaml) {
+        Ok(_) => panic!("manifest was accepted:\n{yaml}"),
+        Err(e) => e.diagnostics().to_vec(),
+    }
+}
+
+/// Exactly one error, at `line`, whose message contains `needle`.
+fn assert_one(yaml: &str, line: u64, needle: &str) -> Diagnostic {
+    let errs = errors(yaml);
+    assert_eq!(errs.len(), 1, "expected one error, got {errs:#?}");
+    let d = errs[0].clone();
+    assert_eq!(d.line, line, "wrong line for {d}");
+    assert!(
+        d.message.contains(needle),
+        "`{}` lacks `{needle}`",
+        d.message
+    );
+    assert!(d.to_string().starts_with(&format!("m.yaml:{line}:")), "{d}");
+    d
+}
+
+#[test]
+fn the_seed_manifest_parses_verbatim() {
+    let text = include_str!("fixtures/seed.yaml");
+    let l = load_str(Path::new("seed.yaml"), text).unwrap();
+    assert_eq!(l.policy.tools.len(), 3);
+    let pdf = &l.policy.tools["pdf_to_text"];
+    assert_eq!(pdf.network, Network::None);
+    let lim = pdf.limits.unwrap();
+    assert_eq!(
+        (
+            lim.wall_seconds,
+            lim.memory_bytes,
+            lim.tasks,
+            lim.output_bytes
+        ),
+        (20, 512 << 20, 32, 2_000_000)
+    );
+    let jira = &l.policy.tools["jira_search"];
+    assert!(
+        matches!(&jira.exec, Exec::Image { reference, .. } if reference == "registry.internal/mcp/jira")
+    );
+    assert_eq!(jira.secrets[0].ttl_seconds, 900);
+    // Defaults fill what the seed leaves out.
+    assert_eq!(jira.limits.unwrap().tasks, 64);
+    assert!(matches!(
+        l.policy.tools["browse"].network,
+        Network::Proxy { .. }
+    ));
+    // The abbreviated digest and the tool with nothing to run are warnings.
+    assert_eq!(l.warnings.len(), 2, "{:#?}", l.warnings);
+}
+
+#[test]
+fn unknown_key_is_refused_at_its_line() {
+    let d = assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    netwrok: none\n",
+        5,
+        "unknown field `netwrok`",
+    );
+    assert_eq!(d.column, 5);
+    assert!(d.hint.unwrap().contains("typo"));
+}
+
+#[test]
+fn p1_refuses_egress() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    egress: [\"x.example:443\"]\n",
+        5,
+        "profile P1 requires `network: none`, but `egress` is set",
+    );
+}
+
+#[test]
+fn p1_refuses_secrets() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    secrets: [{name: T, scope: s, ttl: 5}]\n",
+        5,
+        "profile P1 allows no secrets, but 1 declared",
+    );
+}
+
+#[test]
+fn p2_refuses_proxy_and_missing_egress() {
+    assert_one(
+        "tools:\n  a:\n    profile: P2\n    command: [/bin/true]\n    egress: proxy\n",
+        5,
+        "profile P2 requires egress as an explicit host:port allowlist, not `proxy`",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P2\n    command: [/bin/true]\n",
+        3,
+        "profile P2 requires `egress: [host:port, ...]`",
+    );
+}
+
+#[test]
+fn image_tag_is_refused_with_the_digest_form() {
+    let d = assert_one(
+        "tools:\n  a:\n    profile: P2\n    image: reg.example/mcp/jira:1.4\n    egress: [\"jira.example:443\"]\n",
+        4,
+        "is not pinned by digest",
+    );
+    assert!(
+        d.message
+            .contains("reg.example/mcp/jira@sha256:<64 hex digits>"),
+        "{d}"
+    );
+}
+
+#[test]
+fn p3_requires_a_separate_kernel() {
+    assert_one(
+        "tools:\n  a:\n    profile: P3\n    command: [/bin/true]\n    runtime: native\n    egress: proxy\n",
+        5,
+        "profile P3 requires `runtime: gvisor` or `runtime: microvm`, found `runtime: native`",
+    );
+}
+
+#[test]
+fn network_none_and_egress_conflict() {
+    let errs = errors(
+        "tools:\n  a:\n    profile: P2\n    command: [/bin/true]\n    network: none\n    egress: [\"a.example:443\"]\n",
+    );
+    assert!(
+        errs.iter()
+            .any(|d| d.line == 5 && d.message.contains("both `network: none` and `egress`")),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn bad_egress_entries() {
+    for (entry, needle) in [
+        ("a.example", "has no port"),
+        ("a.example:0", "is not 1-65535"),
+        ("u@a.example:443", "no userinfo"),
+        ("*.example:443", "wildcards"),
+    ] {
+        assert_one(
+            &format!(
+                "tools:\n  a:\n    profile: P2\n    command: [/bin/true]\n    egress: [\"{entry}\"]\n"
+            ),
+            5,
+            needle,
+        );
+    }
+}
+
+#[test]
+fn limits_are_validated() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    limits: {memory: 12Q}\n",
+        5,
+        "invalid size `12Q`",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    limits: {tasks: 0}\n",
+        5,
+        "tasks is 0",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P0\n    command: [/bin/true]\n    limits: {tasks: 3}\n",
+        5,
+        "would not be enforced",
+    );
+}
+
+#[test]
+fn every_profile_but_p0_gets_limits() {
+    let l = load_str(
+        Path::new("m.yaml"),
+        "tools:\n  a: {profile: P1, command: [x]}\n  b: {profile: P0, command: [x]}\n",
+    )
+    .unwrap();
+    assert!(l.policy.tools["a"].limits.is_some());
+    assert!(l.policy.tools["b"].limits.is_none());
+    assert_eq!(l.policy.tools["b"].network, Network::Host);
+    let w: Vec<_> = l.warnings.iter().map(|w| w.message.clone()).collect();
+    assert!(
+        w.iter().any(|m| m.contains("P0 runs with no sandbox")),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn profile_must_be_written() {
+    assert_one(
+        "tools:\n  a:\n    command: [/bin/true]\n",
+        3,
+        "missing field `profile`",
+    );
+    assert_one("tools:\n  a:\n    profile: P9\n    command: [x]\n", 3, "P9");
+}
+
+#[test]
+fn two_programs_are_refused() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [x]\n    image: r@sha256:abcd\n",
+        3,
+        "declares 2 of `command`, `image` and `mcp`",
+    );
+}
+
+#[test]
+fn mounts_and_env_are_checked() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [x]\n    mounts: [\"relative:/data\"]\n",
+        3,
+        "mount source `relative` must be an absolute path",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [x]\n    mounts: [\"/srv/x:/proc/x\"]\n",
+        3,
+        "inside a path cordon builds itself",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [x]\n    env: {LD_PRELOAD: /x.so}\n",
+        3,
+        "changes how every program is loaded",
+    );
+}
+
+#[test]
+fn binary_output_needs_a_media_type() {
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [x]\n    output: {kind: binary}\n",
+        3,
+        "binary output needs a `media_type`",
+    );
+}
+
+#[test]
+fn secrets_are_wellformed() {
+    assert_one(
+        "tools:\n  a:\n    profile: P2\n    command: [x]\n    egress: [\"a.b:443\"]\n    secrets: [{name: jira-token, scope: r, ttl: 5}]\n",
+        6,
+        "is not an environment variable name",
+    );
+}
+
+#[test]
+fn yaml_bombs_are_refused() {
+    let mut y = String::from("a: &a [x,x,x,x,x,x,x,x,x]\n");
+    for i in 0..9 {
+        let prev = if i == 0 {
+            "a".to_string()
+        } else {
+            format!("b{}", i - 1)
+        };
+        y += &format!(
+            "b{i}: &b{i} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+        );
+    }
+    y += "tools: {}\n";
+    assert!(load_str(Path::new("m.yaml"), &y).is_err());
+}
+
+#[test]
+fn the_bundled_example_is_valid() {
+    let text = include_str!("../../../examples/cordon.yaml");
+    let l = load_str(Path::new("examples/cordon.yaml"), text).unwrap();
+    assert!(l.warnings.is_empty(), "{:#?}", l.warnings);
+}
+
+#[test]
+fn the_committed_schema_is_current() {
+    let committed = include_str!("../../../schema/cordon.schema.json");
+    let now = serde_json::to_string_pretty(&cordon_policy::json_schema()).unwrap() + "\n";
+    assert!(
+        committed == now,
+        "schema/cordon.schema.json is stale: run `cordon schema > schema/cordon.schema.json`"
+    );
+}
