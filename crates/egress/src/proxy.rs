@@ -1,0 +1,471 @@
+//! The proxy door: HTTP/1.1 CONNECT and absolute-form requests, checked against the allowlist
+//! before any lookup, resolved and vetted by the broker, forwarded with the request line in
+//! origin form and hop-by-hop headers dropped.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::uri::Authority;
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinSet;
+
+use crate::engine::{Engine, OpenError, clean, refusal, started};
+use crate::event::{Decision, Door};
+use crate::io::{Meter, Metered, splice};
+use crate::name::{Host, normalize_host};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Serve one client connection on the proxy door. Holds `permit` (a connection slot) until the
+/// connection and everything it opened are closed.
+pub(crate) async fn serve_conn(
+    engine: Arc<Engine>,
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+) {
+    let _permit = permit;
+    let _ = stream.set_nodelay(true);
+    let idle = engine.policy.idle_timeout;
+    let client_meter = Meter::new();
+    let io = TokioIo::new(Metered::new(stream, client_meter.clone()));
+    let (task_tx, mut task_rx) = mpsc::unbounded_channel::<Task>();
+    let svc_engine = engine.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let engine = svc_engine.clone();
+        let tasks = task_tx.clone();
+        async move { Ok::<_, Infallible>(handle(engine, req, tasks).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(idle)
+        .serve_connection(io, service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut conn => break,
+            Some(t) = task_rx.recv() => { tasks.spawn(t); }
+            () = client_meter.idle(idle), if tasks.is_empty() => break,
+        }
+    }
+    while let Ok(t) = task_rx.try_recv() {
+        tasks.spawn(t);
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+fn text(status: StatusCode, msg: &str) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(format!("{msg}\n")))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn empty() -> Body {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Host and port of a request target, checked: `Err(response)` when refused (event emitted).
+struct Target {
+    host: Host,
+    port: u16,
+    /// What to show in messages and events.
+    label: String,
+    allowed_why: String,
+}
+
+fn resolve_target(
+    engine: &Engine,
+    auth: &Authority,
+    default_port: Option<u16>,
+    t0: &(Instant, String),
+) -> Result<Target, Box<Response<Body>>> {
+    let raw_host = auth.host();
+    let port = auth.port_u16().or(default_port);
+    let refuse = |label: &str, port: u16, why: String| {
+        let msg = refusal(label, port, &why);
+        engine.emit(
+            Door::Proxy,
+            &clean(label),
+            port,
+            None,
+            Decision::Refused,
+            msg.clone(),
+            (0, 0),
+            t0.clone(),
+        );
+        Box::new(text(StatusCode::FORBIDDEN, &msg))
+    };
+    let Some(port) = port else {
+        return Err(refuse(
+            raw_host,
+            0,
+            "CONNECT needs an explicit port (host:port)".into(),
+        ));
+    };
+    if auth.as_str().contains('@') {
+        return Err(refuse(
+            raw_host,
+            port,
+            "userinfo (`user@`) is not allowed in a proxy request".into(),
+        ));
+    }
+    let host = match normalize_host(raw_host) {
+        Ok(h) => h,
+        Err(e) => return Err(refuse(raw_host, port, format!("invalid host: {e}"))),
+    };
+    let label = match &host {
+        Host::Name(n) => n.clone(),
+        Host::Ip(_) => clean(raw_host),
+    };
+    match engine.check(&host, raw_host, port) {
+        Ok(allowed_why) => Ok(Target {
+            host,
+            port,
+            label,
+            allowed_why,
+        }),
+        Err(why) => Err(refuse(&label, port, why)),
+    }
+}
+
+/// Open the upstream for a checked target; `Err(response)` on refusal or failure (event
+/// emitted).
+async fn open_target(
+    engine: &Engine,
+    t: &Target,
+    t0: &(Instant, String),
+) -> Result<(TcpStream, IpAddr), Box<Response<Body>>> {
+    match engine.open(&t.host, t.port).await {
+        Ok(ok) => Ok(ok),
+        Err(OpenError::Refused { why, address }) => {
+            let msg = refusal(&t.label, t.port, &why);
+            engine.emit(
+                Door::Proxy,
+                &t.label,
+                t.port,
+                Some(address),
+                Decision::Refused,
+                msg.clone(),
+                (0, 0),
+                t0.clone(),
+            );
+            Err(Box::new(text(StatusCode::FORBIDDEN, &msg)))
+        }
+        Err(OpenError::Failed { why, address }) => {
+            let msg = format!("egress to {}:{} failed: {why}", t.label, t.port);
+            engine.emit(
+                Door::Proxy,
+                &t.label,
+                t.port,
+                address,
+                Decision::Allowed,
+                msg.clone(),
+                (0, 0),
+                t0.clone(),
+            );
+            Err(Box::new(text(StatusCode::BAD_GATEWAY, &msg)))
+        }
+    }
+}
+
+async fn handle(
+    engine: Arc<Engine>,
+    req: Request<Incoming>,
+    tasks: mpsc::UnboundedSender<Task>,
+) -> Response<Body> {
+    let t0 = started();
+    if req.method() == Method::CONNECT {
+        return connect(engine, req, tasks, t0).await;
+    }
+    let uri = req.uri().clone();
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(auth)) => forward(engine, req, auth.clone(), tasks, t0).await,
+        (Some(scheme), Some(auth)) => {
+            let why = format!(
+                "scheme `{}` is not forwarded by the proxy door; use CONNECT",
+                clean(scheme)
+            );
+            let port = auth.port_u16().unwrap_or(0);
+            let msg = refusal(auth.host(), port, &why);
+            engine.emit(
+                Door::Proxy,
+                &clean(auth.host()),
+                port,
+                None,
+                Decision::Refused,
+                msg.clone(),
+                (0, 0),
+                t0,
+            );
+            text(StatusCode::BAD_REQUEST, &msg)
+        }
+        _ => {
+            let msg = format!(
+                "egress refused: `{} {}` is not a proxy request (use CONNECT host:port or an absolute http:// URI)",
+                req.method(),
+                clean(&uri.to_string())
+            );
+            engine.emit(
+                Door::Proxy,
+                "",
+                0,
+                None,
+                Decision::Refused,
+                msg.clone(),
+                (0, 0),
+                t0,
+            );
+            text(StatusCode::BAD_REQUEST, &msg)
+        }
+    }
+}
+
+async fn connect(
+    engine: Arc<Engine>,
+    req: Request<Incoming>,
+    tasks: mpsc::UnboundedSender<Task>,
+    t0: (Instant, String),
+) -> Response<Body> {
+    let Some(auth) = req.uri().authority().cloned() else {
+        let msg = "egress refused: CONNECT needs host:port".to_string();
+        engine.emit(
+            Door::Proxy,
+            "",
+            0,
+            None,
+            Decision::Refused,
+            msg.clone(),
+            (0, 0),
+            t0,
+        );
+        return text(StatusCode::BAD_REQUEST, &msg);
+    };
+    let t = match resolve_target(&engine, &auth, None, &t0) {
+        Ok(t) => t,
+        Err(resp) => return *resp,
+    };
+    let (upstream, addr) = match open_target(&engine, &t, &t0).await {
+        Ok(ok) => ok,
+        Err(resp) => return *resp,
+    };
+    let idle = engine.policy.idle_timeout;
+    let tunnel = async move {
+        let meter = Meter::new();
+        let mut up = Metered::new(upstream, meter.clone());
+        let note = match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                let mut client = TokioIo::new(upgraded);
+                splice(&mut client, &mut up, idle).await
+            }
+            Err(e) => Some(format!("the client connection was not handed over: {e}")),
+        };
+        let reason = match note {
+            Some(n) => format!("{}; {n}", t.allowed_why),
+            None => t.allowed_why.clone(),
+        };
+        engine.emit(
+            Door::Proxy,
+            &t.label,
+            t.port,
+            Some(addr),
+            Decision::Allowed,
+            reason,
+            (meter.written_bytes(), meter.read_bytes()),
+            t0,
+        );
+    };
+    if tasks.send(Box::pin(tunnel)).is_err() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "egress door is shutting down",
+        );
+    }
+    let mut r = Response::new(empty());
+    *r.status_mut() = StatusCode::OK;
+    r
+}
+
+async fn forward(
+    engine: Arc<Engine>,
+    req: Request<Incoming>,
+    auth: Authority,
+    tasks: mpsc::UnboundedSender<Task>,
+    t0: (Instant, String),
+) -> Response<Body> {
+    let t = match resolve_target(&engine, &auth, Some(80), &t0) {
+        Ok(t) => t,
+        Err(resp) => return *resp,
+    };
+    let (upstream, addr) = match open_target(&engine, &t, &t0).await {
+        Ok(ok) => ok,
+        Err(resp) => return *resp,
+    };
+    let (mut parts, body) = req.into_parts();
+    let origin = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    parts.uri = match origin.parse::<Uri>() {
+        Ok(u) => u,
+        Err(_) => Uri::from_static("/"),
+    };
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    if let Ok(v) = HeaderValue::from_str(auth.as_str()) {
+        parts.headers.insert(header::HOST, v);
+    }
+    let upstream_req = Request::from_parts(parts, body);
+
+    let meter = Meter::new();
+    let io = TokioIo::new(Metered::new(upstream, meter.clone()));
+    let idle = engine.policy.idle_timeout;
+    let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
+        .handshake::<_, Incoming>(io)
+        .await
+    {
+        Ok(ok) => ok,
+        Err(e) => {
+            let msg = format!("egress to {}:{} failed: {e}", t.label, t.port);
+            engine.emit(
+                Door::Proxy,
+                &t.label,
+                t.port,
+                Some(addr),
+                Decision::Allowed,
+                msg.clone(),
+                (0, 0),
+                t0,
+            );
+            return text(StatusCode::BAD_GATEWAY, &msg);
+        }
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Option<String>>();
+    let driver_meter = meter.clone();
+    let driver = async move {
+        let note = tokio::select! {
+            r = conn => r.err().map(|e| format!("upstream connection error: {e}")),
+            () = driver_meter.idle(idle) => Some(format!("closed after {} s idle", idle.as_secs())),
+        };
+        let _ = done_tx.send(note);
+    };
+    if tasks.send(Box::pin(driver)).is_err() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "egress door is shutting down",
+        );
+    }
+    let result = sender.send_request(upstream_req).await;
+    drop(sender);
+    // Report when the upstream connection is done (response body delivered or failed).
+    let report_engine = engine.clone();
+    let label = t.label.clone();
+    let port = t.port;
+    let allowed_why = t.allowed_why.clone();
+    let report_meter = meter.clone();
+    let report = async move {
+        let note = done_rx.await.ok().flatten();
+        let reason = match note {
+            Some(n) => format!("{allowed_why}; {n}"),
+            None => allowed_why,
+        };
+        report_engine.emit(
+            Door::Proxy,
+            &label,
+            port,
+            Some(addr),
+            Decision::Allowed,
+            reason,
+            (report_meter.written_bytes(), report_meter.read_bytes()),
+            t0,
+        );
+    };
+    // If the door is shutting down the report is lost with the connection; nothing to do.
+    let _ = tasks.send(Box::pin(report));
+    match result {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, body.boxed())
+        }
+        Err(e) => text(
+            StatusCode::BAD_GATEWAY,
+            &format!("egress to {}:{} failed: {e}", t.label, t.port),
+        ),
+    }
+}
+
+/// Drop hop-by-hop headers (RFC 9110 7.6.1): those named in `Connection`, and the fixed set.
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ] {
+        h.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        h.insert("user-agent", HeaderValue::from_static("t"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, vec!["accept", "user-agent"]);
+    }
+}
