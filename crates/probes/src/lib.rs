@@ -3,10 +3,19 @@
 //! A profile is a claim, and claims rot. The [`agent`] runs inside a
 //! sandbox and asks the kernel, directly, for what the sandbox should
 //! refuse; the harness runs it through a [`Sandbox`], judges each answer
-//! and writes a [`Report`]. A probe that succeeds is a vulnerability; a
-//! probe that did not run is an error, never a pass.
+//! ([`run_suite`]) and writes a [`Report`]. A probe that succeeds is a
+//! vulnerability; a probe that did not run is an error, never a pass.
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod report;
 pub mod sandbox;
+pub mod suite;
 pub mod wire;
+
+pub use report::{ProbeResult, Report, Verdict};
+pub use sandbox::{
+    Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,
+    SandboxError,
+};
+pub use suite::{CATALOGUE, Category, Filter, Limits, ProbeInfo, Profile, Targets, run_suite};
