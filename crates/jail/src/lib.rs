@@ -1,1 +1,478 @@
-//! cordon-jail
+//! cordon-jail: the native P1 sandbox. One tool call runs in a fresh set of
+//! Linux namespaces (user, mount, pid, network, ipc, uts, cgroup) on a
+//! read-only root assembled on an empty tmpfs, as a non-root uid without
+//! capabilities, under no_new_privs, Landlock and a seccomp filter, with
+//! memory, task and cpu limits from cgroups (v2 or v1) and rlimits.
+//!
+//! Nothing is exec'd but the tool: no bubblewrap, no helper. Raw system
+//! calls are in `cordon-sys`; this crate is `forbid(unsafe_code)`.
+//!
+//! ```no_run
+//! use cordon_jail::{Jail, JailSpec, Stdin};
+//! let jail = Jail::new()?;
+//! let spec = JailSpec::new("upper", ["/usr/bin/tr", "a-z", "A-Z"]);
+//! let out = jail.run(&spec, Stdin::Bytes(b"hello".to_vec()))?;
+//! assert_eq!(out.stdout, b"HELLO");
+//! # Ok::<(), cordon_jail::JailError>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod cgroup;
+pub mod host;
+mod plan;
+mod run;
+pub mod seccomp;
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use cordon_sys::Errno;
+pub use host::HostFacts;
+
+/// One tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailSpec {
+    /// Name for messages, e.g. "pdf_to_text".
+    pub tool: String,
+    /// argv[0]: an absolute path inside the sandbox, or a name looked up
+    /// in the `PATH` of `env` (default `/usr/local/bin:/usr/bin:/bin`).
+    pub argv: Vec<String>,
+    /// The complete environment.
+    pub env: Vec<(String, String)>,
+    /// Extra read-only binds beyond the system ones.
+    pub binds: Vec<Bind>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Network.
+    pub network: NetMode,
+    /// seccomp mode.
+    pub seccomp: SeccompMode,
+    /// Landlock as a second layer when the kernel has it (default true).
+    pub landlock: bool,
+}
+
+impl JailSpec {
+    /// A spec with default limits, no network, the deny-list seccomp
+    /// filter, Landlock, and the environment
+    /// `PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8`.
+    pub fn new<I, S>(tool: &str, argv: I) -> JailSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        JailSpec {
+            tool: tool.to_string(),
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                ("HOME".into(), "/tmp".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+            ],
+            binds: Vec::new(),
+            limits: Limits::default(),
+            network: NetMode::None,
+            seccomp: SeccompMode::DenyList,
+            landlock: true,
+        }
+    }
+}
+
+/// A read-only bind of a host path into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// Host path (file or directory).
+    pub src: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub dst: PathBuf,
+}
+
+/// Resource limits of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Wall clock; the whole sandbox is killed after it.
+    pub wall: Duration,
+    /// Memory (cgroup, no swap; RLIMIT_AS without cgroups).
+    pub memory_bytes: u64,
+    /// Tasks (pids.max; RLIMIT_NPROC in the sandbox's user namespace
+    /// without cgroups).
+    pub tasks: u64,
+    /// CPU quota in percent of one core (100 = one core); None: no quota.
+    pub cpu_percent: Option<u32>,
+    /// Stdout cap; over it the sandbox is killed (OutputCap).
+    pub output_bytes: u64,
+    /// Stderr kept; the rest is drained and counted.
+    pub stderr_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub nofile: u64,
+    /// Size of the writable /tmp (tmpfs) and RLIMIT_FSIZE.
+    pub disk_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            wall: Duration::from_secs(20),
+            memory_bytes: 512 << 20,
+            tasks: 32,
+            cpu_percent: Some(100),
+            output_bytes: 2_000_000,
+            stderr_bytes: 64 << 10,
+            nofile: 256,
+            disk_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Network of the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum NetMode {
+    /// An empty network namespace (lo down): no route anywhere.
+    #[default]
+    None,
+    /// Listening sockets inside the sandbox's namespace handed to the
+    /// broker (see [`DoorRequest`]).
+    Doors(DoorRequest),
+}
+
+/// Doors: local addresses on `lo` and sockets bound to them, created
+/// inside the sandbox's network namespace and handed to the broker before
+/// the tool starts. The tool connects to those addresses; the broker
+/// accepts on the door sockets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DoorRequest {
+    /// Addresses (with prefix length) assigned to `lo`, e.g. 198.18.0.0/15:
+    /// on `lo` the whole IPv4 prefix is local.
+    pub local_cidrs: Vec<(IpAddr, u8)>,
+    /// Listening TCP sockets.
+    pub tcp: Vec<SocketAddr>,
+    /// Bound UDP sockets.
+    pub udp: Vec<SocketAddr>,
+}
+
+/// seccomp mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SeccompMode {
+    /// Default allow, with the deny table of [`seccomp`].
+    #[default]
+    DenyList,
+    /// Default deny (EPERM): [`seccomp::ALLOW_BASE`] plus these names.
+    AllowList(Vec<String>),
+}
+
+/// The tool's stdin.
+#[derive(Debug)]
+pub enum Stdin {
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// A descriptor (file, pipe, socket) the tool reads directly.
+    Fd(OwnedFd),
+    /// /dev/null.
+    Null,
+}
+
+/// How the call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    /// Exit code 0.
+    Ok,
+    /// Non-zero exit or a signal not caused by a limit.
+    Exited,
+    /// Killed at the wall-clock limit.
+    TimedOut,
+    /// OOM-killed at the memory limit.
+    MemoryLimit,
+    /// Hit the task limit and failed.
+    TaskLimit,
+    /// Killed for writing more than output_bytes.
+    OutputCap,
+}
+
+/// Landlock as applied to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LandlockStatus {
+    /// Every right we handle is known to the kernel.
+    FullyEnforced,
+    /// The kernel's ABI is older: some rights are not enforced.
+    PartiallyEnforced,
+    /// The kernel has no Landlock.
+    NotEnforced,
+    /// The spec turned Landlock off.
+    Disabled,
+}
+
+/// The result of a call that ran (setup failures are `Err`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// How it ended.
+    pub status: Status,
+    /// Exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal, when it was killed.
+    pub signal: Option<i32>,
+    /// Wall time from start of setup to reaping.
+    pub duration: Duration,
+    /// Peak memory of the sandbox's cgroup.
+    pub peak_memory_bytes: Option<u64>,
+    /// Stdout (at most output_bytes).
+    pub stdout: Vec<u8>,
+    /// Bytes read from stdout (more than output_bytes on OutputCap).
+    pub output_bytes: u64,
+    /// Stderr, capped at stderr_bytes.
+    pub stderr: Vec<u8>,
+    /// Total stderr bytes seen (stored or drained).
+    pub stderr_total: u64,
+    /// Human text, e.g. `pdf_to_text: timed out after 20s`.
+    pub reason: String,
+    /// Weakened guarantees, e.g. missing cgroups.
+    pub warnings: Vec<String>,
+    /// Landlock state for this call.
+    pub landlock: LandlockStatus,
+}
+
+/// Setup failures.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    /// A step inside the sandbox failed before the tool ran.
+    #[error("{tool}: sandbox setup failed: {step}: {errno:?}")]
+    Setup {
+        /// Tool name.
+        tool: String,
+        /// Which step, e.g. `mount /usr read-only`.
+        step: String,
+        /// errno from the kernel.
+        errno: Errno,
+    },
+    /// A step in the broker failed.
+    #[error("{tool}: {step}: {source}")]
+    Broker {
+        /// Tool name.
+        tool: String,
+        /// Which step, e.g. `write uid_map`.
+        step: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host cannot run sandboxes.
+    #[error("host not usable: {0}")]
+    Host(String),
+    /// The spec is invalid.
+    #[error("invalid spec: {0}")]
+    Spec(String),
+    /// A seccomp filter did not compile.
+    #[error("seccomp filter: {0}")]
+    Seccomp(String),
+}
+
+impl JailError {
+    fn broker(tool: &str, step: impl Into<String>, source: std::io::Error) -> JailError {
+        JailError::Broker {
+            tool: tool.to_string(),
+            step: step.into(),
+            source,
+        }
+    }
+}
+
+/// Options of a [`Jail`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailOptions {
+    /// uid the tool has inside its user namespace (default 1000).
+    pub inner_uid: u32,
+    /// gid inside (default 1000).
+    pub inner_gid: u32,
+    /// Host uid the tool maps to when the broker is root (default 65534).
+    /// An unprivileged broker can only map its own uid.
+    pub host_uid_when_root: u32,
+    /// Host gid when the broker is root (default 65534).
+    pub host_gid_when_root: u32,
+    /// Use cgroups when the host allows it (default true).
+    pub cgroups: bool,
+}
+
+impl Default for JailOptions {
+    fn default() -> JailOptions {
+        JailOptions {
+            inner_uid: 1000,
+            inner_gid: 1000,
+            host_uid_when_root: 65534,
+            host_gid_when_root: 65534,
+            cgroups: true,
+        }
+    }
+}
+
+/// The long-lived sandbox runner: host facts, the root mount point, the
+/// cgroup pool, cached seccomp programs. `run` is thread-safe.
+#[derive(Debug)]
+pub struct Jail {
+    facts: HostFacts,
+    opts: JailOptions,
+    root_dir: tempfile::TempDir,
+    pool: Option<cgroup::Pool>,
+    notes: Vec<String>,
+    no_cgroup_warning: Option<String>,
+    dev_null: OwnedFd,
+    filters: Mutex<Vec<(SeccompMode, bool, Arc<seccomp::Filters>)>>,
+}
+
+impl Jail {
+    /// Detect the host and prepare what can be prepared once.
+    pub fn new() -> Result<Jail, JailError> {
+        Jail::with_options(JailOptions::default())
+    }
+
+    /// [`Jail::new`] with options.
+    pub fn with_options(opts: JailOptions) -> Result<Jail, JailError> {
+        let facts = host::detect();
+        if !facts.user_namespaces {
+            return Err(JailError::Host(
+                "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
+            ));
+        }
+        // The new root is a tmpfs mounted (inside the sandbox's own mount
+        // namespace) on this empty directory; it must be traversable by the
+        // sandbox's uid.
+        let root_dir = tempfile::Builder::new()
+            .prefix("cordon-root-")
+            .tempdir()
+            .map_err(|e| JailError::Host(format!("create root mount point: {e}")))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(root_dir.path(), std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| JailError::Host(format!("chmod root mount point: {e}")))?;
+        }
+        let mut notes = facts.notes.clone();
+        let mut pool = None;
+        let mut no_cgroup_warning = None;
+        let layout = facts.cgroup_layout.clone();
+        if !opts.cgroups {
+            no_cgroup_warning = Some("cgroups disabled by configuration".to_string());
+        } else if layout.memory.is_none() && layout.pids.is_none() {
+            no_cgroup_warning =
+                Some("no memory or pids cgroup controller on this host".to_string());
+        } else {
+            match cgroup::Pool::new(layout) {
+                Ok((p, n)) => {
+                    notes.extend(n);
+                    pool = Some(p);
+                }
+                Err(e) => no_cgroup_warning = Some(format!("cannot create cgroups ({e})")),
+            }
+        }
+        let dev_null = std::fs::File::open("/dev/null")
+            .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?
+            .into();
+        Ok(Jail {
+            facts,
+            opts,
+            root_dir,
+            pool,
+            notes,
+            no_cgroup_warning,
+            dev_null,
+            filters: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// What was detected.
+    pub fn host(&self) -> &HostFacts {
+        &self.facts
+    }
+
+    /// Notes from setup (stale cgroups removed, controllers not enabled...).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Whether limits go through cgroups (false: rlimit fallback).
+    pub fn uses_cgroups(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// Run one call; blocks until the sandbox is gone.
+    pub fn run(&self, spec: &JailSpec, stdin: Stdin) -> Result<Outcome, JailError> {
+        self.run_with_doors(spec, stdin, |_fds| {})
+    }
+
+    /// Run one call with network doors: the door sockets (TCP in request
+    /// order, then UDP) are handed to `on_doors` before the tool starts.
+    pub fn run_with_doors<F>(
+        &self,
+        spec: &JailSpec,
+        stdin: Stdin,
+        on_doors: F,
+    ) -> Result<Outcome, JailError>
+    where
+        F: FnOnce(Vec<OwnedFd>) + Send,
+    {
+        run::run(self, spec, stdin, on_doors)
+    }
+
+    fn filters_for(
+        &self,
+        mode: &SeccompMode,
+        inet: bool,
+    ) -> Result<Arc<seccomp::Filters>, JailError> {
+        if let Ok(cache) = self.filters.lock()
+            && let Some((_, _, f)) = cache.iter().find(|(m, i, _)| m == mode && *i == inet)
+        {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(seccomp::filters(mode, inet)?);
+        if let Ok(mut cache) = self.filters.lock() {
+            if cache.len() > 64 {
+                cache.clear();
+            }
+            cache.push((mode.clone(), inet, f.clone()));
+        }
+        Ok(f)
+    }
+}
+
+/// `512M`, `1G`, `64K`, or bytes.
+pub fn format_bytes(n: u64) -> String {
+    const K: u64 = 1024;
+    if n >= K * K * K && n.is_multiple_of(K * K * K) {
+        format!("{}G", n / (K * K * K))
+    } else if n >= K * K && n.is_multiple_of(K * K) {
+        format!("{}M", n / (K * K))
+    } else if n >= K && n.is_multiple_of(K) {
+        format!("{}K", n / K)
+    } else {
+        n.to_string()
+    }
+}
+
+/// `20s`, `1.5s`, `250ms`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else if ms >= 1000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(512 << 20), "512M");
+        assert_eq!(format_bytes(64 << 20), "64M");
+        assert_eq!(format_bytes(1 << 30), "1G");
+        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_duration(Duration::from_secs(20)), "20s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+    }
+}

@@ -1,0 +1,753 @@
+//! Cgroup limits through v2 or v1, whichever the host has per controller.
+//!
+//! Layout: under the broker's own cgroup in each hierarchy used,
+//! `<own>/cordon/<broker pid>-<jail>-<n>`. Slots are created on demand and
+//! kept in a pool: a call takes a slot, writes only the limits that differ
+//! from what the slot already has, resets the peak counter, records the
+//! event counters (v1 `oom_kill` cannot be reset, so deltas are used), moves
+//! the child in, and afterwards waits until the slot is empty before
+//! putting it back. A slot left by a broker that died is removed by the next
+//! `Jail::new()` (after killing anything still in it).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::Limits;
+
+/// Which cgroup version carries a controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Version {
+    /// cgroup v1 hierarchy.
+    V1,
+    /// cgroup v2 (unified).
+    V2,
+}
+
+/// One controller's placement: version and the parent directory under
+/// which slots are created (`<mount>/<own cgroup>/cordon`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// v1 or v2.
+    pub version: Version,
+    /// `<own cgroup>/cordon` in that hierarchy.
+    pub base: PathBuf,
+}
+
+/// Where memory, pids and cpu limits go (each may be missing).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Layout {
+    /// Memory controller.
+    pub memory: Option<Placement>,
+    /// Pids controller.
+    pub pids: Option<Placement>,
+    /// Cpu controller.
+    pub cpu: Option<Placement>,
+    /// `<own v2 cgroup>/cordon`, when a v2 hierarchy is mounted and
+    /// writable (used for cgroup.kill and CLONE_INTO_CGROUP even without
+    /// controllers; only on a pure v2 host).
+    pub v2_base: Option<PathBuf>,
+}
+
+/// Counters read after a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// OOM kills during the run.
+    pub oom_kills: u64,
+    /// Forks refused by pids.max during the run.
+    pub pids_max_events: u64,
+    /// Peak memory usage in bytes.
+    pub peak_memory: Option<u64>,
+}
+
+/// The limits a slot currently has, to skip identical writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Applied {
+    memory: u64,
+    tasks: u64,
+    cpu: Option<u32>,
+}
+
+/// One set of cgroup directories a sandbox runs in.
+#[derive(Debug)]
+pub struct Slot {
+    /// v2 directory (when any controller is v2, or for kill on pure v2).
+    pub v2: Option<PathBuf>,
+    /// v1 memory directory.
+    pub mem_v1: Option<PathBuf>,
+    /// v1 pids directory.
+    pub pids_v1: Option<PathBuf>,
+    /// v1 cpu directory.
+    pub cpu_v1: Option<PathBuf>,
+    mem_v2: bool,
+    pids_v2: bool,
+    cpu_v2: bool,
+    applied: Option<Applied>,
+    base_oom: u64,
+    base_pids: u64,
+    /// v2 memory.peak opened at `begin` and reset through that descriptor
+    /// (Linux 6.12+: a write resets the peak seen by that open file).
+    peak_v2: Option<fs::File>,
+}
+
+fn ctx(what: &str, path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+fn write_file(dir: &Path, name: &str, value: &str) -> io::Result<()> {
+    let p = dir.join(name);
+    fs::write(&p, value).map_err(|e| ctx("write", &p, e))
+}
+
+fn read_file(dir: &Path, name: &str) -> io::Result<String> {
+    let p = dir.join(name);
+    fs::read_to_string(&p).map_err(|e| ctx("read", &p, e))
+}
+
+/// `key value` lines (memory.events, pids.events, memory.oom_control).
+pub fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(key)).then(|| it.next()?.parse().ok())?
+    })
+}
+
+impl Slot {
+    /// A slot over existing directories (also used by tests with a fake
+    /// cgroupfs tree).
+    pub fn from_dirs(
+        v2: Option<PathBuf>,
+        mem: Option<(Version, PathBuf)>,
+        pids: Option<(Version, PathBuf)>,
+        cpu: Option<(Version, PathBuf)>,
+    ) -> Slot {
+        let v1 = |c: &Option<(Version, PathBuf)>| match c {
+            Some((Version::V1, p)) => Some(p.clone()),
+            _ => None,
+        };
+        let is_v2 = |c: &Option<(Version, PathBuf)>| matches!(c, Some((Version::V2, _)));
+        Slot {
+            mem_v1: v1(&mem),
+            pids_v1: v1(&pids),
+            cpu_v1: v1(&cpu),
+            mem_v2: is_v2(&mem),
+            pids_v2: is_v2(&pids),
+            cpu_v2: is_v2(&cpu),
+            v2,
+            applied: None,
+            base_oom: 0,
+            base_pids: 0,
+            peak_v2: None,
+        }
+    }
+
+    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        self.v2
+            .iter()
+            .chain(self.mem_v1.iter())
+            .chain(self.pids_v1.iter())
+            .chain(self.cpu_v1.iter())
+    }
+
+    /// Whether the slot enforces a memory limit.
+    pub fn has_memory(&self) -> bool {
+        self.mem_v1.is_some() || self.mem_v2
+    }
+
+    /// Whether the slot enforces a task limit.
+    pub fn has_pids(&self) -> bool {
+        self.pids_v1.is_some() || self.pids_v2
+    }
+
+    /// Whether the slot enforces a cpu quota.
+    pub fn has_cpu(&self) -> bool {
+        self.cpu_v1.is_some() || self.cpu_v2
+    }
+
+    /// Write the limits (only what changed since the last call).
+    pub fn apply(&mut self, limits: &Limits) -> io::Result<()> {
+        let want = Applied {
+            memory: limits.memory_bytes,
+            tasks: limits.tasks,
+            cpu: limits.cpu_percent,
+        };
+        let old = self.applied;
+        if old.map(|a| a.memory) != Some(want.memory) {
+            if let Some(d) = &self.mem_v1 {
+                let v = want.memory.to_string();
+                // memsw must stay >= limit: lift it first, then set both.
+                let memsw = d.join("memory.memsw.limit_in_bytes").exists();
+                if memsw {
+                    write_file(d, "memory.memsw.limit_in_bytes", "-1")?;
+                }
+                write_file(d, "memory.limit_in_bytes", &v)?;
+                if memsw {
+                    write_file(d, "memory.memsw.limit_in_bytes", &v)?;
+                }
+            }
+            if self.mem_v2
+                && let Some(d) = &self.v2
+            {
+                write_file(d, "memory.max", &want.memory.to_string())?;
+                write_file(d, "memory.swap.max", "0")?;
+            }
+        }
+        if old.map(|a| a.tasks) != Some(want.tasks) {
+            let v = want.tasks.to_string();
+            if let Some(d) = &self.pids_v1 {
+                write_file(d, "pids.max", &v)?;
+            }
+            if self.pids_v2
+                && let Some(d) = &self.v2
+            {
+                write_file(d, "pids.max", &v)?;
+            }
+        }
+        if old.map(|a| a.cpu) != Some(want.cpu) {
+            const PERIOD: u64 = 100_000;
+            if let Some(d) = &self.cpu_v1 {
+                write_file(d, "cpu.cfs_period_us", &PERIOD.to_string())?;
+                let q = match want.cpu {
+                    Some(p) => (u64::from(p.max(1)) * PERIOD / 100).max(1000).to_string(),
+                    None => "-1".to_string(),
+                };
+                write_file(d, "cpu.cfs_quota_us", &q)?;
+            }
+            if self.cpu_v2
+                && let Some(d) = &self.v2
+            {
+                let v = match want.cpu {
+                    Some(p) => format!(
+                        "{} {PERIOD}",
+                        (u64::from(p.max(1)) * PERIOD / 100).max(1000)
+                    ),
+                    None => format!("max {PERIOD}"),
+                };
+                write_file(d, "cpu.max", &v)?;
+            }
+        }
+        self.applied = Some(want);
+        Ok(())
+    }
+
+    /// Reset the peak counter and remember the event counters.
+    pub fn begin(&mut self) -> io::Result<()> {
+        if let Some(d) = &self.mem_v1 {
+            write_file(d, "memory.max_usage_in_bytes", "0")?;
+        }
+        if self.mem_v2
+            && let Some(d) = &self.v2
+        {
+            // Writable (reset per open file) since Linux 6.12; on older
+            // kernels the write fails and the figure is the slot's
+            // lifetime peak, which can only be too high.
+            self.peak_v2 = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(d.join("memory.peak"))
+                .ok();
+            if let Some(f) = &self.peak_v2 {
+                use std::os::unix::fs::FileExt;
+                let _ = f.write_at(b"reset", 0);
+            }
+        }
+        let s = self.counters()?;
+        self.base_oom = s.0;
+        self.base_pids = s.1;
+        Ok(())
+    }
+
+    fn counters(&self) -> io::Result<(u64, u64)> {
+        let mut oom = 0;
+        let mut pids = 0;
+        if let Some(d) = &self.mem_v1 {
+            oom = keyed(&read_file(d, "memory.oom_control")?, "oom_kill").unwrap_or(0);
+        }
+        if self.mem_v2
+            && let Some(d) = &self.v2
+        {
+            oom = keyed(&read_file(d, "memory.events")?, "oom_kill").unwrap_or(0);
+        }
+        if let Some(d) = &self.pids_v1 {
+            pids = keyed(&read_file(d, "pids.events")?, "max").unwrap_or(0);
+        }
+        if self.pids_v2
+            && let Some(d) = &self.v2
+        {
+            pids = keyed(&read_file(d, "pids.events")?, "max").unwrap_or(0);
+        }
+        Ok((oom, pids))
+    }
+
+    /// Move `pid` into the slot's v1 directories (v2 is joined at clone
+    /// time with CLONE_INTO_CGROUP).
+    pub fn attach_v1(&self, pid: i32) -> io::Result<()> {
+        let v = pid.to_string();
+        for d in [&self.mem_v1, &self.pids_v1, &self.cpu_v1]
+            .into_iter()
+            .flatten()
+        {
+            write_file(d, "cgroup.procs", &v)?;
+        }
+        Ok(())
+    }
+
+    /// Move `pid` into the v2 directory by writing cgroup.procs.
+    pub fn attach_v2(&self, pid: i32) -> io::Result<()> {
+        if let Some(d) = &self.v2 {
+            write_file(d, "cgroup.procs", &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Counters since `begin`.
+    pub fn stats(&self) -> io::Result<Stats> {
+        let (oom, pids) = self.counters()?;
+        let mut peak = None;
+        if let Some(d) = &self.mem_v1 {
+            peak = read_file(d, "memory.max_usage_in_bytes")?
+                .trim()
+                .parse()
+                .ok();
+        }
+        if self.mem_v2
+            && let Some(d) = &self.v2
+        {
+            peak = read_file(d, "memory.peak")
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+        }
+        Ok(Stats {
+            oom_kills: oom.saturating_sub(self.base_oom),
+            pids_max_events: pids.saturating_sub(self.base_pids),
+            peak_memory: peak,
+        })
+    }
+
+    /// Kill everything in the slot: `cgroup.kill` on v2, else SIGKILL each
+    /// listed pid.
+    pub fn kill(&self) {
+        if let Some(d) = &self.v2
+            && write_file(d, "cgroup.kill", "1").is_ok()
+        {
+            return;
+        }
+        for d in self.dirs() {
+            if let Ok(t) = read_file(d, "cgroup.procs") {
+                for pid in t.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = cordon_sys::io::kill_pid(pid);
+                }
+            }
+        }
+    }
+
+    /// Whether no process is left in any of the slot's directories.
+    pub fn is_empty(&self) -> bool {
+        if let Some(d) = &self.v2
+            && let Ok(ev) = read_file(d, "cgroup.events")
+        {
+            if keyed(&ev, "populated") != Some(0) {
+                return false;
+            }
+        } else if let Some(d) = &self.v2
+            && read_file(d, "cgroup.procs")
+                .map(|t| !t.trim().is_empty())
+                .unwrap_or(false)
+        {
+            return false;
+        }
+        for d in [&self.mem_v1, &self.pids_v1, &self.cpu_v1]
+            .into_iter()
+            .flatten()
+        {
+            match read_file(d, "cgroup.procs") {
+                Ok(t) if t.trim().is_empty() => {}
+                Ok(_) => return false,
+                Err(_) => {}
+            }
+        }
+        true
+    }
+
+    /// Poll until empty with exponential backoff from 50 µs; false after
+    /// `limit`.
+    pub fn wait_empty(&self, limit: Duration) -> bool {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            if self.is_empty() {
+                return true;
+            }
+            if start.elapsed() > limit {
+                return false;
+            }
+            sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// rmdir every directory (retrying EBUSY with backoff).
+    pub fn remove(&self) -> io::Result<()> {
+        let mut result = Ok(());
+        for d in self.dirs() {
+            if let Err(e) = rmdir_retry(d, Duration::from_secs(2)) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+fn rmdir_retry(d: &Path, limit: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match fs::remove_dir(d) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < limit => {
+                sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            Err(e) => return Err(ctx("rmdir", d, e)),
+        }
+    }
+}
+
+static JAIL_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The pool of slots of one `Jail`.
+#[derive(Debug)]
+pub struct Pool {
+    layout: Layout,
+    prefix: String,
+    next: AtomicU64,
+    free: Mutex<Vec<Slot>>,
+    all: Mutex<Vec<String>>,
+}
+
+impl Pool {
+    /// Create the `cordon` parent directories, clean slots of dead brokers,
+    /// and check that a slot can be made (one is created and pooled).
+    pub fn new(layout: Layout) -> io::Result<(Pool, Vec<String>)> {
+        let mut notes = Vec::new();
+        for base in layout_bases(&layout) {
+            fs::create_dir_all(base).map_err(|e| ctx("mkdir", base, e))?;
+            notes.extend(clean_stale(base));
+        }
+        if let Some(b) = &layout.v2_base {
+            enable_v2_controllers(&layout, b, &mut notes);
+        }
+        let prefix = format!(
+            "{}-{}",
+            std::process::id(),
+            JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let pool = Pool {
+            layout,
+            prefix,
+            next: AtomicU64::new(0),
+            free: Mutex::new(Vec::new()),
+            all: Mutex::new(Vec::new()),
+        };
+        let first = pool.create()?;
+        pool.release(first);
+        Ok((pool, notes))
+    }
+
+    /// The layout in use.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn create(&self) -> io::Result<Slot> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}-{n}", self.prefix);
+        let mk = |p: &Option<Placement>, want: Version| -> io::Result<Option<(Version, PathBuf)>> {
+            match p {
+                Some(pl) if pl.version == want => {
+                    let d = pl.base.join(&name);
+                    match fs::create_dir(&d) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(ctx("mkdir", &d, e)),
+                    }
+                    Ok(Some((want, d)))
+                }
+                _ => Ok(None),
+            }
+        };
+        let v2 = match &self.layout.v2_base {
+            Some(b) => {
+                let d = b.join(&name);
+                match fs::create_dir(&d) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(ctx("mkdir", &d, e)),
+                }
+                Some(d)
+            }
+            None => None,
+        };
+        let pick = |p: &Option<Placement>| -> io::Result<Option<(Version, PathBuf)>> {
+            match p {
+                Some(pl) if pl.version == Version::V2 => Ok(v2.clone().map(|d| (Version::V2, d))),
+                _ => mk(p, Version::V1),
+            }
+        };
+        let mem = pick(&self.layout.memory)?;
+        let pids = pick(&self.layout.pids)?;
+        let cpu = pick(&self.layout.cpu)?;
+        if let Ok(mut all) = self.all.lock() {
+            all.push(name);
+        }
+        Ok(Slot::from_dirs(v2, mem, pids, cpu))
+    }
+
+    /// Take a slot (pooled or new).
+    pub fn acquire(&self) -> io::Result<Slot> {
+        let pooled = self.free.lock().ok().and_then(|mut f| f.pop());
+        match pooled {
+            Some(s) => Ok(s),
+            None => self.create(),
+        }
+    }
+
+    /// Put a slot back; it must be empty.
+    pub fn release(&self, slot: Slot) {
+        if let Ok(mut f) = self.free.lock() {
+            f.push(slot);
+        }
+    }
+
+    /// A slot that would not empty: kill what is left and remove it.
+    pub fn discard(&self, slot: Slot) {
+        slot.kill();
+        let _ = slot.wait_empty(Duration::from_secs(1));
+        let _ = slot.remove();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(mut free) = self.free.lock() {
+            for s in free.drain(..) {
+                s.kill();
+                let _ = s.remove();
+            }
+        }
+    }
+}
+
+fn layout_bases(l: &Layout) -> Vec<&PathBuf> {
+    let mut v: Vec<&PathBuf> = Vec::new();
+    for p in [&l.memory, &l.pids, &l.cpu].into_iter().flatten() {
+        if p.version == Version::V1 && !v.contains(&&p.base) {
+            v.push(&p.base);
+        }
+    }
+    if let Some(b) = &l.v2_base {
+        v.push(b);
+    }
+    v
+}
+
+/// Remove slots `<pid>-*` whose broker pid no longer exists.
+fn clean_stale(base: &Path) -> Vec<String> {
+    let mut notes = Vec::new();
+    let Ok(rd) = fs::read_dir(base) else {
+        return notes;
+    };
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 || cordon_sys::io::pid_alive(pid) {
+            continue;
+        }
+        let d = ent.path();
+        if !d.is_dir() {
+            continue;
+        }
+        let slot = Slot::from_dirs(None, Some((Version::V1, d.clone())), None, None);
+        slot.kill();
+        let _ = slot.wait_empty(Duration::from_millis(500));
+        match rmdir_retry(&d, Duration::from_millis(500)) {
+            Ok(()) => notes.push(format!("removed stale cgroup {}", d.display())),
+            Err(e) => notes.push(format!("could not remove stale cgroup: {e}")),
+        }
+    }
+    notes
+}
+
+/// On v2, controllers must be enabled in the subtree_control of every
+/// ancestor of the slots below the broker's own cgroup.
+fn enable_v2_controllers(layout: &Layout, base: &Path, notes: &mut Vec<String>) {
+    let mut ctl = Vec::new();
+    for (name, p) in [
+        ("memory", &layout.memory),
+        ("pids", &layout.pids),
+        ("cpu", &layout.cpu),
+    ] {
+        if matches!(p, Some(pl) if pl.version == Version::V2) {
+            ctl.push(format!("+{name}"));
+        }
+    }
+    if ctl.is_empty() {
+        return;
+    }
+    let v = ctl.join(" ");
+    for d in [base.parent(), Some(base)].into_iter().flatten() {
+        if let Err(e) = write_file(d, "cgroup.subtree_control", &v) {
+            notes.push(format!("enabling {v} in {}: {e}", d.display()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_v2() -> (tempfile::TempDir, Slot) {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().to_path_buf();
+        for (f, c) in [
+            ("memory.max", "max\n"),
+            ("memory.swap.max", "max\n"),
+            ("pids.max", "max\n"),
+            ("cpu.max", "max 100000\n"),
+            ("cgroup.procs", ""),
+            ("cgroup.kill", ""),
+            ("cgroup.events", "populated 0\nfrozen 0\n"),
+            (
+                "memory.events",
+                "low 0\nhigh 0\nmax 0\noom 0\noom_kill 2\noom_group_kill 0\n",
+            ),
+            ("pids.events", "max 7\n"),
+            ("memory.peak", "4096\n"),
+        ] {
+            fs::write(d.join(f), c).unwrap();
+        }
+        let slot = Slot::from_dirs(
+            Some(d.clone()),
+            Some((Version::V2, d.clone())),
+            Some((Version::V2, d.clone())),
+            Some((Version::V2, d.clone())),
+        );
+        (t, slot)
+    }
+
+    fn limits(mem: u64, tasks: u64, cpu: Option<u32>) -> Limits {
+        Limits {
+            memory_bytes: mem,
+            tasks,
+            cpu_percent: cpu,
+            ..Limits::default()
+        }
+    }
+
+    fn rd(t: &tempfile::TempDir, f: &str) -> String {
+        fs::read_to_string(t.path().join(f)).unwrap()
+    }
+
+    #[test]
+    fn v2_writer_sets_every_limit() {
+        let (t, mut slot) = fake_v2();
+        slot.apply(&limits(64 << 20, 32, Some(50))).unwrap();
+        assert_eq!(rd(&t, "memory.max"), "67108864");
+        assert_eq!(rd(&t, "memory.swap.max"), "0");
+        assert_eq!(rd(&t, "pids.max"), "32");
+        assert_eq!(rd(&t, "cpu.max"), "50000 100000");
+        // No cpu quota: "max".
+        slot.apply(&limits(64 << 20, 32, None)).unwrap();
+        assert_eq!(rd(&t, "cpu.max"), "max 100000");
+        // 200% = two cores.
+        slot.apply(&limits(64 << 20, 32, Some(200))).unwrap();
+        assert_eq!(rd(&t, "cpu.max"), "200000 100000");
+    }
+
+    #[test]
+    fn v2_writer_skips_unchanged_limits() {
+        let (t, mut slot) = fake_v2();
+        slot.apply(&limits(1 << 30, 8, None)).unwrap();
+        // Tamper with the file: an identical second apply must not rewrite it.
+        fs::write(t.path().join("pids.max"), "untouched").unwrap();
+        slot.apply(&limits(1 << 30, 8, None)).unwrap();
+        assert_eq!(rd(&t, "pids.max"), "untouched");
+        slot.apply(&limits(1 << 30, 9, None)).unwrap();
+        assert_eq!(rd(&t, "pids.max"), "9");
+    }
+
+    #[test]
+    fn v2_counters_are_deltas_since_begin() {
+        let (t, mut slot) = fake_v2();
+        slot.begin().unwrap();
+        // begin() resets the peak through its own descriptor.
+        assert_eq!(rd(&t, "memory.peak"), "reset");
+        // The kernel would now report the peak since the reset.
+        fs::write(t.path().join("memory.peak"), "8192\n").unwrap();
+        let s = slot.stats().unwrap();
+        assert_eq!((s.oom_kills, s.pids_max_events), (0, 0));
+        assert_eq!(s.peak_memory, Some(8192));
+        fs::write(t.path().join("memory.events"), "max 9\noom 3\noom_kill 3\n").unwrap();
+        fs::write(t.path().join("pids.events"), "max 10\n").unwrap();
+        let s = slot.stats().unwrap();
+        assert_eq!(s.oom_kills, 1);
+        assert_eq!(s.pids_max_events, 3);
+    }
+
+    #[test]
+    fn v2_attach_kill_and_populated() {
+        let (t, slot) = fake_v2();
+        slot.attach_v2(4242).unwrap();
+        assert_eq!(rd(&t, "cgroup.procs"), "4242");
+        slot.kill();
+        assert_eq!(rd(&t, "cgroup.kill"), "1");
+        assert!(slot.is_empty());
+        fs::write(t.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(!slot.is_empty());
+        assert!(!slot.wait_empty(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn v1_memsw_written_after_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().to_path_buf();
+        for f in [
+            "memory.limit_in_bytes",
+            "memory.memsw.limit_in_bytes",
+            "pids.max",
+            "cpu.cfs_period_us",
+            "cpu.cfs_quota_us",
+        ] {
+            fs::write(d.join(f), "").unwrap();
+        }
+        let mut slot = Slot::from_dirs(
+            None,
+            Some((Version::V1, d.clone())),
+            Some((Version::V1, d.clone())),
+            Some((Version::V1, d.clone())),
+        );
+        slot.apply(&limits(512 << 20, 16, Some(100))).unwrap();
+        assert_eq!(rd(&t, "memory.limit_in_bytes"), "536870912");
+        assert_eq!(rd(&t, "memory.memsw.limit_in_bytes"), "536870912");
+        assert_eq!(rd(&t, "pids.max"), "16");
+        assert_eq!(rd(&t, "cpu.cfs_quota_us"), "100000");
+        assert_eq!(rd(&t, "cpu.cfs_period_us"), "100000");
+    }
+
+    #[test]
+    fn keyed_parses_oom_control() {
+        let t = "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n";
+        assert_eq!(keyed(t, "oom_kill"), Some(4));
+        assert_eq!(keyed(t, "missing"), None);
+    }
+}

@@ -1,0 +1,673 @@
+//! Build the child's setup program (mounts, files, Landlock, rlimits,
+//! exec candidates) from a spec, in the broker, before clone.
+
+use std::ffi::CString;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
+use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
+
+use crate::{DoorRequest, JailError, JailSpec, LandlockStatus};
+
+/// The Landlock ABI whose rights we ask for.
+pub const LANDLOCK_TARGET: ABI = ABI::V6;
+
+/// The filesystem program plus a description of each step for errors.
+pub struct Program {
+    pub steps: Vec<Step>,
+    pub names: Vec<String>,
+}
+
+fn c(s: impl AsRef<[u8]>) -> Result<CString, JailError> {
+    CString::new(s.as_ref().to_vec())
+        .map_err(|_| JailError::Spec("path or string contains a NUL byte".into()))
+}
+
+fn cp(p: &Path) -> Result<CString, JailError> {
+    c(p.as_os_str().as_bytes())
+}
+
+impl Program {
+    fn push(&mut self, name: String, op: Op) {
+        self.steps.push(Step {
+            op,
+            skip_if_missing: false,
+        });
+        self.names.push(name);
+    }
+
+    fn push_optional(&mut self, name: String, op: Op) {
+        self.steps.push(Step {
+            op,
+            skip_if_missing: true,
+        });
+        self.names.push(name);
+    }
+}
+
+/// Static files of /etc.
+pub fn etc_files(uid: u32, gid: u32) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+                 sandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        (
+            "group",
+            format!("root:x:0:\nsandbox:x:{gid}:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n\
+             protocols: files\nservices: files\n"
+                .to_string(),
+        ),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".to_string()),
+        ("hostname", "cordon\n".to_string()),
+    ]
+}
+
+/// A sandbox path: absolute, normal components only, not one the jail
+/// owns.
+pub fn check_dst(dst: &Path) -> Result<(), JailError> {
+    if !dst.is_absolute() {
+        return Err(JailError::Spec(format!(
+            "bind destination {} is not absolute",
+            dst.display()
+        )));
+    }
+    let mut first = None;
+    for comp in dst.components() {
+        match comp {
+            Component::RootDir => {}
+            Component::Normal(n) => {
+                if first.is_none() {
+                    first = Some(n.to_string_lossy().into_owned());
+                }
+            }
+            _ => {
+                return Err(JailError::Spec(format!(
+                    "bind destination {} must not contain . or ..",
+                    dst.display()
+                )));
+            }
+        }
+    }
+    match first.as_deref() {
+        None => Err(JailError::Spec("bind destination / is not allowed".into())),
+        Some("proc" | "dev" | "tmp" | "etc") if dst.components().count() == 2 => {
+            Err(JailError::Spec(format!(
+                "bind destination {} would hide a sandbox directory",
+                dst.display()
+            )))
+        }
+        Some("proc" | "dev") => Err(JailError::Spec(format!(
+            "bind destination {} is inside /proc or /dev",
+            dst.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Mounts and files of the sandbox root (see the crate docs for the
+/// layout). `root` is the host directory the new root's tmpfs is mounted on.
+pub fn program(
+    root: &Path,
+    facts: &crate::HostFacts,
+    spec: &JailSpec,
+    uid: u32,
+    gid: u32,
+) -> Result<Program, JailError> {
+    let mut p = Program {
+        steps: Vec::with_capacity(64),
+        names: Vec::with_capacity(64),
+    };
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    let ro = libc::MS_NOSUID | libc::MS_NODEV;
+
+    p.push("hostname".into(), Op::Hostname { name: c("cordon")? });
+    p.push(
+        "make every mount private".into(),
+        Op::Mount {
+            src: None,
+            target: c("/")?,
+            fstype: None,
+            flags: libc::MS_REC | libc::MS_PRIVATE,
+            data: None,
+        },
+    );
+    p.push(
+        "mount tmpfs on the new root".into(),
+        Op::Mount {
+            src: Some(c("tmpfs")?),
+            target: cp(root)?,
+            fstype: Some(c("tmpfs")?),
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+            data: Some(c("mode=0755,size=1m,nr_inodes=4096")?),
+        },
+    );
+    // /usr and the other system directories.
+    p.push(
+        "mkdir /usr".into(),
+        Op::Mkdir {
+            path: cp(&r("usr"))?,
+            mode: 0o755,
+        },
+    );
+    p.push(
+        "mount /usr read-only".into(),
+        Op::BindReadOnly {
+            src: c("/usr")?,
+            target: cp(&r("usr"))?,
+            flags: ro,
+        },
+    );
+    for d in &facts.system_dirs {
+        let rel = d.path.to_string_lossy();
+        match &d.symlink {
+            Some(target) => p.push(
+                format!("symlink {rel}"),
+                Op::Symlink {
+                    target: cp(target)?,
+                    link: cp(&r(&rel))?,
+                },
+            ),
+            None => {
+                p.push(
+                    format!("mkdir {rel}"),
+                    Op::Mkdir {
+                        path: cp(&r(&rel))?,
+                        mode: 0o755,
+                    },
+                );
+                p.push(
+                    format!("mount {rel} read-only"),
+                    Op::BindReadOnly {
+                        src: cp(&d.path)?,
+                        target: cp(&r(&rel))?,
+                        flags: ro,
+                    },
+                );
+            }
+        }
+    }
+    // /etc: written files, plus the loader cache and the alternatives
+    // symlinks (both harmless, needed by dynamic binaries and Debian's
+    // /usr/bin/awk-style links).
+    p.push(
+        "mkdir /etc".into(),
+        Op::Mkdir {
+            path: cp(&r("etc"))?,
+            mode: 0o755,
+        },
+    );
+    for (name, content) in etc_files(uid, gid) {
+        p.push(
+            format!("write /etc/{name}"),
+            Op::WriteFile {
+                path: cp(&r(&format!("etc/{name}")))?,
+                mode: 0o644,
+                contents: content.into_bytes(),
+            },
+        );
+    }
+    if Path::new("/etc/ld.so.cache").is_file() {
+        p.push(
+            "create /etc/ld.so.cache".into(),
+            Op::WriteFile {
+                path: cp(&r("etc/ld.so.cache"))?,
+                mode: 0o644,
+                contents: Vec::new(),
+            },
+        );
+        p.push(
+            "mount /etc/ld.so.cache read-only".into(),
+            Op::BindReadOnly {
+                src: c("/etc/ld.so.cache")?,
+                target: cp(&r("etc/ld.so.cache"))?,
+                flags: ro,
+            },
+        );
+    }
+    if Path::new("/etc/alternatives").is_dir() {
+        p.push(
+            "mkdir /etc/alternatives".into(),
+            Op::Mkdir {
+                path: cp(&r("etc/alternatives"))?,
+                mode: 0o755,
+            },
+        );
+        p.push(
+            "mount /etc/alternatives read-only".into(),
+            Op::BindReadOnly {
+                src: c("/etc/alternatives")?,
+                target: cp(&r("etc/alternatives"))?,
+                flags: ro,
+            },
+        );
+    }
+    // /dev: five device binds and the fd symlinks.
+    p.push(
+        "mkdir /dev".into(),
+        Op::Mkdir {
+            path: cp(&r("dev"))?,
+            mode: 0o755,
+        },
+    );
+    for dev in ["null", "zero", "full", "random", "urandom"] {
+        let target = cp(&r(&format!("dev/{dev}")))?;
+        p.push(
+            format!("create /dev/{dev}"),
+            Op::WriteFile {
+                path: target.clone(),
+                mode: 0o666,
+                contents: Vec::new(),
+            },
+        );
+        p.push(
+            format!("bind /dev/{dev}"),
+            Op::Mount {
+                src: Some(c(format!("/dev/{dev}"))?),
+                target: target.clone(),
+                fstype: None,
+                flags: libc::MS_BIND,
+                data: None,
+            },
+        );
+        p.push(
+            format!("remount /dev/{dev} nosuid,noexec"),
+            Op::Remount {
+                target,
+                flags: libc::MS_NOSUID | libc::MS_NOEXEC,
+            },
+        );
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        p.push(
+            format!("symlink /dev/{name}"),
+            Op::Symlink {
+                target: c(target)?,
+                link: cp(&r(&format!("dev/{name}")))?,
+            },
+        );
+    }
+    // /proc of the new pid namespace, with the OCI masks. Mounted while
+    // the host's /proc is still visible (the kernel refuses a new proc in
+    // a user namespace otherwise).
+    p.push(
+        "mkdir /proc".into(),
+        Op::Mkdir {
+            path: cp(&r("proc"))?,
+            mode: 0o555,
+        },
+    );
+    p.push(
+        "mount /proc".into(),
+        Op::Mount {
+            src: Some(c("proc")?),
+            target: cp(&r("proc"))?,
+            fstype: Some(c("proc")?),
+            flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data: None,
+        },
+    );
+    for f in [
+        "kcore",
+        "keys",
+        "key-users",
+        "timer_list",
+        "sched_debug",
+        "sysrq-trigger",
+        "latency_stats",
+        "timer_stats",
+        "kallsyms",
+        "kpagecount",
+        "kpageflags",
+        "kpagecgroup",
+        "config.gz",
+    ] {
+        p.push_optional(
+            format!("mask /proc/{f}"),
+            Op::Mount {
+                src: Some(c("/dev/null")?),
+                target: cp(&r(&format!("proc/{f}")))?,
+                fstype: None,
+                flags: libc::MS_BIND,
+                data: None,
+            },
+        );
+    }
+    for d in ["sys", "bus", "fs", "irq"] {
+        let t = cp(&r(&format!("proc/{d}")))?;
+        p.push_optional(
+            format!("mount /proc/{d} read-only"),
+            Op::BindReadOnly {
+                src: t.clone(),
+                target: t,
+                flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            },
+        );
+    }
+    for d in ["acpi", "scsi", "asound", "driver"] {
+        p.push_optional(
+            format!("mask /proc/{d}"),
+            Op::Mount {
+                src: Some(c("tmpfs")?),
+                target: cp(&r(&format!("proc/{d}")))?,
+                fstype: Some(c("tmpfs")?),
+                flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                data: Some(c("size=0,mode=0555")?),
+            },
+        );
+    }
+    // /tmp: the only writable place.
+    p.push(
+        "mkdir /tmp".into(),
+        Op::Mkdir {
+            path: cp(&r("tmp"))?,
+            mode: 0o1777,
+        },
+    );
+    p.push(
+        "mount tmpfs on /tmp".into(),
+        Op::Mount {
+            src: Some(c("tmpfs")?),
+            target: cp(&r("tmp"))?,
+            fstype: Some(c("tmpfs")?),
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+            data: Some(c(format!(
+                "mode=1777,size={},nr_inodes={}",
+                spec.limits.disk_bytes.max(4096),
+                (spec.limits.disk_bytes / 4096).clamp(64, 1 << 20)
+            ))?),
+        },
+    );
+    // The tool's binds.
+    for b in &spec.binds {
+        check_dst(&b.dst)?;
+        let meta = std::fs::metadata(&b.src)
+            .map_err(|e| JailError::Spec(format!("bind source {}: {e}", b.src.display())))?;
+        let mut cur = PathBuf::from("/");
+        let comps: Vec<_> = b.dst.components().skip(1).collect();
+        for (i, comp) in comps.iter().enumerate() {
+            cur.push(comp);
+            let last = i + 1 == comps.len();
+            let target = cp(&r(&cur.to_string_lossy()))?;
+            if last && !meta.is_dir() {
+                p.push(
+                    format!("create {}", cur.display()),
+                    Op::WriteFile {
+                        path: target,
+                        mode: 0o644,
+                        contents: Vec::new(),
+                    },
+                );
+            } else {
+                p.push(
+                    format!("mkdir {}", cur.display()),
+                    Op::Mkdir {
+                        path: target,
+                        mode: 0o755,
+                    },
+                );
+            }
+        }
+        p.push(
+            format!("mount {} on {} read-only", b.src.display(), b.dst.display()),
+            Op::BindReadOnly {
+                src: cp(&b.src)?,
+                target: cp(&r(&b.dst.to_string_lossy()))?,
+                flags: ro,
+            },
+        );
+    }
+    p.push(
+        "pivot_root into the new root".into(),
+        Op::PivotRoot {
+            new_root: cp(root)?,
+        },
+    );
+    p.push(
+        "remount / read-only".into(),
+        Op::Remount {
+            target: c("/")?,
+            flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+        },
+    );
+    p.push("chdir /tmp".into(), Op::Chdir { path: c("/tmp")? });
+    Ok(p)
+}
+
+/// Landlock: read+execute everywhere, write under /tmp, device files
+/// under /dev; TCP bind/connect refused without doors; abstract unix
+/// sockets and signals scoped to the sandbox.
+pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, LandlockStatus) {
+    if kernel_abi <= 0 {
+        return (None, LandlockStatus::NotEnforced);
+    }
+    let kabi = ABI::from(kernel_abi);
+    let abi = if kabi < LANDLOCK_TARGET {
+        kabi
+    } else {
+        LANDLOCK_TARGET
+    };
+    let status = if kabi >= LANDLOCK_TARGET {
+        LandlockStatus::FullyEnforced
+    } else {
+        LandlockStatus::PartiallyEnforced
+    };
+    let all: BitFlags<AccessFs> = AccessFs::from_all(abi);
+    let read: BitFlags<AccessFs> = AccessFs::from_read(abi);
+    let dev: BitFlags<AccessFs> = all
+        & (AccessFs::ReadFile
+            | AccessFs::WriteFile
+            | AccessFs::ReadDir
+            | AccessFs::Truncate
+            | AccessFs::IoctlDev);
+    let handled_net = if abi >= ABI::V4 && !doors {
+        AccessNet::from_all(abi).bits()
+    } else {
+        0
+    };
+    let scoped = if abi >= ABI::V6 {
+        Scope::from_all(abi).bits()
+    } else {
+        0
+    };
+    let attr_size = if abi >= ABI::V6 {
+        24
+    } else if abi >= ABI::V4 {
+        16
+    } else {
+        8
+    };
+    let rules = vec![
+        (c"/".to_owned(), read.bits()),
+        (c"/tmp".to_owned(), all.bits()),
+        (c"/dev".to_owned(), dev.bits()),
+    ];
+    (
+        Some(LandlockPlan {
+            handled_fs: all.bits(),
+            handled_net,
+            scoped,
+            attr_size,
+            rules,
+        }),
+        status,
+    )
+}
+
+/// Exec candidates for argv[0].
+pub fn exec_paths(spec: &JailSpec) -> Result<Vec<CString>, JailError> {
+    let Some(arg0) = spec.argv.first() else {
+        return Err(JailError::Spec("argv is empty".into()));
+    };
+    if arg0.is_empty() {
+        return Err(JailError::Spec("argv[0] is empty".into()));
+    }
+    if arg0.contains('/') {
+        if !arg0.starts_with('/') {
+            return Err(JailError::Spec(format!(
+                "argv[0] {arg0:?} must be absolute or a bare name"
+            )));
+        }
+        return Ok(vec![c(arg0)?]);
+    }
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let mut out = Vec::new();
+    for dir in path.split(':').filter(|d| d.starts_with('/')) {
+        out.push(c(format!("{}/{arg0}", dir.trim_end_matches('/')))?);
+    }
+    if out.is_empty() {
+        return Err(JailError::Spec(format!(
+            "no absolute PATH entry to look up {arg0:?}"
+        )));
+    }
+    Ok(out)
+}
+
+fn sockaddr(a: &SocketAddr) -> (libc::c_int, Vec<u8>) {
+    match a {
+        SocketAddr::V4(v4) => {
+            let mut b = Vec::with_capacity(16);
+            b.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            b.extend_from_slice(&v4.port().to_be_bytes());
+            b.extend_from_slice(&v4.ip().octets());
+            b.extend_from_slice(&[0u8; 8]);
+            (libc::AF_INET, b)
+        }
+        SocketAddr::V6(v6) => {
+            let mut b = Vec::with_capacity(28);
+            b.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            b.extend_from_slice(&v6.port().to_be_bytes());
+            b.extend_from_slice(&v6.flowinfo().to_be_bytes());
+            b.extend_from_slice(&v6.ip().octets());
+            b.extend_from_slice(&v6.scope_id().to_ne_bytes());
+            (libc::AF_INET6, b)
+        }
+    }
+}
+
+/// One RTM_NEWADDR request adding `ip/prefix` to `lo` (ifindex 1 in a new
+/// network namespace).
+pub fn newaddr_message(ip: IpAddr, prefix: u8, seq: u32) -> Vec<u8> {
+    const RTM_NEWADDR: u16 = 20;
+    const NLM_F_REQUEST: u16 = 0x1;
+    const NLM_F_ACK: u16 = 0x4;
+    const NLM_F_EXCL: u16 = 0x200;
+    const NLM_F_CREATE: u16 = 0x400;
+    const IFA_ADDRESS: u16 = 1;
+    const IFA_LOCAL: u16 = 2;
+    let (family, octets): (u8, Vec<u8>) = match ip {
+        IpAddr::V4(v) => (libc::AF_INET as u8, v.octets().to_vec()),
+        IpAddr::V6(v) => (libc::AF_INET6 as u8, v.octets().to_vec()),
+    };
+    let mut m = Vec::with_capacity(64);
+    m.extend_from_slice(&0u32.to_ne_bytes()); // length, patched below
+    m.extend_from_slice(&RTM_NEWADDR.to_ne_bytes());
+    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE).to_ne_bytes());
+    m.extend_from_slice(&seq.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes()); // port id: kernel
+    // struct ifaddrmsg
+    m.push(family);
+    m.push(prefix);
+    m.push(0); // flags
+    m.push(0); // scope: universe
+    m.extend_from_slice(&1u32.to_ne_bytes()); // ifindex of lo
+    for ty in [IFA_LOCAL, IFA_ADDRESS] {
+        let len = 4 + octets.len() as u16;
+        m.extend_from_slice(&len.to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&octets);
+        while m.len() % 4 != 0 {
+            m.push(0);
+        }
+    }
+    let len = (m.len() as u32).to_ne_bytes();
+    m[..4].copy_from_slice(&len);
+    m
+}
+
+/// The child's doors program.
+pub fn doors(req: &DoorRequest) -> Result<DoorsPlan, JailError> {
+    let mut addr_messages = Vec::new();
+    for (i, (ip, prefix)) in req.local_cidrs.iter().enumerate() {
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if *prefix > max {
+            return Err(JailError::Spec(format!(
+                "door address {ip}/{prefix}: prefix too long"
+            )));
+        }
+        addr_messages.push(newaddr_message(*ip, *prefix, i as u32 + 1));
+    }
+    let mut sockets = Vec::new();
+    for a in &req.tcp {
+        let (fam, b) = sockaddr(a);
+        sockets.push((fam, libc::SOCK_STREAM, b));
+    }
+    for a in &req.udp {
+        let (fam, b) = sockaddr(a);
+        sockets.push((fam, libc::SOCK_DGRAM, b));
+    }
+    Ok(DoorsPlan {
+        addr_messages,
+        sockets,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations() {
+        assert!(check_dst(Path::new("/opt/tools")).is_ok());
+        assert!(check_dst(Path::new("/etc/ssl")).is_ok());
+        assert!(check_dst(Path::new("relative")).is_err());
+        assert!(check_dst(Path::new("/")).is_err());
+        assert!(check_dst(Path::new("/tmp")).is_err());
+        assert!(check_dst(Path::new("/proc/x")).is_err());
+        assert!(check_dst(Path::new("/opt/../etc")).is_err());
+    }
+
+    #[test]
+    fn netlink_message_layout() {
+        let m = newaddr_message("198.18.0.0".parse().unwrap(), 15, 1);
+        // 16 header + 8 ifaddrmsg + 2 * (4 + 4) attributes.
+        assert_eq!(m.len(), 40);
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 40);
+        assert_eq!(m[16], libc::AF_INET as u8);
+        assert_eq!(m[17], 15);
+        assert_eq!(&m[28..32], &[198, 18, 0, 0]);
+    }
+
+    #[test]
+    fn landlock_masks() {
+        let (plan, status) = landlock(7, false);
+        let plan = plan.unwrap();
+        assert_eq!(status, LandlockStatus::FullyEnforced);
+        assert_ne!(plan.handled_net, 0);
+        assert_eq!(plan.attr_size, 24);
+        let (plan, status) = landlock(3, true);
+        assert_eq!(status, LandlockStatus::PartiallyEnforced);
+        assert_eq!(plan.unwrap().attr_size, 8);
+        assert_eq!(landlock(0, false).1, LandlockStatus::NotEnforced);
+    }
+}

@@ -1,0 +1,725 @@
+//! The broker side of one call: spawn, identity maps, cgroups, go-ahead,
+//! doors, then the I/O loop with the wall clock, and the verdict.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use cordon_sys::Errno;
+use cordon_sys::io as sio;
+use cordon_sys::spawn::{ChildFailure, ChildPlan, ChildStep};
+
+use crate::cgroup::Slot;
+use crate::{
+    Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, format_bytes,
+    format_duration, plan,
+};
+
+const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as u64;
+
+/// Kills and reaps the child if the call ends early.
+struct Reaper {
+    pidfd: OwnedFd,
+    reaped: bool,
+}
+
+impl Reaper {
+    fn kill(&self) {
+        let _ = sio::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill();
+            let _ = sio::wait_pidfd(self.pidfd.as_fd(), true);
+        }
+    }
+}
+
+/// Returns a cgroup slot to the pool when the call ends (also on error).
+struct SlotGuard<'a> {
+    jail: &'a Jail,
+    slot: Option<Slot>,
+}
+
+impl SlotGuard<'_> {
+    fn get(&self) -> Option<&Slot> {
+        self.slot.as_ref()
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if let (Some(pool), Some(slot)) = (&self.jail.pool, self.slot.take()) {
+            if slot.wait_empty(Duration::from_secs(2)) {
+                pool.release(slot);
+            } else {
+                pool.discard(slot);
+            }
+        }
+    }
+}
+
+fn describe(
+    step: ChildStep,
+    names: &[String],
+    spec: &JailSpec,
+    exec: &[std::ffi::CString],
+) -> String {
+    match step {
+        ChildStep::Op(i) => names
+            .get(i as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("setup step {i}")),
+        ChildStep::Exec => {
+            let arg0 = spec.argv.first().map(String::as_str).unwrap_or("");
+            if exec.len() == 1 {
+                format!("execve {arg0}")
+            } else {
+                format!("execve {arg0} (looked up in PATH)")
+            }
+        }
+        ChildStep::Fds => "set up stdio descriptors".into(),
+        ChildStep::Sync => "wait for the broker".into(),
+        ChildStep::CgroupNs => "unshare cgroup namespace".into(),
+        ChildStep::Groups => "setgroups".into(),
+        ChildStep::Gid => "setresgid".into(),
+        ChildStep::Uid => "setresuid".into(),
+        ChildStep::DeathSignal => "prctl PR_SET_PDEATHSIG".into(),
+        ChildStep::Rlimit(r) => format!("setrlimit {}", rlimit_name(r)),
+        ChildStep::Setsid => "setsid".into(),
+        ChildStep::NoNewPrivs => "prctl PR_SET_NO_NEW_PRIVS".into(),
+        ChildStep::LandlockCreate => "landlock_create_ruleset".into(),
+        ChildStep::LandlockRule(i) => format!("landlock_add_rule #{i}"),
+        ChildStep::LandlockRestrict => "landlock_restrict_self".into(),
+        ChildStep::Capabilities => "drop capabilities".into(),
+        ChildStep::Seccomp(i) => format!("install seccomp filter #{i}"),
+        ChildStep::SignalMask => "unblock signals".into(),
+        ChildStep::DoorsLoopback => "bring lo up".into(),
+        ChildStep::DoorsAddress(i) => match &spec.network {
+            NetMode::Doors(d) => d
+                .local_cidrs
+                .get(i as usize)
+                .map(|(ip, p)| format!("add {ip}/{p} to lo"))
+                .unwrap_or_else(|| format!("add address #{i} to lo")),
+            NetMode::None => format!("add address #{i} to lo"),
+        },
+        ChildStep::DoorsSocket(i) => match &spec.network {
+            NetMode::Doors(d) => d
+                .tcp
+                .iter()
+                .map(|a| format!("listen on tcp {a}"))
+                .chain(d.udp.iter().map(|a| format!("bind udp {a}")))
+                .nth(i as usize)
+                .unwrap_or_else(|| format!("door socket #{i}")),
+            NetMode::None => format!("door socket #{i}"),
+        },
+        ChildStep::DoorsSend => "send door sockets to the broker".into(),
+        ChildStep::Unknown(c) => format!("unknown step {c:#x}"),
+    }
+}
+
+fn rlimit_name(r: u32) -> &'static str {
+    match r {
+        x if x == libc::RLIMIT_NOFILE => "RLIMIT_NOFILE",
+        x if x == libc::RLIMIT_FSIZE => "RLIMIT_FSIZE",
+        x if x == libc::RLIMIT_CORE => "RLIMIT_CORE",
+        x if x == libc::RLIMIT_AS => "RLIMIT_AS",
+        x if x == libc::RLIMIT_NPROC => "RLIMIT_NPROC",
+        x if x == libc::RLIMIT_CPU => "RLIMIT_CPU",
+        _ => "rlimit",
+    }
+}
+
+fn errno_io(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+pub fn run<F>(jail: &Jail, spec: &JailSpec, stdin: Stdin, on_doors: F) -> Result<Outcome, JailError>
+where
+    F: FnOnce(Vec<std::os::fd::OwnedFd>) + Send,
+{
+    let start = Instant::now();
+    let tool = spec.tool.as_str();
+    let broker = |step: &str, e: io::Error| JailError::broker(tool, step, e);
+    let limits = &spec.limits;
+    if limits.wall.is_zero() {
+        return Err(JailError::Spec("wall limit is zero".into()));
+    }
+    let facts = &jail.facts;
+    let doors_req = match &spec.network {
+        NetMode::Doors(d) => Some(d),
+        NetMode::None => None,
+    };
+
+    // Identity: inside uid/gid, and what they map to on the host.
+    let (host_uid, host_gid) = if facts.root {
+        (jail.opts.host_uid_when_root, jail.opts.host_gid_when_root)
+    } else {
+        (facts.euid, facts.egid)
+    };
+    let (uid, gid) = (jail.opts.inner_uid, jail.opts.inner_gid);
+
+    // Everything the child needs, built now.
+    let program = plan::program(jail.root_dir.path(), facts, spec, uid, gid)?;
+    let exec_paths = plan::exec_paths(spec)?;
+    let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
+    let (landlock, landlock_status) = if spec.landlock {
+        plan::landlock(facts.landlock_abi, doors_req.is_some())
+    } else {
+        (None, LandlockStatus::Disabled)
+    };
+    let doors = doors_req.map(plan::doors).transpose()?;
+    let n_doors = doors.as_ref().map(|d| d.sockets.len()).unwrap_or(0);
+
+    let mut warnings = Vec::new();
+    let mut guard = SlotGuard { jail, slot: None };
+    if let Some(pool) = &jail.pool {
+        let mut slot = pool.acquire().map_err(|e| broker("create cgroup", e))?;
+        let prep = slot.apply(limits).and_then(|()| slot.begin());
+        guard.slot = Some(slot);
+        prep.map_err(|e| broker("set cgroup limits", e))?;
+    }
+    let slot = guard.get();
+    let cg_mem = slot.map(Slot::has_memory).unwrap_or(false);
+    let cg_pids = slot.map(Slot::has_pids).unwrap_or(false);
+    let cg_cpu = slot.map(Slot::has_cpu).unwrap_or(false);
+    let why = jail
+        .no_cgroup_warning
+        .as_deref()
+        .unwrap_or("controller not available");
+    let mut rlimits = vec![
+        (libc::RLIMIT_NOFILE, limits.nofile, limits.nofile),
+        // A page over the tmpfs size, so filling /tmp ends in ENOSPC
+        // rather than SIGXFSZ.
+        (
+            libc::RLIMIT_FSIZE,
+            limits.disk_bytes.saturating_add(4096),
+            limits.disk_bytes.saturating_add(4096),
+        ),
+        (libc::RLIMIT_CORE, 0, 0),
+    ];
+    if !cg_mem {
+        rlimits.push((libc::RLIMIT_AS, limits.memory_bytes, limits.memory_bytes));
+        warnings.push(format!(
+            "cgroups unavailable ({why}): memory limit enforced by RLIMIT_AS only (no OOM detection, no peak memory)"
+        ));
+    }
+    if !cg_pids {
+        // RLIMIT_NPROC is counted per user namespace: the sandbox's fresh
+        // namespace makes it a per-sandbox task limit.
+        rlimits.push((libc::RLIMIT_NPROC, limits.tasks, limits.tasks));
+        warnings.push(format!(
+            "cgroups unavailable ({why}): task limit enforced by RLIMIT_NPROC in the sandbox's user namespace (no task-limit detection)"
+        ));
+    }
+    if limits.cpu_percent.is_some() && !cg_cpu {
+        warnings.push(format!(
+            "cgroups unavailable ({why}): cpu quota not enforced"
+        ));
+    }
+    if landlock_status == LandlockStatus::PartiallyEnforced {
+        warnings.push(format!(
+            "Landlock ABI {} is older than {:?}: some rights not enforced",
+            facts.landlock_abi,
+            plan::LANDLOCK_TARGET
+        ));
+    } else if landlock_status == LandlockStatus::NotEnforced {
+        warnings.push("Landlock unavailable on this kernel".into());
+    }
+
+    // Descriptors.
+    let p = |what: &str| {
+        let w = what.to_string();
+        move |e: Errno| broker(&w, errno_io(e))
+    };
+    let (out_r, out_w) = sio::pipe().map_err(p("create stdout pipe"))?;
+    let (err_r, err_w) = sio::pipe().map_err(p("create stderr pipe"))?;
+    let (sync_r, sync_w) = sio::pipe().map_err(p("create sync pipe"))?;
+    let (fail_r, fail_w) = sio::pipe().map_err(p("create error pipe"))?;
+    let mut stdin_bytes = None;
+    let (in_child, in_w): (OwnedFd, Option<OwnedFd>) = match stdin {
+        Stdin::Bytes(b) => {
+            let (r, w) = sio::pipe().map_err(p("create stdin pipe"))?;
+            stdin_bytes = Some(b);
+            (r, Some(w))
+        }
+        Stdin::Fd(fd) => (fd, None),
+        Stdin::Null => (
+            jail.dev_null
+                .try_clone()
+                .map_err(|e| broker("dup /dev/null", e))?,
+            None,
+        ),
+    };
+    let doors_pair = if doors.is_some() {
+        Some(sio::seqpacket_pair().map_err(p("create door socket pair"))?)
+    } else {
+        None
+    };
+
+    let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()) {
+        Some(d) => Some(
+            sio::open_dir(d).map_err(|e| broker(&format!("open {}", d.display()), errno_io(e)))?,
+        ),
+        None => None,
+    };
+
+    let child_plan = ChildPlan {
+        namespaces: NS_FLAGS,
+        cgroup_fd: cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
+        stdin: in_child.as_raw_fd(),
+        stdout: out_w.as_raw_fd(),
+        stderr: err_w.as_raw_fd(),
+        sync_read: sync_r.as_raw_fd(),
+        err_write: fail_w.as_raw_fd(),
+        doors_sock: doors_pair.as_ref().map(|(_, c)| c.as_raw_fd()),
+        cgroup_ns: true,
+        clear_groups: facts.root,
+        uid,
+        gid,
+        steps: program.steps,
+        doors,
+        rlimits,
+        landlock,
+        cap_last: facts.cap_last_cap,
+        seccomp: filters.as_ref().clone(),
+        exec_paths,
+        argv: spec
+            .argv
+            .iter()
+            .map(|a| std::ffi::CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| JailError::Spec("argv contains a NUL byte".into()))?,
+        envp: spec
+            .env
+            .iter()
+            .map(|(k, v)| {
+                if k.is_empty() || k.contains('=') {
+                    return Err(JailError::Spec(format!("bad environment name {k:?}")));
+                }
+                std::ffi::CString::new(format!("{k}={v}"))
+                    .map_err(|_| JailError::Spec("environment contains a NUL byte".into()))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+
+    let child = cordon_sys::spawn::spawn(&child_plan).map_err(|e| {
+        JailError::broker(
+            tool,
+            "clone3 with new user, mount, pid, net, ipc, uts namespaces",
+            errno_io(e),
+        )
+    })?;
+    let mut reaper = Reaper {
+        pidfd: child.pidfd,
+        reaped: false,
+    };
+    let pid = child.pid;
+    // The child's ends are its own now.
+    drop(out_w);
+    drop(err_w);
+    drop(sync_r);
+    drop(fail_w);
+    drop(in_child);
+    drop(cgroup_fd);
+    let doors_sock = doors_pair.map(|(parent, _child)| parent);
+
+    // uid/gid maps. An unprivileged broker must deny setgroups first.
+    let proc = format!("/proc/{pid}");
+    if !facts.root {
+        std::fs::write(format!("{proc}/setgroups"), "deny")
+            .map_err(|e| broker("write setgroups", e))?;
+    }
+    std::fs::write(format!("{proc}/uid_map"), format!("{uid} {host_uid} 1\n"))
+        .map_err(|e| broker(&format!("write uid_map ({uid} -> host {host_uid})"), e))?;
+    std::fs::write(format!("{proc}/gid_map"), format!("{gid} {host_gid} 1\n"))
+        .map_err(|e| broker(&format!("write gid_map ({gid} -> host {host_gid})"), e))?;
+    if let Some(s) = slot {
+        s.attach_v1(pid)
+            .map_err(|e| broker("move the sandbox into its cgroups", e))?;
+    }
+    sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
+
+    let setup_failure = |buf: [u8; 8]| {
+        let f = ChildFailure::decode(buf);
+        JailError::Setup {
+            tool: tool.to_string(),
+            step: describe(f.step, &program.names, spec, &child_plan.exec_paths),
+            errno: f.errno,
+        }
+    };
+    let deadline = start + limits.wall;
+
+    // Doors: receive every socket, hand them over, then let the child go on.
+    if let Some(sock) = &doors_sock {
+        let mut fds = Vec::with_capacity(n_doors);
+        while fds.len() < n_doors {
+            let mut pfd = [
+                pfd(sock.as_fd(), libc::POLLIN),
+                pfd(fail_r.as_fd(), libc::POLLIN),
+            ];
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(JailError::broker(
+                    tool,
+                    "receive door sockets",
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "sandbox setup exceeded the wall limit",
+                    ),
+                ));
+            }
+            poll_retry(&mut pfd, left).map_err(p("poll door socket"))?;
+            if pfd[1].revents != 0 {
+                let mut buf = [0u8; 8];
+                if read_full(fail_r.as_fd(), &mut buf) == 8 {
+                    return Err(setup_failure(buf));
+                }
+                return Err(JailError::broker(
+                    tool,
+                    "receive door sockets",
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "sandbox exited during setup"),
+                ));
+            }
+            if pfd[0].revents != 0 {
+                match cordon_sys::spawn::recv_fd(sock).map_err(p("receive door socket"))? {
+                    Some(fd) => fds.push(fd),
+                    None => {
+                        let mut buf = [0u8; 8];
+                        if read_full(fail_r.as_fd(), &mut buf) == 8 {
+                            return Err(setup_failure(buf));
+                        }
+                        return Err(JailError::broker(
+                            tool,
+                            "receive door sockets",
+                            io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "sandbox closed the door socket",
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        on_doors(fds);
+        sio::write(sock.as_fd(), b"g").map_err(p("release the sandbox after doors"))?;
+    }
+
+    // The I/O loop.
+    let mut io = IoState::new(limits.output_bytes, limits.stderr_bytes);
+    let mut out_r = Some(out_r);
+    let mut err_r = Some(err_r);
+    let mut fail_r = Some(fail_r);
+    let mut in_w = in_w;
+    let stdin_bytes = stdin_bytes.unwrap_or_default();
+    let mut in_off = 0usize;
+    if let Some(w) = &in_w {
+        if stdin_bytes.is_empty() {
+            in_w = None;
+        } else {
+            sio::set_nonblocking(w.as_fd(), true).map_err(p("stdin non-blocking"))?;
+        }
+    }
+    for fd in [&out_r, &err_r].into_iter().flatten() {
+        sio::set_nonblocking(fd.as_fd(), true).map_err(p("pipe non-blocking"))?;
+    }
+    let mut exit: Option<sio::ExitStatus> = None;
+    let mut killed_for: Option<Status> = None;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if exit.is_some() && out_r.is_none() && err_r.is_none() {
+            break;
+        }
+        let now = Instant::now();
+        if killed_for.is_none() && now >= deadline && exit.is_none() {
+            killed_for = Some(Status::TimedOut);
+            kill_all(&reaper, slot);
+        }
+        // After the kill (or the exit) the pipes reach EOF once every
+        // process of the sandbox is gone; a process outside the sandbox
+        // that inherited a pipe end must not keep the call alive.
+        let timeout = if exit.is_some() {
+            Duration::from_millis(500)
+        } else if killed_for.is_some() {
+            Duration::from_secs(5)
+        } else {
+            deadline.saturating_duration_since(now)
+        };
+        let mut fds: Vec<sio::PollFd> = Vec::with_capacity(5);
+        let mut kinds: Vec<u8> = Vec::with_capacity(5);
+        if let Some(f) = &out_r {
+            fds.push(pfd(f.as_fd(), libc::POLLIN));
+            kinds.push(b'o');
+        }
+        if let Some(f) = &err_r {
+            fds.push(pfd(f.as_fd(), libc::POLLIN));
+            kinds.push(b'e');
+        }
+        if let Some(f) = &in_w {
+            fds.push(pfd(f.as_fd(), libc::POLLOUT));
+            kinds.push(b'i');
+        }
+        if let Some(f) = &fail_r {
+            fds.push(pfd(f.as_fd(), libc::POLLIN));
+            kinds.push(b'f');
+        }
+        if exit.is_none() {
+            fds.push(pfd(reaper.pidfd.as_fd(), libc::POLLIN));
+            kinds.push(b'p');
+        }
+        let n = poll_retry(&mut fds, timeout).map_err(p("poll"))?;
+        if n == 0 && exit.is_some() {
+            // Pipes held open from outside the sandbox: stop waiting.
+            out_r = None;
+            err_r = None;
+            continue;
+        }
+        for (pf, kind) in fds.iter().zip(kinds.iter()) {
+            if pf.revents == 0 {
+                continue;
+            }
+            match kind {
+                b'o' => {
+                    if let Some(f) = &out_r {
+                        match drain(f.as_fd(), &mut buf, |chunk| io.stdout(chunk)) {
+                            Drain::Eof => out_r = None,
+                            Drain::Stop => {
+                                out_r = None;
+                                if killed_for.is_none() && exit.is_none() {
+                                    killed_for = Some(Status::OutputCap);
+                                    kill_all(&reaper, slot);
+                                }
+                            }
+                            Drain::More => {}
+                        }
+                    }
+                }
+                b'e' => {
+                    if let Some(f) = &err_r
+                        && let Drain::Eof = drain(f.as_fd(), &mut buf, |chunk| {
+                            io.stderr(chunk);
+                            true
+                        })
+                    {
+                        err_r = None;
+                    }
+                }
+                b'i' => {
+                    if let Some(w) = &in_w {
+                        let rest = stdin_bytes.get(in_off..).unwrap_or(&[]);
+                        match sio::write(w.as_fd(), rest) {
+                            Ok(k) => {
+                                in_off += k;
+                                if in_off >= stdin_bytes.len() {
+                                    in_w = None;
+                                }
+                            }
+                            Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
+                            // EPIPE: the tool closed stdin; it may still be
+                            // fine.
+                            Err(_) => in_w = None,
+                        }
+                    }
+                }
+                b'f' => {
+                    if let Some(f) = &fail_r {
+                        let mut b = [0u8; 8];
+                        let n = read_full(f.as_fd(), &mut b);
+                        if n == 8 {
+                            drop(reaper);
+                            return Err(setup_failure(b));
+                        }
+                        // EOF: execve succeeded (or the child died before
+                        // reporting; the exit status will tell).
+                        fail_r = None;
+                    }
+                }
+                b'p' => {
+                    if let Some(st) =
+                        sio::wait_pidfd(reaper.pidfd.as_fd(), false).map_err(p("waitid"))?
+                    {
+                        exit = Some(st);
+                        reaper.reaped = true;
+                        in_w = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    drop(sync_w);
+    drop(doors_sock);
+    let Some(exit) = exit else {
+        return Err(JailError::broker(
+            tool,
+            "wait for the sandbox",
+            io::Error::other("sandbox did not exit"),
+        ));
+    };
+    // A child that died before exec without reporting (killed at the wall
+    // limit during setup is the usual case) still ends up here.
+    let stats = slot.and_then(|s| s.stats().ok()).unwrap_or_default();
+    let duration = start.elapsed();
+    let (exit_code, signal) = match exit {
+        sio::ExitStatus::Exited(c) => (Some(c), None),
+        sio::ExitStatus::Signaled(s) => (None, Some(s)),
+    };
+    let failed = exit_code != Some(0);
+    let status = if let Some(k) = killed_for {
+        k
+    } else if stats.oom_kills > 0 {
+        Status::MemoryLimit
+    } else if stats.pids_max_events > 0 && failed {
+        Status::TaskLimit
+    } else if failed {
+        Status::Exited
+    } else {
+        Status::Ok
+    };
+    let reason = match status {
+        Status::TimedOut => format!("{tool}: timed out after {}", format_duration(limits.wall)),
+        Status::MemoryLimit => format!(
+            "{tool}: memory limit {} exceeded (OOM kill)",
+            format_bytes(limits.memory_bytes)
+        ),
+        Status::TaskLimit => format!("{tool}: task limit {} reached", limits.tasks),
+        Status::OutputCap => format!("{tool}: output over cap ({} bytes)", limits.output_bytes),
+        Status::Ok | Status::Exited => match (exit_code, signal) {
+            (Some(c), _) => format!("{tool}: exit {c}"),
+            (None, Some(s)) => format!("{tool}: killed by signal {s}"),
+            (None, None) => format!("{tool}: ended"),
+        },
+    };
+    let (stdout, output_bytes, stderr, stderr_total) = io.finish();
+    drop(guard);
+    Ok(Outcome {
+        status,
+        exit_code,
+        signal,
+        duration,
+        peak_memory_bytes: stats.peak_memory,
+        stdout,
+        output_bytes,
+        stderr,
+        stderr_total,
+        reason,
+        warnings,
+        landlock: landlock_status,
+    })
+}
+
+fn kill_all(reaper: &Reaper, slot: Option<&Slot>) {
+    // SIGKILL of the pid-namespace init takes every process of the
+    // namespace with it; cgroup.kill (v2) as well when there is one.
+    reaper.kill();
+    if let Some(s) = slot
+        && s.v2.is_some()
+    {
+        s.kill();
+    }
+}
+
+fn pfd(fd: BorrowedFd<'_>, events: libc::c_short) -> sio::PollFd {
+    sio::PollFd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    }
+}
+
+fn poll_retry(fds: &mut [sio::PollFd], timeout: Duration) -> Result<usize, Errno> {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // Round up so a sub-millisecond remainder does not spin.
+    let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+    loop {
+        match sio::poll(fds, ms) {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+fn read_full(fd: BorrowedFd<'_>, buf: &mut [u8; 8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match sio::read(fd, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+enum Drain {
+    More,
+    Eof,
+    Stop,
+}
+
+fn drain(fd: BorrowedFd<'_>, buf: &mut [u8], mut sink: impl FnMut(&[u8]) -> bool) -> Drain {
+    loop {
+        match sio::read(fd, buf) {
+            Ok(0) => return Drain::Eof,
+            Ok(n) => {
+                if !sink(&buf[..n]) {
+                    return Drain::Stop;
+                }
+            }
+            Err(Errno::EAGAIN) => return Drain::More,
+            Err(Errno::EINTR) => {}
+            Err(_) => return Drain::Eof,
+        }
+    }
+}
+
+struct IoState {
+    out_cap: u64,
+    err_cap: u64,
+    stdout: Vec<u8>,
+    out_total: u64,
+    stderr: Vec<u8>,
+    err_total: u64,
+}
+
+impl IoState {
+    fn new(out_cap: u64, err_cap: u64) -> IoState {
+        IoState {
+            out_cap,
+            err_cap,
+            stdout: Vec::new(),
+            out_total: 0,
+            stderr: Vec::new(),
+            err_total: 0,
+        }
+    }
+
+    /// false once over the cap.
+    fn stdout(&mut self, chunk: &[u8]) -> bool {
+        self.out_total += chunk.len() as u64;
+        let room = self.out_cap.saturating_sub(self.stdout.len() as u64) as usize;
+        self.stdout
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        self.out_total <= self.out_cap
+    }
+
+    fn stderr(&mut self, chunk: &[u8]) {
+        self.err_total += chunk.len() as u64;
+        let room = self.err_cap.saturating_sub(self.stderr.len() as u64) as usize;
+        self.stderr
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+
+    fn finish(self) -> (Vec<u8>, u64, Vec<u8>, u64) {
+        (self.stdout, self.out_total, self.stderr, self.err_total)
+    }
+}

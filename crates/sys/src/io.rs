@@ -1,0 +1,251 @@
+//! Parent-side descriptor and process helpers: pipes, poll, non-blocking
+//! reads and writes, pidfds, and a few kernel feature probes.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+
+fn cvt(rc: libc::c_long) -> Result<libc::c_long, Errno> {
+    if rc < 0 { Err(Errno::last()) } else { Ok(rc) }
+}
+
+fn owned(rc: libc::c_long) -> Result<OwnedFd, Errno> {
+    let fd = RawFd::try_from(cvt(rc)?).map_err(|_| Errno::EOVERFLOW)?;
+    // SAFETY: the kernel just returned `fd` as a new descriptor that nothing
+    // else in this process owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe() -> Result<(OwnedFd, OwnedFd), Errno> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    let [r, w] = fds;
+    // SAFETY: both are new descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(r), OwnedFd::from_raw_fd(w)) })
+}
+
+/// A close-on-exec `AF_UNIX` `SOCK_SEQPACKET` socket pair.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    let [a, b] = fds;
+    // SAFETY: both are new descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(a), OwnedFd::from_raw_fd(b)) })
+}
+
+/// Set or clear `O_NONBLOCK`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    // SAFETY: fcntl on a descriptor the caller borrows.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } as libc::c_long)?;
+    let flags = flags as libc::c_int;
+    let new = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    if new != flags {
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) } as libc::c_long)?;
+    }
+    Ok(())
+}
+
+/// Grow a pipe's buffer (`F_SETPIPE_SZ`); returns the new size.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, size: usize) -> Result<usize, Errno> {
+    let size = libc::c_int::try_from(size).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: fcntl on a descriptor the caller borrows.
+    let rc = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) } as libc::c_long)?;
+    Ok(rc as usize)
+}
+
+/// `read(2)` once. `Ok(0)` is end of file.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: reads into a buffer the caller lends us, at most its length.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `write(2)` once.
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> Result<usize, Errno> {
+    // SAFETY: writes from a buffer the caller lends us, at most its length.
+    let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// One entry for [`poll`].
+pub type PollFd = libc::pollfd;
+
+/// `poll(2)`; `timeout_ms` < 0 waits forever. EINTR is returned as is.
+pub fn poll(fds: &mut [PollFd], timeout_ms: i32) -> Result<usize, Errno> {
+    // SAFETY: the kernel reads and writes `fds.len()` entries of `fds`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `pidfd_send_signal(2)`.
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32) -> Result<(), Errno> {
+    // SAFETY: plain syscall on a borrowed pidfd, no pointers (info = NULL).
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    })?;
+    Ok(())
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// `exit(code)`.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+/// Reap the process behind `pidfd` (`waitid(P_PIDFD, WEXITED)`). With
+/// `block` false, `Ok(None)` means it is still running.
+pub fn wait_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> Result<Option<ExitStatus>, Errno> {
+    let mut flags = libc::WEXITED;
+    if !block {
+        flags |= libc::WNOHANG;
+    }
+    loop {
+        // SAFETY: siginfo_t is plain data; zeroed is valid. waitid writes it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with a valid out pointer and a borrowed pidfd.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                flags,
+            )
+        };
+        if rc < 0 {
+            let e = Errno::last();
+            if e == Errno::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: after a successful waitid the pid/status fields are set
+        // (pid 0 with WNOHANG means no state change).
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if pid == 0 {
+            return Ok(None);
+        }
+        return Ok(Some(match info.si_code {
+            libc::CLD_EXITED => ExitStatus::Exited(status),
+            _ => ExitStatus::Signaled(status),
+        }));
+    }
+}
+
+/// Landlock ABI version of the running kernel; 0 when Landlock is missing
+/// or disabled.
+pub fn landlock_abi() -> i32 {
+    // LANDLOCK_CREATE_RULESET_VERSION = 1 << 0.
+    // SAFETY: with a NULL attr and size 0 the call only returns the version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    if v < 0 { 0 } else { v as i32 }
+}
+
+/// Effective uid of the calling process.
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Effective gid of the calling process.
+pub fn getegid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    if unsafe { libc::uname(&mut u) } < 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Open a directory as an `O_PATH`-less read-only directory descriptor
+/// (what `CLONE_INTO_CGROUP` wants).
+pub fn open_dir(path: &std::path::Path) -> Result<OwnedFd, Errno> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: valid C string; the result is a new descriptor.
+    owned(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    } as libc::c_long)
+}
+
+/// Whether a process with this pid exists (`kill(pid, 0)`; EPERM counts as
+/// existing).
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || Errno::last() == Errno::EPERM
+}
+
+/// SIGKILL a process by pid (for cleaning leftovers of a dead broker).
+pub fn kill_pid(pid: i32) -> Result<(), Errno> {
+    // SAFETY: plain kill(2).
+    if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
