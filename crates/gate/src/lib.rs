@@ -660,6 +660,17 @@ fn gate_error_with(
     )
 }
 
+/// True for every character the default strip policy removes: C0/C1 controls (including
+/// `\r`, excluding `\n` and `\t`), bidi controls, zero-width/invisible format characters and
+/// tag characters. Other layers (the audit log's escaping) use it to agree with the gate.
+pub fn is_stripped_char(c: char) -> bool {
+    c == '\r'
+        || strip::is_control(c)
+        || strip::is_bidi(c)
+        || strip::is_zero_width(c)
+        || strip::is_tag(c)
+}
+
 /// The full text pipeline: optional markup passes, the character sanitiser, marker
 /// neutralisation. Public so other layers (e.g. the audit log's stderr excerpts, a CLI's
 /// error printing) can reuse exactly the gate's rules.

@@ -1,0 +1,237 @@
+//! The audit record: one per tool call, written by the broker, never by the tool.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use crate::escape::escape_text;
+
+/// Cap on a stored stderr excerpt, in bytes of escaped text.
+pub const STDERR_CAP: usize = 8 * 1024;
+/// Cap on stored content (only when the policy asks for content), in bytes of escaped text.
+pub const CONTENT_CAP: usize = 64 * 1024;
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The tool ran and its result passed the gate.
+    #[default]
+    Ok,
+    /// The tool exited non-zero.
+    ToolError,
+    /// The tool was killed by a signal (not by a limit).
+    Killed,
+    /// A resource limit (memory, pids, wall clock, output) ended the call.
+    LimitHit,
+    /// The broker refused the call before it ran (policy).
+    Denied,
+    /// The output gate refused the result.
+    Refused,
+    /// The broker itself failed.
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::ToolError => "tool_error",
+            Status::Killed => "killed",
+            Status::LimitHit => "limit_hit",
+            Status::Denied => "denied",
+            Status::Refused => "refused",
+            Status::Error => "error",
+        }
+    }
+}
+
+/// Size and hash of an input or output; the content itself only when the policy asks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload {
+    pub bytes: u64,
+    /// Lower-case hex SHA-256 of the raw bytes.
+    pub sha256: String,
+    /// Lossily decoded, control-escaped, capped at [`CONTENT_CAP`]; `None` unless asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+impl Payload {
+    /// Size and SHA-256 of `data`, plus its escaped text when `record_content` is true.
+    pub fn of(data: &[u8], record_content: bool) -> Payload {
+        Payload {
+            bytes: data.len() as u64,
+            sha256: hex::encode(Sha256::digest(data)),
+            content: record_content.then(|| escape_text(data, CONTENT_CAP)),
+        }
+    }
+}
+
+/// Allowed or denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+/// One network attempt by the tool, as seen by the egress door.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressEvent {
+    /// Host name asked for (SNI, CONNECT target or DNS name).
+    pub name: String,
+    pub port: u16,
+    /// Resolved address, when it got that far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    pub decision: Decision,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub bytes_up: u64,
+    #[serde(default)]
+    pub bytes_down: u64,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+/// What the output gate did to the result.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateSummary {
+    pub kind: String,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub truncated: bool,
+    /// Non-zero strip counts per class.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stripped: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_valid: Option<bool>,
+    /// Refusal code (`schema_violation`, `too_large`, ...) when the gate refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// The refusal's message (it never contains output content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+}
+
+impl From<&cordon_gate::Envelope> for GateSummary {
+    fn from(e: &cordon_gate::Envelope) -> Self {
+        GateSummary {
+            kind: e.kind.as_str().to_owned(),
+            bytes_in: e.bytes_in,
+            bytes_out: e.bytes_out,
+            truncated: e.truncated,
+            stripped: e
+                .stripped
+                .nonzero()
+                .map(|(k, n)| (k.to_owned(), n))
+                .collect(),
+            schema_valid: e.schema_valid,
+            refused: None,
+            refusal: None,
+        }
+    }
+}
+
+impl GateSummary {
+    /// A refused result: `bytes_in` is the raw output size.
+    pub fn refused(
+        kind: cordon_gate::OutputKind,
+        bytes_in: u64,
+        refusal: &cordon_gate::GateRefusal,
+    ) -> Self {
+        GateSummary {
+            kind: kind.as_str().to_owned(),
+            bytes_in,
+            refused: Some(refusal.code().to_owned()),
+            refusal: Some(refusal.to_string()),
+            schema_valid: matches!(refusal, cordon_gate::GateRefusal::SchemaViolation { .. })
+                .then_some(false),
+            ..GateSummary::default()
+        }
+    }
+}
+
+/// One tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// RFC 3339, UTC.
+    #[serde(with = "crate::rfc3339_utc")]
+    pub time: OffsetDateTime,
+    pub tool: String,
+    pub profile: String,
+    /// `native`, `gvisor`, `microvm`, `mcp`, ...
+    pub runtime: String,
+    pub session: String,
+    pub caller: String,
+    pub input: Payload,
+    pub output: Payload,
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits_hit: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateSummary>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressEvent>,
+    /// Lossily decoded, control-escaped, capped stderr. Never parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl AuditRecord {
+    /// A record stamped now, everything else empty.
+    pub fn new(tool: impl Into<String>, profile: impl Into<String>) -> Self {
+        AuditRecord {
+            time: OffsetDateTime::now_utc(),
+            tool: tool.into(),
+            profile: profile.into(),
+            runtime: String::new(),
+            session: String::new(),
+            caller: String::new(),
+            input: Payload::of(b"", false),
+            output: Payload::of(b"", false),
+            duration_ms: 0,
+            exit_code: None,
+            signal: None,
+            status: Status::Ok,
+            reason: None,
+            limits_hit: Vec::new(),
+            gate: None,
+            egress: Vec::new(),
+            stderr: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Store a stderr excerpt: lossily decoded, control characters escaped, capped at
+    /// [`STDERR_CAP`].
+    pub fn set_stderr(&mut self, raw: &[u8]) {
+        self.stderr = if raw.is_empty() {
+            None
+        } else {
+            Some(escape_text(raw, STDERR_CAP))
+        };
+    }
+
+    /// Was something refused or denied in this call: the call itself, the gate, or any
+    /// egress attempt?
+    pub fn is_denied(&self) -> bool {
+        matches!(self.status, Status::Denied | Status::Refused)
+            || self.gate.as_ref().is_some_and(|g| g.refused.is_some())
+            || self.egress.iter().any(|e| e.decision == Decision::Deny)
+    }
+}
