@@ -1,0 +1,953 @@
+//! The doors as a sandboxed tool sees them: a thread in a fresh network namespace holds the
+//! door sockets (as the jail will create them) and runs real curl and python3; the broker
+//! serves the doors from tokio worker threads in the host namespace. Upstreams are loopback
+//! servers of this test: an HTTP server and a DNS server that counts queries.
+//!
+//! Needs root (network namespaces); each test prints SKIP and passes otherwise.
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use common::*;
+use cordon_egress::{
+    Decision, Door, DoorContext, DoorHandle, DoorPlan, EgressEvent, EgressPolicy, EventSink, plan,
+    serve,
+};
+
+const TOOL: &str = "jira_search";
+const ALLOWED: &str = "api.allowed.test";
+/// Names the test DNS upstream answers with non-public addresses (rebinding).
+const REBIND: [(&str, &str, &str); 5] = [
+    (
+        "rebind.allowed.test",
+        "10.0.0.1",
+        "a private address (RFC 1918)",
+    ),
+    (
+        "meta.allowed.test",
+        "169.254.169.254",
+        "a link-local address (169.254/16 includes cloud metadata)",
+    ),
+    ("loop.allowed.test", "127.0.0.2", "a loopback address"),
+    (
+        "v6meta.allowed.test",
+        "::ffff:169.254.169.254",
+        "a link-local address (169.254/16 includes cloud metadata)",
+    ),
+    (
+        "nat64.allowed.test",
+        "64:ff9b::a9fe:a9fe",
+        "a link-local address (169.254/16 includes cloud metadata)",
+    ),
+];
+
+struct Rig {
+    rt: tokio::runtime::Runtime,
+    ns: Netns,
+    up: Upstream,
+    other: Upstream,
+    dns: DnsUpstream,
+    plan: DoorPlan,
+    handle: Option<DoorHandle>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<EgressEvent>,
+}
+
+struct Curl {
+    code: i32,
+    body: String,
+    http: String,
+    stderr: String,
+}
+
+impl Rig {
+    fn new(tune: impl FnOnce(&mut EgressPolicy)) -> Option<Rig> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (up, other, dns) = rt.block_on(async {
+            let table = REBIND
+                .iter()
+                .map(|(n, a, _)| (*n, a.parse::<IpAddr>().unwrap()))
+                .collect();
+            (
+                Upstream::start("127.0.0.1:0").await,
+                Upstream::start("127.0.0.1:0").await,
+                DnsUpstream::start(table).await,
+            )
+        });
+        let p = up.port();
+        let mut entries = vec![format!("{ALLOWED}:{p}")];
+        entries.extend(REBIND.iter().map(|(n, _, _)| format!("{n}:{p}")));
+        let mut policy = EgressPolicy::allowlist(TOOL, entries).unwrap();
+        policy
+            .resolve
+            .insert(ALLOWED.into(), "127.0.0.1".parse().unwrap());
+        policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+        policy.upstream_dns = Some(dns.addr);
+        tune(&mut policy);
+        let plan = plan(&policy);
+        let cidrs: Vec<String> = plan.local_cidrs.iter().map(|c| c.to_string()).collect();
+        let ns = match Netns::new(&cidrs) {
+            Ok(ns) => ns,
+            Err(why) => {
+                eprintln!("SKIP: {why}");
+                return None;
+            }
+        };
+        let doors = ns.doors(&plan);
+        let (sink, rx) = EventSink::channel();
+        let ctx = DoorContext {
+            tool: TOOL.into(),
+            session: "session-1".into(),
+        };
+        let handle = rt
+            .block_on(serve(Arc::new(policy), ctx, doors, sink))
+            .unwrap();
+        Some(Rig {
+            rt,
+            ns,
+            up,
+            other,
+            dns,
+            plan,
+            handle: Some(handle),
+            rx,
+        })
+    }
+
+    fn p(&self) -> u16 {
+        self.up.port()
+    }
+
+    fn curl(&self, via_proxy: bool, args: &[&str]) -> Curl {
+        let env = if via_proxy {
+            self.plan.env.clone()
+        } else {
+            Vec::new()
+        };
+        let mut argv = vec!["curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}"];
+        argv.extend_from_slice(args);
+        let out = self.ns.exec(&env, &argv);
+        let (stdout, stderr) = text(&out);
+        let (body, http) = match stdout.rsplit_once('\n') {
+            // Bodies end with a newline; drop it so comparisons read naturally.
+            Some((b, h)) => (b.strip_suffix('\n').unwrap_or(b).to_string(), h.to_string()),
+            None => (String::new(), stdout.clone()),
+        };
+        Curl {
+            code: out.status.code().unwrap_or(-1),
+            body,
+            http,
+            stderr,
+        }
+    }
+
+    /// Nothing may be pending before an attempt (a late event would be one too many).
+    fn quiet(&mut self) {
+        let stray = drain(&mut self.rx);
+        assert!(stray.is_empty(), "unexpected events: {stray:#?}");
+    }
+
+    /// Wait for `n` non-DNS events, then take whatever else is queued; returns
+    /// (connection events, DNS events).
+    fn settle(&mut self, n: usize) -> (Vec<EgressEvent>, Vec<EgressEvent>) {
+        let mut all = if n > 0 {
+            self.rt
+                .block_on(wait_events(&mut self.rx, n, |e| e.door != Door::Dns))
+        } else {
+            Vec::new()
+        };
+        all.extend(drain(&mut self.rx));
+        let (dns, conn): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.door == Door::Dns);
+        assert_eq!(conn.len(), n, "connection events: {conn:#?}");
+        (conn, dns)
+    }
+
+    /// Exactly one connection event, no DNS event.
+    fn one(&mut self) -> EgressEvent {
+        let (mut conn, dns) = self.settle(1);
+        assert!(dns.is_empty(), "unexpected DNS events: {dns:#?}");
+        conn.remove(0)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            self.rt.block_on(h.shutdown());
+        }
+    }
+}
+
+fn refused(e: &EgressEvent, door: Door, name: &str, port: u16, reason: &str) {
+    assert_eq!(e.door, door, "{e:#?}");
+    assert_eq!(e.decision, Decision::Refused, "{e:#?}");
+    assert_eq!(e.name, name, "{e:#?}");
+    assert_eq!(e.port, port, "{e:#?}");
+    assert_eq!(e.reason, reason, "{e:#?}");
+    assert_eq!(e.tool, TOOL);
+    assert_eq!(e.session, "session-1");
+    assert_eq!((e.bytes_up, e.bytes_down), (0, 0), "{e:#?}");
+}
+
+fn allowed(e: &EgressEvent, door: Door, name: &str, port: u16) {
+    assert_eq!(e.door, door, "{e:#?}");
+    assert_eq!(e.decision, Decision::Allowed, "{e:#?}");
+    assert_eq!(e.name, name, "{e:#?}");
+    assert_eq!(e.port, port, "{e:#?}");
+    assert_eq!(e.address, Some("127.0.0.1".parse().unwrap()), "{e:#?}");
+    assert!(e.bytes_up > 0 && e.bytes_down > 0, "{e:#?}");
+    assert!(
+        e.reason.starts_with("matches ") || e.reason.starts_with("public web"),
+        "{e:#?}"
+    );
+}
+
+fn not_listed(host: &str, port: u16) -> String {
+    format!("egress to {host}:{port} refused: not in the allowlist of {TOOL}")
+}
+
+#[test]
+fn proxy_door_with_curl() {
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let p = r.p();
+    let o = r.other.port();
+
+    // Positive control: plain HTTP, absolute-form, rewritten to origin form.
+    r.quiet();
+    let c = r.curl(
+        true,
+        &[
+            "-H",
+            "Proxy-Connection: keep-alive",
+            "-H",
+            "Connection: X-Hop",
+            "-H",
+            "X-Hop: secret",
+            "-H",
+            "X-Kept: yes",
+            &format!("http://{ALLOWED}:{p}/plain?q=1"),
+        ],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "upstream ok: GET /plain?q=1 HTTP/1.1");
+    let head = r.up.heads().pop().unwrap();
+    let lower = head.to_ascii_lowercase();
+    assert!(head.starts_with("GET /plain?q=1 HTTP/1.1\r\n"), "{head}");
+    assert!(
+        lower.contains(&format!("\r\nhost: {ALLOWED}:{p}\r\n")),
+        "{head}"
+    );
+    assert!(lower.contains("\r\nx-kept: yes\r\n"), "{head}");
+    for hop in ["proxy-connection", "x-hop", "keep-alive:"] {
+        assert!(!lower.contains(hop), "{hop} must be dropped: {head}");
+    }
+    let e = r.one();
+    allowed(&e, Door::Proxy, ALLOWED, p);
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(json["door"], "proxy");
+    assert_eq!(json["decision"], "allowed");
+
+    // Positive control: CONNECT (curl --proxytunnel), plain HTTP inside the tunnel.
+    let c = r.curl(true, &["-p", &format!("http://{ALLOWED}:{p}/tunnel")]);
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "upstream ok: GET /tunnel HTTP/1.1");
+    allowed(&r.one(), Door::Proxy, ALLOWED, p);
+    let served = r.up.heads().len();
+
+    // Refusals, plain HTTP: 403 with the one-line reason, same text in the event.
+    let cases: Vec<(String, String, u16, String)> = vec![
+        (
+            format!("http://evil.example:{p}/"),
+            "evil.example".into(),
+            p,
+            not_listed("evil.example", p),
+        ),
+        (
+            format!("http://EVIL.Example.:{p}/"),
+            "evil.example".into(),
+            p,
+            not_listed("evil.example", p),
+        ),
+        (
+            format!("http://{ALLOWED}:{o}/"),
+            ALLOWED.into(),
+            o,
+            not_listed(ALLOWED, o),
+        ),
+        (
+            format!("http://localhost:{p}/"),
+            "localhost".into(),
+            p,
+            not_listed("localhost", p),
+        ),
+        (
+            format!("http://127.0.0.1:{p}/"),
+            "127.0.0.1".into(),
+            p,
+            format!(
+                "egress to 127.0.0.1:{p} refused: IP literal 127.0.0.1 is not in the allowlist of {TOOL}"
+            ),
+        ),
+        (
+            format!("http://[::1]:{p}/"),
+            "[::1]".into(),
+            p,
+            format!(
+                "egress to [::1]:{p} refused: IP literal [::1] is not in the allowlist of {TOOL}"
+            ),
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/".into(),
+            "169.254.169.254".into(),
+            80,
+            format!(
+                "egress to 169.254.169.254:80 refused: IP literal 169.254.169.254 is not in the allowlist of {TOOL}"
+            ),
+        ),
+        (
+            "http://10.0.0.1/".into(),
+            "10.0.0.1".into(),
+            80,
+            format!(
+                "egress to 10.0.0.1:80 refused: IP literal 10.0.0.1 is not in the allowlist of {TOOL}"
+            ),
+        ),
+        (
+            "http://192.168.1.1/".into(),
+            "192.168.1.1".into(),
+            80,
+            format!(
+                "egress to 192.168.1.1:80 refused: IP literal 192.168.1.1 is not in the allowlist of {TOOL}"
+            ),
+        ),
+        (
+            "http://93.184.216.34/".into(),
+            "93.184.216.34".into(),
+            80,
+            format!(
+                "egress to 93.184.216.34:80 refused: IP literal 93.184.216.34 is not in the allowlist of {TOOL}"
+            ),
+        ),
+    ];
+    for (url, name, port, reason) in &cases {
+        r.quiet();
+        let c = r.curl(true, &[url]);
+        assert_eq!((c.code, c.http.as_str()), (0, "403"), "{url}: {}", c.stderr);
+        assert_eq!(&c.body, reason, "{url}");
+        refused(&r.one(), Door::Proxy, name, *port, reason);
+    }
+
+    // Refusals, CONNECT: curl reports the 403 to the CONNECT.
+    for (url, name, port, reason) in &cases {
+        let c = r.curl(true, &["-p", url]);
+        assert_eq!(c.code, 56, "{url}: {}", c.stderr);
+        assert!(
+            c.stderr.contains("CONNECT tunnel failed, response 403"),
+            "{}",
+            c.stderr
+        );
+        refused(&r.one(), Door::Proxy, name, *port, reason);
+    }
+
+    // Rebinding: allowed names whose DNS answer is not public. The broker resolves through
+    // the test's DNS upstream and refuses before connecting.
+    for (n, addr, class) in REBIND {
+        let reason = format!(
+            "egress to {n}:{p} refused: {n} resolves to {addr}, {class}, not in allow_cidrs"
+        );
+        let c = r.curl(true, &[&format!("http://{n}:{p}/")]);
+        assert_eq!((c.code, c.http.as_str()), (0, "403"), "{n}: {}", c.stderr);
+        assert_eq!(c.body, reason);
+        let e = r.one();
+        refused(&e, Door::Proxy, n, p, &reason);
+        assert_eq!(e.address, Some(addr.parse().unwrap()));
+        let c = r.curl(true, &["-p", &format!("http://{n}:{p}/")]);
+        assert_eq!(c.code, 56, "{}", c.stderr);
+        refused(&r.one(), Door::Proxy, n, p, &reason);
+    }
+
+    // Nothing refused reached the upstream.
+    assert_eq!(r.up.heads().len(), served);
+    assert!(r.other.heads().is_empty());
+    // The broker asked its DNS upstream about the rebinding names (positive control) and
+    // about nothing else: no denied name was ever resolved.
+    for (n, _, _) in REBIND {
+        assert!(r.dns.count(n) >= 1, "{n} was never resolved");
+    }
+    let rebind_queries: usize = REBIND.iter().map(|(n, _, _)| r.dns.count(n)).sum();
+    assert_eq!(r.dns.total(), rebind_queries, "{:?}", r.dns.queries);
+    r.quiet();
+}
+
+#[test]
+fn proxy_door_refuses_metadata_in_every_encoding() {
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let proxy = r.plan.proxy.unwrap().port().to_string();
+    let encodings = [
+        ("169.254.169.254", "IP literal 169.254.169.254 is not"),
+        (
+            "2852039166",
+            "2852039166 is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "0251.0376.0251.0376",
+            "0251.0376.0251.0376 is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "0xa9fea9fe",
+            "0xa9fea9fe is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "0xA9.0xFE.0xA9.0xFE",
+            "0xA9.0xFE.0xA9.0xFE is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "169.254.43518",
+            "169.254.43518 is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "169.16689662",
+            "169.16689662 is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "169.254.169.254.",
+            "169.254.169.254. is an IP literal (169.254.169.254) and is not",
+        ),
+        (
+            "[::ffff:169.254.169.254]",
+            "IP literal [::ffff:169.254.169.254] is not",
+        ),
+        (
+            "[::ffff:a9fe:a9fe]",
+            "[::ffff:a9fe:a9fe] is an IP literal (::ffff:169.254.169.254) and is not",
+        ),
+        (
+            "[64:ff9b::a9fe:a9fe]",
+            "IP literal [64:ff9b::a9fe:a9fe] is not",
+        ),
+    ];
+    let mut requests = Vec::new();
+    for (enc, _) in &encodings {
+        requests.push(format!(
+            "GET http://{enc}/latest/meta-data/ HTTP/1.1\r\nHost: {enc}\r\n\r\n"
+        ));
+        requests.push(format!(
+            "CONNECT {enc}:80 HTTP/1.1\r\nHost: {enc}:80\r\n\r\n"
+        ));
+    }
+    // Positive control on the same path: an allowed request gets through.
+    let p = r.p();
+    requests.push(format!(
+        "GET http://{ALLOWED}:{p}/raw HTTP/1.1\r\nHost: {ALLOWED}:{p}\r\nConnection: close\r\n\r\n"
+    ));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/raw_proxy.py");
+    let out = r.ns.exec(
+        &[],
+        &[
+            "/usr/bin/python3",
+            script,
+            &proxy,
+            &serde_json::to_string(&requests).unwrap(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let results: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(results.len(), requests.len());
+    let (conn, dns) = r.settle(requests.len());
+    assert!(dns.is_empty());
+    for (i, (enc, why)) in encodings.iter().enumerate() {
+        for k in 0..2 {
+            let res = &results[2 * i + k];
+            let reason = format!("egress to {enc}:80 refused: {why} in the allowlist of {TOOL}");
+            assert_eq!(res["status"], "HTTP/1.1 403 Forbidden", "{enc}: {res}");
+            assert_eq!(res["body"], format!("{reason}\n"), "{enc}");
+            let e = conn.iter().filter(|e| e.reason == reason).count();
+            assert_eq!(e, 2, "{enc}: {conn:#?}");
+        }
+    }
+    let last = results.last().unwrap();
+    assert_eq!(last["status"], "HTTP/1.1 200 OK");
+    assert_eq!(last["body"], "upstream ok: GET /raw HTTP/1.1\n");
+    assert_eq!(r.up.heads().len(), 1);
+    assert_eq!(r.dns.total(), 0);
+}
+
+#[test]
+fn transparent_door_with_curl_noproxy() {
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let p = r.p();
+    let o = r.other.port();
+
+    // Positive control: the tool ignores the proxy; its own lookup goes to the DNS door, it
+    // dials the door address, the transparent listener maps it back to the name.
+    r.quiet();
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/direct")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "upstream ok: GET /direct HTTP/1.1");
+    let (conn, dns) = r.settle(1);
+    allowed(&conn[0], Door::Transparent, ALLOWED, p);
+    assert!(!dns.is_empty());
+    let a = dns
+        .iter()
+        .find(|e| e.reason.starts_with(&format!("A {ALLOWED} -> 198.18.")))
+        .unwrap_or_else(|| panic!("no A answer: {dns:#?}"));
+    assert_eq!(a.decision, Decision::Allowed);
+    assert!(matches!(a.address, Some(IpAddr::V4(v4)) if cordon_egress::DOOR_RANGE.contains(&v4)));
+    for e in &dns {
+        assert_eq!(e.name, ALLOWED);
+        assert_eq!(e.decision, Decision::Allowed);
+    }
+    // Same again with the proxy variables set but bypassed, and with them simply unset.
+    let c = r.curl(
+        true,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/again")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    let served = r.up.heads().len();
+
+    // An unlisted name does not resolve: NXDOMAIN from the DNS door, one refused event per query.
+    for args in [vec!["--noproxy", "*"], vec![]] {
+        let url = format!("http://evil.example:{p}/");
+        let mut a: Vec<&str> = args.clone();
+        a.push(&url);
+        let c = r.curl(false, &a);
+        assert_eq!(c.code, 6, "{}", c.stderr);
+        assert!(
+            c.stderr.contains("Could not resolve host: evil.example"),
+            "{}",
+            c.stderr
+        );
+        let (conn, dns) = r.settle(0);
+        assert!(conn.is_empty());
+        assert!(!dns.is_empty());
+        for e in &dns {
+            assert_eq!(e.door, Door::Dns);
+            assert_eq!(e.decision, Decision::Refused);
+            assert_eq!(e.name, "evil.example");
+            assert!(
+                e.reason.starts_with("dns query ")
+                    && e.reason
+                        .ends_with(" evil.example refused: not in the allowlist of jira_search"),
+                "{e:#?}"
+            );
+        }
+    }
+
+    // The allowed name on another port: nothing listens there inside the sandbox.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{o}/")],
+    );
+    assert_eq!(c.code, 7, "{}", c.stderr);
+    let (conn, _dns) = r.settle(0);
+    assert!(conn.is_empty());
+
+    // Addresses the DNS door never handed out: loopback lands on the transparent listener
+    // and is refused; everything else has no route at all.
+    for host in ["127.0.0.1", "localhost", "127.1", "0x7f000001"] {
+        let c = r.curl(false, &["--noproxy", "*", &format!("http://{host}:{p}/")]);
+        assert!(
+            c.code == 52 || c.code == 56,
+            "{host}: {} {}",
+            c.code,
+            c.stderr
+        );
+        let (conn, _) = r.settle(1);
+        refused(
+            &conn[0],
+            Door::Transparent,
+            "127.0.0.1",
+            p,
+            &format!(
+                "egress to 127.0.0.1:{p} refused: 127.0.0.1 is not an address the DNS door handed out to {TOOL}"
+            ),
+        );
+    }
+    for url in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://2852039166/",
+        "http://0251.0376.0251.0376/",
+        "http://0xa9fea9fe/",
+        "http://169.254.43518/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://10.0.0.1/",
+        "http://172.16.0.1/",
+        "http://192.168.0.1/",
+        "http://100.64.0.1/",
+        "http://93.184.216.34/",
+        "http://[2606:4700::1111]/",
+    ] {
+        let c = r.curl(false, &["--noproxy", "*", "--connect-timeout", "5", url]);
+        assert_eq!(c.code, 7, "{url}: {}", c.stderr);
+        assert!(
+            c.stderr.contains("Network is unreachable") || c.stderr.contains("Couldn't connect"),
+            "{url}: {}",
+            c.stderr
+        );
+        let (conn, _) = r.settle(0);
+        assert!(conn.is_empty());
+    }
+
+    // Rebinding through the transparent door: the name is allowed, so the DNS door answers,
+    // but the broker's own lookup finds a non-public address and refuses the connection.
+    for (n, addr, class) in REBIND {
+        let c = r.curl(false, &["--noproxy", "*", &format!("http://{n}:{p}/")]);
+        assert!(c.code == 52 || c.code == 56, "{n}: {} {}", c.code, c.stderr);
+        let (conn, dns) = r.settle(1);
+        let reason = format!(
+            "egress to {n}:{p} refused: {n} resolves to {addr}, {class}, not in allow_cidrs"
+        );
+        refused(&conn[0], Door::Transparent, n, p, &reason);
+        assert_eq!(conn[0].address, Some(addr.parse().unwrap()));
+        assert!(
+            dns.iter()
+                .all(|e| e.name == n && e.decision == Decision::Allowed)
+        );
+    }
+    assert_eq!(r.up.heads().len(), served);
+    assert!(r.other.heads().is_empty());
+    // No query for a denied name reached the upstream resolver.
+    assert_eq!(r.dns.count("evil.example"), 0);
+    let rebind_queries: usize = REBIND.iter().map(|(n, _, _)| r.dns.count(n)).sum();
+    assert!(rebind_queries >= REBIND.len());
+    assert_eq!(r.dns.total(), rebind_queries, "{:?}", r.dns.queries);
+    r.quiet();
+}
+
+#[test]
+fn python_tool_through_both_doors() {
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let p = r.p();
+    let o = r.other.port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/client.py");
+    let out = r.ns.exec(
+        &r.plan.env,
+        &[
+            "/usr/bin/python3",
+            script,
+            ALLOWED,
+            &p.to_string(),
+            &o.to_string(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["env_allowed"]["status"], 200, "{v:#}");
+    assert_eq!(
+        v["env_allowed"]["body"],
+        "upstream ok: GET /py-env HTTP/1.1\n"
+    );
+    assert_eq!(v["env_unlisted"]["status"], 403, "{v:#}");
+    assert_eq!(
+        v["env_unlisted"]["body"],
+        format!("{}\n", not_listed("evil.example", p))
+    );
+    assert_eq!(v["env_other_port"]["status"], 403, "{v:#}");
+    assert_eq!(
+        v["env_other_port"]["body"],
+        format!("{}\n", not_listed(ALLOWED, o))
+    );
+    assert_eq!(v["direct_allowed"]["status"], 200, "{v:#}");
+    assert_eq!(
+        v["direct_allowed"]["body"],
+        "upstream ok: GET /py-direct HTTP/1.1\n"
+    );
+    assert_eq!(v["tunnel_allowed"]["status"], 200, "{v:#}");
+    assert_eq!(
+        v["tunnel_allowed"]["body"],
+        "upstream ok: GET /py-tunnel HTTP/1.1\n"
+    );
+    assert_eq!(v["tunnel_metadata"]["error"], "OSError", "{v:#}");
+    assert!(
+        v["tunnel_metadata"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("403"),
+        "{v:#}"
+    );
+    assert_eq!(v["raw_metadata"]["errno"], "ENETUNREACH", "{v:#}");
+    assert_eq!(v["raw_private"]["errno"], "ENETUNREACH", "{v:#}");
+    assert_eq!(v["raw_public"]["errno"], "ENETUNREACH", "{v:#}");
+    assert_eq!(v["raw_udp"]["errno"], "ENETUNREACH", "{v:#}");
+    assert_eq!(v["resolve_unlisted"]["gaierror"], -2, "{v:#}"); // EAI_NONAME
+
+    // Events: allowed env (proxy), unlisted (proxy), other port (proxy), direct
+    // (transparent), tunnel (proxy), tunnel to metadata (proxy).
+    let (conn, dns) = r.settle(6);
+    let count = |door: Door, decision: Decision| {
+        conn.iter()
+            .filter(|e| e.door == door && e.decision == decision)
+            .count()
+    };
+    assert_eq!(count(Door::Proxy, Decision::Allowed), 2, "{conn:#?}");
+    assert_eq!(count(Door::Proxy, Decision::Refused), 3, "{conn:#?}");
+    assert_eq!(count(Door::Transparent, Decision::Allowed), 1, "{conn:#?}");
+    assert!(conn.iter().any(|e| e.reason
+        == format!("egress to 169.254.169.254:80 refused: IP literal 169.254.169.254 is not in the allowlist of {TOOL}")));
+    assert!(
+        dns.iter()
+            .any(|e| e.name == "exfil-secret-data.evil.example" && e.decision == Decision::Refused),
+        "{dns:#?}"
+    );
+    assert_eq!(r.dns.total(), 0, "no query may reach the upstream resolver");
+    r.quiet();
+}
+
+#[test]
+fn dns_door_answers_only_allowed_names_and_never_forwards() {
+    use hickory_resolver::proto::op::{Message, ResponseCode};
+    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let ask = |r: &Rig, name: &str, t: RecordType| -> Message {
+        let mut q = Message::query();
+        q.metadata.recursion_desired = true;
+        q.add_query(hickory_resolver::proto::op::Query::query(
+            Name::from_ascii(name).unwrap(),
+            t,
+        ));
+        let bytes = q.to_vec().unwrap();
+        let reply = r.ns.run(move || {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            s.send_to(&bytes, "127.0.0.1:53").unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        });
+        Message::from_vec(&reply).unwrap()
+    };
+    let a_of = |m: &Message| -> Vec<IpAddr> {
+        m.answers
+            .iter()
+            .filter_map(|rec| match &rec.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                _ => None,
+            })
+            .collect()
+    };
+
+    r.quiet();
+    let m = ask(&r, "api.allowed.test.", RecordType::A);
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    let first = a_of(&m);
+    assert_eq!(first.len(), 1);
+    let (_, dns) = r.settle(0);
+    assert_eq!(dns.len(), 1, "one event per query: {dns:#?}");
+    assert_eq!(dns[0].address, Some(first[0]));
+    // Stable per name, distinct across names, case-insensitive.
+    assert_eq!(a_of(&ask(&r, "API.Allowed.Test.", RecordType::A)), first);
+    let second = a_of(&ask(&r, "rebind.allowed.test.", RecordType::A));
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first);
+    assert_eq!(r.settle(0).1.len(), 2);
+    // AAAA and TXT of an allowed name: NOERROR, no data.
+    for t in [RecordType::AAAA, RecordType::TXT] {
+        let m = ask(&r, "api.allowed.test.", t);
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        assert!(m.answers.is_empty());
+        let (_, dns) = r.settle(0);
+        assert_eq!(dns.len(), 1);
+        assert_eq!(dns[0].decision, Decision::Allowed);
+        assert_eq!(dns[0].address, None);
+    }
+    // Everything else: NXDOMAIN, one refused event each.
+    for (name, why) in [
+        (
+            "evil.example.",
+            "evil.example refused: not in the allowlist of jira_search",
+        ),
+        (
+            "secret-payload.evil.example.",
+            "secret-payload.evil.example refused: not in the allowlist of jira_search",
+        ),
+        (
+            "allowed.test.",
+            "allowed.test refused: not in the allowlist of jira_search",
+        ),
+        (
+            "169.254.169.254.",
+            "169.254.169.254 refused: an IP literal is not a name",
+        ),
+        (
+            "localhost.",
+            "localhost refused: not in the allowlist of jira_search",
+        ),
+    ] {
+        for t in [RecordType::A, RecordType::AAAA] {
+            let m = ask(&r, name, t);
+            assert_eq!(m.metadata.response_code, ResponseCode::NXDomain, "{name}");
+            assert!(m.answers.is_empty());
+            let (_, dns) = r.settle(0);
+            assert_eq!(dns.len(), 1, "{dns:#?}");
+            assert_eq!(dns[0].decision, Decision::Refused);
+            assert_eq!(dns[0].reason, format!("dns query {t} {why}"));
+        }
+    }
+    // The DNS door forwarded nothing.
+    assert_eq!(r.dns.total(), 0);
+    // Positive control for the counter: the broker's own lookup of an allowed, unpinned name.
+    let c = r.curl(true, &[&format!("http://rebind.allowed.test:{}/", r.p())]);
+    assert_eq!(c.http, "403");
+    assert_eq!(r.one().decision, Decision::Refused);
+    assert!(r.dns.count("rebind.allowed.test") >= 1);
+}
+
+#[test]
+fn connection_limit_refuses_with_an_event() {
+    let Some(mut r) = Rig::new(|p| p.max_connections = 2) else {
+        return;
+    };
+    let p = r.p();
+    let proxy = r.plan.proxy.unwrap();
+    // Two idle clients hold both slots.
+    let held = r.ns.run(move || {
+        (0..2)
+            .map(|_| std::net::TcpStream::connect(proxy).unwrap())
+            .collect::<Vec<_>>()
+    });
+    // The slots are taken when the broker accepts; wait until a third is refused.
+    let limit = format!("connection limit of 2 reached for {TOOL}");
+    let mut c = r.curl(true, &[&format!("http://{ALLOWED}:{p}/limited")]);
+    let mut tries = 0;
+    while c.http != "503" && tries < 50 {
+        // Accept of the held sockets is still in flight: the attempt went through.
+        assert_eq!(c.http, "200");
+        let _ = r.settle(1);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        c = r.curl(true, &[&format!("http://{ALLOWED}:{p}/limited")]);
+        tries += 1;
+    }
+    assert_eq!(c.http, "503", "{}", c.stderr);
+    let reason = format!("egress to {ALLOWED}:{p} refused: {limit}");
+    assert_eq!(c.body, reason);
+    refused(&r.one(), Door::Proxy, ALLOWED, p, &reason);
+    // The transparent door counts against the same limit.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/limited")],
+    );
+    assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(&conn[0], Door::Transparent, ALLOWED, p, &reason);
+    // Positive control: release the slots and the same request goes through.
+    drop(held);
+    let mut ok = false;
+    for _ in 0..50 {
+        let c = r.curl(true, &[&format!("http://{ALLOWED}:{p}/limited")]);
+        let _ = r.settle(1);
+        if c.http == "200" {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(ok, "slots were never released");
+}
+
+#[test]
+fn proxy_mode_allows_public_web_ports_only() {
+    // Proxy mode: any public name on 80/443. The test's "public web" is a pinned name on a
+    // loopback upstream bound to port 80 (allow_cidrs admits exactly that address).
+    let web = std::net::Ipv4Addr::new(127, 0, 0, 80);
+    let probe = std::net::TcpListener::bind((web, 80));
+    let Ok(probe) = probe else {
+        eprintln!("SKIP: cannot bind {web}:80 for the proxy-mode upstream");
+        return;
+    };
+    drop(probe);
+    let Some(mut r) = Rig::new(|p| {
+        p.allow.clear();
+        p.any_public_web = true;
+        p.resolve.insert("web.example".into(), web.into());
+        p.allow_cidrs.push(ipnet::IpNet::from(IpAddr::V4(web)));
+    }) else {
+        return;
+    };
+    let up = r.rt.block_on(Upstream::start(&format!("{web}:80")));
+    assert_eq!(r.plan.tcp.len(), 3);
+    r.quiet();
+    let c = r.curl(true, &["http://web.example/hello"]);
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    let e = r.one();
+    assert_eq!(
+        (e.door, e.decision, e.port),
+        (Door::Proxy, Decision::Allowed, 80)
+    );
+    assert!(e.reason.starts_with("public web"));
+    let c = r.curl(false, &["--noproxy", "*", "http://web.example/direct"]);
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    let (conn, _) = r.settle(1);
+    assert_eq!(
+        (conn[0].door, conn[0].decision),
+        (Door::Transparent, Decision::Allowed)
+    );
+    assert_eq!(up.heads().len(), 2);
+
+    // Other ports, loopback names, IP literals and rebinding names: refused.
+    let cases = [
+        (
+            "http://web.example:8080/".to_string(),
+            format!("egress to web.example:8080 refused: port 8080 is not open for {TOOL} (proxy mode allows ports 80 and 443)"),
+        ),
+        (
+            "http://localhost/".to_string(),
+            "egress to localhost:80 refused: localhost is a loopback name".to_string(),
+        ),
+        (
+            "http://169.254.169.254/".to_string(),
+            format!("egress to 169.254.169.254:80 refused: IP literal 169.254.169.254 is not in the allowlist of {TOOL}"),
+        ),
+        (
+            "http://rebind.allowed.test/".to_string(),
+            "egress to rebind.allowed.test:80 refused: rebind.allowed.test resolves to 10.0.0.1, a private address (RFC 1918), not in allow_cidrs".to_string(),
+        ),
+    ];
+    for (url, reason) in cases {
+        let c = r.curl(true, &[&url]);
+        assert_eq!(c.http, "403", "{url}");
+        assert_eq!(c.body, reason);
+        assert_eq!(r.one().reason, reason);
+    }
+    assert_eq!(up.heads().len(), 2);
+}
+
+#[test]
+fn shutdown_closes_every_door() {
+    let Some(mut r) = Rig::new(|_| {}) else {
+        return;
+    };
+    let proxy = r.plan.proxy.unwrap();
+    let p = r.p();
+    let c = r.curl(true, &[&format!("http://{ALLOWED}:{p}/before")]);
+    assert_eq!(c.http, "200");
+    let _ = r.one();
+    let h = r.handle.take().unwrap();
+    r.rt.block_on(h.shutdown());
+    let err =
+        r.ns.run(move || std::net::TcpStream::connect(proxy).unwrap_err().kind());
+    assert_eq!(err, std::io::ErrorKind::ConnectionRefused);
+}
