@@ -387,3 +387,61 @@ mod tests {
         assert_eq!(normalize_host("user@example.com"), Err(NameError::Userinfo));
     }
 }
+
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One part of an IPv4 literal written in a given base, with optional leading zeros.
+    fn render(v: u32, base: u8, upper: bool, zeros: usize) -> String {
+        match base {
+            8 => format!("0{}{v:o}", "0".repeat(zeros)),
+            16 if upper => format!("0X{}{v:X}", "0".repeat(zeros)),
+            16 => format!("0x{}{v:x}", "0".repeat(zeros)),
+            // Decimal has no leading zeros (a leading zero means octal).
+            _ => v.to_string(),
+        }
+    }
+
+    proptest! {
+        /// Every way of writing an address that inet_aton accepts parses back to it.
+        #[test]
+        fn any_encoding_round_trips(
+            addr: u32,
+            parts in 1usize..=4,
+            bases in proptest::collection::vec(prop_oneof![Just(8u8), Just(10u8), Just(16u8)], 4),
+            upper: bool,
+            zeros in 0usize..3,
+            trailing in prop_oneof![Just(""), Just(" "), Just("\t"), Just(" junk")],
+        ) {
+            let o = addr.to_be_bytes();
+            let values: Vec<u32> = match parts {
+                1 => vec![addr],
+                2 => vec![u32::from(o[0]), addr & 0x00ff_ffff],
+                3 => vec![u32::from(o[0]), u32::from(o[1]), addr & 0xffff],
+                _ => o.iter().map(|b| u32::from(*b)).collect(),
+            };
+            let s: Vec<String> = values
+                .iter()
+                .zip(&bases)
+                .map(|(v, b)| render(*v, *b, upper, zeros))
+                .collect();
+            let s = format!("{}{trailing}", s.join("."));
+            prop_assert_eq!(parse_ipv4_literal(&s), Some(Ipv4Addr::from(addr)), "{}", s);
+            // Without trailing junk it is also an IP literal for the normaliser.
+            if trailing.is_empty() {
+                prop_assert_eq!(normalize_host(&s), Ok(Host::Ip(IpAddr::V4(Ipv4Addr::from(addr)))));
+            }
+        }
+
+        /// Whatever the input, the parser neither panics nor accepts a string that does not
+        /// start with a digit.
+        #[test]
+        fn never_panics(s in "\\PC{0,40}") {
+            if let Some(_a) = parse_ipv4_literal(&s) {
+                prop_assert!(s.as_bytes()[0].is_ascii_digit());
+            }
+        }
+    }
+}
