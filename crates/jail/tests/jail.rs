@@ -1,0 +1,1095 @@
+//! The jail against the real kernel. Every test body runs twice, in a
+//! re-executed copy of this test binary: once as root (the broker's usual
+//! case, the tool is mapped to host uid 65534) and once as uid 65534 via
+//! `setpriv` (unprivileged broker: no cgroup delegation here, so limits
+//! fall back to rlimits with warnings). `HOST_SECRET_TOKEN` is set in both
+//! copies' environment and must never reach the tool.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::process::Command;
+use std::time::Duration;
+
+use cordon_jail::*;
+
+const CHILD_ENV: &str = "CORDON_JAIL_TEST_CHILD";
+const SECRET_ENV: &str = "HOST_SECRET_TOKEN";
+const SECRET: &str = "s3cr3t-value-that-must-not-leak";
+
+fn euid() -> u32 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn reexec(test: &str, unprivileged: bool) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = if unprivileged && euid() == 0 {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
+        c.arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    cmd.args([
+        "--exact",
+        test,
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "1")
+    .env(SECRET_ENV, SECRET);
+    let out = cmd.output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "{test} (unprivileged={unprivileged}) failed:\n{so}\n{se}"
+    );
+    // Surface skips of the child.
+    for l in so.lines().chain(se.lines()).filter(|l| l.contains("SKIP")) {
+        println!("{l}");
+    }
+}
+
+fn as_root(test: &str) {
+    if euid() != 0 {
+        println!("SKIP {test} as root: the test runs as uid {}", euid());
+        return;
+    }
+    reexec(test, false);
+}
+
+fn as_nobody(test: &str) {
+    reexec(test, true);
+}
+
+fn in_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+macro_rules! jail_test {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn as_root() {
+                super::as_root(concat!(stringify!($name), "::body"));
+            }
+            #[test]
+            fn as_nobody() {
+                super::as_nobody(concat!(stringify!($name), "::body"));
+            }
+            #[test]
+            #[ignore = "runs through as_root / as_nobody"]
+            fn body() {
+                if super::in_child() {
+                    super::$name();
+                }
+            }
+        }
+    };
+}
+
+fn jail() -> Jail {
+    Jail::new().expect("Jail::new")
+}
+
+fn privileged(j: &Jail) -> bool {
+    j.host().root
+}
+
+fn py(tool: &str, code: &str) -> JailSpec {
+    JailSpec::new(tool, ["/usr/bin/python3", "-c", code])
+}
+
+fn sh(tool: &str, script: &str) -> JailSpec {
+    JailSpec::new(tool, ["/bin/sh", "-c", script])
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn run_ok(j: &Jail, spec: &JailSpec, stdin: Stdin) -> Outcome {
+    let o = j
+        .run(spec, stdin)
+        .unwrap_or_else(|e| panic!("{}: {e}", spec.tool));
+    assert_eq!(
+        o.status,
+        Status::Ok,
+        "{}: {} stdout={} stderr={}",
+        spec.tool,
+        o.reason,
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    o
+}
+
+/// Lines `key value` printed by a probe.
+fn field<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+}
+
+/// Python helpers for probes: errno names of failing calls.
+const PY_PRELUDE: &str = r#"
+import os, sys, socket, ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def name(e): return errno.errorcode.get(e, str(e))
+def sc(label, nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *args)
+    print(label, "ok" if r >= 0 else name(ctypes.get_errno()))
+def tryit(label, f):
+    try:
+        f(); print(label, "ok")
+    except OSError as e:
+        print(label, name(e.errno))
+"#;
+
+fn probe(code: &str) -> String {
+    format!("{PY_PRELUDE}\n{code}")
+}
+
+// ---------------------------------------------------------------- positive
+
+fn positive_control() {
+    let j = jail();
+    let o = run_ok(
+        &j,
+        &sh("echo", "echo hello; cat"),
+        Stdin::Bytes(b"from stdin".to_vec()),
+    );
+    assert_eq!(text(&o.stdout), "hello\nfrom stdin");
+    assert_eq!(o.reason, "echo: exit 0");
+    assert_eq!(o.exit_code, Some(0));
+    let o = run_ok(
+        &j,
+        &py(
+            "python",
+            "import sys; print(sum(range(10))); print('err', file=sys.stderr)",
+        ),
+        Stdin::Null,
+    );
+    assert_eq!(text(&o.stdout), "45\n");
+    assert_eq!(text(&o.stderr), "err\n");
+    // Name looked up in PATH; environment is exactly the spec's.
+    let mut spec = JailSpec::new("env", ["env"]);
+    spec.env.push(("EXTRA".into(), "1".into()));
+    let o = run_ok(&j, &spec, Stdin::Null);
+    let mut lines: Vec<&str> = text(&o.stdout).leak().lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "EXTRA=1",
+            "HOME=/tmp",
+            "LANG=C.UTF-8",
+            "PATH=/usr/local/bin:/usr/bin:/bin"
+        ]
+    );
+    assert_eq!(
+        std::env::var(SECRET_ENV).as_deref(),
+        Ok(SECRET),
+        "control: the secret is in the broker's env"
+    );
+    assert!(!text(&o.stdout).contains(SECRET));
+    // Tools with options: awk through /etc/alternatives.
+    let o = run_ok(
+        &j,
+        &sh("awk", "echo 3 4 | awk '{print $1*$2}'"),
+        Stdin::Null,
+    );
+    assert_eq!(text(&o.stdout), "12\n");
+    // Landlock is on.
+    assert_eq!(o.landlock, LandlockStatus::FullyEnforced);
+    if privileged(&j) {
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+        assert!(o.peak_memory_bytes.unwrap_or(0) > 0);
+    } else {
+        assert!(
+            o.warnings.iter().any(|w| w.contains("cgroups unavailable")),
+            "{:?}",
+            o.warnings
+        );
+    }
+}
+jail_test!(positive_control);
+
+fn exit_codes_and_signals() {
+    let j = jail();
+    let o = j.run(&sh("three", "exit 3"), Stdin::Null).unwrap();
+    assert_eq!(
+        (o.status, o.exit_code, o.reason.as_str()),
+        (Status::Exited, Some(3), "three: exit 3")
+    );
+    let o = j
+        .run(
+            &py("segv", "import ctypes; ctypes.string_at(0)"),
+            Stdin::Null,
+        )
+        .unwrap();
+    assert_eq!(o.status, Status::Exited);
+    assert_eq!(o.signal, Some(libc::SIGSEGV));
+    assert_eq!(o.reason, "segv: killed by signal 11");
+}
+jail_test!(exit_codes_and_signals);
+
+fn stdin_from_fd() {
+    let j = jail();
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(b"file contents").unwrap();
+    use std::io::Seek;
+    f.rewind().unwrap();
+    let o = run_ok(
+        &j,
+        &JailSpec::new("cat", ["/bin/cat"]),
+        Stdin::Fd(OwnedFd::from(f)),
+    );
+    assert_eq!(text(&o.stdout), "file contents");
+}
+jail_test!(stdin_from_fd);
+
+// ------------------------------------------------------------ filesystem
+
+fn filesystem_escapes() {
+    let j = jail();
+    for landlock in [true, false] {
+        let mut spec = py(
+            "fs",
+            &probe(
+                r#"
+for p in ["/etc/shadow", "/root", "/home", "/sys", "/etc/resolv.conf", "/var", "/boot"]:
+    tryit("stat" + p, lambda: os.stat(p))
+for p in ["/usr/x", "/etc/x", "/x", "/bin/x", "/proc/sys/kernel/hostname"]:
+    tryit("write" + p, lambda: open(p, "w").write("x"))
+tryit("write/tmp/ok", lambda: open("/tmp/ok", "w").write("x"))
+tryit("write/dev/null", lambda: open("/dev/null", "w").write("x"))
+tryit("mkdir/etc/d", lambda: os.mkdir("/etc/d"))
+for f in ["kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger", "kallsyms"]:
+    try: print("proc/" + f, len(open("/proc/" + f, "rb").read(4096)))
+    except OSError as e: print("proc/" + f, name(e.errno))
+print("cwd", os.getcwd())
+print("tmpmode", oct(os.stat("/tmp").st_mode & 0o7777))
+print("passwd", open("/etc/passwd").read().count("\n"))
+"#,
+            ),
+        );
+        spec.landlock = landlock;
+        let o = run_ok(&j, &spec, Stdin::Null);
+        let out = text(&o.stdout);
+        for p in [
+            "/etc/shadow",
+            "/root",
+            "/home",
+            "/sys",
+            "/etc/resolv.conf",
+            "/var",
+            "/boot",
+        ] {
+            assert_eq!(field(&out, &format!("stat{p}")), "ENOENT", "{p}\n{out}");
+        }
+        // Read-only mounts: EROFS (Landlock would say EACCES, but the
+        // read-only check comes first).
+        for p in [
+            "/usr/x",
+            "/etc/x",
+            "/x",
+            "/bin/x",
+            "/proc/sys/kernel/hostname",
+        ] {
+            assert_eq!(
+                field(&out, &format!("write{p}")),
+                "EROFS",
+                "{p} landlock={landlock}\n{out}"
+            );
+        }
+        assert_eq!(field(&out, "mkdir/etc/d"), "EROFS");
+        assert_eq!(field(&out, "write/tmp/ok"), "ok");
+        assert_eq!(field(&out, "write/dev/null"), "ok");
+        // Files the host's /proc has are masked with /dev/null (empty);
+        // files it lacks stay absent.
+        let mut masked = 0;
+        for f in [
+            "kcore",
+            "keys",
+            "timer_list",
+            "sched_debug",
+            "sysrq-trigger",
+            "kallsyms",
+        ] {
+            let host_has = std::path::Path::new("/proc").join(f).exists();
+            let inside = field(&out, &format!("proc/{f}"));
+            if host_has {
+                masked += 1;
+                assert_eq!(inside, "0", "/proc/{f} not masked\n{out}");
+            } else {
+                assert_eq!(inside, "ENOENT", "/proc/{f}\n{out}");
+            }
+        }
+        assert!(
+            masked >= 3,
+            "control: the host has few of these files\n{out}"
+        );
+        assert_eq!(field(&out, "cwd"), "/tmp");
+        assert_eq!(field(&out, "tmpmode"), "0o1777");
+        assert_eq!(field(&out, "passwd"), "3");
+    }
+}
+jail_test!(filesystem_escapes);
+
+fn landlock_is_a_second_layer() {
+    // What only Landlock stops: /proc is mounted read-write (the kernel
+    // decides per file), and writing /proc/self/comm is outside the
+    // Landlock rules (write only under /tmp and to /dev devices).
+    let j = jail();
+    let code = probe(
+        r#"
+tryit("write/proc/self/comm", lambda: open("/proc/self/comm", "w").write("x"))
+"#,
+    );
+    let mut spec = py("ll", &code);
+    let with = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    spec.landlock = false;
+    let without = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(field(&with, "write/proc/self/comm"), "EACCES", "{with}");
+    assert_eq!(field(&without, "write/proc/self/comm"), "ok", "{without}");
+}
+jail_test!(landlock_is_a_second_layer);
+
+fn tmp_does_not_persist() {
+    let j = jail();
+    run_ok(
+        &j,
+        &sh("w", "echo data > /tmp/marker && test -f /tmp/marker"),
+        Stdin::Null,
+    );
+    let o = j.run(&sh("r", "test -e /tmp/marker"), Stdin::Null).unwrap();
+    assert_eq!(
+        o.exit_code,
+        Some(1),
+        "/tmp/marker survived into the next call"
+    );
+}
+jail_test!(tmp_does_not_persist);
+
+fn binds_are_read_only() {
+    let j = jail();
+    let d = tempfile::Builder::new()
+        .prefix("cordon-bind")
+        .tempdir_in("/tmp")
+        .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(d.path().join("data.txt"), "bound").unwrap();
+    let mut spec = py(
+        "bind",
+        &probe(
+            r#"
+print("read", open("/opt/data/data.txt").read())
+tryit("write", lambda: open("/opt/data/new", "w"))
+print("file", open("/etc/extra.txt").read())
+"#,
+        ),
+    );
+    spec.binds.push(Bind {
+        src: d.path().to_path_buf(),
+        dst: "/opt/data".into(),
+    });
+    spec.binds.push(Bind {
+        src: d.path().join("data.txt"),
+        dst: "/etc/extra.txt".into(),
+    });
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(field(&out, "read"), "bound");
+    assert_eq!(field(&out, "write"), "EROFS");
+    assert_eq!(field(&out, "file"), "bound");
+}
+jail_test!(binds_are_read_only);
+
+fn setup_errors_are_precise() {
+    let j = jail();
+    let e = j
+        .run(
+            &JailSpec::new("missing", ["/nonexistent/tool"]),
+            Stdin::Null,
+        )
+        .unwrap_err();
+    match &e {
+        JailError::Setup { step, errno, .. } => {
+            assert_eq!(step, "execve /nonexistent/tool");
+            assert_eq!(*errno, Errno::ENOENT);
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        "missing: sandbox setup failed: execve /nonexistent/tool: ENOENT"
+    );
+    // A bind source below a directory the sandbox's uid cannot traverse.
+    let private = tempfile::Builder::new()
+        .prefix("cordon-private")
+        .tempdir_in("/tmp")
+        .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    std::fs::create_dir(private.path().join("inner")).unwrap();
+    if privileged(&j) {
+        let mut spec = JailSpec::new("bind", ["/bin/true"]);
+        spec.binds.push(Bind {
+            src: private.path().join("inner"),
+            dst: "/opt/inner".into(),
+        });
+        match j.run(&spec, Stdin::Null).unwrap_err() {
+            JailError::Setup { step, errno, .. } => {
+                assert_eq!(
+                    step,
+                    format!(
+                        "mount {}/inner on /opt/inner read-only",
+                        private.path().display()
+                    )
+                );
+                assert_eq!(errno, Errno::EACCES);
+            }
+            other => panic!("{other}"),
+        }
+        // Binding a directory the tool cannot read works, but the tool
+        // still cannot read it (/root is 0700 root).
+        let mut spec = py(
+            "bind",
+            &probe("tryit('list', lambda: os.listdir('/opt/root'))"),
+        );
+        spec.binds.push(Bind {
+            src: "/root".into(),
+            dst: "/opt/root".into(),
+        });
+        assert_eq!(
+            field(&text(&run_ok(&j, &spec, Stdin::Null).stdout), "list"),
+            "EACCES"
+        );
+    }
+    let mut spec = JailSpec::new("bad", ["/bin/true"]);
+    spec.binds.push(Bind {
+        src: "/usr".into(),
+        dst: "/proc/x".into(),
+    });
+    assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
+}
+jail_test!(setup_errors_are_precise);
+
+// ------------------------------------------------------- processes, ids
+
+fn proc_shows_only_the_sandbox() {
+    let j = jail();
+    let o = run_ok(
+        &j,
+        &sh("ps", "for p in /proc/[0-9]*; do echo ${p#/proc/}; done"),
+        Stdin::Null,
+    );
+    let pids: Vec<u32> = text(&o.stdout)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    // sh is pid 1 of its namespace; the glob runs in the shell itself.
+    assert_eq!(pids, [1], "host processes visible: {pids:?}");
+}
+jail_test!(proc_shows_only_the_sandbox);
+
+fn find_marker(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid as u32 == std::process::id() {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline"))
+            && String::from_utf8_lossy(&c).contains(marker)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_for_marker(marker: &str) -> Vec<i32> {
+    for _ in 0..2000 {
+        let f = find_marker(marker);
+        if !f.is_empty() {
+            return f;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("marker {marker} never appeared");
+}
+
+fn uid_is_unprivileged_inside_and_out() {
+    let j = jail();
+    let marker = format!("uidmarker{}", std::process::id());
+    let (r, mut w) = std::io::pipe().unwrap();
+    let spec = sh(
+        "ids",
+        &format!("read x; echo $(id -u) $(id -g); : {marker}"),
+    );
+    std::thread::scope(|s| {
+        let h = s.spawn(|| j.run(&spec, Stdin::Fd(OwnedFd::from(r))));
+        let pids = wait_for_marker(&marker);
+        for pid in pids {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let uid_line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
+            let uids: Vec<u32> = uid_line
+                .split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            assert!(
+                uids.iter().all(|&u| u == 65534),
+                "host-side uids of the tool: {uids:?}"
+            );
+            let cap = st.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+            assert!(cap.ends_with("0000000000000000"), "{cap}");
+        }
+        w.write_all(b"go\n").unwrap();
+        drop(w);
+        let o = h.join().unwrap().unwrap();
+        assert_eq!(text(&o.stdout), "1000 1000\n");
+    });
+}
+jail_test!(uid_is_unprivileged_inside_and_out);
+
+fn daemon_does_not_survive() {
+    let j = jail();
+    let marker = format!("daemonmarker{}", std::process::id());
+    let (r, mut w) = std::io::pipe().unwrap();
+    // The daemon double-forks away from the tool and would sleep for 1000 s.
+    let spec = sh(
+        "daemon",
+        &format!("(sh -c 'sleep 1000; : {marker}' &) & read x; echo started"),
+    );
+    std::thread::scope(|s| {
+        let h = s.spawn(|| j.run(&spec, Stdin::Fd(OwnedFd::from(r))));
+        // Positive control: while the tool runs, the daemon is visible.
+        assert!(!wait_for_marker(&marker).is_empty());
+        w.write_all(b"\n").unwrap();
+        drop(w);
+        let o = h.join().unwrap().unwrap();
+        assert_eq!(text(&o.stdout), "started\n");
+    });
+    // The call returned: nothing of the sandbox is left.
+    assert_eq!(
+        find_marker(&marker),
+        Vec::<i32>::new(),
+        "daemon survived the call"
+    );
+}
+jail_test!(daemon_does_not_survive);
+
+// ---------------------------------------------------------------- seccomp
+
+fn syscalls_are_refused() {
+    let j = jail();
+    let code = probe(
+        r#"
+sc("mount", 165, b"none", b"/tmp", b"tmpfs", 0, None)
+sc("umount2", 166, b"/proc", 2)
+sc("pivot_root", 155, b"/tmp", b"/tmp")
+sc("unshare_user", 272, 0x10000000)
+sc("unshare_net", 272, 0x40000000)
+sc("setns", 308, 0, 0)
+sc("clone_newns", 56, 0x00020000 | 17, 0, 0, 0, 0)
+sc("clone3", 435, None, 0)
+sc("ptrace", 101, 0, 0, 0, 0)
+sc("process_vm_readv", 310, 1, None, 0, None, 0, 0)
+sc("keyctl", 250, 0, -3, 0)
+sc("add_key", 248, b"user", b"k", b"v", 1, -3)
+sc("bpf", 321, 0, None, 0)
+sc("perf_event_open", 298, None, 0, -1, -1, 0)
+sc("userfaultfd", 323, 0)
+sc("io_uring_setup", 425, 1, None)
+sc("init_module", 175, None, 0, b"")
+sc("kexec_load", 246, 0, 0, None, 0)
+sc("reboot", 169, 0, 0, 0, None)
+sc("open_by_handle_at", 304, 0, None, 0)
+sc("fsopen", 430, b"tmpfs", 0)
+sc("open_tree", 428, -100, b"/", 1)
+sc("personality", 135, 0x0040000)
+sc("personality_query", 135, 0xffffffff)
+sc("x32_getpid", 0x40000000 | 39)
+sc("socket_raw", 41, 2, 3, 1)
+sc("socket_inet", 41, 2, 1, 0)
+sc("socket_inet6", 41, 10, 2, 0)
+sc("socket_netlink", 41, 16, 3, 0)
+sc("socket_packet", 41, 17, 3, 0)
+sc("socketpair_inet", 53, 2, 1, 0, (ctypes.c_int * 2)())
+sc("socket_unix", 41, 1, 1, 0)
+sc("socketpair_unix", 53, 1, 1, 0, (ctypes.c_int * 2)())
+sc("ioctl_tiocsti", 16, 0, 0x5412, b"x")
+sc("ioctl_tiocsti_high_bits", 16, 0, 0x100005412, b"x")
+sc("ioctl_tioclinux", 16, 0, 0x541C, b"x")
+import threading
+t = threading.Thread(target=lambda: print("thread ok")); t.start(); t.join()
+pid = os.fork()
+if pid == 0: os._exit(7)
+print("fork", os.waitpid(pid, 0)[1] >> 8)
+"#,
+    );
+    let o = run_ok(&j, &py("seccomp", &code), Stdin::Null);
+    let out = text(&o.stdout);
+    for k in [
+        "mount",
+        "umount2",
+        "pivot_root",
+        "unshare_user",
+        "unshare_net",
+        "setns",
+        "clone_newns",
+        "ptrace",
+        "process_vm_readv",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "init_module",
+        "kexec_load",
+        "reboot",
+        "open_by_handle_at",
+        "fsopen",
+        "open_tree",
+        "personality",
+        "x32_getpid",
+        "socket_raw",
+        "socket_inet",
+        "socket_inet6",
+        "socket_netlink",
+        "socket_packet",
+        "socketpair_inet",
+        "ioctl_tiocsti",
+        "ioctl_tiocsti_high_bits",
+        "ioctl_tioclinux",
+    ] {
+        assert_eq!(field(&out, k), "EPERM", "{k}\n{out}");
+    }
+    assert_eq!(field(&out, "clone3"), "ENOSYS");
+    // Positive controls.
+    assert_eq!(field(&out, "personality_query"), "ok");
+    assert_eq!(field(&out, "socket_unix"), "ok");
+    assert_eq!(field(&out, "socketpair_unix"), "ok");
+    assert!(out.contains("thread ok"));
+    assert_eq!(field(&out, "fork"), "7");
+}
+jail_test!(syscalls_are_refused);
+
+fn foreign_arch_is_killed() {
+    // int 0x80 (i386 ABI) getpid from a 64-bit process: the arch check
+    // kills the process with SIGSYS.
+    let j = jail();
+    let code = r#"
+import mmap, ctypes
+code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax,20; int 0x80; ret
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+print("before", flush=True)
+ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+print("after")
+"#;
+    let o = j.run(&py("i386", code), Stdin::Null).unwrap();
+    assert_eq!(text(&o.stdout), "before\n");
+    assert_eq!(o.signal, Some(libc::SIGSYS), "{}", o.reason);
+}
+jail_test!(foreign_arch_is_killed);
+
+fn allow_list_mode() {
+    let j = jail();
+    let code = probe("sc('getcpu', 309, None, None, None)\nsc('getpid', 39)");
+    let mut spec = py("allow", &code);
+    spec.seccomp = SeccompMode::AllowList(vec![]);
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(field(&out, "getcpu"), "EPERM");
+    assert_eq!(field(&out, "getpid"), "ok");
+    spec.seccomp = SeccompMode::AllowList(vec!["getcpu".into()]);
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(field(&out, "getcpu"), "ok");
+    // The deny list still applies in allow-list mode.
+    let mut spec = py(
+        "allow",
+        &probe("sc('mount', 165, b'none', b'/tmp', b'tmpfs', 0, None)"),
+    );
+    spec.seccomp = SeccompMode::AllowList(vec!["mount".into()]);
+    assert_eq!(
+        field(&text(&run_ok(&j, &spec, Stdin::Null).stdout), "mount"),
+        "EPERM"
+    );
+    let o = run_ok(&j, &sh("allow-sh", "echo ok | cat"), Stdin::Null);
+    assert_eq!(text(&o.stdout), "ok\n");
+    spec.seccomp = SeccompMode::AllowList(vec!["not_a_syscall".into()]);
+    assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
+}
+jail_test!(allow_list_mode);
+
+// ---------------------------------------------------------------- network
+
+fn network_is_empty() {
+    let j = jail();
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let code = probe(&format!(
+        r#"
+def conn(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(addr)
+tryit("socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+tryit("loopback", lambda: conn(("127.0.0.1", {port})))
+tryit("oneone", lambda: conn(("1.1.1.1", 80)))
+tryit("metadata", lambda: conn(("169.254.169.254", 80)))
+"#
+    ));
+    // NetMode::None: no IP socket at all.
+    let out = text(&run_ok(&j, &py("net", &code), Stdin::Null).stdout);
+    for k in ["socket", "loopback", "oneone", "metadata"] {
+        assert_eq!(field(&out, k), "EPERM", "{k}\n{out}");
+    }
+    // With IP sockets allowed (doors with nothing requested) the namespace
+    // itself must refuse: the host's listener is not there, and there is
+    // no route off the machine.
+    let mut spec = py("net", &code);
+    spec.network = NetMode::Doors(DoorRequest::default());
+    spec.landlock = false;
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(field(&out, "socket"), "ok");
+    assert_eq!(field(&out, "loopback"), "ECONNREFUSED", "{out}");
+    assert_eq!(field(&out, "oneone"), "ENETUNREACH", "{out}");
+    assert_eq!(field(&out, "metadata"), "ENETUNREACH", "{out}");
+    // Control: the host listener is really there.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+}
+jail_test!(network_is_empty);
+
+fn doors_hand_sockets_to_the_broker() {
+    let j = jail();
+    let tcp_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), 8080);
+    let udp_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), 5353);
+    let mut spec = py(
+        "doors",
+        &probe(
+            r#"
+s = socket.create_connection(("198.18.0.1", 8080), timeout=10)
+print("tcp", s.recv(100).decode())
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(10)
+u.sendto(b"ping", ("198.18.0.1", 5353))
+print("udp", u.recvfrom(100)[0].decode())
+tryit("outside", lambda: socket.create_connection(("1.1.1.1", 80), timeout=5))
+"#,
+        ),
+    );
+    spec.network = NetMode::Doors(DoorRequest {
+        local_cidrs: vec![(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 15)],
+        tcp: vec![tcp_addr],
+        udp: vec![udp_addr],
+    });
+    let mut handles = Vec::new();
+    let o = j
+        .run_with_doors(&spec, Stdin::Null, |fds| {
+            assert_eq!(fds.len(), 2);
+            let mut it = fds.into_iter();
+            let l = TcpListener::from(it.next().unwrap());
+            assert_eq!(l.local_addr().unwrap(), tcp_addr);
+            let u = UdpSocket::from(it.next().unwrap());
+            assert_eq!(u.local_addr().unwrap(), udp_addr);
+            handles.push(std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                c.write_all(b"door-ok").unwrap();
+            }));
+            handles.push(std::thread::spawn(move || {
+                let mut b = [0u8; 16];
+                let (n, from) = u.recv_from(&mut b).unwrap();
+                assert_eq!(&b[..n], b"ping");
+                u.send_to(b"pong", from).unwrap();
+            }));
+        })
+        .unwrap();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(o.status, Status::Ok, "{} {}", o.reason, text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(field(&out, "tcp"), "door-ok");
+    assert_eq!(field(&out, "udp"), "pong");
+    assert_eq!(field(&out, "outside"), "ENETUNREACH");
+}
+jail_test!(doors_hand_sockets_to_the_broker);
+
+// -------------------------------------------------------------- resources
+
+fn within_wall(o: &Outcome, wall: Duration) {
+    assert!(
+        o.duration <= wall + Duration::from_secs(1),
+        "took {:?} with wall {:?}",
+        o.duration,
+        wall
+    );
+}
+
+fn memory_bomb() {
+    let j = jail();
+    let mut spec = py("bomb", "b = b'x' * (1 << 30)\nprint(len(b))");
+    spec.limits.memory_bytes = 64 << 20;
+    spec.limits.wall = Duration::from_secs(20);
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    within_wall(&o, spec.limits.wall);
+    assert!(o.stdout.is_empty());
+    if privileged(&j) {
+        assert_eq!(
+            o.status,
+            Status::MemoryLimit,
+            "{} {}",
+            o.reason,
+            text(&o.stderr)
+        );
+        assert_eq!(o.reason, "bomb: memory limit 64M exceeded (OOM kill)");
+        assert_eq!(o.signal, Some(libc::SIGKILL));
+        assert!(o.peak_memory_bytes.unwrap() <= 64 << 20);
+    } else {
+        // RLIMIT_AS: the allocation fails inside the tool.
+        assert_eq!(o.status, Status::Exited, "{}", o.reason);
+        assert!(
+            text(&o.stderr).contains("MemoryError"),
+            "{}",
+            text(&o.stderr)
+        );
+        assert!(
+            o.warnings.iter().any(|w| w.contains("RLIMIT_AS")),
+            "{:?}",
+            o.warnings
+        );
+    }
+}
+jail_test!(memory_bomb);
+
+fn fork_bomb() {
+    let j = jail();
+    let mut spec = sh(
+        "forkbomb",
+        "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; wait",
+    );
+    spec.limits.tasks = 16;
+    spec.limits.wall = Duration::from_secs(20);
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    within_wall(&o, spec.limits.wall);
+    assert!(text(&o.stderr).contains("fork"), "{}", text(&o.stderr));
+    if privileged(&j) {
+        assert_eq!(
+            o.status,
+            Status::TaskLimit,
+            "{} {}",
+            o.reason,
+            text(&o.stderr)
+        );
+        assert_eq!(o.reason, "forkbomb: task limit 16 reached");
+    } else {
+        assert_eq!(o.status, Status::Exited, "{}", o.reason);
+        assert!(
+            o.warnings.iter().any(|w| w.contains("RLIMIT_NPROC")),
+            "{:?}",
+            o.warnings
+        );
+    }
+}
+jail_test!(fork_bomb);
+
+fn output_cap() {
+    let j = jail();
+    let mut spec = py(
+        "flood",
+        "import sys\nb = b'x' * (1 << 20)\nfor _ in range(100): sys.stdout.buffer.write(b)",
+    );
+    spec.limits.output_bytes = 1_000_000;
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    within_wall(&o, spec.limits.wall);
+    assert_eq!(o.status, Status::OutputCap, "{}", o.reason);
+    assert_eq!(o.reason, "flood: output over cap (1000000 bytes)");
+    assert_eq!(o.stdout.len(), 1_000_000);
+    assert!(o.output_bytes > 1_000_000);
+    // Control: exactly at the cap is fine.
+    let mut spec = py("exact", "import sys; sys.stdout.write('y' * 1000)");
+    spec.limits.output_bytes = 1000;
+    assert_eq!(run_ok(&j, &spec, Stdin::Null).stdout.len(), 1000);
+}
+jail_test!(output_cap);
+
+fn stderr_is_capped_and_counted() {
+    let j = jail();
+    let mut spec = py(
+        "noisy",
+        "import sys; sys.stderr.write('e' * 100000); print('done')",
+    );
+    spec.limits.stderr_bytes = 1000;
+    let o = run_ok(&j, &spec, Stdin::Null);
+    assert_eq!(o.stderr.len(), 1000);
+    assert_eq!(o.stderr_total, 100000);
+    assert_eq!(text(&o.stdout), "done\n");
+}
+jail_test!(stderr_is_capped_and_counted);
+
+fn filling_tmp() {
+    let j = jail();
+    let mut spec = py(
+        "fill",
+        &probe(
+            r#"
+def fill():
+    with open("/tmp/big", "wb") as f:
+        for _ in range(64):
+            f.write(b"z" * (1 << 20))
+            f.flush()
+tryit("fill", fill)
+print("size", os.path.getsize("/tmp/big") >> 20)
+"#,
+        ),
+    );
+    spec.limits.disk_bytes = 8 << 20;
+    let o = run_ok(&j, &spec, Stdin::Null);
+    within_wall(&o, spec.limits.wall);
+    let out = text(&o.stdout);
+    assert_eq!(field(&out, "fill"), "ENOSPC", "{out}");
+    assert!(field(&out, "size").parse::<u64>().unwrap() <= 8);
+}
+jail_test!(filling_tmp);
+
+fn fd_exhaustion() {
+    let j = jail();
+    let mut spec = py(
+        "fds",
+        &probe(
+            r#"
+fds = []
+def grab():
+    while True: fds.append(os.open("/dev/null", os.O_RDONLY))
+tryit("open", grab)
+print("count", len(fds))
+"#,
+        ),
+    );
+    spec.limits.nofile = 64;
+    let o = run_ok(&j, &spec, Stdin::Null);
+    let out = text(&o.stdout);
+    assert_eq!(field(&out, "open"), "EMFILE");
+    assert!(field(&out, "count").parse::<u64>().unwrap() < 64);
+}
+jail_test!(fd_exhaustion);
+
+fn busy_loop_times_out() {
+    let j = jail();
+    let mut spec = sh("spin", "while :; do :; done");
+    spec.limits.wall = Duration::from_secs(1);
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    assert_eq!(o.status, Status::TimedOut);
+    assert_eq!(o.reason, "spin: timed out after 1s");
+    assert_eq!(o.signal, Some(libc::SIGKILL));
+    assert!(o.duration >= spec.limits.wall);
+    within_wall(&o, spec.limits.wall);
+}
+jail_test!(busy_loop_times_out);
+
+fn cpu_quota() {
+    // Control of the cpu cgroup: a quota is written and the tool still
+    // runs; the throttling itself is a timing property and is covered by
+    // the benchmark, not here.
+    let j = jail();
+    let mut spec = sh("cpu", "echo ok");
+    spec.limits.cpu_percent = Some(50);
+    let o = run_ok(&j, &spec, Stdin::Null);
+    if privileged(&j) {
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    } else {
+        assert!(
+            o.warnings
+                .iter()
+                .any(|w| w.contains("cpu quota not enforced"))
+        );
+    }
+}
+jail_test!(cpu_quota);
+
+// ------------------------------------------------------------ concurrency
+
+fn concurrent_calls() {
+    let j = jail();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|t| {
+                let j = &j;
+                s.spawn(move || {
+                    for i in 0..5 {
+                        let o = run_ok(j, &sh("c", &format!("echo {t}-{i}")), Stdin::Null);
+                        assert_eq!(text(&o.stdout), format!("{t}-{i}\n"));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+jail_test!(concurrent_calls);
+
+// ---------------------------------------------------------------- cgroups
+
+#[test]
+fn stale_cgroup_is_cleaned() {
+    if euid() != 0 {
+        println!("SKIP stale_cgroup_is_cleaned: needs root for cgroups");
+        return;
+    }
+    let facts = host::detect();
+    let Some(mem) = facts.cgroup_layout.memory.clone() else {
+        println!("SKIP stale_cgroup_is_cleaned: no memory cgroup controller");
+        return;
+    };
+    std::fs::create_dir_all(&mem.base).unwrap();
+    // pid_max is at most 2^22, so this broker pid never exists.
+    let stale = mem.base.join("99999999-0-0");
+    std::fs::create_dir_all(&stale).unwrap();
+    let j = jail();
+    assert!(
+        !stale.exists(),
+        "stale cgroup {} still there",
+        stale.display()
+    );
+    assert!(
+        j.notes().iter().any(|n| n.contains("removed stale cgroup")),
+        "{:?}",
+        j.notes()
+    );
+    // A live broker's slot (ours) is kept.
+    assert!(j.uses_cgroups());
+}
+
+#[test]
+fn host_facts_serialize() {
+    let facts = host::detect();
+    let json = serde_json::to_value(&facts).unwrap();
+    assert!(json["kernel"].as_str().unwrap().len() > 1);
+    assert!(json["landlock_abi"].as_i64().unwrap() >= 0);
+    assert!(
+        facts
+            .system_dirs
+            .iter()
+            .any(|d| d.path == std::path::Path::new("/lib"))
+    );
+}
