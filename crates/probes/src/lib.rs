@@ -8,11 +8,13 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod jail;
 pub mod report;
 pub mod sandbox;
 pub mod suite;
 pub mod wire;
 
+pub use jail::JailSandbox;
 pub use report::{ProbeResult, Report, Verdict};
 pub use sandbox::{
     Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,

@@ -92,6 +92,17 @@ pub struct Capture {
 }
 
 impl Capture {
+    /// A capture of bytes another component already collected; `total` is
+    /// how many the stream carried (at least `bytes.len()`).
+    pub fn from_bytes(bytes: &[u8], total: u64) -> Capture {
+        let mut c = Capture::default();
+        c.push(bytes);
+        c.finish();
+        c.total = total.max(bytes.len() as u64);
+        c.complete = true;
+        c
+    }
+
     fn push(&mut self, buf: &[u8]) {
         self.total += buf.len() as u64;
         let room = CAPTURE_HEAD.saturating_sub(self.head.len());

@@ -3,6 +3,7 @@
 use std::fs;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -816,13 +817,24 @@ pub fn run_suite(
             continue;
         }
         let marker = format!("cordonprobe{}", token().replace('-', ""));
-        let args = args_for(info.name, profile, targets, loopback, &marker);
+        let mut args = args_for(info.name, profile, targets, loopback, &marker);
         let timeout = outer_timeout(info.name, profile);
         if info.name == "tmp_persist" {
             report.results.push(tmp_persist(&runner, info, &marker, t0));
             continue;
         }
-        let run = match runner.run(info.name, args, timeout) {
+        // The fds probe gets a descriptor canary: a duplicate of stderr
+        // without close-on-exec, open only for this run. A sandbox that
+        // passes on the caller's descriptors shows it to the agent.
+        let fd_canary = (info.name == "fds")
+            .then(|| nix::unistd::dup(std::io::stderr()).ok())
+            .flatten();
+        if let Some(fd) = &fd_canary {
+            args.extend(["--canary-fd".to_string(), fd.as_raw_fd().to_string()]);
+        }
+        let run = runner.run(info.name, args, timeout);
+        drop(fd_canary);
+        let run = match run {
             Ok(r) => r,
             Err(e) => {
                 report.results.push(result(
@@ -884,6 +896,7 @@ fn tmp_persist(runner: &Runner<'_>, info: &ProbeInfo, marker: &str, t0: Instant)
             let (v, e) = judge_escape("tmp_persist", &r);
             // The host copy of the marker, if the sandbox's /tmp is the host's.
             let _ = fs::remove_file(format!("/tmp/.cordon-persist-{marker}"));
+            let _ = fs::remove_file(format!("/.cordon-persist-{marker}"));
             result(info, v, e, Some(&r), t0)
         }
         Err(e) => result(

@@ -295,11 +295,19 @@ fn try_create(dir: &Path) -> Finding {
 /// Writes: /usr, /etc, /, and the agent's own directory (a writable agent
 /// directory lets a call replace the agent the next call runs).
 pub(super) fn write() -> Verdict {
-    let mut f = vec![
-        try_create(Path::new("/usr")),
-        try_create(Path::new("/etc")),
-        try_create(Path::new("/")),
-    ];
+    let mut f = vec![try_create(Path::new("/usr")), try_create(Path::new("/etc"))];
+    // A root that is a tmpfs is the sandbox's own scratch (bwrap builds its
+    // root that way): writable, but nothing written there reaches the host.
+    // Whether it outlives the call is tmp_persist's question.
+    let root = try_create(Path::new("/"));
+    if root.kind == super::Kind::Escaped && is_tmpfs(Path::new("/")) {
+        f.push(Finding::held(format!(
+            "/ is a writable tmpfs, the sandbox's scratch ({})",
+            root.text
+        )));
+    } else {
+        f.push(root);
+    }
     match own_exe() {
         Ok(exe) => {
             if let Some(dir) = exe
@@ -324,6 +332,10 @@ pub(super) fn write() -> Verdict {
     Verdict::combine(f)
 }
 
+fn is_tmpfs(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
 /// Two-call probe: `--phase write --marker M` leaves a marker in /tmp;
 /// `--phase check --marker M` (a later call) escapes if it is still there.
 pub(super) fn tmp_persist(opts: &Opts) -> Verdict {
@@ -333,26 +345,43 @@ pub(super) fn tmp_persist(opts: &Opts) -> Verdict {
     else {
         return Verdict::error("--marker [A-Za-z0-9-]+ is required");
     };
-    let path = PathBuf::from(format!("/tmp/.cordon-persist-{marker}"));
+    let paths = [
+        PathBuf::from(format!("/tmp/.cordon-persist-{marker}")),
+        PathBuf::from(format!("/.cordon-persist-{marker}")),
+    ];
     match opts.get("phase") {
-        Some("write") => match fs::write(&path, marker) {
-            Ok(()) => Verdict::held(format!("wrote {}", path.display())),
-            Err(e) => Verdict::error(format!("write {}: {}", path.display(), errname(&e))),
-        },
-        Some("check") => match fs::read_to_string(&path) {
-            Ok(s) => {
-                let _ = fs::remove_file(&path);
-                Verdict::escaped(format!(
-                    "{} from an earlier call is still there ({} bytes)",
-                    path.display(),
-                    s.len()
-                ))
+        // /tmp must take the marker (the control writes there too); / may
+        // refuse it.
+        Some("write") => {
+            if let Err(e) = fs::write(&paths[0], marker) {
+                return Verdict::error(format!("write {}: {}", paths[0].display(), errname(&e)));
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Verdict::held(format!("{} from the earlier call is gone", path.display()))
+            let root = match fs::write(&paths[1], marker) {
+                Ok(()) => format!("wrote {}", paths[1].display()),
+                Err(e) => format!("{}: {}", paths[1].display(), errname(&e)),
+            };
+            Verdict::held(format!("wrote {}; {root}", paths[0].display()))
+        }
+        Some("check") => {
+            let mut f = Vec::new();
+            for p in &paths {
+                f.push(match fs::read_to_string(p) {
+                    Ok(s) => {
+                        let _ = fs::remove_file(p);
+                        Finding::escaped(format!(
+                            "{} from an earlier call is still there ({} bytes)",
+                            p.display(),
+                            s.len()
+                        ))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        Finding::held(format!("{} from the earlier call is gone", p.display()))
+                    }
+                    Err(e) => Finding::error(format!("read {}: {}", p.display(), errname(&e))),
+                });
             }
-            Err(e) => Verdict::error(format!("read {}: {}", path.display(), errname(&e))),
-        },
+            Verdict::combine(f)
+        }
         _ => Verdict::error("--phase write|check is required"),
     }
 }
@@ -491,7 +520,8 @@ pub(super) fn tty() -> Verdict {
 }
 
 /// Descriptors: anything open beyond 0, 1, 2 was inherited from outside.
-pub(super) fn fds() -> Verdict {
+pub(super) fn fds(opts: &Opts) -> Verdict {
+    let canary = opts.get("canary-fd").and_then(|v| v.parse::<u32>().ok());
     let rd = match fs::read_dir("/proc/self/fd") {
         Ok(rd) => rd,
         Err(e) => return Verdict::error(format!("list /proc/self/fd: {}", errname(&e))),
@@ -512,7 +542,12 @@ pub(super) fn fds() -> Verdict {
         if target == "/proc/self/fd" || target == format!("/proc/{me}/fd") {
             continue;
         }
-        extra.push(format!("{n} -> {target}"));
+        let label = if Some(n) == canary {
+            " (the harness's canary)"
+        } else {
+            ""
+        };
+        extra.push(format!("{n} -> {target}{label}"));
     }
     if extra.is_empty() {
         Verdict::held("only fds 0, 1, 2 are open")

@@ -80,7 +80,7 @@ pub fn main(args: &[String]) -> i32 {
         "caps" => host::caps(),
         "no_new_privs" => host::no_new_privs(),
         "tty" => host::tty(),
-        "fds" => host::fds(),
+        "fds" => host::fds(&opts),
         "memory" => resource::memory(&opts, &mut out),
         "fork" => resource::fork(&opts, &mut out),
         "output" => resource::output(&opts, &mut out),

@@ -1,0 +1,56 @@
+//! The native jail: every probe holds, resource probes end in the jail's
+//! typed limits. Run inside a stand-in network namespace (where the P0
+//! test shows the same targets are reachable) so no packet can leave.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cordon_jail::{Jail, JailSpec, Limits as JailLimits};
+use cordon_probes::{Filter, JailSandbox, Verdict, jail::AGENT_IN_JAIL, run_suite};
+
+fn small_limits() -> JailLimits {
+    JailLimits {
+        wall: Duration::from_secs(4),
+        memory_bytes: 128 << 20,
+        tasks: 16,
+        output_bytes: 1 << 20,
+        disk_bytes: 16 << 20,
+        nofile: 64,
+        ..JailLimits::default()
+    }
+}
+
+#[test]
+fn jail_holds_every_probe() {
+    let report = common::in_standin_netns(|targets| {
+        let jail = Arc::new(Jail::new().expect("jail"));
+        let mut spec = JailSpec::new("cordon-probe", [AGENT_IN_JAIL]);
+        spec.limits = small_limits();
+        let sb = JailSandbox::new(jail, spec);
+        let profile = sb.profile("P1");
+        run_suite(
+            &sb,
+            &common::agent(),
+            &profile,
+            &targets,
+            &Filter::default(),
+        )
+    });
+    let human = report.to_human();
+    println!("{human}");
+    assert!(report.control_ok(), "{human}");
+    let not_held: Vec<_> = report
+        .results
+        .iter()
+        .filter(|r| r.verdict != Verdict::Held)
+        .map(|r| format!("{} {}: {}", r.verdict.label(), r.probe, r.evidence))
+        .collect();
+    assert!(
+        not_held.is_empty(),
+        "not held:\n{}\n\n{human}",
+        not_held.join("\n")
+    );
+    assert_eq!(report.exit_code(), 0);
+}
