@@ -15,7 +15,7 @@ pub mod suite;
 pub mod wire;
 
 pub use jail::JailSandbox;
-pub use report::{ProbeResult, Report, Verdict};
+pub use report::{Format, ProbeResult, Report, Verdict};
 pub use sandbox::{
     Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,
     SandboxError,

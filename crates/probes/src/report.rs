@@ -209,6 +209,42 @@ impl Report {
     }
 }
 
+/// A report format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One line per probe.
+    Human,
+    /// The full structure as JSON.
+    Json,
+    /// JUnit XML.
+    Junit,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "human" | "text" => Ok(Format::Human),
+            "json" => Ok(Format::Json),
+            "junit" | "xml" => Ok(Format::Junit),
+            other => Err(format!(
+                "unknown report format {other:?} (human, json, junit)"
+            )),
+        }
+    }
+}
+
+impl Report {
+    /// The report in `f`.
+    pub fn render(&self, f: Format) -> String {
+        match f {
+            Format::Human => self.to_human(),
+            Format::Json => self.to_json(),
+            Format::Junit => self.to_junit(),
+        }
+    }
+}
+
 fn one_line(s: &str) -> String {
     s.replace(['\n', '\r'], " ")
 }
