@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up a fresh machine and run cordon's main job on the bundled example
+# manifest: validate it, show what this host can enforce, then run each
+# example tool on bundled untrusted input inside its P1 jail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build -q --bin cordon
+cordon=target/debug/cordon
+m=examples/cordon.yaml
+echo "== cordon check"; $cordon check -m $m
+echo "== pdf_to_text on examples/data/report.pdf"
+$cordon run pdf_to_text -m $m < examples/data/report.pdf
+echo "== word_count, with the run record"
+echo "three small words" | $cordon run word_count -m $m --json
+echo "== thumbnail on examples/data/screenshot.png"
+$cordon run thumbnail -m $m < examples/data/screenshot.png > /tmp/cordon-thumb.png
+file /tmp/cordon-thumb.png 2>/dev/null || ls -l /tmp/cordon-thumb.png
