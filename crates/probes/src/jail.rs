@@ -53,6 +53,7 @@ impl JailSandbox {
                 disk_bytes: Some(l.disk_bytes),
                 fds: Some(l.nofile),
             },
+            egress_allow: Vec::new(),
         }
     }
 

@@ -76,6 +76,11 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         "TCP connect to a private-range target",
     ),
     p(
+        "egress",
+        Category::Escape,
+        "only the profile's allowlisted host:port is reachable",
+    ),
+    p(
         "dns",
         Category::Escape,
         "UDP DNS to the resolver target and resolv.conf's nameservers",
@@ -196,6 +201,8 @@ pub struct Profile {
     pub name: String,
     /// Claimed limits.
     pub limits: Limits,
+    /// Addresses the profile grants egress to (P2); empty: none.
+    pub egress_allow: Vec<SocketAddr>,
 }
 
 impl Profile {
@@ -204,6 +211,7 @@ impl Profile {
         Profile {
             name: name.into(),
             limits: Limits::default(),
+            egress_allow: Vec::new(),
         }
     }
 }
@@ -695,6 +703,15 @@ fn args_for(
         }
         "host_loopback" => loopback.map_or_else(Vec::new, |a| kv("target", a.to_string())),
         "private" => kv("target", t.private.to_string()),
+        "egress" => kv(
+            "allow",
+            profile
+                .egress_allow
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         "dns" => kv("target", t.dns.to_string()),
         "host_fs" => t
             .home
@@ -731,7 +748,7 @@ fn args_for(
     };
     if matches!(
         probe,
-        "network" | "metadata" | "host_loopback" | "private" | "dns"
+        "network" | "metadata" | "host_loopback" | "private" | "dns" | "egress"
     ) {
         a.extend(kv("timeout-ms", ms));
     }

@@ -114,6 +114,7 @@ fn memory_under_rlimit_as(claim_mib: u64) -> (Verdict, String) {
             memory_bytes: Some(claim_mib << 20),
             ..Limits::default()
         },
+        egress_allow: Vec::new(),
     };
     let report = run_suite(
         &sb,

@@ -110,11 +110,7 @@ pub fn keyctl_get_keyring_id(keyring: Keyring) -> Result<i64, Errno> {
             0 as libc::c_long,
         )
     };
-    if rc < 0 {
-        Err(Errno::last())
-    } else {
-        Ok(rc)
-    }
+    if rc < 0 { Err(Errno::last()) } else { Ok(rc) }
 }
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ pub fn main(args: &[String]) -> i32 {
         "metadata" => net::metadata(&opts),
         "host_loopback" => net::host_loopback(&opts),
         "private" => net::private(&opts),
+        "egress" => net::egress(&opts),
         "dns" => net::dns(&opts),
         "host_fs" => host::host_fs(&opts),
         "env" => host::env(),

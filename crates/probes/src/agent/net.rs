@@ -89,6 +89,55 @@ pub(super) fn network(opts: &Opts) -> Verdict {
     })
 }
 
+/// Another port on the same host as an allowlisted address.
+pub(crate) fn other_port(port: u16) -> u16 {
+    if port == 22 { 23 } else { 22 }
+}
+
+/// For a tool granted egress to `--allow a:p,b:q`: each allowlisted
+/// address must connect (else the grant is broken and the result is an
+/// error), and the same hosts on another port must not (escaped when a
+/// connect, or a refusal from a non-loopback host, shows the packet got
+/// there).
+pub(super) fn egress(opts: &Opts) -> Verdict {
+    run(|| {
+        let t = timeout(opts)?;
+        let list = opts.get("allow").unwrap_or("");
+        let allowed: Vec<SocketAddr> = list
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| format!("--allow {s:?} is not an address:port"))
+            })
+            .collect::<Result<_, _>>()?;
+        if allowed.is_empty() {
+            return Ok(Verdict::skipped("no egress granted (--allow)"));
+        }
+        let mut f = Vec::new();
+        for a in &allowed {
+            // The grant works only if the connection is accepted; a refusal
+            // means the route exists but nothing serves the allowlisted port.
+            f.push(match TcpStream::connect_timeout(a, t) {
+                Ok(_) => Finding::held(format!("allowlisted {a}: connected")),
+                Err(e) => Finding::error(format!(
+                    "allowlisted {a} is not reachable ({}): the grant does not work",
+                    if e.raw_os_error().is_some() {
+                        errname(&e)
+                    } else {
+                        format!("no answer within {} ms", t.as_millis())
+                    }
+                )),
+            });
+            let other = SocketAddr::new(a.ip(), other_port(a.port()));
+            if !allowed.contains(&other) {
+                f.push(dial(&format!("{other} (not allowlisted)"), other, t));
+            }
+        }
+        Ok(Verdict::combine(f))
+    })
+}
+
 /// TCP connect to a private-range target (default 10.0.0.1:80).
 pub(super) fn private(opts: &Opts) -> Verdict {
     run(|| {

@@ -103,3 +103,49 @@ pub fn in_standin_netns<T: Send + 'static>(f: impl FnOnce(Targets) -> T + Send +
 pub fn agent() -> std::path::PathBuf {
     env!("CARGO_BIN_EXE_cordon-probe-agent").into()
 }
+
+/// In the current (stand-in) network namespace, reject every TCP packet to
+/// `ip` except to `port` (new connections only: replies from the stand-in
+/// also go to `ip`), with ICMP admin-prohibited: an egress filter that
+/// allows one host:port.
+pub fn nft_allow_only(ip: &str, port: u16) {
+    let nft = |args: &[&str]| {
+        let st = Command::new("nft")
+            .args(args)
+            .status()
+            .expect("nft is needed: apt-get install -y nftables");
+        assert!(st.success(), "nft {args:?} failed: {st}");
+    };
+    nft(&["add", "table", "inet", "cordonprobe"]);
+    nft(&[
+        "add",
+        "chain",
+        "inet",
+        "cordonprobe",
+        "out",
+        "{ type filter hook output priority 0; policy accept; }",
+    ]);
+    let port = port.to_string();
+    nft(&[
+        "add",
+        "rule",
+        "inet",
+        "cordonprobe",
+        "out",
+        "ip",
+        "daddr",
+        ip,
+        "tcp",
+        "dport",
+        "!=",
+        &port,
+        "ct",
+        "state",
+        "new",
+        "reject",
+        "with",
+        "icmp",
+        "type",
+        "admin-prohibited",
+    ]);
+}
