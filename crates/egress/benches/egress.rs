@@ -1,1 +1,235 @@
-fn main() {}
+//! Egress door overhead: a 100 MB download and 1,000 small requests (one connection each)
+//! through the proxy door (absolute-form and CONNECT) and the transparent door, against a
+//! direct connection to the same loopback upstream, all in one run.
+//!
+//! The doors run as in production: their sockets live in a fresh network namespace (a thread
+//! that unshared CLONE_NEWNET, with 198.18.0.0/15 on lo) and the client runs on that thread;
+//! the broker serves them from tokio workers in the host namespace. The direct baseline runs
+//! from a host-namespace thread. Needs root; prints SKIP otherwise.
+//!
+//! `cargo bench -p cordon-egress` (env EGRESS_BENCH_MB and EGRESS_BENCH_SMALL change sizes).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Netns, Upstream};
+use cordon_egress::{DoorContext, EgressPolicy, EventSink, plan, serve};
+use hickory_resolver::proto::op::{Message, Query};
+use hickory_resolver::proto::rr::{Name, RData, RecordType};
+
+const NAME: &str = "api.bench.test";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Direct,
+    Proxy,
+    Connect,
+    Transparent,
+}
+
+/// One HTTP/1.1 GET with `Connection: close`; returns the bytes of the response.
+fn get(mode: Mode, to: SocketAddr, port: u16, path: &str) -> u64 {
+    let mut s = TcpStream::connect(to).expect("connect");
+    s.set_nodelay(true).ok();
+    let host = format!("{NAME}:{port}");
+    match mode {
+        Mode::Proxy => {
+            write!(
+                s,
+                "GET http://{host}{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )
+            .expect("write");
+        }
+        Mode::Connect => {
+            write!(s, "CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n").expect("write");
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut b).expect("CONNECT response");
+                head.push(b[0]);
+            }
+            assert!(head.starts_with(b"HTTP/1.1 200"), "CONNECT refused");
+            write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )
+            .expect("write");
+        }
+        Mode::Direct | Mode::Transparent => {
+            write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )
+            .expect("write");
+        }
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    let mut first = true;
+    loop {
+        let n = s.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        if first {
+            assert!(buf.starts_with(b"HTTP/1.1 200"), "request failed");
+            first = false;
+        }
+        total += n as u64;
+    }
+    total
+}
+
+struct Result {
+    mode: Mode,
+    mb_per_s: f64,
+    small_us: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn measure(mode: Mode, to: SocketAddr, port: u16, mb: u64, small: usize) -> (f64, f64) {
+    let bytes = mb * 1024 * 1024;
+    let path = format!("/bytes/{bytes}");
+    // Warm up.
+    for _ in 0..20 {
+        get(mode, to, port, "/small");
+    }
+    let mut rates = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let got = get(mode, to, port, &path);
+        assert!(got >= bytes, "short download: {got}");
+        rates.push(bytes as f64 / (1024.0 * 1024.0) / t.elapsed().as_secs_f64());
+    }
+    let mut lat = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..small {
+            get(mode, to, port, "/small");
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / small as f64);
+    }
+    (median(rates), median(lat))
+}
+
+fn door_address(ns: &Netns) -> IpAddr {
+    ns.run(|| {
+        let mut q = Message::query();
+        q.add_query(Query::query(
+            Name::from_ascii(&format!("{NAME}.")).expect("name"),
+            RecordType::A,
+        ));
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        s.send_to(&q.to_vec().expect("encode"), "127.0.0.1:53")
+            .expect("send");
+        let mut buf = vec![0u8; 2048];
+        let n = s.recv(&mut buf).expect("dns door answer");
+        let m = Message::from_vec(&buf[..n]).expect("decode");
+        m.answers
+            .iter()
+            .find_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                _ => None,
+            })
+            .expect("an A answer")
+    })
+}
+
+fn main() {
+    let mb: u64 = std::env::var("EGRESS_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let small: usize = std::env::var("EGRESS_BENCH_SMALL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let up = rt.block_on(Upstream::start("127.0.0.1:0"));
+    let port = up.port();
+    let mut policy = EgressPolicy::allowlist("bench", [format!("{NAME}:{port}")]).expect("policy");
+    policy
+        .resolve
+        .insert(NAME.into(), IpAddr::from([127, 0, 0, 1]));
+    policy
+        .allow_cidrs
+        .push("127.0.0.1/32".parse().expect("cidr"));
+    policy.upstream_dns = Some("127.0.0.1:9".parse().expect("addr"));
+    policy.max_connections = 1024;
+    let plan = plan(&policy);
+    let cidrs: Vec<String> = plan.local_cidrs.iter().map(|c| c.to_string()).collect();
+    let ns = match Netns::new(&cidrs) {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+    };
+    let doors = ns.doors(&plan);
+    let (sink, mut rx) = EventSink::channel();
+    let ctx = DoorContext {
+        tool: "bench".into(),
+        session: "bench".into(),
+    };
+    let handle = rt
+        .block_on(serve(Arc::new(policy), ctx, doors, sink))
+        .expect("serve");
+    // Keep the event channel drained, as the audit log would.
+    rt.spawn(async move { while rx.recv().await.is_some() {} });
+
+    let proxy = plan.proxy.expect("proxy door");
+    let door = SocketAddr::new(door_address(&ns), port);
+    let direct = up.addr;
+    println!("egress bench: {mb} MiB download x3 (median), {small} small requests x3 (median)");
+    let mut results = Vec::new();
+    for mode in [Mode::Direct, Mode::Proxy, Mode::Connect, Mode::Transparent] {
+        let (rate, lat) = match mode {
+            Mode::Direct => {
+                // A host-namespace thread: the baseline never goes through a door.
+                std::thread::spawn(move || measure(mode, direct, port, mb, small))
+                    .join()
+                    .expect("direct run")
+            }
+            Mode::Proxy | Mode::Connect => ns.run(move || measure(mode, proxy, port, mb, small)),
+            Mode::Transparent => ns.run(move || measure(mode, door, port, mb, small)),
+        };
+        println!("{mode:?}: {rate:.0} MiB/s, {lat:.0} us/request");
+        results.push(Result {
+            mode,
+            mb_per_s: rate,
+            small_us: lat,
+        });
+    }
+    let base = &results[0];
+    println!();
+    println!(
+        "| path | download MiB/s | throughput vs direct | small request (us) | latency vs direct | added per request (us) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in &results {
+        println!(
+            "| {:?} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:+.0} |",
+            r.mode,
+            r.mb_per_s,
+            r.mb_per_s / base.mb_per_s,
+            r.small_us,
+            r.small_us / base.small_us,
+            r.small_us - base.small_us
+        );
+    }
+    rt.block_on(handle.shutdown());
+}
