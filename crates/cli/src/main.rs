@@ -2,9 +2,13 @@
 //! its risk. See `cordon --help`, the README and docs/architecture.md.
 #![forbid(unsafe_code)]
 
+mod audit;
+mod broker;
 mod check;
+mod doctor;
 mod exit;
 mod explain;
+mod run;
 mod schema;
 
 use std::path::PathBuf;
@@ -65,6 +69,42 @@ enum Cmd {
     },
     /// Print the manifest's JSON Schema (for editors).
     Schema,
+    /// Run one tool of the manifest in its sandbox: stdin to the tool, its gated stdout to stdout.
+    Run {
+        /// The tool's name in the manifest.
+        tool: String,
+        #[command(flatten)]
+        manifest: ManifestArg,
+        /// Print one JSON object (status, exit_code, signal, duration_ms,
+        /// peak_memory_bytes, output_bytes, stderr, reason, output envelope).
+        #[arg(long)]
+        json: bool,
+        /// How text output is labelled on stdout.
+        #[arg(long, value_enum, default_value = "none")]
+        label: run::Label,
+        /// Audit log file (`-` for stderr). Default: /var/log/cordon/audit.jsonl
+        /// as root, else ~/.local/state/cordon/audit.jsonl.
+        #[arg(long, env = "CORDON_AUDIT")]
+        audit: Option<PathBuf>,
+    },
+    /// Run a command in an ad-hoc P1 jail (no manifest), as one would use bwrap.
+    Exec(run::ExecArgs),
+    /// Show what this host can enforce, how it was detected, and each profile's strength here.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read the audit log.
+    Audit {
+        #[command(subcommand)]
+        cmd: audit::AuditCmd,
+    },
+    /// The probe agent that runs inside a sandbox (used by `cordon probe`).
+    #[command(name = "__probe-agent", hide = true)]
+    ProbeAgent {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -78,6 +118,29 @@ fn main() -> ExitCode {
         } => explain::explain(&manifest.path, &tool, json),
         Cmd::Diff { old, new, json } => explain::diff(&old, &new, json),
         Cmd::Schema => schema::run(),
+        Cmd::Run {
+            tool,
+            manifest,
+            json,
+            label,
+            audit,
+        } => run::run_tool(&manifest.path, &tool, &run::RunOpts { json, label, audit }),
+        Cmd::Exec(args) => run::exec_policy(&args).and_then(|p| {
+            run::call_and_print(
+                &p,
+                &run::RunOpts {
+                    json: args.json,
+                    label: run::Label::None,
+                    audit: args.audit.clone(),
+                },
+            )
+        }),
+        Cmd::Doctor { json } => doctor::run(json),
+        Cmd::Audit { cmd } => audit::run(cmd),
+        Cmd::ProbeAgent { args } => {
+            let code = cordon_probes::agent::main(&args);
+            return ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE));
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,346 @@
+//! The broker's call path: resolved policy -> sandbox -> output gate ->
+//! audit record. `cordon run`, `cordon exec` and `cordon serve` all call
+//! [`Broker::call`]; nothing else launches a tool.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
+use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
+use cordon_jail::{
+    Bind, Jail, JailError, JailSpec, Limits, NetMode, Outcome, SeccompMode, Status, Stdin,
+};
+use cordon_policy::policy::{Exec, Network, Profile, Runtime, Seccomp, ToolPolicy};
+
+use crate::exit;
+
+/// Long-lived: the jail (root template, cgroup pool) and the audit log.
+pub struct Broker {
+    jail: Jail,
+    audit: AuditLog,
+    audit_warning: Option<String>,
+    pub session: String,
+    pub caller: String,
+}
+
+/// Why a call did not produce a gated result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Setup(#[from] JailError),
+}
+
+impl CallError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CallError::Refused(_) => exit::REFUSED,
+            CallError::Setup(_) => exit::SETUP_FAILED,
+        }
+    }
+}
+
+/// One finished call: what the sandbox reported and, when it succeeded,
+/// the gated output.
+pub struct CallResult {
+    pub outcome: Outcome,
+    /// `Some` when the tool succeeded and the output passed the gate.
+    pub gated: Option<Result<Gated, cordon_gate::GateRefusal>>,
+}
+
+impl CallResult {
+    pub fn exit_code(&self) -> u8 {
+        match self.outcome.status {
+            Status::Ok => match &self.gated {
+                Some(Err(_)) => exit::GATE_REFUSED,
+                _ => exit::OK,
+            },
+            Status::Exited => exit::TOOL_FAILED,
+            Status::TimedOut => exit::TIMED_OUT,
+            Status::MemoryLimit => exit::MEMORY_LIMIT,
+            Status::TaskLimit => exit::TASK_LIMIT,
+            Status::OutputCap => exit::OUTPUT_CAP,
+        }
+    }
+}
+
+/// Where the audit log goes: `$CORDON_AUDIT`, else /var/log/cordon as
+/// root, else `$XDG_STATE_HOME` or `~/.local/state`.
+pub fn default_audit_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORDON_AUDIT") {
+        return PathBuf::from(p);
+    }
+    if cordon_sys::io::geteuid() == 0 {
+        return PathBuf::from("/var/log/cordon/audit.jsonl");
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    state.join("cordon/audit.jsonl")
+}
+
+fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
+    let path = path.unwrap_or_else(default_audit_path);
+    if path.as_os_str() == "-" {
+        return (AuditLog::new().with_sink(StderrSink), None);
+    }
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match FileSink::open(&path, Rotation::default()) {
+        Ok(s) => (AuditLog::new().with_sink(s), None),
+        Err(e) => (
+            AuditLog::new().with_sink(StderrSink),
+            Some(format!(
+                "audit log {} cannot be opened ({e}); audit records go to stderr",
+                path.display()
+            )),
+        ),
+    }
+}
+
+impl Broker {
+    pub fn new(audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
+        let jail = Jail::new()?;
+        let (audit, audit_warning) = open_audit(audit_path);
+        Ok(Broker {
+            jail,
+            audit,
+            audit_warning,
+            session: format!("cli-{}", std::process::id()),
+            caller: "cli".into(),
+        })
+    }
+
+    /// Warnings a person should see once: weakened mechanisms, audit trouble.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w: Vec<String> = self.audit_warning.iter().cloned().collect();
+        if !self.jail.uses_cgroups() {
+            w.push(
+                "cgroups unavailable here: memory is capped by RLIMIT_AS and tasks by RLIMIT_NPROC only (see `cordon doctor`)"
+                    .into(),
+            );
+        }
+        w
+    }
+
+    /// Run one call of `policy` with `input` on stdin.
+    pub fn call(&self, policy: &ToolPolicy, input: Vec<u8>) -> Result<CallResult, CallError> {
+        let started = Instant::now();
+        let mut rec = AuditRecord::new(&policy.name, format!("{:?}", policy.profile));
+        rec.runtime = format!("{:?}", policy.runtime).to_lowercase();
+        rec.session = self.session.clone();
+        rec.caller = self.caller.clone();
+        rec.input = Payload::of(&input, false);
+        let result = self.call_inner(policy, input, &mut rec);
+        rec.duration_ms = started.elapsed().as_millis() as u64;
+        if let Err(e) = self.audit.record(&rec) {
+            eprintln!("cordon: warning: audit record not written: {e}");
+        }
+        result
+    }
+
+    fn call_inner(
+        &self,
+        policy: &ToolPolicy,
+        input: Vec<u8>,
+        rec: &mut AuditRecord,
+    ) -> Result<CallResult, CallError> {
+        let refuse = |rec: &mut AuditRecord, msg: String| {
+            rec.status = cordon_audit::Status::Refused;
+            rec.reason = Some(msg.clone());
+            Err(CallError::Refused(msg))
+        };
+        let spec = match jail_spec(policy) {
+            Ok(s) => s,
+            Err(msg) => return refuse(rec, msg),
+        };
+        let gate = match gate_for(policy) {
+            Ok(g) => g,
+            Err(msg) => return refuse(rec, msg),
+        };
+        let outcome = match self.jail.run(&spec, Stdin::Bytes(input)) {
+            Ok(o) => o,
+            Err(e) => {
+                rec.status = cordon_audit::Status::Error;
+                rec.reason = Some(e.to_string());
+                return Err(CallError::Setup(e));
+            }
+        };
+        rec.exit_code = outcome.exit_code;
+        rec.signal = outcome.signal;
+        rec.output = Payload::of(&outcome.stdout, false);
+        rec.set_stderr(&outcome.stderr);
+        rec.warnings = outcome.warnings.clone();
+        rec.status = match outcome.status {
+            Status::Ok => cordon_audit::Status::Ok,
+            Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,
+            Status::Exited => cordon_audit::Status::ToolError,
+            _ => cordon_audit::Status::LimitHit,
+        };
+        if outcome.status != Status::Ok {
+            rec.reason = Some(outcome.reason.clone());
+        }
+        if let Some(limit) = match outcome.status {
+            Status::TimedOut => Some("wall_seconds"),
+            Status::MemoryLimit => Some("memory"),
+            Status::TaskLimit => Some("tasks"),
+            Status::OutputCap => Some("output_bytes"),
+            _ => None,
+        } {
+            rec.limits_hit.push(limit.into());
+        }
+        let gated = (outcome.status == Status::Ok).then(|| {
+            let meta = ToolMeta::new(&policy.name, profile_name(policy.profile));
+            let g = gate.check(&meta, &outcome.stdout);
+            match &g {
+                Ok(ok) => rec.gate = Some(GateSummary::from(&ok.envelope)),
+                Err(refusal) => {
+                    rec.gate = Some(GateSummary::refused(
+                        gate.policy().kind,
+                        outcome.stdout.len() as u64,
+                        refusal,
+                    ));
+                    rec.status = cordon_audit::Status::Refused;
+                    rec.reason = Some(format!("{}: {refusal}", policy.name));
+                }
+            }
+            g
+        });
+        Ok(CallResult { outcome, gated })
+    }
+}
+
+pub fn profile_name(p: Profile) -> &'static str {
+    match p {
+        Profile::P0 => "P0",
+        Profile::P1 => "P1",
+        Profile::P2 => "P2",
+        Profile::P3 => "P3",
+    }
+}
+
+/// The gate for a tool, from its resolved policy.
+pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
+    let o = &policy.output;
+    let gp = GatePolicy {
+        kind: match o.kind {
+            cordon_policy::policy::OutputKind::Text => cordon_gate::OutputKind::Text,
+            cordon_policy::policy::OutputKind::Json => cordon_gate::OutputKind::Json,
+            cordon_policy::policy::OutputKind::Binary => cordon_gate::OutputKind::Binary,
+        },
+        media_type: o.media_type.clone(),
+        schema: policy.output_schema.clone(),
+        max_bytes: policy
+            .limits
+            .map(|l| l.output_bytes)
+            .unwrap_or(cordon_gate::DEFAULT_MAX_BYTES),
+        on_overflow: match o.on_overflow {
+            cordon_policy::policy::Overflow::Fail => cordon_gate::Overflow::Fail,
+            cordon_policy::policy::Overflow::Truncate => cordon_gate::Overflow::Truncate,
+        },
+        strip: StripPolicy {
+            html: o.strip_html,
+            markdown: o.strip_markdown,
+            ..StripPolicy::default()
+        },
+        invalid_utf8: cordon_gate::Utf8Policy::Replace,
+        label: LabelStyle::Wrapped,
+    };
+    Gate::new(gp).map_err(|e| format!("{}: {e}", policy.name))
+}
+
+/// The jail spec for a tool: the one place a resolved policy becomes a
+/// native sandbox. Refuses what this runtime cannot enforce.
+pub fn jail_spec(p: &ToolPolicy) -> Result<JailSpec, String> {
+    match p.runtime {
+        Runtime::Native => {}
+        other => {
+            return Err(format!(
+                "{}: runtime {} is not available in this build of cordon; refusing to run the tool under a weaker boundary",
+                p.name,
+                format!("{other:?}").to_lowercase()
+            ));
+        }
+    }
+    if p.profile == Profile::P0 {
+        return Err(format!(
+            "{}: profile P0 has no sandbox; cordon runs only sandboxed tools",
+            p.name
+        ));
+    }
+    let argv = match &p.exec {
+        Exec::Command { argv } => argv.clone(),
+        Exec::Image { reference, .. } => {
+            return Err(format!(
+                "{}: image {reference} needs an OCI runtime, which this build does not have",
+                p.name
+            ));
+        }
+        Exec::Mcp { .. } => {
+            return Err(format!(
+                "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
+                p.name
+            ));
+        }
+        Exec::Unspecified => {
+            return Err(format!(
+                "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
+                p.name
+            ));
+        }
+    };
+    let network = match &p.network {
+        Network::None => NetMode::None,
+        Network::Host => {
+            return Err(format!(
+                "{}: host network is never given to a sandbox",
+                p.name
+            ));
+        }
+        Network::Allowlist { .. } | Network::Proxy { .. } => {
+            return Err(format!(
+                "{}: egress doors are not wired into `cordon run` yet; refusing rather than running without the allowlist",
+                p.name
+            ));
+        }
+    };
+    if !p.secrets.is_empty() {
+        return Err(format!(
+            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+            p.name
+        ));
+    }
+    let l = p.require_limits()?;
+    Ok(JailSpec {
+        tool: p.name.clone(),
+        argv,
+        env: p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        binds: p
+            .mounts
+            .iter()
+            .map(|m| Bind {
+                src: m.src.clone().into(),
+                dst: m.dst.clone().into(),
+            })
+            .collect(),
+        limits: Limits {
+            wall: std::time::Duration::from_secs(l.wall_seconds),
+            memory_bytes: l.memory_bytes,
+            tasks: l.tasks,
+            cpu_percent: Some(l.cpu_percent),
+            output_bytes: l.output_bytes,
+            stderr_bytes: l.stderr_bytes,
+            nofile: l.nofile,
+            disk_bytes: l.disk_bytes,
+        },
+        network,
+        seccomp: match &p.seccomp {
+            Seccomp::DenyList => SeccompMode::DenyList,
+            Seccomp::AllowList { extra } => SeccompMode::AllowList(extra.clone()),
+        },
+        landlock: true,
+    })
+}

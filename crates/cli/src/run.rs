@@ -1,0 +1,305 @@
+//! `cordon run` (a manifest's tool) and `cordon exec` (an ad-hoc P1 jail).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, anyhow};
+use serde::Serialize;
+
+use cordon_policy::policy::{
+    Exec, Lifetime, Network, Output, OutputKind, Overflow, Profile, Runtime, Seccomp, ToolPolicy,
+};
+use cordon_policy::units::{parse_cpu, parse_size_str};
+
+use crate::broker::{Broker, CallError, CallResult};
+use crate::exit;
+
+/// How the result is printed on stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Label {
+    /// The gated content as is (control characters and escapes stripped).
+    None,
+    /// Wrapped in nonce-marked `<untrusted-output>` markers.
+    Wrapped,
+    /// One JSON object: the envelope and the content.
+    Envelope,
+}
+
+#[derive(Serialize)]
+struct RunRecord<'a> {
+    tool: &'a str,
+    status: &'static str,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    duration_ms: u64,
+    peak_memory_bytes: Option<u64>,
+    output_bytes: u64,
+    stderr: String,
+    reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+}
+
+fn read_stdin() -> anyhow::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut buf)
+        .context("reading stdin")?;
+    Ok(buf)
+}
+
+pub struct RunOpts {
+    pub json: bool,
+    pub label: Label,
+    pub audit: Option<PathBuf>,
+}
+
+pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<ExitCode> {
+    let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
+    let policy = loaded.policy.get(tool).ok_or_else(|| {
+        anyhow!(
+            "no tool `{tool}` in {}; it has: {}",
+            manifest.display(),
+            loaded
+                .policy
+                .tools
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    call_and_print(policy, opts)
+}
+
+pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<ExitCode> {
+    let broker = Broker::new(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
+    for w in broker.warnings() {
+        eprintln!("cordon: warning: {w}");
+    }
+    let input = read_stdin()?;
+    match broker.call(policy, input) {
+        Ok(r) => print_result(policy, &r, opts),
+        Err(e) => {
+            if opts.json {
+                let rec = RunRecord {
+                    tool: &policy.name,
+                    status: match &e {
+                        CallError::Setup(_) => "setup_failed",
+                        _ => "refused",
+                    },
+                    exit_code: None,
+                    signal: None,
+                    duration_ms: 0,
+                    peak_memory_bytes: None,
+                    output_bytes: 0,
+                    stderr: String::new(),
+                    reason: e.to_string(),
+                    output: None,
+                    warnings: vec![],
+                };
+                println!("{}", serde_json::to_string(&rec)?);
+            }
+            eprintln!("cordon: {e}");
+            Ok(ExitCode::from(e.exit_code()))
+        }
+    }
+}
+
+fn status_name(r: &CallResult) -> &'static str {
+    use cordon_jail::Status::*;
+    match r.outcome.status {
+        Ok => match &r.gated {
+            Some(Err(_)) => "gate_refused",
+            _ => "ok",
+        },
+        Exited => "tool_failed",
+        TimedOut => "timed_out",
+        MemoryLimit => "memory_limit",
+        TaskLimit => "task_limit",
+        OutputCap => "output_cap",
+    }
+}
+
+fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::Result<ExitCode> {
+    let o = &r.outcome;
+    // Tool stderr and reasons pass the gate too: an error string is an
+    // exfiltration channel.
+    let meta =
+        cordon_gate::ToolMeta::new(&policy.name, crate::broker::profile_name(policy.profile));
+    let stderr = cordon_gate::gate_error(&meta, &o.stderr).content.to_text();
+    let reason = match &r.gated {
+        Some(Err(refusal)) => format!("{}: {refusal}", policy.name),
+        _ => o.reason.clone(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if opts.json {
+        let output = match &r.gated {
+            Some(Ok(g)) => Some(g.render_envelope()),
+            _ => None,
+        };
+        let rec = RunRecord {
+            tool: &policy.name,
+            status: status_name(r),
+            exit_code: o.exit_code,
+            signal: o.signal,
+            duration_ms: o.duration.as_millis() as u64,
+            peak_memory_bytes: o.peak_memory_bytes,
+            output_bytes: o.output_bytes,
+            stderr,
+            reason: reason.clone(),
+            output,
+            warnings: o.warnings.clone(),
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&rec)?)?;
+    } else {
+        if let Some(Ok(g)) = &r.gated {
+            match (opts.label, &g.content) {
+                (_, cordon_gate::Content::Binary { bytes, .. }) => stdout.write_all(bytes)?,
+                (Label::None, c) => stdout.write_all(c.to_text().as_bytes())?,
+                (Label::Wrapped, _) => stdout.write_all(g.render_wrapped().as_bytes())?,
+                (Label::Envelope, _) => writeln!(stdout, "{}", g.render_envelope())?,
+            }
+        }
+        if !stderr.is_empty() && r.outcome.status != cordon_jail::Status::Ok {
+            eprint!("{stderr}");
+            if !stderr.ends_with('\n') {
+                eprintln!();
+            }
+        }
+        for w in &o.warnings {
+            eprintln!("cordon: warning: {w}");
+        }
+    }
+    stdout.flush()?;
+    let code = r.exit_code();
+    if code != exit::OK && !opts.json {
+        eprintln!("cordon: {reason}");
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// `cordon exec` flags.
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    /// Profile whose defaults apply (only P1 is available for ad-hoc runs).
+    #[arg(long, default_value = "P1")]
+    pub profile: String,
+    /// Memory cap, e.g. 512M.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Task (process and thread) cap.
+    #[arg(long)]
+    pub tasks: Option<u64>,
+    /// Wall-clock seconds.
+    #[arg(long)]
+    pub wall: Option<u64>,
+    /// CPU quota, e.g. 100% (one core).
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Stdout cap in bytes (K/M suffixes allowed).
+    #[arg(long = "output-bytes")]
+    pub output_bytes: Option<String>,
+    /// Size of the writable /tmp.
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// Extra read-only bind, SRC or SRC:DST. Repeatable.
+    #[arg(long = "ro-bind")]
+    pub ro_bind: Vec<String>,
+    /// Environment variable K=V passed in. Repeatable.
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// Print the run record as JSON instead of the output.
+    #[arg(long)]
+    pub json: bool,
+    /// Audit log file (`-` for stderr).
+    #[arg(long, env = "CORDON_AUDIT")]
+    pub audit: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+/// The policy of an ad-hoc `cordon exec`: P1 defaults and the flags.
+pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
+    if a.profile != "P1" {
+        return Err(anyhow!(
+            "--profile {}: ad-hoc runs use the P1 jail; declare other profiles in a manifest",
+            a.profile
+        ));
+    }
+    let mut l = cordon_policy::resolve::default_limits(Profile::P1)
+        .ok_or_else(|| anyhow!("P1 has default limits"))?;
+    if let Some(m) = &a.memory {
+        l.memory_bytes = parse_size_str(m).map_err(|e| anyhow!("--memory: {e}"))?;
+    }
+    if let Some(t) = a.tasks {
+        l.tasks = t;
+    }
+    if let Some(w) = a.wall {
+        l.wall_seconds = w;
+    }
+    if let Some(c) = &a.cpu {
+        l.cpu_percent = parse_cpu(c).map_err(|e| anyhow!("--cpu: {e}"))?;
+    }
+    if let Some(o) = &a.output_bytes {
+        l.output_bytes = parse_size_str(o).map_err(|e| anyhow!("--output-bytes: {e}"))?;
+    }
+    if let Some(d) = &a.disk {
+        l.disk_bytes = parse_size_str(d).map_err(|e| anyhow!("--disk: {e}"))?;
+    }
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert("PATH".into(), cordon_policy::resolve::SANDBOX_PATH.into());
+    env.insert("HOME".into(), "/tmp".into());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    for kv in &a.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--env {kv}: write K=V"))?;
+        env.insert(k.into(), v.into());
+    }
+    let mounts = a
+        .ro_bind
+        .iter()
+        .map(|b| {
+            let (src, dst) = b.split_once(':').unwrap_or((b, b));
+            if !src.starts_with('/') || !dst.starts_with('/') {
+                return Err(anyhow!("--ro-bind {b}: paths must be absolute"));
+            }
+            Ok(cordon_policy::policy::Mount {
+                src: src.into(),
+                dst: dst.into(),
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ToolPolicy {
+        name: "exec".into(),
+        profile: Profile::P1,
+        description: String::new(),
+        runtime: Runtime::Native,
+        exec: Exec::Command {
+            argv: a.cmd.clone(),
+        },
+        limits: Some(l),
+        network: Network::None,
+        secrets: vec![],
+        mounts,
+        env,
+        lifetime: Lifetime::Call,
+        input_schema: None,
+        output_schema: None,
+        output: Output {
+            kind: OutputKind::Text,
+            media_type: None,
+            on_overflow: Overflow::Fail,
+            strip_html: false,
+            strip_markdown: false,
+        },
+        seccomp: Seccomp::DenyList,
+    })
+}
