@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 
-use crate::broker::default_audit_path;
 use crate::exit;
+use cordon_broker::default_audit_path;
 
 #[derive(clap::Subcommand)]
 pub enum AuditCmd {

@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 mod audit;
-mod broker;
 mod check;
 mod doctor;
 mod exit;

@@ -13,8 +13,8 @@ use cordon_policy::policy::{
 };
 use cordon_policy::units::{parse_cpu, parse_size_str};
 
-use crate::broker::{Broker, CallError, CallResult};
 use crate::exit;
+use cordon_broker::{Broker, CallError, CallResult};
 
 /// How the result is printed on stdout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,7 +131,7 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
     // Tool stderr and reasons pass the gate too: an error string is an
     // exfiltration channel.
     let meta =
-        cordon_gate::ToolMeta::new(&policy.name, crate::broker::profile_name(policy.profile));
+        cordon_gate::ToolMeta::new(&policy.name, cordon_broker::profile_name(policy.profile));
     let stderr = cordon_gate::gate_error(&meta, &o.stderr).content.to_text();
     let reason = match &r.gated {
         Some(Err(refusal)) => format!("{}: {refusal}", policy.name),

@@ -1,6 +1,7 @@
-//! The broker's call path: resolved policy -> sandbox -> output gate ->
+//! cordon-broker: the call path: resolved policy -> sandbox -> output gate ->
 //! audit record. `cordon run`, `cordon exec` and `cordon serve` all call
 //! [`Broker::call`]; nothing else launches a tool.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -12,7 +13,27 @@ use cordon_jail::{
 };
 use cordon_policy::policy::{Exec, Network, Profile, Runtime, Seccomp, ToolPolicy};
 
-use crate::exit;
+/// Exit statuses of `cordon run`/`exec`, one per failure class (README).
+pub mod exit {
+    /// The tool ran and succeeded; the output passed the gate.
+    pub const OK: u8 = 0;
+    /// The tool exited non-zero or was killed by a signal.
+    pub const TOOL_FAILED: u8 = 10;
+    /// The tool ran past its wall-clock limit and was killed.
+    pub const TIMED_OUT: u8 = 11;
+    /// The tool exceeded its memory limit (OOM kill).
+    pub const MEMORY_LIMIT: u8 = 12;
+    /// The tool hit its task (process/thread) limit.
+    pub const TASK_LIMIT: u8 = 13;
+    /// The tool's output went over its cap.
+    pub const OUTPUT_CAP: u8 = 14;
+    /// The output gate refused the result (schema, type, encoding).
+    pub const GATE_REFUSED: u8 = 15;
+    /// The sandbox could not be set up; nothing ran.
+    pub const SETUP_FAILED: u8 = 20;
+    /// The policy refuses to run this tool here.
+    pub const REFUSED: u8 = 21;
+}
 
 /// Long-lived: the jail (root template, cgroup pool) and the audit log.
 pub struct Broker {
