@@ -103,3 +103,39 @@ fn a_grant_that_does_not_work_is_an_error_not_a_pass() {
     );
     assert_eq!(r2.exit_code(), 2);
 }
+
+#[test]
+fn door_addresses_local_to_the_sandbox_refusing_are_its_own_stack() {
+    // Doors (as the jail's P2 mode builds them): the allowlisted address is
+    // local to the sandbox's namespace, with a listener on the allowed port
+    // only. The other port is refused by the sandbox's own stack: held.
+    let r = common::in_standin_netns(|targets| {
+        let st = std::process::Command::new("ip")
+            .args(["addr", "add", "198.18.0.1/32", "dev", "lo"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let door = std::net::TcpListener::bind("198.18.0.1:443").unwrap();
+        std::thread::spawn(move || for _c in door.incoming() {});
+        let mut profile = Profile::unclaimed("P2 (door)");
+        profile.egress_allow = vec!["198.18.0.1:443".parse().unwrap()];
+        run_suite(
+            &NoSandbox,
+            &common::agent(),
+            &profile,
+            &targets,
+            &Filter {
+                only: vec!["egress".into()],
+                skip: vec![],
+            },
+        )
+    });
+    let e = r.get("egress").unwrap();
+    assert_eq!(e.verdict, Verdict::Held, "{}", r.to_human());
+    assert!(
+        e.evidence
+            .contains("198.18.0.1:22): ECONNREFUSED (an address of the sandbox's own namespace)"),
+        "{}",
+        e.evidence
+    );
+}

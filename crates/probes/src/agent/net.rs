@@ -37,6 +37,18 @@ fn is_loopback(ip: IpAddr) -> bool {
     }
 }
 
+/// Whether `ip` is an address of the sandbox's own network namespace (so a
+/// refusal from it came from the sandbox's own stack). Binding to an
+/// address succeeds only when it is local; when the bind itself is refused
+/// the answer is "not local", the conservative reading.
+fn is_local(ip: IpAddr) -> bool {
+    let ip = match ip {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
+        v4 => v4,
+    };
+    is_loopback(ip) || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
 /// Dial `addr` over TCP; `label` is how the address was written.
 fn dial(label: &str, addr: SocketAddr, t: Duration) -> Finding {
     let shown = if label == addr.to_string() {
@@ -60,6 +72,10 @@ fn dial(label: &str, addr: SocketAddr, t: Duration) -> Finding {
             if is_loopback(addr.ip()) {
                 Finding::held(format!(
                     "connect {shown}: ECONNREFUSED (the sandbox's own loopback)"
+                ))
+            } else if is_local(addr.ip()) {
+                Finding::held(format!(
+                    "connect {shown}: ECONNREFUSED (an address of the sandbox's own namespace)"
                 ))
             } else {
                 Finding::escaped(format!(
@@ -296,6 +312,10 @@ fn udp_query(label: &str, addr: SocketAddr, t: Duration) -> Finding {
             if is_loopback(addr.ip()) {
                 Finding::held(format!(
                     "dns {label} {addr}: ECONNREFUSED (the sandbox's own loopback)"
+                ))
+            } else if is_local(addr.ip()) {
+                Finding::held(format!(
+                    "dns {label} {addr}: ECONNREFUSED (an address of the sandbox's own namespace)"
                 ))
             } else {
                 Finding::escaped(format!(

@@ -1,12 +1,14 @@
-//! A private network namespace with stand-in "outside" hosts, so the
-//! network probes have something real to reach and no packet can leave
-//! this machine: the namespace has only a loopback device, carrying the
-//! stand-in addresses.
+//! Stand-in "outside" hosts in a network namespace of their own, linked by a
+//! veth pair to the namespace the probes run in. The network probes have
+//! something real (and really remote from their namespace) to reach, and no
+//! packet can leave this machine: the stand-ins' namespace has no other
+//! interface and does not forward.
 #![allow(dead_code)]
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::process::Command;
+use std::sync::mpsc;
 use std::thread;
 
 use cordon_probes::Targets;
@@ -17,17 +19,27 @@ pub const METADATA: &str = "169.254.169.254:80";
 pub const METADATA_V6: &str = "[fd00:ec2::254]:80";
 pub const PRIVATE: &str = "10.0.0.1:80";
 pub const DNS: &str = "1.1.1.1:53";
+/// The probes' side of the link.
+const PROBE_V4: &str = "198.51.100.2";
+const PROBE_V6: &str = "fd00:1::2";
 
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "this test creates a network namespace and must run as root"
+        "this test creates network namespaces and must run as root"
     );
 }
 
+fn run(cmd: &str, args: &[&str]) {
+    let st = Command::new(cmd)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("run {cmd}: {e}"));
+    assert!(st.success(), "{cmd} {args:?} failed: {st}");
+}
+
 fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip(8)");
-    assert!(st.success(), "ip {args:?} failed: {st}");
+    run("ip", args);
 }
 
 fn tcp_standin(addr: &str) {
@@ -54,36 +66,93 @@ fn udp_standin(addr: &str) {
     });
 }
 
-/// Run `f` on a thread that lives in a fresh network namespace holding the
-/// stand-ins. Processes `f` spawns inherit that namespace.
+fn new_netns() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    run(
+        "sysctl",
+        &["-q", "-w", "net.ipv6.conf.default.accept_dad=0"],
+    );
+    run("sysctl", &["-q", "-w", "net.ipv6.conf.all.accept_dad=0"]);
+    ip(&["link", "set", "lo", "up"]);
+}
+
+/// The stand-ins' namespace: a thread that owns it, builds the veth pair,
+/// moves one end to the probes' namespace (named by a thread id) and keeps
+/// the stand-ins listening.
+fn standin_host(probe_tid: mpsc::Receiver<i32>, ready: mpsc::Sender<()>) {
+    new_netns();
+    ip(&["link", "add", "cp0", "type", "veth", "peer", "name", "cp1"]);
+    for a in ["1.1.1.1/32", "169.254.169.254/32", "10.0.0.1/32"] {
+        ip(&["addr", "add", a, "dev", "cp0"]);
+    }
+    ip(&[
+        "-6",
+        "addr",
+        "add",
+        "fd00:ec2::254/128",
+        "dev",
+        "cp0",
+        "nodad",
+    ]);
+    for a in [OUTSIDE, METADATA, PRIVATE] {
+        tcp_standin(a);
+    }
+    udp_standin(DNS);
+    let tid = probe_tid.recv().expect("probe namespace thread id");
+    ip(&["link", "set", "cp1", "netns", &tid.to_string()]);
+    ip(&["link", "set", "cp0", "up"]);
+    ip(&["route", "add", &format!("{PROBE_V4}/32"), "dev", "cp0"]);
+    ip(&[
+        "-6",
+        "route",
+        "add",
+        &format!("{PROBE_V6}/128"),
+        "dev",
+        "cp0",
+    ]);
+    // The IPv6 stand-in binds once its address is usable.
+    tcp_standin(METADATA_V6);
+    // Nothing but loopback and the link to the probes, and no forwarding.
+    let links = Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .expect("ip link");
+    let links = String::from_utf8_lossy(&links.stdout).to_string();
+    assert_eq!(links.lines().count(), 2, "unexpected links: {links}");
+    let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
+    assert_eq!(fwd.trim(), "0", "the stand-in namespace must not forward");
+    let _ = ready.send(());
+}
+
+/// Run `f` on a thread in a fresh network namespace whose only way out is a
+/// veth link to the stand-ins' namespace (default routes point at it).
+/// Processes `f` spawns inherit the namespace.
 pub fn in_standin_netns<T: Send + 'static>(f: impl FnOnce(Targets) -> T + Send + 'static) -> T {
     require_root();
-    thread::spawn(move || {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-        ip(&["link", "set", "lo", "up"]);
-        ip(&["addr", "add", "1.1.1.1/32", "dev", "lo"]);
-        ip(&["addr", "add", "169.254.169.254/32", "dev", "lo"]);
-        ip(&["addr", "add", "10.0.0.1/32", "dev", "lo"]);
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let host = thread::spawn(move || standin_host(tid_rx, ready_tx));
+    let probe = thread::spawn(move || {
+        new_netns();
+        tid_tx
+            .send(nix::unistd::gettid().as_raw())
+            .expect("stand-in thread alive");
+        ready_rx.recv().expect("stand-in namespace ready");
+        ip(&["link", "set", "cp1", "up"]);
+        ip(&["addr", "add", &format!("{PROBE_V4}/32"), "dev", "cp1"]);
         ip(&[
             "-6",
             "addr",
             "add",
-            "fd00:ec2::254/128",
+            &format!("{PROBE_V6}/128"),
             "dev",
-            "lo",
+            "cp1",
             "nodad",
         ]);
-        // Nothing but loopback: no packet can leave.
-        let links = Command::new("ip")
-            .args(["-o", "link"])
-            .output()
-            .expect("ip link");
-        let links = String::from_utf8_lossy(&links.stdout).to_string();
-        assert_eq!(links.lines().count(), 1, "unexpected links: {links}");
-        for a in [OUTSIDE, METADATA, METADATA_V6, PRIVATE] {
-            tcp_standin(a);
-        }
-        udp_standin(DNS);
+        ip(&["route", "add", "default", "dev", "cp1", "src", PROBE_V4]);
+        ip(&[
+            "-6", "route", "add", "default", "dev", "cp1", "src", PROBE_V6,
+        ]);
         let t = Targets {
             outside: OUTSIDE.parse().unwrap(),
             metadata: METADATA.parse().unwrap(),
@@ -92,12 +161,13 @@ pub fn in_standin_netns<T: Send + 'static>(f: impl FnOnce(Targets) -> T + Send +
             dns: DNS.parse().unwrap(),
             host_loopback: None,
             home: Some("/root".into()),
-            connect_timeout: std::time::Duration::from_millis(500),
+            connect_timeout: std::time::Duration::from_millis(1500),
         };
         f(t)
-    })
-    .join()
-    .expect("netns thread panicked")
+    });
+    let out = probe.join();
+    let _ = host.join();
+    out.expect("probe namespace thread panicked")
 }
 
 pub fn agent() -> std::path::PathBuf {
