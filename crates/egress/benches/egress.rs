@@ -47,11 +47,14 @@ fn get(mode: Mode, to: SocketAddr, port: u16, path: &str) -> u64 {
         }
         Mode::Connect => {
             write!(s, "CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n").expect("write");
+            // The door sends nothing after its 200 until the request goes out, so reading
+            // in chunks cannot swallow response bytes.
             let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut b).expect("CONNECT response");
-                head.push(b[0]);
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut b).expect("CONNECT response");
+                assert!(n > 0, "CONNECT: connection closed");
+                head.extend_from_slice(&b[..n]);
             }
             assert!(head.starts_with(b"HTTP/1.1 200"), "CONNECT refused");
             write!(
@@ -125,7 +128,7 @@ fn door_address(ns: &Netns) -> IpAddr {
     ns.run(|| {
         let mut q = Message::query();
         q.add_query(Query::query(
-            Name::from_ascii(&format!("{NAME}.")).expect("name"),
+            Name::from_ascii(format!("{NAME}.")).expect("name"),
             RecordType::A,
         ));
         let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
