@@ -291,6 +291,11 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         mounts,
         env,
         lifetime: Lifetime::Call,
+        input: cordon_policy::policy::Input {
+            stdin: None,
+            encoding: cordon_policy::policy::Encoding::Text,
+            argv: vec![],
+        },
         input_schema: None,
         output_schema: None,
         output: Output {

@@ -258,6 +258,16 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
             false,
         ));
     }
+    if o.input != n.input {
+        out.push(change(
+            t,
+            "input",
+            &serde_json::to_string(&o.input).unwrap_or_default(),
+            &serde_json::to_string(&n.input).unwrap_or_default(),
+            // What reaches argv is what the tool acts on.
+            n.input.argv.iter().any(|a| !o.input.argv.contains(a)),
+        ));
+    }
     diff_seccomp(t, &o.seccomp, &n.seccomp, out);
     if o.description != n.description {
         out.push(change(

@@ -81,6 +81,10 @@ pub struct Tool {
     /// How long a sandbox lives: one call (default), one agent session, or a pool.
     #[serde(default)]
     pub lifetime: Option<Lifetime>,
+    /// How an MCP call's arguments reach the tool: one argument's bytes on
+    /// stdin, others as argv slots (never passed through a shell).
+    #[serde(default)]
+    pub input: Option<Input>,
     /// JSON Schema of the tool's arguments (MCP exposure).
     #[serde(default)]
     #[schemars(with = "Option<serde_json::Value>")]
@@ -260,4 +264,25 @@ pub struct Output {
 pub struct Seccomp {
     /// Default-deny allowlist: the base set plus these syscall names.
     pub allow: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// The argument is a string whose UTF-8 bytes go on stdin.
+    Text,
+    /// The argument is base64; the decoded bytes go on stdin.
+    Base64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// The argument whose value goes on the tool's stdin.
+    pub stdin: Option<String>,
+    /// How that argument is encoded (default text).
+    pub encoding: Option<Encoding>,
+    /// Arguments appended to the command, one argv slot each, in this order.
+    #[serde(default)]
+    pub argv: Vec<String>,
 }

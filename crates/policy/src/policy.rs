@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::manifest::{Lifetime, OutputKind, Overflow, Profile, Runtime};
+pub use crate::manifest::{Encoding, Lifetime, OutputKind, Overflow, Profile, Runtime};
 
 /// All tools of a manifest, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,6 +30,7 @@ pub struct ToolPolicy {
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
+    pub input: Input,
     pub input_schema: Option<serde_json::Value>,
     pub output_schema: Option<serde_json::Value>,
     pub output: Output,
@@ -102,6 +103,16 @@ pub struct Secret {
 pub struct Mount {
     pub src: String,
     pub dst: String,
+}
+
+/// How MCP arguments reach a command tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Input {
+    /// The argument whose value goes on stdin (none: empty stdin).
+    pub stdin: Option<String>,
+    pub encoding: Encoding,
+    /// Arguments appended to argv, one slot each.
+    pub argv: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

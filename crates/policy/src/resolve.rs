@@ -151,6 +151,7 @@ const RULES: &[Rule] = &[
     rule_mounts,
     rule_env,
     rule_output,
+    rule_input,
 ];
 
 struct Ctx<'a> {
@@ -572,6 +573,38 @@ fn rule_output(c: &Ctx<'_>) -> Vec<Diagnostic> {
     out
 }
 
+fn rule_input(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let Some(i) = &c.tool.input else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    if c.tool.command.is_none() {
+        out.push(c.diag(
+            c.at,
+            "`input` maps arguments onto a `command`; this tool has none".into(),
+            None,
+        ));
+    }
+    let props = c
+        .tool
+        .input_schema
+        .as_ref()
+        .and_then(|s| s.get("properties"))
+        .and_then(|p| p.as_object());
+    let named = i.stdin.iter().chain(i.argv.iter());
+    for a in named {
+        match props {
+            Some(p) if p.contains_key(a) => {}
+            _ => out.push(c.diag(
+                c.at,
+                format!("input argument `{a}` is not a property of `input_schema`"),
+                Some("declare every mapped argument in input_schema.properties"),
+            )),
+        }
+    }
+    out
+}
+
 /// Warnings: allowed, but a reviewer should see them.
 fn warnings(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
@@ -845,6 +878,14 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         mounts,
         env,
         lifetime,
+        input: {
+            let i = t.input.clone().unwrap_or_default();
+            policy::Input {
+                stdin: i.stdin,
+                encoding: i.encoding.unwrap_or(manifest::Encoding::Text),
+                argv: i.argv,
+            }
+        },
         input_schema: t.input_schema.clone(),
         output_schema: t.output_schema.clone(),
         output,
