@@ -5,6 +5,7 @@ use std::ffi::CString;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
 
 use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
 use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
@@ -113,6 +114,43 @@ pub fn check_dst(dst: &Path) -> Result<(), JailError> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// /proc entries masked as OCI runtimes do, limited to those the host's
+/// /proc has (checked once): files bound over with /dev/null, directories
+/// made read-only, directories hidden under an empty read-only tmpfs.
+#[allow(clippy::type_complexity)]
+fn proc_masks() -> &'static (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>) {
+    static MASKS: OnceLock<(Vec<&'static str>, Vec<&'static str>, Vec<&'static str>)> =
+        OnceLock::new();
+    MASKS.get_or_init(|| {
+        let present = |names: &[&'static str]| -> Vec<&'static str> {
+            names
+                .iter()
+                .copied()
+                .filter(|n| Path::new("/proc").join(n).exists())
+                .collect()
+        };
+        (
+            present(&[
+                "kcore",
+                "keys",
+                "key-users",
+                "timer_list",
+                "sched_debug",
+                "sysrq-trigger",
+                "latency_stats",
+                "timer_stats",
+                "kallsyms",
+                "kpagecount",
+                "kpageflags",
+                "kpagecgroup",
+                "config.gz",
+            ]),
+            present(&["sys", "bus", "fs", "irq"]),
+            present(&["acpi", "scsi", "asound", "driver"]),
+        )
+    })
 }
 
 /// Mounts and files of the sandbox root (see the crate docs for the
@@ -274,17 +312,10 @@ pub fn program(
             format!("bind /dev/{dev}"),
             Op::Mount {
                 src: Some(c(format!("/dev/{dev}"))?),
-                target: target.clone(),
+                target,
                 fstype: None,
                 flags: libc::MS_BIND,
                 data: None,
-            },
-        );
-        p.push(
-            format!("remount /dev/{dev} nosuid,noexec"),
-            Op::Remount {
-                target,
-                flags: libc::MS_NOSUID | libc::MS_NOEXEC,
             },
         );
     }
@@ -322,21 +353,8 @@ pub fn program(
             data: None,
         },
     );
-    for f in [
-        "kcore",
-        "keys",
-        "key-users",
-        "timer_list",
-        "sched_debug",
-        "sysrq-trigger",
-        "latency_stats",
-        "timer_stats",
-        "kallsyms",
-        "kpagecount",
-        "kpageflags",
-        "kpagecgroup",
-        "config.gz",
-    ] {
+    let (files, dirs, empties) = proc_masks();
+    for f in files {
         p.push_optional(
             format!("mask /proc/{f}"),
             Op::Mount {
@@ -348,7 +366,7 @@ pub fn program(
             },
         );
     }
-    for d in ["sys", "bus", "fs", "irq"] {
+    for d in dirs {
         let t = cp(&r(&format!("proc/{d}")))?;
         p.push_optional(
             format!("mount /proc/{d} read-only"),
@@ -359,7 +377,7 @@ pub fn program(
             },
         );
     }
-    for d in ["acpi", "scsi", "asound", "driver"] {
+    for d in empties {
         p.push_optional(
             format!("mask /proc/{d}"),
             Op::Mount {

@@ -1,23 +1,30 @@
 //! The seccomp filters of the jail: every list lives in this file.
 //!
 //! Filters are compiled with `seccompiler` in the broker (never in the
-//! child) and installed in the child as the last step before `execve`.
-//! Several filters are stacked; the kernel runs all of them and keeps the
-//! most restrictive answer (for two `ERRNO` answers, the filter installed
-//! last wins). Install order:
+//! child), cached per mode, and installed in the child as the last step
+//! before `execve`.
 //!
-//! 1. **allow list** (only in [`SeccompMode::AllowList`]): default `EPERM`,
-//!    `ALLOW` for [`ALLOW_BASE`] plus the tool's extra names.
-//! 2. **deny list** (always): default `ALLOW`, `EPERM` for the table below.
-//! 3. **x32 guard** (always, x86_64): a syscall number with the x32 bit
-//!    (`nr >= 0x4000_0000`) gets `EPERM`, a foreign architecture
-//!    (e.g. `int 0x80`, i386) gets `KILL_PROCESS`. Without it a deny list
-//!    keyed on x86_64 numbers is bypassable on kernels built with x32.
-//! 4. **clone3** (always): `ENOSYS`, so libc falls back to `clone(2)`,
-//!    whose flags argument a filter can inspect (clone3 passes a pointer).
+//! **Deny list mode: one filter.** seccompiler compiles the deny table
+//! below (default `ALLOW`, match `EPERM`). Its program starts with the
+//! architecture check (foreign arch, e.g. `int 0x80` i386 calls:
+//! `KILL_PROCESS`); right after it we splice a short prologue:
 //!
-//! Every filter also carries seccompiler's own architecture check
-//! (foreign arch: `KILL_PROCESS`).
+//! - a syscall number with the x32 bit (`nr >= 0x4000_0000`): `EPERM`.
+//!   Without it a deny list keyed on x86_64 numbers is bypassable on
+//!   kernels built with x32;
+//! - `clone3`: `ENOSYS`, so libc falls back to `clone(2)`, whose flags
+//!   argument a filter can inspect (clone3 passes a pointer).
+//!
+//! (If seccompiler's output ever stops starting with the expected arch
+//! check, the prologue is installed as a separate filter instead.)
+//!
+//! **Allow list mode: two filters**, the allow list (default `EPERM`,
+//! `ALLOW` for [`ALLOW_BASE`] plus the tool's extra names) and the deny
+//! filter above, so argument checks (clone flags, socket families, ioctl
+//! requests) and the x32/clone3 prologue still apply. The kernel runs every
+//! filter and keeps the most restrictive answer; for two `ERRNO` answers
+//! the filter installed last wins, so the deny filter (with the `ENOSYS`
+//! for clone3) is installed last.
 //!
 //! ## Deny list (default `ALLOW`, these return `EPERM`)
 //!
@@ -26,7 +33,7 @@
 //! | mount, umount2, pivot_root, fsopen, fsconfig, fsmount, fspick, move_mount, open_tree, mount_setattr | always | filesystem namespace changes (old and new mount API) |
 //! | unshare, setns | always | new or foreign namespaces |
 //! | clone | flags has any `CLONE_NEW*` bit | namespaces through clone |
-//! | clone3 | always (`ENOSYS`, filter 4) | flags are behind a pointer |
+//! | clone3 | always (`ENOSYS`, prologue) | flags are behind a pointer |
 //! | ptrace, process_vm_readv, process_vm_writev, pidfd_getfd, kcmp | always | inspecting other processes |
 //! | bpf, perf_event_open, userfaultfd | always | large kernel attack surface |
 //! | io_uring_setup, io_uring_enter, io_uring_register | always | bypasses seccomp for its operations |
@@ -457,21 +464,6 @@ pub fn deny_filter(inet: bool) -> Result<Vec<libc::sock_filter>, JailError> {
     Ok(to_libc(prog))
 }
 
-/// `clone3` returns ENOSYS.
-pub fn clone3_filter() -> Result<Vec<libc::sock_filter>, JailError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    rules.insert(libc::SYS_clone3, vec![]);
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch()?,
-    )
-    .map_err(|e| seccomp_err("clone3", e))?;
-    let prog: BpfProgram = filter.try_into().map_err(|e| seccomp_err("clone3", e))?;
-    Ok(to_libc(prog))
-}
-
 /// The allow-list filter: default EPERM; base set plus `extra` names.
 pub fn allow_filter(extra: &[String]) -> Result<Vec<libc::sock_filter>, JailError> {
     let mut names: Vec<&str> = ALLOW_BASE.to_vec();
@@ -503,41 +495,99 @@ pub fn allow_filter(extra: &[String]) -> Result<Vec<libc::sock_filter>, JailErro
     Ok(to_libc(prog))
 }
 
-/// The x32 guard (x86_64 only; elsewhere there is no x32 bit).
-pub fn x32_filter() -> Option<Vec<libc::sock_filter>> {
-    if std::env::consts::ARCH != "x86_64" {
-        return None;
-    }
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    const X32_BIT: u32 = 0x4000_0000;
-    let ld = |k: u32| libc::sock_filter {
+fn ld(k: u32) -> libc::sock_filter {
+    libc::sock_filter {
         code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
         jt: 0,
         jf: 0,
         k,
-    };
-    let jmp = |op: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+    }
+}
+
+fn jmp(op: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
         code: (libc::BPF_JMP | op | libc::BPF_K) as u16,
         jt,
         jf,
         k,
-    };
-    let ret = |k: u32| libc::sock_filter {
+    }
+}
+
+fn ret(k: u32) -> libc::sock_filter {
+    libc::sock_filter {
         code: (libc::BPF_RET | libc::BPF_K) as u16,
         jt: 0,
         jf: 0,
         k,
+    }
+}
+
+const X32_BIT: u32 = 0x4000_0000;
+const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+/// The prologue spliced after the arch check: x32 bit -> EPERM (x86_64
+/// only), clone3 -> ENOSYS, else fall through to the next instruction.
+fn prologue() -> Vec<libc::sock_filter> {
+    let x32 = std::env::consts::ARCH == "x86_64";
+    let mut p = vec![ld(0)]; // A = nr (struct seccomp_data: nr at offset 0)
+    if x32 {
+        p.push(jmp(libc::BPF_JGE, X32_BIT, 2, 0)); // -> ret EPERM
+    }
+    p.push(jmp(
+        libc::BPF_JEQ,
+        libc::SYS_clone3 as u32,
+        if x32 { 2 } else { 1 },
+        0,
+    ));
+    p.push(libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JA) as u16,
+        jt: 0,
+        jf: 0,
+        k: if x32 { 2 } else { 1 },
+    });
+    if x32 {
+        p.push(ret(RET_EPERM));
+    }
+    p.push(ret(RET_ENOSYS));
+    p
+}
+
+/// The prologue as a filter of its own (with an arch check).
+fn prologue_filter() -> Vec<libc::sock_filter> {
+    let audit_arch = match std::env::consts::ARCH {
+        "x86_64" => 0xc000_003e,
+        "aarch64" => 0xc000_00b7,
+        _ => 0xc000_00f3, // riscv64
     };
-    // struct seccomp_data: nr at offset 0, arch at offset 4.
-    Some(vec![
-        ld(4),                                             // 0: A = arch
-        jmp(libc::BPF_JEQ, AUDIT_ARCH_X86_64, 0, 3),       // 1: foreign arch -> 5
-        ld(0),                                             // 2: A = nr
-        jmp(libc::BPF_JGE, X32_BIT, 2, 0),                 // 3: x32 -> 6
-        ret(libc::SECCOMP_RET_ALLOW),                      // 4
-        ret(libc::SECCOMP_RET_KILL_PROCESS),               // 5
-        ret(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32), // 6
-    ])
+    let mut f = vec![
+        ld(4),
+        jmp(libc::BPF_JEQ, audit_arch, 1, 0),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+    ];
+    f.extend(prologue());
+    f.push(ret(libc::SECCOMP_RET_ALLOW));
+    f
+}
+
+/// Splice the prologue into a seccompiler program right after its 3-insn
+/// arch check; None if the program does not start that way.
+fn splice(prog: Vec<libc::sock_filter>) -> Option<Vec<libc::sock_filter>> {
+    let head = prog.get(..3)?;
+    let arch_ok = head[0].code == (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16
+        && head[0].k == 4
+        && head[1].code == (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16
+        && head[1].jt == 1
+        && head[1].jf == 0
+        && head[2].code == (libc::BPF_RET | libc::BPF_K) as u16;
+    if !arch_ok {
+        return None;
+    }
+    let mut out = Vec::with_capacity(prog.len() + 8);
+    out.extend_from_slice(head);
+    out.extend(prologue());
+    out.extend_from_slice(&prog[3..]);
+    Some(out)
 }
 
 /// All filters for a mode, in install order.
@@ -546,11 +596,14 @@ pub fn filters(mode: &SeccompMode, inet: bool) -> Result<Filters, JailError> {
     if let SeccompMode::AllowList(extra) = mode {
         out.push(allow_filter(extra)?);
     }
-    out.push(deny_filter(inet)?);
-    if let Some(x) = x32_filter() {
-        out.push(x);
+    let deny = deny_filter(inet)?;
+    match splice(deny.clone()) {
+        Some(merged) => out.push(merged),
+        None => {
+            out.push(deny);
+            out.push(prologue_filter());
+        }
     }
-    out.push(clone3_filter()?);
     Ok(out)
 }
 
@@ -560,12 +613,13 @@ mod tests {
 
     #[test]
     fn every_mode_compiles() {
-        assert_eq!(filters(&SeccompMode::DenyList, false).unwrap().len(), 3);
+        // Deny list: one filter (prologue spliced in); allow list: two.
+        assert_eq!(filters(&SeccompMode::DenyList, false).unwrap().len(), 1);
         assert_eq!(
             filters(&SeccompMode::AllowList(vec!["getpriority".into()]), true)
                 .unwrap()
                 .len(),
-            4
+            2
         );
     }
 
@@ -575,6 +629,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no_such_syscall"), "{err}");
+    }
+
+    #[test]
+    fn prologue_is_spliced_after_the_arch_check() {
+        let deny = deny_filter(false).unwrap();
+        let merged = splice(deny.clone()).expect("seccompiler output starts with the arch check");
+        assert_eq!(merged.len(), deny.len() + prologue().len());
+        assert_eq!(merged[3].k, 0, "loads the syscall number");
+        assert_eq!(merged.last().unwrap().k, deny.last().unwrap().k);
     }
 
     #[test]
