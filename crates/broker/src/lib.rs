@@ -4,12 +4,16 @@
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use cordon_egress::{DoorContext, DoorHandle, Doors, EgressEvent, EgressPolicy, EventSink};
 
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
 use cordon_jail::{
-    Bind, Jail, JailError, JailSpec, Limits, NetMode, Outcome, SeccompMode, Status, Stdin,
+    Bind, DoorRequest, Jail, JailError, JailSpec, Limits, NetMode, Outcome, SeccompMode, Status,
+    Stdin,
 };
 use cordon_policy::policy::{Exec, Network, Profile, Runtime, Seccomp, ToolPolicy};
 
@@ -40,6 +44,8 @@ pub struct Broker {
     jail: Jail,
     audit: AuditLog,
     audit_warning: Option<String>,
+    /// The runtime that serves egress doors, started on first use.
+    net: OnceLock<tokio::runtime::Runtime>,
     pub session: String,
     pub caller: String,
 }
@@ -66,6 +72,8 @@ impl CallError {
 /// the gated output.
 pub struct CallResult {
     pub outcome: Outcome,
+    /// Every egress attempt, allowed or refused.
+    pub egress: Vec<EgressEvent>,
     /// `Some` when the tool succeeded and the output passed the gate.
     pub gated: Option<Result<Gated, cordon_gate::GateRefusal>>,
 }
@@ -130,6 +138,7 @@ impl Broker {
             jail,
             audit,
             audit_warning,
+            net: OnceLock::new(),
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
@@ -149,11 +158,24 @@ impl Broker {
 
     /// Run one call of `policy` with `input` on stdin.
     pub fn call(&self, policy: &ToolPolicy, input: Vec<u8>) -> Result<CallResult, CallError> {
+        self.call_as(&self.session, &self.caller, policy, input)
+    }
+
+    /// [`Broker::call`] on behalf of another agent session and caller (one
+    /// broker serves every session of `cordon serve`); the audit record
+    /// names them.
+    pub fn call_as(
+        &self,
+        session: &str,
+        caller: &str,
+        policy: &ToolPolicy,
+        input: Vec<u8>,
+    ) -> Result<CallResult, CallError> {
         let started = Instant::now();
         let mut rec = AuditRecord::new(&policy.name, format!("{:?}", policy.profile));
         rec.runtime = format!("{:?}", policy.runtime).to_lowercase();
-        rec.session = self.session.clone();
-        rec.caller = self.caller.clone();
+        rec.session = session.to_string();
+        rec.caller = caller.to_string();
         rec.input = Payload::of(&input, false);
         let result = self.call_inner(policy, input, &mut rec);
         rec.duration_ms = started.elapsed().as_millis() as u64;
@@ -174,7 +196,7 @@ impl Broker {
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
-        let spec = match jail_spec(policy) {
+        let (spec, egress) = match jail_spec(policy) {
             Ok(s) => s,
             Err(msg) => return refuse(rec, msg),
         };
@@ -182,7 +204,17 @@ impl Broker {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),
         };
-        let outcome = match self.jail.run(&spec, Stdin::Bytes(input)) {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ran = match egress {
+            None => self.jail.run(&spec, Stdin::Bytes(input)),
+            Some(ep) => self.run_with_egress(&spec, ep, input, events.clone()),
+        };
+        let egress_events = events
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        rec.egress = egress_events.iter().map(audit_event).collect();
+        let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
                 rec.status = cordon_audit::Status::Error;
@@ -213,7 +245,9 @@ impl Broker {
         } {
             rec.limits_hit.push(limit.into());
         }
-        let gated = (outcome.status == Status::Ok).then(|| {
+        // A tool that failed still said something: gate it the same way
+        // (a limit kill's partial output is dropped).
+        let gated = matches!(outcome.status, Status::Ok | Status::Exited).then(|| {
             let meta = ToolMeta::new(&policy.name, profile_name(policy.profile));
             let g = gate.check(&meta, &outcome.stdout);
             match &g {
@@ -224,14 +258,144 @@ impl Broker {
                         outcome.stdout.len() as u64,
                         refusal,
                     ));
-                    rec.status = cordon_audit::Status::Refused;
-                    rec.reason = Some(format!("{}: {refusal}", policy.name));
+                    if outcome.status == Status::Ok {
+                        rec.status = cordon_audit::Status::Refused;
+                        rec.reason = Some(format!("{}: {refusal}", policy.name));
+                    }
                 }
             }
             g
         });
-        Ok(CallResult { outcome, gated })
+        Ok(CallResult {
+            outcome,
+            egress: egress_events,
+            gated,
+        })
     }
+
+    fn runtime(&self) -> Result<&tokio::runtime::Runtime, JailError> {
+        if let Some(rt) = self.net.get() {
+            return Ok(rt);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cordon-egress")
+            .enable_all()
+            .build()
+            .map_err(|e| JailError::Host(format!("start the egress runtime: {e}")))?;
+        Ok(self.net.get_or_init(|| rt))
+    }
+
+    /// Run with the egress doors of `policy` served for the whole call.
+    fn run_with_egress(
+        &self,
+        spec: &JailSpec,
+        policy: EgressPolicy,
+        input: Vec<u8>,
+        events: Arc<Mutex<Vec<EgressEvent>>>,
+    ) -> Result<Outcome, JailError> {
+        let rt = self.runtime()?;
+        let plan = cordon_egress::plan(&policy);
+        let n_tcp = plan.tcp.len();
+        let ctx = DoorContext {
+            tool: spec.tool.clone(),
+            session: self.session.clone(),
+        };
+        let sink = EventSink::new(move |e| {
+            if let Ok(mut v) = events.lock() {
+                v.push(e);
+            }
+        });
+        let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
+        let policy = Arc::new(policy);
+        let out = self.jail.run_with_doors(spec, Stdin::Bytes(input), |fds| {
+            let mut doors = Doors::default();
+            for (i, fd) in fds.into_iter().enumerate() {
+                if i < n_tcp {
+                    doors.tcp.push(std::net::TcpListener::from(fd));
+                } else {
+                    doors.udp.push(std::net::UdpSocket::from(fd));
+                }
+            }
+            let served = rt
+                .block_on(cordon_egress::serve(policy, ctx, doors, sink))
+                .map_err(|e| e.to_string());
+            if let Ok(mut h) = handle.lock() {
+                *h = Some(served);
+            }
+        });
+        let served = handle.lock().ok().and_then(|mut h| h.take());
+        match served {
+            Some(Ok(h)) => rt.block_on(h.shutdown()),
+            Some(Err(e)) => {
+                return Err(JailError::Host(format!("{}: egress doors: {e}", spec.tool)));
+            }
+            None => {}
+        }
+        out
+    }
+}
+
+fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
+    cordon_audit::EgressEvent {
+        name: e.name.clone(),
+        port: e.port,
+        address: e.address,
+        decision: match e.decision {
+            cordon_egress::Decision::Allowed => cordon_audit::Decision::Allow,
+            cordon_egress::Decision::Refused => cordon_audit::Decision::Deny,
+        },
+        reason: Some(e.reason.clone()),
+        bytes_up: e.bytes_up,
+        bytes_down: e.bytes_down,
+        duration_ms: e.duration_ms,
+    }
+}
+
+/// The egress policy of a tool's network setting (`None` for no network).
+pub fn egress_policy(p: &ToolPolicy) -> Result<Option<EgressPolicy>, String> {
+    let (mut ep, resolve, cidrs) = match &p.network {
+        Network::None => return Ok(None),
+        Network::Host => {
+            return Err(format!(
+                "{}: host network is never given to a sandbox",
+                p.name
+            ));
+        }
+        Network::Allowlist {
+            allow,
+            resolve,
+            allow_cidrs,
+        } => (
+            EgressPolicy::allowlist(&p.name, allow).map_err(|e| format!("{}: {e}", p.name))?,
+            resolve,
+            allow_cidrs,
+        ),
+        Network::Proxy {
+            resolve,
+            allow_cidrs,
+        } => (EgressPolicy::public_web(&p.name), resolve, allow_cidrs),
+    };
+    for (name, ip) in resolve {
+        let ip = ip
+            .parse()
+            .map_err(|_| format!("{}: resolve {name}: `{ip}` is not an IP address", p.name))?;
+        ep.resolve.insert(name.to_ascii_lowercase(), ip);
+    }
+    for c in cidrs {
+        ep.allow_cidrs.push(
+            c.parse::<ipnet::IpNet>()
+                .map_err(|_| format!("{}: allow_cidrs: `{c}` is not a CIDR", p.name))?,
+        );
+    }
+    if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
+        ep.upstream_dns = Some(
+            ns.parse()
+                .map_err(|_| format!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
+        );
+    }
+    ep.validate().map_err(|e| format!("{}: {e}", p.name))?;
+    Ok(Some(ep))
 }
 
 pub fn profile_name(p: Profile) -> &'static str {
@@ -275,7 +439,7 @@ pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
 
 /// The jail spec for a tool: the one place a resolved policy becomes a
 /// native sandbox. Refuses what this runtime cannot enforce.
-pub fn jail_spec(p: &ToolPolicy) -> Result<JailSpec, String> {
+pub fn jail_spec(p: &ToolPolicy) -> Result<(JailSpec, Option<EgressPolicy>), String> {
     match p.runtime {
         Runtime::Native => {}
         other => {
@@ -313,19 +477,24 @@ pub fn jail_spec(p: &ToolPolicy) -> Result<JailSpec, String> {
             ));
         }
     };
-    let network = match &p.network {
-        Network::None => NetMode::None,
-        Network::Host => {
-            return Err(format!(
-                "{}: host network is never given to a sandbox",
-                p.name
-            ));
-        }
-        Network::Allowlist { .. } | Network::Proxy { .. } => {
-            return Err(format!(
-                "{}: egress doors are not wired into `cordon run` yet; refusing rather than running without the allowlist",
-                p.name
-            ));
+    let egress = egress_policy(p)?;
+    let mut env: Vec<(String, String)> =
+        p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let network = match &egress {
+        None => NetMode::None,
+        Some(ep) => {
+            let plan = cordon_egress::plan(ep);
+            env.retain(|(k, _)| !plan.env.iter().any(|(pk, _)| pk == k));
+            env.extend(plan.env.iter().cloned());
+            NetMode::Doors(DoorRequest {
+                local_cidrs: plan
+                    .local_cidrs
+                    .iter()
+                    .map(|n| (n.addr(), n.prefix_len()))
+                    .collect(),
+                tcp: plan.tcp.clone(),
+                udp: plan.udp.clone(),
+            })
         }
     };
     if !p.secrets.is_empty() {
@@ -335,10 +504,10 @@ pub fn jail_spec(p: &ToolPolicy) -> Result<JailSpec, String> {
         ));
     }
     let l = p.require_limits()?;
-    Ok(JailSpec {
+    let spec = JailSpec {
         tool: p.name.clone(),
         argv,
-        env: p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env,
         binds: p
             .mounts
             .iter()
@@ -363,5 +532,6 @@ pub fn jail_spec(p: &ToolPolicy) -> Result<JailSpec, String> {
             Seccomp::AllowList { extra } => SeccompMode::AllowList(extra.clone()),
         },
         landlock: true,
-    })
+    };
+    Ok((spec, egress))
 }
