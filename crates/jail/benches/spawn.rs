@@ -283,7 +283,7 @@ fn main() {
             let pids = own_v1("pids");
             match (root, mem, pids) {
                 (true, Some(mem), Some(pids)) => {
-                    let bpf = cordon_jail::seccomp::deny_filter(false).expect("filter");
+                    let bpf = cordon_jail::seccomp::reference_deny(false).expect("filter");
                     let mut bytes = Vec::with_capacity(bpf.len() * 8);
                     for i in &bpf {
                         bytes.extend_from_slice(&i.code.to_ne_bytes());

@@ -65,7 +65,7 @@ pub fn etc_files(uid: u32, gid: u32) -> Vec<(&'static str, String)> {
         ),
         (
             "nsswitch.conf",
-            "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n\
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n\
              protocols: files\nservices: files\n"
                 .to_string(),
         ),

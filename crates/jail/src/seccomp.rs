@@ -4,19 +4,22 @@
 //! child), cached per mode, and installed in the child as the last step
 //! before `execve`.
 //!
-//! **Deny list mode: one filter.** seccompiler compiles the deny table
-//! below (default `ALLOW`, match `EPERM`). Its program starts with the
-//! architecture check (foreign arch, e.g. `int 0x80` i386 calls:
-//! `KILL_PROCESS`); right after it we splice a short prologue:
+//! **Deny list mode: one filter**, [`deny_tree`]:
 //!
-//! - a syscall number with the x32 bit (`nr >= 0x4000_0000`): `EPERM`.
-//!   Without it a deny list keyed on x86_64 numbers is bypassable on
-//!   kernels built with x32;
-//! - `clone3`: `ENOSYS`, so libc falls back to `clone(2)`, whose flags
-//!   argument a filter can inspect (clone3 passes a pointer).
+//! 1. the architecture check (foreign arch, e.g. `int 0x80` i386 calls:
+//!    `KILL_PROCESS`);
+//! 2. the x32 guard (x86_64): a syscall number with the x32 bit
+//!    (`nr >= 0x4000_0000`) gets `EPERM`. Without it a deny list keyed on
+//!    x86_64 numbers is bypassable on kernels built with x32;
+//! 3. a binary decision tree over the table below: about log2(n) + 4
+//!    comparisons per syscall instead of a linear chain of n. The kernel
+//!    also evaluates every filter for every syscall number when it is
+//!    installed (its action cache), so a short path matters per call.
 //!
-//! (If seccompiler's output ever stops starting with the expected arch
-//! check, the prologue is installed as a separate filter instead.)
+//! The same decisions are compiled by `seccompiler` ([`deny_filter`], with
+//! the x32/clone3 prologue spliced after its arch check); a unit test runs
+//! both programs through a BPF interpreter for every syscall number and a
+//! grid of argument values and requires identical answers.
 //!
 //! **Allow list mode: two filters**, the allow list (default `EPERM`,
 //! `ALLOW` for [`ALLOW_BASE`] plus the tool's extra names) and the deny
@@ -33,7 +36,7 @@
 //! | mount, umount2, pivot_root, fsopen, fsconfig, fsmount, fspick, move_mount, open_tree, mount_setattr | always | filesystem namespace changes (old and new mount API) |
 //! | unshare, setns | always | new or foreign namespaces |
 //! | clone | flags has any `CLONE_NEW*` bit | namespaces through clone |
-//! | clone3 | always (`ENOSYS`, prologue) | flags are behind a pointer |
+//! | clone3 | always: `ENOSYS`, so libc falls back to clone(2) | flags are behind a pointer |
 //! | ptrace, process_vm_readv, process_vm_writev, pidfd_getfd, kcmp | always | inspecting other processes |
 //! | bpf, perf_event_open, userfaultfd | always | large kernel attack surface |
 //! | io_uring_setup, io_uring_enter, io_uring_register | always | bypasses seccomp for its operations |
@@ -553,23 +556,6 @@ fn prologue() -> Vec<libc::sock_filter> {
     p
 }
 
-/// The prologue as a filter of its own (with an arch check).
-fn prologue_filter() -> Vec<libc::sock_filter> {
-    let audit_arch = match std::env::consts::ARCH {
-        "x86_64" => 0xc000_003e,
-        "aarch64" => 0xc000_00b7,
-        _ => 0xc000_00f3, // riscv64
-    };
-    let mut f = vec![
-        ld(4),
-        jmp(libc::BPF_JEQ, audit_arch, 1, 0),
-        ret(libc::SECCOMP_RET_KILL_PROCESS),
-    ];
-    f.extend(prologue());
-    f.push(ret(libc::SECCOMP_RET_ALLOW));
-    f
-}
-
 /// Splice the prologue into a seccompiler program right after its 3-insn
 /// arch check; None if the program does not start that way.
 fn splice(prog: Vec<libc::sock_filter>) -> Option<Vec<libc::sock_filter>> {
@@ -590,20 +576,160 @@ fn splice(prog: Vec<libc::sock_filter>) -> Option<Vec<libc::sock_filter>> {
     Some(out)
 }
 
+/// What the deny tree does with one syscall number.
+#[derive(Debug, Clone, Copy)]
+enum Leaf {
+    Eperm,
+    Enosys,
+    /// EPERM when any of these bits is set in the low word of arg 0.
+    FlagsArg0(u32),
+    /// ALLOW only when the low word of arg 0 is one of these.
+    OnlyArg0(&'static [u32]),
+    /// EPERM when the low word of arg 1 is one of these.
+    DenyArg1(&'static [u32]),
+}
+
+const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const SOCK_UNIX: &[u32] = &[libc::AF_UNIX as u32];
+const SOCK_INET: &[u32] = &[
+    libc::AF_UNIX as u32,
+    libc::AF_INET as u32,
+    libc::AF_INET6 as u32,
+];
+const PERSONA_OK: &[u32] = &[0, 0xffff_ffff];
+const IOCTL_DENY: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+
+/// Offset of the low 32 bits of argument `i` in `struct seccomp_data`.
+fn arg_lo(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+fn leaf_code(leaf: Leaf) -> Vec<libc::sock_filter> {
+    match leaf {
+        Leaf::Eperm => vec![ret(RET_EPERM)],
+        Leaf::Enosys => vec![ret(RET_ENOSYS)],
+        Leaf::FlagsArg0(mask) => vec![
+            ld(arg_lo(0)),
+            jmp(libc::BPF_JSET, mask, 0, 1),
+            ret(RET_EPERM),
+            ret(ALLOW),
+        ],
+        Leaf::OnlyArg0(ok) => {
+            let mut v = vec![ld(arg_lo(0))];
+            let n = ok.len();
+            for (i, &k) in ok.iter().enumerate() {
+                // jt: to "ret ALLOW" after the remaining compares and the EPERM.
+                v.push(jmp(libc::BPF_JEQ, k, (n - i) as u8, 0));
+            }
+            v.push(ret(RET_EPERM));
+            v.push(ret(ALLOW));
+            v
+        }
+        Leaf::DenyArg1(bad) => {
+            let mut v = vec![ld(arg_lo(1))];
+            let n = bad.len();
+            for (i, &k) in bad.iter().enumerate() {
+                v.push(jmp(libc::BPF_JEQ, k, (n - i) as u8, 0));
+            }
+            v.push(ret(ALLOW));
+            v.push(ret(RET_EPERM));
+            v
+        }
+    }
+}
+
+/// Syscall number -> leaf, sorted.
+fn deny_table(inet: bool) -> Vec<(u32, Leaf)> {
+    let ns_mask = CLONE_NAMESPACE_FLAGS.iter().fold(0u64, |m, (_, b)| m | b) as u32;
+    let mut t: Vec<(u32, Leaf)> = DENY_ALWAYS
+        .iter()
+        .map(|&(_, nr)| (nr as u32, Leaf::Eperm))
+        .collect();
+    t.push((libc::SYS_clone3 as u32, Leaf::Enosys));
+    t.push((libc::SYS_clone as u32, Leaf::FlagsArg0(ns_mask)));
+    t.push((libc::SYS_personality as u32, Leaf::OnlyArg0(PERSONA_OK)));
+    let fams = if inet { SOCK_INET } else { SOCK_UNIX };
+    t.push((libc::SYS_socket as u32, Leaf::OnlyArg0(fams)));
+    t.push((libc::SYS_socketpair as u32, Leaf::OnlyArg0(fams)));
+    t.push((libc::SYS_ioctl as u32, Leaf::DenyArg1(IOCTL_DENY)));
+    t.sort_by_key(|(nr, _)| *nr);
+    t.dedup_by_key(|(nr, _)| *nr);
+    t
+}
+
+/// Code for a sorted slice of the table; every path ends in a `ret`.
+/// Large slices split on the middle number (`jge`, then a long `ja` to
+/// the lower half), small ones are linear `jeq` chains: a lookup costs
+/// about log2(n) + 4 comparisons instead of n.
+fn tree_code(t: &[(u32, Leaf)]) -> Vec<libc::sock_filter> {
+    if t.len() <= 4 {
+        let mut v = Vec::new();
+        for &(nr, leaf) in t {
+            let code = leaf_code(leaf);
+            v.push(jmp(libc::BPF_JEQ, nr, 0, code.len() as u8));
+            v.extend(code);
+        }
+        v.push(ret(ALLOW));
+        return v;
+    }
+    let mid = t.len() / 2;
+    let (low, high) = t.split_at(mid);
+    let high_code = tree_code(high);
+    let low_code = tree_code(low);
+    let mut v = Vec::with_capacity(high_code.len() + low_code.len() + 2);
+    v.push(jmp(libc::BPF_JGE, high[0].0, 1, 0));
+    v.push(libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JA) as u16,
+        jt: 0,
+        jf: 0,
+        k: high_code.len() as u32,
+    });
+    v.extend(high_code);
+    v.extend(low_code);
+    v
+}
+
+/// The deny filter as installed: arch check, x32 guard, then a binary
+/// decision tree over the deny table (same decisions as [`deny_filter`]
+/// plus the prologue, which the tests check against seccompiler's
+/// program for every syscall number; much shorter to evaluate, which also
+/// matters to the kernel's per-filter action-cache preparation).
+pub fn deny_tree(inet: bool) -> Vec<libc::sock_filter> {
+    let audit_arch = match std::env::consts::ARCH {
+        "x86_64" => 0xc000_003e,
+        "aarch64" => 0xc000_00b7,
+        _ => 0xc000_00f3, // riscv64
+    };
+    let mut v = vec![
+        ld(4),
+        jmp(libc::BPF_JEQ, audit_arch, 1, 0),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+        ld(0),
+    ];
+    if std::env::consts::ARCH == "x86_64" {
+        v.push(jmp(libc::BPF_JGE, X32_BIT, 0, 1));
+        v.push(ret(RET_EPERM));
+    }
+    v.extend(tree_code(&deny_table(inet)));
+    v
+}
+
+/// The deny decisions compiled by seccompiler, with the x32/clone3
+/// prologue spliced after its arch check: the reference [`deny_tree`] is
+/// tested against (and what the benchmark hands to bubblewrap).
+pub fn reference_deny(inet: bool) -> Result<Vec<libc::sock_filter>, JailError> {
+    splice(deny_filter(inet)?).ok_or_else(|| {
+        JailError::Seccomp("seccompiler output does not start with the arch check".into())
+    })
+}
+
 /// All filters for a mode, in install order.
 pub fn filters(mode: &SeccompMode, inet: bool) -> Result<Filters, JailError> {
     let mut out = Vec::new();
     if let SeccompMode::AllowList(extra) = mode {
         out.push(allow_filter(extra)?);
     }
-    let deny = deny_filter(inet)?;
-    match splice(deny.clone()) {
-        Some(merged) => out.push(merged),
-        None => {
-            out.push(deny);
-            out.push(prologue_filter());
-        }
-    }
+    out.push(deny_tree(inet));
     Ok(out)
 }
 
@@ -638,6 +764,121 @@ mod tests {
         assert_eq!(merged.len(), deny.len() + prologue().len());
         assert_eq!(merged[3].k, 0, "loads the syscall number");
         assert_eq!(merged.last().unwrap().k, deny.last().unwrap().k);
+    }
+
+    /// A classic-BPF interpreter for the instructions we emit.
+    fn eval(prog: &[libc::sock_filter], data: &[u8; 64]) -> u32 {
+        let mut a: u32 = 0;
+        let mut pc = 0usize;
+        loop {
+            let i = prog[pc];
+            let class = u32::from(i.code) & 0x07;
+            let op = u32::from(i.code) & 0xf0;
+            match class {
+                c if c == libc::BPF_LD => {
+                    let k = i.k as usize;
+                    a = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                c if c == libc::BPF_RET => return i.k,
+                c if c == libc::BPF_ALU && op == libc::BPF_AND => {
+                    a &= i.k;
+                    pc += 1;
+                }
+                c if c == libc::BPF_JMP => {
+                    let taken = match op {
+                        o if o == libc::BPF_JA => {
+                            pc += 1 + i.k as usize;
+                            continue;
+                        }
+                        o if o == libc::BPF_JEQ => a == i.k,
+                        o if o == libc::BPF_JGE => a >= i.k,
+                        o if o == libc::BPF_JGT => a > i.k,
+                        o if o == libc::BPF_JSET => a & i.k != 0,
+                        o => panic!("jump op {o:#x}"),
+                    };
+                    pc += 1 + usize::from(if taken { i.jt } else { i.jf });
+                }
+                c => panic!("class {c:#x} at {pc}"),
+            }
+        }
+    }
+
+    fn data(arch: u32, nr: u32, args: [u64; 6]) -> [u8; 64] {
+        let mut d = [0u8; 64];
+        d[0..4].copy_from_slice(&nr.to_le_bytes());
+        d[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            d[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn deny_tree_matches_seccompiler_for_every_syscall() {
+        for inet in [false, true] {
+            let reference = reference_deny(inet).unwrap();
+            let tree = deny_tree(inet);
+            assert!(
+                tree.len() < reference.len() / 2,
+                "{} vs {}",
+                tree.len(),
+                reference.len()
+            );
+            let arg_values: &[u64] = &[
+                0,
+                1,
+                2,
+                10,
+                16,
+                17,
+                0xffff_ffff,
+                0x0040_0000,
+                libc::CLONE_NEWUSER as u64,
+                libc::CLONE_NEWNET as u64 | 17,
+                0x11, // SIGCHLD: a plain fork
+                libc::TIOCSTI,
+                libc::TIOCLINUX,
+                0x5401, // TCGETS
+            ];
+            let mut checked = 0;
+            for nr in (0u32..460).chain([0x4000_0027, 0x4000_0000 | 435]) {
+                for &a0 in arg_values {
+                    for &a1 in arg_values {
+                        let d = data(0xc000_003e, nr, [a0, a1, 0, 0, 0, 0]);
+                        assert_eq!(
+                            eval(&tree, &d),
+                            eval(&reference, &d),
+                            "nr {nr} args {a0:#x} {a1:#x} inet {inet}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+            assert!(checked > 90_000);
+            // Foreign architecture (i386): killed by both.
+            let d = data(0x4000_0003, 20, [0; 6]);
+            assert_eq!(eval(&tree, &d), libc::SECCOMP_RET_KILL_PROCESS);
+            assert_eq!(eval(&reference, &d), libc::SECCOMP_RET_KILL_PROCESS);
+        }
+    }
+
+    #[test]
+    fn deny_tree_spot_checks() {
+        let t = deny_tree(false);
+        let x = |nr: i64, a0: u64, a1: u64| {
+            eval(&t, &data(0xc000_003e, nr as u32, [a0, a1, 0, 0, 0, 0]))
+        };
+        assert_eq!(x(libc::SYS_mount, 0, 0), RET_EPERM);
+        assert_eq!(x(libc::SYS_clone3, 0, 0), RET_ENOSYS);
+        assert_eq!(x(libc::SYS_clone, libc::CLONE_NEWUSER as u64, 0), RET_EPERM);
+        assert_eq!(x(libc::SYS_clone, 0x11, 0), ALLOW);
+        assert_eq!(x(libc::SYS_socket, libc::AF_INET as u64, 1), RET_EPERM);
+        assert_eq!(x(libc::SYS_socket, libc::AF_UNIX as u64, 1), ALLOW);
+        assert_eq!(x(libc::SYS_ioctl, 0, libc::TIOCSTI), RET_EPERM);
+        assert_eq!(x(libc::SYS_ioctl, 0, 0x5401), ALLOW);
+        assert_eq!(x(libc::SYS_read, 0, 0), ALLOW);
+        assert_eq!(x(0x4000_0000 | libc::SYS_getpid, 0, 0), RET_EPERM);
     }
 
     #[test]
