@@ -336,7 +336,7 @@ impl Broker {
     }
 }
 
-fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
+pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
     cordon_audit::EgressEvent {
         name: e.name.clone(),
         port: e.port,

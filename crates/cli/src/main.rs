@@ -7,6 +7,8 @@ mod check;
 mod doctor;
 mod exit;
 mod explain;
+mod probe;
+mod proxy;
 mod run;
 mod schema;
 
@@ -93,6 +95,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run the conformance probes inside each tool's sandbox: HELD, ESCAPED or SKIPPED per probe.
+    /// Exit 1 if anything escaped or a positive control failed.
+    Probe(probe::ProbeArgs),
+    /// Serve the egress proxy door on a host address, with the same checks and audit records.
+    Proxy(proxy::ProxyArgs),
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -135,6 +142,8 @@ fn main() -> ExitCode {
             )
         }),
         Cmd::Doctor { json } => doctor::run(json),
+        Cmd::Probe(args) => probe::run(args),
+        Cmd::Proxy(args) => proxy::run(args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);

@@ -42,6 +42,8 @@ struct RunRecord<'a> {
     output: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     warnings: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    egress: Vec<cordon_egress::EgressEvent>,
 }
 
 fn read_stdin() -> anyhow::Result<Vec<u8>> {
@@ -102,6 +104,7 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
                     reason: e.to_string(),
                     output: None,
                     warnings: vec![],
+                    egress: vec![],
                 };
                 println!("{}", serde_json::to_string(&rec)?);
             }
@@ -134,7 +137,9 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
         cordon_gate::ToolMeta::new(&policy.name, cordon_broker::profile_name(policy.profile));
     let stderr = cordon_gate::gate_error(&meta, &o.stderr).content.to_text();
     let reason = match &r.gated {
-        Some(Err(refusal)) => format!("{}: {refusal}", policy.name),
+        Some(Err(refusal)) if o.status == cordon_jail::Status::Ok => {
+            format!("{}: {refusal}", policy.name)
+        }
         _ => o.reason.clone(),
     };
     let mut stdout = std::io::stdout().lock();
@@ -155,6 +160,7 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
             reason: reason.clone(),
             output,
             warnings: o.warnings.clone(),
+            egress: r.egress.clone(),
         };
         writeln!(stdout, "{}", serde_json::to_string(&rec)?)?;
     } else {
@@ -174,6 +180,13 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
         }
         for w in &o.warnings {
             eprintln!("cordon: warning: {w}");
+        }
+        for e in r
+            .egress
+            .iter()
+            .filter(|e| e.decision == cordon_egress::Decision::Refused)
+        {
+            eprintln!("cordon: {}", e.reason);
         }
     }
     stdout.flush()?;
@@ -214,6 +227,18 @@ pub struct ExecArgs {
     /// Environment variable K=V passed in. Repeatable.
     #[arg(long = "env")]
     pub env: Vec<String>,
+    /// Allow egress to HOST:PORT through the broker's doors. Repeatable.
+    #[arg(long = "egress", value_name = "HOST:PORT")]
+    pub egress: Vec<String>,
+    /// Allow any public destination on ports 80 and 443 (the filtering proxy).
+    #[arg(long = "egress-proxy", conflicts_with = "egress")]
+    pub egress_proxy: bool,
+    /// Pin NAME to IP, skipping DNS (private services, tests). Repeatable.
+    #[arg(long = "resolve", value_name = "NAME=IP")]
+    pub resolve: Vec<String>,
+    /// Admit a private range the doors would otherwise refuse. Repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    pub allow_cidr: Vec<String>,
     /// Print the run record as JSON instead of the output.
     #[arg(long)]
     pub json: bool,
@@ -277,6 +302,37 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut resolve = BTreeMap::new();
+    for r in &a.resolve {
+        let (n, ip) = r
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--resolve {r}: write NAME=IP"))?;
+        resolve.insert(n.to_string(), ip.to_string());
+    }
+    for e in &a.egress {
+        cordon_policy::resolve::check_host_port(e).map_err(|m| anyhow!("--egress: {m}"))?;
+    }
+    for c in &a.allow_cidr {
+        cordon_policy::resolve::check_cidr(c).map_err(|m| anyhow!("--allow-cidr: {m}"))?;
+    }
+    let network = if a.egress_proxy {
+        Network::Proxy {
+            resolve,
+            allow_cidrs: a.allow_cidr.clone(),
+        }
+    } else if !a.egress.is_empty() {
+        Network::Allowlist {
+            allow: a.egress.clone(),
+            resolve,
+            allow_cidrs: a.allow_cidr.clone(),
+        }
+    } else if !resolve.is_empty() || !a.allow_cidr.is_empty() {
+        return Err(anyhow!(
+            "--resolve and --allow-cidr apply only with --egress or --egress-proxy"
+        ));
+    } else {
+        Network::None
+    };
     Ok(ToolPolicy {
         name: "exec".into(),
         profile: Profile::P1,
@@ -286,7 +342,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
             argv: a.cmd.clone(),
         },
         limits: Some(l),
-        network: Network::None,
+        network,
         secrets: vec![],
         mounts,
         env,
