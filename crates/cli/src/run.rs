@@ -172,7 +172,7 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
                 (Label::Envelope, _) => writeln!(stdout, "{}", g.render_envelope())?,
             }
         }
-        if !stderr.is_empty() && r.outcome.status != cordon_jail::Status::Ok {
+        if !stderr.is_empty() {
             eprint!("{stderr}");
             if !stderr.ends_with('\n') {
                 eprintln!();
