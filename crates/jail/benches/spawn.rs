@@ -349,6 +349,24 @@ fn main() {
         eprintln!("  throughput at {conc}");
     }
 
+    // Same-run reference: bubblewrap at concurrency 8.
+    let bwrap_tput = bwrap.as_ref().map(|bw| {
+        let total = (runs * 2).max(80);
+        let per = total.div_ceil(8);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..per {
+                        run_quiet(Command::new(bw).args(BWRAP_SEED).args(["--", "/bin/true"]));
+                    }
+                });
+            }
+        });
+        (per * 8) as f64 / t.elapsed().as_secs_f64()
+    });
+    eprintln!("  bwrap throughput");
+
     // Leak check.
     let leak = if leak_calls > 0 {
         let before = resources(&jail);
@@ -409,6 +427,11 @@ fn main() {
         println!("| {c} | {r:.0} |");
     }
     println!();
+    if let Some(b) = bwrap_tput {
+        println!(
+            "Same-run reference: `bwrap` (seed flags, no cgroup, no seccomp) `/bin/true` at concurrency 8: {b:.0} calls/s.\n"
+        );
+    }
     if let Some((before, after, took)) = leak {
         println!(
             "## Leak check: {leak_calls} calls at concurrency 8 ({:.1} s)\n",
