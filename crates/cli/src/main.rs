@@ -80,6 +80,9 @@ enum Cmd {
         /// peak_memory_bytes, output_bytes, stderr, reason, output envelope).
         #[arg(long)]
         json: bool,
+        /// Run the tool's conformance probes first; refuse to run it if any does not hold.
+        #[arg(long)]
+        probe_first: bool,
         /// How text output is labelled on stdout.
         #[arg(long, value_enum, default_value = "none")]
         label: run::Label,
@@ -128,14 +131,25 @@ fn main() -> ExitCode {
             tool,
             manifest,
             json,
+            probe_first,
             label,
             audit,
-        } => run::run_tool(&manifest.path, &tool, &run::RunOpts { json, label, audit }),
+        } => run::run_tool(
+            &manifest.path,
+            &tool,
+            &run::RunOpts {
+                json,
+                probe_first,
+                label,
+                audit,
+            },
+        ),
         Cmd::Exec(args) => run::exec_policy(&args).and_then(|p| {
             run::call_and_print(
                 &p,
                 &run::RunOpts {
                     json: args.json,
+                    probe_first: false,
                     label: run::Label::None,
                     audit: args.audit.clone(),
                 },

@@ -95,6 +95,45 @@ fn unprobeable(p: &ToolPolicy) -> Option<String> {
     }
 }
 
+/// Probe one tool's own sandbox with the default targets (fail-closed
+/// checks of `run --probe-first` and `serve`). `Err` names every probe that
+/// did not hold.
+pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
+    let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
+    if let Some(why) = unprobeable(p) {
+        return Err(anyhow!("{}: cannot be probed here: {why}", p.name));
+    }
+    let (spec, _) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
+    let sb = JailSandbox::new(jail, spec);
+    let prof = sb.profile(&format!(
+        "{} ({})",
+        p.name,
+        cordon_broker::profile_name(p.profile)
+    ));
+    let report =
+        cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
+    let failed: Vec<String> = report
+        .results
+        .iter()
+        .filter(|r| {
+            !matches!(
+                r.verdict,
+                cordon_probes::Verdict::Held | cordon_probes::Verdict::Skipped
+            )
+        })
+        .map(|r| format!("{} {:?}: {}", r.probe, r.verdict, r.evidence))
+        .collect();
+    if !failed.is_empty() {
+        return Err(anyhow!(
+            "{}: refusing to start: {} probe(s) of its sandbox do not hold on this host: {}",
+            p.name,
+            failed.len(),
+            failed.join("; ")
+        ));
+    }
+    Ok(report)
+}
+
 pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
     let filter = Filter {

@@ -57,6 +57,8 @@ fn read_stdin() -> anyhow::Result<Vec<u8>> {
 
 pub struct RunOpts {
     pub json: bool,
+    /// Run the tool's conformance probes first and refuse if any does not hold.
+    pub probe_first: bool,
     pub label: Label,
     pub audit: Option<PathBuf>,
 }
@@ -76,6 +78,13 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
                 .join(", ")
         )
     })?;
+    if opts.probe_first {
+        let jail = std::sync::Arc::new(cordon_jail::Jail::new().map_err(|e| anyhow!("{e}"))?);
+        if let Err(e) = crate::probe::probe_tool(policy, jail) {
+            eprintln!("cordon: {e:#}");
+            return Ok(ExitCode::from(exit::REFUSED));
+        }
+    }
     call_and_print(policy, opts)
 }
 

@@ -595,3 +595,52 @@ fn exec_egress_reaches_only_the_allowlist() {
         );
     }
 }
+
+/// Fail closed: a tool whose sandbox has a probe that does not hold is not
+/// started. The seed's example of rot: a directory mounted for debugging.
+#[test]
+fn probe_first_refuses_a_tool_whose_boundary_leaks() {
+    if !Path::new("/home").is_dir() {
+        eprintln!("SKIP: no /home on this host");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cordon-pf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  tidy:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n  leaky:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n    mounts: [\"/home:/home\"]\n",
+    )
+    .unwrap();
+    let m = m.to_str().unwrap();
+    // Control: the same tool without the mount is probed, holds, and runs.
+    let o = cordon(
+        As::Caller,
+        &["run", "tidy", "-m", m, "--probe-first"],
+        b"a\n",
+        &[],
+    );
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let o = cordon(
+        As::Caller,
+        &["run", "leaky", "-m", m, "--probe-first"],
+        b"a\n",
+        &[],
+    );
+    assert_eq!(code(&o), 21, "{}", text(&o.stderr));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("leaky: refusing to start") && e.contains("host_fs Escaped"),
+        "{e}"
+    );
+    assert!(o.stdout.is_empty(), "the tool ran anyway");
+    // And `cordon probe` reports the escape with exit 1.
+    let o = cordon(
+        As::Caller,
+        &["probe", "-m", m, "--tool", "leaky", "--only", "host_fs"],
+        b"",
+        &[],
+    );
+    assert_eq!(code(&o), 1, "{}", text(&o.stdout));
+    assert!(text(&o.stdout).contains("ESCAPED"), "{}", text(&o.stdout));
+}
