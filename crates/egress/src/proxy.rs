@@ -57,6 +57,7 @@ pub(crate) async fn serve_conn(
         tokio::select! {
             _ = &mut conn => break,
             Some(t) = task_rx.recv() => { tasks.spawn(t); }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             () = client_meter.idle(idle), if tasks.is_empty() => break,
         }
     }

@@ -205,3 +205,38 @@ fn serve_rejects_sockets_the_plan_did_not_ask_for() {
     ));
     assert!(matches!(r, Err(EgressError::Policy(_))), "{r:?}");
 }
+
+#[test]
+fn idle_keep_alive_client_is_closed() {
+    let mut h = start(|p| p.idle_timeout = Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(50));
+    drain(&mut h.rx);
+    let p = h.up.port();
+    let mut s = std::net::TcpStream::connect(h.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // Two requests on one keep-alive connection: each is checked and reported on its own.
+    for path in ["/a", "/b"] {
+        s.write_all(
+            format!("GET http://docs.example:{p}{path} HTTP/1.1\r\nHost: docs.example:{p}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        let mut b = [0u8; 1024];
+        let n = s.read(&mut b).unwrap();
+        let resp = String::from_utf8_lossy(&b[..n]).to_string();
+        assert!(
+            resp.contains(&format!("upstream ok: GET {path} HTTP/1.1")),
+            "{resp}"
+        );
+    }
+    let ev = h.rt.block_on(wait_events(&mut h.rx, 2, |e| {
+        e.decision == Decision::Allowed
+    }));
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    // Then silence: the door closes the client connection.
+    let mut b = [0u8; 64];
+    let n = s
+        .read(&mut b)
+        .expect("the door must close the idle connection");
+    assert_eq!(n, 0);
+}
