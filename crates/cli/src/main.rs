@@ -11,6 +11,7 @@ mod probe;
 mod proxy;
 mod run;
 mod schema;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,6 +104,8 @@ enum Cmd {
     Probe(probe::ProbeArgs),
     /// Serve the egress proxy door on a host address, with the same checks and audit records.
     Proxy(proxy::ProxyArgs),
+    /// Serve the manifest's tools as one MCP server (stdio, or streamable HTTP with --http).
+    Serve(serve::ServeArgs),
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -158,6 +161,7 @@ fn main() -> ExitCode {
         Cmd::Doctor { json } => doctor::run(json),
         Cmd::Probe(args) => probe::run(args),
         Cmd::Proxy(args) => proxy::run(args),
+        Cmd::Serve(args) => serve::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);

@@ -1,0 +1,102 @@
+//! Gated results as MCP results, and refusals as MCP errors.
+
+use base64::Engine as _;
+use cordon_gate::{Content, Gated, ToolMeta};
+use rmcp::ErrorData;
+use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, MetaObject, ResourceContents};
+use serde_json::{Value, json};
+
+/// The `_meta` of a result: the gate's envelope as `cordon/*` keys.
+pub fn meta_of(g: &Gated) -> MetaObject {
+    match g.envelope.to_mcp_meta() {
+        Value::Object(m) => MetaObject(m),
+        _ => MetaObject::default(),
+    }
+}
+
+/// The content blocks of a gated result: text and JSON as the nonce-wrapped
+/// untrusted rendering, images and audio as MCP image/audio content, other
+/// binary output as an embedded blob resource.
+pub fn blocks_of(g: &Gated) -> Vec<ContentBlock> {
+    match &g.content {
+        Content::Text(_) | Content::Json(_) => vec![ContentBlock::text(g.render_wrapped())],
+        Content::Binary { media_type, bytes } => {
+            let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+            if media_type.starts_with("image/") {
+                vec![ContentBlock::image(data, media_type.clone())]
+            } else if media_type.starts_with("audio/") {
+                vec![ContentBlock::audio(data, media_type.clone())]
+            } else {
+                vec![ContentBlock::resource(
+                    ResourceContents::BlobResourceContents {
+                        uri: format!("cordon://output/{}", g.envelope.tool),
+                        mime_type: Some(media_type.clone()),
+                        blob: data,
+                        meta: None,
+                    },
+                )]
+            }
+        }
+    }
+}
+
+/// A successful, gated result.
+pub fn success(g: &Gated) -> CallToolResult {
+    let mut r = CallToolResult::success(blocks_of(g)).with_meta(Some(meta_of(g)));
+    if let Content::Json(v) = &g.content {
+        r.structured_content = Some(v.clone());
+    }
+    r
+}
+
+/// A tool failure as an `isError` result: the message passed through the
+/// gate's error path (stripped, capped, wrapped as untrusted).
+pub fn tool_error(tool: &str, profile: &str, message: &[u8]) -> CallToolResult {
+    let g = cordon_gate::gate_error(&ToolMeta::new(tool, profile), message);
+    CallToolResult::error(vec![ContentBlock::text(g.render_wrapped())]).with_meta(Some(meta_of(&g)))
+}
+
+/// What kind of refusal an MCP error reports, in its `data.cordon/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    UnknownTool,
+    InvalidArguments,
+    PolicyRefused,
+    SandboxFailed,
+    LimitHit,
+    GateRefused,
+    ServerFailed,
+    DescriptionChanged,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::UnknownTool => "unknown_tool",
+            Refusal::InvalidArguments => "invalid_arguments",
+            Refusal::PolicyRefused => "policy_refused",
+            Refusal::SandboxFailed => "sandbox_failed",
+            Refusal::LimitHit => "limit_hit",
+            Refusal::GateRefused => "gate_refused",
+            Refusal::ServerFailed => "server_failed",
+            Refusal::DescriptionChanged => "description_changed",
+        }
+    }
+
+    fn code(self) -> ErrorCode {
+        match self {
+            Refusal::UnknownTool | Refusal::InvalidArguments => ErrorCode::INVALID_PARAMS,
+            Refusal::PolicyRefused | Refusal::DescriptionChanged => ErrorCode::INVALID_REQUEST,
+            _ => ErrorCode::INTERNAL_ERROR,
+        }
+    }
+}
+
+/// An MCP error with `data: {"cordon/status": ..., ...extra}`.
+pub fn refusal(kind: Refusal, message: impl Into<String>, extra: Value) -> ErrorData {
+    let mut data = json!({ "cordon/status": kind.as_str() });
+    if let (Value::Object(d), Value::Object(e)) = (&mut data, extra) {
+        d.extend(e);
+    }
+    ErrorData::new(kind.code(), message.into(), Some(data))
+}
