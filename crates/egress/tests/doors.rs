@@ -951,3 +951,138 @@ fn shutdown_closes_every_door() {
         r.ns.run(move || std::net::TcpStream::connect(proxy).unwrap_err().kind());
     assert_eq!(err, std::io::ErrorKind::ConnectionRefused);
 }
+
+/// A loopback HTTPS upstream (python, self-signed certificate for the allowed name), killed
+/// on drop.
+struct TlsUpstream {
+    child: std::process::Child,
+    port: u16,
+    ca: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl TlsUpstream {
+    fn start() -> Option<TlsUpstream> {
+        use std::io::BufRead;
+        let dir = std::env::temp_dir().join(format!(
+            "cordon-egress-tls-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        let (key, ca) = (dir.join("key.pem"), dir.join("cert.pem"));
+        let ok = std::process::Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&ca)
+            .args([
+                "-subj",
+                &format!("/CN={ALLOWED}"),
+                "-addext",
+                &format!("subjectAltName=DNS:{ALLOWED}"),
+            ])
+            .output()
+            .ok()?
+            .status
+            .success();
+        if !ok {
+            return None;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/tls_server.py");
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg(&ca)
+            .arg(&key)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
+        let port = line.trim().parse().ok()?;
+        Some(TlsUpstream {
+            child,
+            port,
+            ca,
+            dir,
+        })
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn https_through_connect_and_the_transparent_door() {
+    let Some(tls) = TlsUpstream::start() else {
+        eprintln!("SKIP: cannot start the HTTPS upstream (openssl or python3 missing)");
+        return;
+    };
+    let t = tls.port;
+    let Some(mut r) = Rig::new(|p| {
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("{ALLOWED}:{t}")).unwrap());
+    }) else {
+        return;
+    };
+    let ca = tls.ca.to_string_lossy().to_string();
+    r.quiet();
+    // Through the proxy door: CONNECT, then TLS end to end; the certificate is verified
+    // against the allowed name, so the tunnel reached the real upstream.
+    let c = r.curl(
+        true,
+        &[
+            "--cacert",
+            &ca,
+            &format!("https://{ALLOWED}:{t}/via-connect"),
+        ],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "tls ok: /via-connect");
+    allowed(&r.one(), Door::Proxy, ALLOWED, t);
+    // Ignoring the proxy: the transparent door, same TLS session shape.
+    let c = r.curl(
+        false,
+        &[
+            "--noproxy",
+            "*",
+            "--cacert",
+            &ca,
+            &format!("https://{ALLOWED}:{t}/via-door"),
+        ],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "tls ok: /via-door");
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, t);
+    // An unlisted name on the same port: refused at CONNECT, and unresolvable directly.
+    let c = r.curl(
+        true,
+        &["--cacert", &ca, &format!("https://evil.example:{t}/")],
+    );
+    assert_eq!(c.code, 56, "{}", c.stderr);
+    refused(
+        &r.one(),
+        Door::Proxy,
+        "evil.example",
+        t,
+        &not_listed("evil.example", t),
+    );
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("https://evil.example:{t}/")],
+    );
+    assert_eq!(c.code, 6, "{}", c.stderr);
+    let (conn, dns) = r.settle(0);
+    assert!(conn.is_empty() && !dns.is_empty());
+    assert_eq!(r.dns.total(), 0);
+}
