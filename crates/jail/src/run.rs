@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cordon_sys::Errno;
 use cordon_sys::io as sio;
-use cordon_sys::spawn::{ChildFailure, ChildPlan, ChildStep};
+use cordon_sys::spawn::{Child, ChildFailure, ChildPlan, ChildStep};
 
 use crate::cgroup::Slot;
 use crate::{
@@ -21,27 +21,6 @@ const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as u64;
-
-/// Kills and reaps the child if the call ends early.
-struct Reaper {
-    pidfd: OwnedFd,
-    reaped: bool,
-}
-
-impl Reaper {
-    fn kill(&self) {
-        let _ = sio::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if !self.reaped {
-            self.kill();
-            let _ = sio::wait_pidfd(self.pidfd.as_fd(), true);
-        }
-    }
-}
 
 /// Returns a cgroup slot to the pool when the call ends (also on error).
 struct SlotGuard<'a> {
@@ -311,18 +290,17 @@ where
             .collect::<Result<_, _>>()?,
     };
 
-    let child = cordon_sys::spawn::spawn(&child_plan).map_err(|e| {
+    let exec_paths = child_plan.exec_paths.clone();
+    // The child (which kills and reaps itself on drop) is declared after
+    // everything it reads from, so it goes first on every return path.
+    let mut child = cordon_sys::spawn::spawn(child_plan).map_err(|e| {
         JailError::broker(
             tool,
             "clone3 with new user, mount, pid, net, ipc, uts namespaces",
             errno_io(e),
         )
     })?;
-    let mut reaper = Reaper {
-        pidfd: child.pidfd,
-        reaped: false,
-    };
-    let pid = child.pid;
+    let pid = child.pid();
     // The child's ends are its own now.
     drop(out_w);
     drop(err_w);
@@ -352,7 +330,7 @@ where
         let f = ChildFailure::decode(buf);
         JailError::Setup {
             tool: tool.to_string(),
-            step: describe(f.step, &program.names, spec, &child_plan.exec_paths),
+            step: describe(f.step, &program.names, spec, &exec_paths),
             errno: f.errno,
         }
     };
@@ -441,7 +419,7 @@ where
         let now = Instant::now();
         if killed_for.is_none() && now >= deadline && exit.is_none() {
             killed_for = Some(Status::TimedOut);
-            kill_all(&reaper, slot);
+            kill_all(&child, slot);
         }
         // After the kill (or the exit) the pipes reach EOF once every
         // process of the sandbox is gone; a process outside the sandbox
@@ -472,7 +450,7 @@ where
             kinds.push(b'f');
         }
         if exit.is_none() {
-            fds.push(pfd(reaper.pidfd.as_fd(), libc::POLLIN));
+            fds.push(pfd(child.pidfd(), libc::POLLIN));
             kinds.push(b'p');
         }
         let n = poll_retry(&mut fds, timeout).map_err(p("poll"))?;
@@ -495,7 +473,7 @@ where
                                 out_r = None;
                                 if killed_for.is_none() && exit.is_none() {
                                     killed_for = Some(Status::OutputCap);
-                                    kill_all(&reaper, slot);
+                                    kill_all(&child, slot);
                                 }
                             }
                             Drain::More => {}
@@ -534,7 +512,7 @@ where
                         let mut b = [0u8; 8];
                         let n = read_full(f.as_fd(), &mut b);
                         if n == 8 {
-                            drop(reaper);
+                            drop(child);
                             return Err(setup_failure(b));
                         }
                         // EOF: execve succeeded (or the child died before
@@ -543,11 +521,8 @@ where
                     }
                 }
                 b'p' => {
-                    if let Some(st) =
-                        sio::wait_pidfd(reaper.pidfd.as_fd(), false).map_err(p("waitid"))?
-                    {
+                    if let Some(st) = child.wait(false).map_err(p("waitid"))? {
                         exit = Some(st);
-                        reaper.reaped = true;
                         in_w = None;
                     }
                 }
@@ -616,10 +591,10 @@ where
     })
 }
 
-fn kill_all(reaper: &Reaper, slot: Option<&Slot>) {
+fn kill_all(child: &Child, slot: Option<&Slot>) {
     // SIGKILL of the pid-namespace init takes every process of the
     // namespace with it; cgroup.kill (v2) as well when there is one.
-    reaper.kill();
+    let _ = child.kill();
     if let Some(s) = slot
         && s.v2.is_some()
     {

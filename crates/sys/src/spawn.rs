@@ -17,7 +17,7 @@
 //! reads either eight bytes (setup failed) or end-of-file (the tool runs).
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 
@@ -316,15 +316,6 @@ pub struct ChildPlan {
     pub envp: Vec<CString>,
 }
 
-/// A started child.
-#[derive(Debug)]
-pub struct Child {
-    /// Its pid in the caller's pid namespace.
-    pub pid: libc::pid_t,
-    /// A pidfd for it.
-    pub pidfd: OwnedFd,
-}
-
 /// `struct landlock_ruleset_attr` (ABI 6 layout).
 #[repr(C)]
 struct LandlockRulesetAttr {
@@ -370,13 +361,114 @@ struct KStatfs {
     f_spare: [libc::c_long; 4],
 }
 
-const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
+const LANDLOCK_RULE_PATH_BENEATH: usize = 1;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
-/// Pointer arrays for execve, built in the parent.
+/// Size of the child's own stack when it shares the broker's memory.
+const CHILD_STACK: usize = 256 << 10;
+const PAGE: usize = 4096;
+
+/// Raw system calls that never touch `errno`.
+///
+/// With `CLONE_VM` the child shares the broker's memory, including the
+/// calling thread's TLS, so glibc's `syscall()` (which stores errno there)
+/// would overwrite the broker thread's errno. These return `-errno`.
+mod raw {
+    /// `syscall(nr, a..f)`, returning the raw kernel result.
+    ///
+    /// # Safety
+    /// The arguments must be valid for the system call `nr`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn syscall6(
+        nr: libc::c_long,
+        a: usize,
+        b: usize,
+        c: usize,
+        d: usize,
+        e: usize,
+        f: usize,
+    ) -> isize {
+        let ret: isize;
+        // SAFETY: the x86_64 syscall instruction with the kernel's calling
+        // convention; rcx and r11 are clobbered by the instruction. The
+        // caller vouches for the arguments.
+        unsafe {
+            core::arch::asm!(
+                "syscall",
+                inlateout("rax") nr as isize => ret,
+                in("rdi") a,
+                in("rsi") b,
+                in("rdx") c,
+                in("r10") d,
+                in("r8") e,
+                in("r9") f,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// Elsewhere the child is a fork-like copy (no shared memory), so
+    /// glibc's wrapper and its errno are fine.
+    ///
+    /// # Safety
+    /// The arguments must be valid for the system call `nr`.
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(always)]
+    pub unsafe fn syscall6(
+        nr: libc::c_long,
+        a: usize,
+        b: usize,
+        c: usize,
+        d: usize,
+        e: usize,
+        f: usize,
+    ) -> isize {
+        // SAFETY: as above.
+        let r = unsafe { libc::syscall(nr, a, b, c, d, e, f) };
+        if r < 0 {
+            -(nix::errno::Errno::last_raw() as isize)
+        } else {
+            r as isize
+        }
+    }
+}
+
+/// `sc!(NR, args...)`: a raw system call with up to six arguments, each
+/// cast to `usize`; evaluates to the raw result (`-errno` on failure).
+macro_rules! sc {
+    ($nr:expr) => { raw::syscall6($nr, 0, 0, 0, 0, 0, 0) };
+    ($nr:expr, $a:expr) => { raw::syscall6($nr, $a as usize, 0, 0, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr) => { raw::syscall6($nr, $a as usize, $b as usize, 0, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr) => { raw::syscall6($nr, $a as usize, $b as usize, $c as usize, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr) => {
+        raw::syscall6($nr, $a as usize, $b as usize, $c as usize, $d as usize, 0, 0)
+    };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr) => {
+        raw::syscall6($nr, $a as usize, $b as usize, $c as usize, $d as usize, $e as usize, 0)
+    };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr, $f:expr) => {
+        raw::syscall6($nr, $a as usize, $b as usize, $c as usize, $d as usize, $e as usize, $f as usize)
+    };
+}
+
+/// Raw result to `Result` (errno on failure).
+#[inline(always)]
+fn ck(r: isize) -> Result<usize, i32> {
+    if r < 0 {
+        Err((-r) as i32)
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Pointer arrays for execve and seccomp, built in the parent.
 struct ExecArrays {
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
@@ -389,13 +481,207 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
     v
 }
 
+/// The child's stack (only with `CLONE_VM`): a private mapping with a
+/// guard page at the bottom.
+struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl Stack {
+    fn new() -> Result<Stack, Errno> {
+        let len = CHILD_STACK + PAGE;
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        let stack = Stack { base, len };
+        // SAFETY: the first page of the mapping we just made.
+        if unsafe { libc::mprotect(base, PAGE, libc::PROT_NONE) } < 0 {
+            return Err(Errno::last());
+        }
+        Ok(stack)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; the child that
+        // used it has exec'd or been reaped (see `Child`'s drop order).
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+    }
+}
+
+/// What the child reads while it sets itself up. Boxed so its address is
+/// stable; owned by [`Child`], which outlives the child's setup.
+struct Shared {
+    plan: ChildPlan,
+    arrays: ExecArrays,
+    /// The broker's `PR_GET_DUMPABLE`, restored by a `CLONE_VM` child after
+    /// its uid change (which marks the shared memory non-dumpable).
+    dumpable: usize,
+    vm: bool,
+}
+
+/// A started child.
+///
+/// The child may read the plan (and, with `CLONE_VM`, runs on memory of
+/// this process) until it execs. So a `Child` that is dropped before it was
+/// reaped first kills and reaps it, and only then frees the plan and stack.
+pub struct Child {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    reaped: bool,
+    // Dropped after the reap in `drop` (fields drop after the body).
+    shared: Box<Shared>,
+    _stack: Option<Stack>,
+}
+
+impl std::fmt::Debug for Child {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Child")
+            .field("pid", &self.pid)
+            .field("reaped", &self.reaped)
+            .field("clone_vm", &self.shared.vm)
+            .finish()
+    }
+}
+
+impl Child {
+    /// pid in the caller's pid namespace.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// The pidfd (readable when the child exits).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// The plan the child runs.
+    pub fn plan(&self) -> &ChildPlan {
+        &self.shared.plan
+    }
+
+    /// Whether the child shares the broker's memory until exec.
+    pub fn clone_vm(&self) -> bool {
+        self.shared.vm
+    }
+
+    /// SIGKILL (through the pidfd: no pid reuse race). Killing the init of
+    /// a pid namespace kills every process in it.
+    pub fn kill(&self) -> Result<(), Errno> {
+        if self.reaped {
+            return Ok(());
+        }
+        crate::io::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL)
+    }
+
+    /// Reap if it has exited (`block` false), or wait for it.
+    pub fn wait(&mut self, block: bool) -> Result<Option<crate::io::ExitStatus>, Errno> {
+        if self.reaped {
+            return Err(Errno::ECHILD);
+        }
+        let r = crate::io::wait_pidfd(self.pidfd.as_fd(), block)?;
+        if r.is_some() {
+            self.reaped = true;
+        }
+        Ok(r)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = crate::io::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+            let _ = crate::io::wait_pidfd(self.pidfd.as_fd(), true);
+        }
+    }
+}
+
+/// Whether children share the broker's memory until exec (x86_64; the
+/// rest of the architectures use a fork-like clone).
+pub const CLONE_VM: bool = cfg!(target_arch = "x86_64");
+
+/// `clone3` with `CLONE_VM` and a new stack: the child calls
+/// `entry(arg)` on that stack and never returns.
+///
+/// # Safety
+/// `args` must describe a valid clone3 call whose stack is a mapping that
+/// stays alive until the child execs or dies; `entry` must never return.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_vm(
+    args: *mut libc::clone_args,
+    entry: unsafe extern "C" fn(*const Shared) -> !,
+    arg: *const Shared,
+) -> isize {
+    let ret: isize;
+    // SAFETY: see the function contract. In the child the kernel has set
+    // rsp to the new stack; r12/r13 survive the syscall, so the child calls
+    // entry(arg) with a fresh frame chain and never comes back here.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 as isize => ret,
+            in("rdi") args,
+            in("rsi") std::mem::size_of::<libc::clone_args>(),
+            in("r12") arg,
+            in("r13") entry,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// The child's entry on its own stack.
+///
+/// # Safety
+/// Only called by `clone3_vm` in the new child with a pointer to a live
+/// `Shared`.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn child_entry(shared: *const Shared) -> ! {
+    // SAFETY: the parent keeps `Shared` alive until the child has exec'd or
+    // been reaped (see `Child`).
+    unsafe {
+        let s = &*shared;
+        child_main(s)
+    }
+}
+
 /// Start the child described by `plan`.
 ///
 /// On success the child is waiting on `plan.sync_read` for one byte; the
 /// caller writes its uid/gid maps, moves it into cgroups and then writes the
 /// byte. The caller keeps the write end open until the child has been
 /// reaped: the child checks it after setting its parent-death signal.
-pub fn spawn(plan: &ChildPlan) -> Result<Child, Errno> {
+///
+/// On x86_64 the child is created with `CLONE_VM` on its own stack, like
+/// `posix_spawn`: no copy of the broker's page tables and no copy-on-write
+/// faults afterwards, so the cost does not grow with the broker's memory.
+/// The child then only makes raw system calls (no errno) and writes only to
+/// its own stack.
+pub fn spawn(plan: ChildPlan) -> Result<Child, Errno> {
     let mut fprogs = Vec::with_capacity(plan.seccomp.len());
     for prog in &plan.seccomp {
         let len = u16::try_from(prog.len()).map_err(|_| Errno::E2BIG)?;
@@ -409,6 +695,17 @@ pub fn spawn(plan: &ChildPlan) -> Result<Child, Errno> {
         envp: null_terminated(&plan.envp),
         fprogs,
     };
+    // SAFETY: PR_GET_DUMPABLE takes no pointers.
+    let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) }.max(0) as usize;
+    let cgroup_fd = plan.cgroup_fd;
+    let namespaces = plan.namespaces;
+    let shared = Box::new(Shared {
+        plan,
+        arrays,
+        dumpable,
+        vm: CLONE_VM,
+    });
+    let stack = if CLONE_VM { Some(Stack::new()?) } else { None };
 
     // Block every signal around clone so that no handler of the broker runs
     // in the child before it has reset them; the child unblocks right
@@ -423,56 +720,57 @@ pub fn spawn(plan: &ChildPlan) -> Result<Child, Errno> {
     }
 
     let mut pidfd: libc::c_int = -1;
-    let mut flags = plan.namespaces | libc::CLONE_PIDFD as u64;
+    let mut flags = namespaces | libc::CLONE_PIDFD as u64;
     let mut cgroup = 0u64;
-    if let Some(fd) = plan.cgroup_fd {
+    if let Some(fd) = cgroup_fd {
         flags |= CLONE_INTO_CGROUP;
         cgroup = u64::try_from(fd).map_err(|_| Errno::EBADF)?;
     }
     // SAFETY: clone_args is plain data; zeroed is a valid value.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = flags;
     args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
     args.exit_signal = libc::SIGCHLD as u64;
     args.cgroup = cgroup;
-    // SAFETY: clone3 with stack 0 behaves like fork: the child continues on
-    // a copy-on-write copy of this stack. The child branch below only runs
-    // `child_main`, which never returns and only makes raw system calls on
-    // memory that `plan` and `arrays` already own (see the module comment).
-    let mut rc = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
-    };
-    if rc < 0 && Errno::last() == Errno::ENOSYS && plan.cgroup_fd.is_none() {
-        // Kernels before 5.3: clone(2) with CLONE_PIDFD stores the pidfd
-        // through the parent_tid argument.
-        // SAFETY: as above, fork-like clone without CLONE_VM.
-        rc = unsafe {
+    let shared_ptr: *const Shared = &*shared;
+    let rc: isize;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let st = stack.as_ref().ok_or(Errno::EINVAL)?;
+        args.flags = flags | libc::CLONE_VM as u64;
+        args.stack = st.base as u64;
+        args.stack_size = st.len as u64;
+        // SAFETY: the stack mapping and `shared` are owned by the `Child`
+        // returned below, which reaps the child before freeing them.
+        rc = unsafe { clone3_vm(&mut args, child_entry, shared_ptr) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        args.flags = flags;
+        // SAFETY: clone3 with stack 0 behaves like fork: the child continues
+        // on a copy-on-write copy of this stack and only runs child_main.
+        let r = unsafe {
             libc::syscall(
-                libc::SYS_clone,
-                (plan.namespaces | libc::CLONE_PIDFD as u64 | libc::SIGCHLD as u64)
-                    as libc::c_ulong,
-                0usize,
-                &mut pidfd as *mut libc::c_int,
-                0usize,
-                0usize,
+                libc::SYS_clone3,
+                &mut args as *mut libc::clone_args,
+                std::mem::size_of::<libc::clone_args>(),
             )
         };
+        if r == 0 {
+            // SAFETY: we are the freshly cloned child.
+            unsafe { child_main(&*shared_ptr) }
+        }
+        rc = if r < 0 {
+            -(Errno::last_raw() as isize)
+        } else {
+            r as isize
+        };
     }
-    if rc == 0 {
-        // SAFETY: we are the freshly cloned child; see child_main.
-        unsafe { child_main(plan, &arrays) }
-    }
-    let err = Errno::last();
     // SAFETY: restores the mask saved above.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
     if rc < 0 {
-        return Err(err);
+        return Err(Errno::from_raw((-rc) as i32));
     }
     let pid = libc::pid_t::try_from(rc).map_err(|_| Errno::EOVERFLOW)?;
     if pidfd < 0 {
@@ -481,7 +779,13 @@ pub fn spawn(plan: &ChildPlan) -> Result<Child, Errno> {
     // SAFETY: the kernel returned `pidfd` as a new descriptor owned by nobody
     // else in this process.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    Ok(Child { pid, pidfd })
+    Ok(Child {
+        pid,
+        pidfd,
+        reaped: false,
+        shared,
+        _stack: stack,
+    })
 }
 
 fn zeroed_sigset() -> libc::sigset_t {
@@ -489,31 +793,37 @@ fn zeroed_sigset() -> libc::sigset_t {
     unsafe { std::mem::zeroed() }
 }
 
-/// Raw syscall returning -1/errno like libc; errno read through the libc
-/// location (thread-local, already set up for this thread).
-#[inline(always)]
-fn errno() -> i32 {
-    Errno::last_raw()
-}
-
 /// Write the failure to the error pipe and exit. Never returns. Meant for
-/// the cloned child only (it `_exit`s the calling process).
+/// the cloned child only (it exits the calling process).
 #[inline(never)]
 fn fail(err_fd: RawFd, step: ChildStep, errno: i32) -> ! {
     let code = step.code().to_ne_bytes();
     let e = errno.to_ne_bytes();
     let buf = [code[0], code[1], code[2], code[3], e[0], e[1], e[2], e[3]];
-    // SAFETY: writes 8 bytes from a stack buffer; _exit never returns.
+    // SAFETY: writes 8 bytes from a stack buffer, then exits this process
+    // (exit_group of the child only: it is not a thread of the broker).
     unsafe {
-        libc::write(err_fd, buf.as_ptr().cast(), buf.len());
-        libc::_exit(127)
+        sc!(libc::SYS_write, err_fd, buf.as_ptr(), buf.len());
+        exit(127)
+    }
+}
+
+/// `exit_group(code)`.
+///
+/// # Safety
+/// Child only.
+unsafe fn exit(code: i32) -> ! {
+    loop {
+        // SAFETY: exit_group never returns.
+        unsafe {
+            sc!(libc::SYS_exit_group, code);
+        }
     }
 }
 
 macro_rules! check {
     ($err:expr, $step:expr, $rc:expr) => {
-        if ($rc) < 0 {
-            let e = errno();
+        if let Err(e) = ck($rc) {
             fail($err, $step, e)
         }
     };
@@ -532,10 +842,7 @@ fn locked_flags(path: &CStr) -> Result<libc::c_ulong, i32> {
     let mut st: KStatfs = unsafe { std::mem::zeroed() };
     // SAFETY: path is a valid C string; st is a valid out pointer of the
     // kernel's layout.
-    let rc = unsafe { libc::syscall(libc::SYS_statfs, path.as_ptr(), &mut st as *mut KStatfs) };
-    if rc < 0 {
-        return Err(errno());
-    }
+    ck(unsafe { sc!(libc::SYS_statfs, path.as_ptr(), &mut st as *mut KStatfs) })?;
     let f = st.f_flags as libc::c_ulong;
     let mut out = 0;
     for (st_flag, ms_flag) in [
@@ -557,18 +864,18 @@ fn locked_flags(path: &CStr) -> Result<libc::c_ulong, i32> {
 /// Bind-remount `target` adding `flags`, keeping the flags it has.
 fn remount_keep(target: &CStr, flags: libc::c_ulong) -> Result<(), i32> {
     let keep = locked_flags(target)?;
-    // SAFETY: valid C strings / null pointers for mount(2).
-    let rc = unsafe {
-        libc::syscall(
+    // SAFETY: valid C string / null pointers for mount(2).
+    ck(unsafe {
+        sc!(
             libc::SYS_mount,
             std::ptr::null::<libc::c_char>(),
             target.as_ptr(),
             std::ptr::null::<libc::c_char>(),
             libc::MS_REMOUNT | libc::MS_BIND | flags | keep,
-            std::ptr::null::<libc::c_void>(),
+            std::ptr::null::<libc::c_void>()
         )
-    };
-    if rc < 0 { Err(errno()) } else { Ok(()) }
+    })?;
+    Ok(())
 }
 
 fn run_op(op: &Op) -> Result<(), i32> {
@@ -583,34 +890,28 @@ fn run_op(op: &Op) -> Result<(), i32> {
             flags,
             data,
         } => {
-            let rc = unsafe {
-                libc::syscall(
+            ck(unsafe {
+                sc!(
                     libc::SYS_mount,
                     ptr_or_null(src),
                     target.as_ptr(),
                     ptr_or_null(fstype),
                     *flags,
-                    ptr_or_null(data) as *const libc::c_void,
+                    ptr_or_null(data)
                 )
-            };
-            if rc < 0 {
-                return Err(errno());
-            }
+            })?;
         }
         Op::BindReadOnly { src, target, flags } => {
-            let rc = unsafe {
-                libc::syscall(
+            ck(unsafe {
+                sc!(
                     libc::SYS_mount,
                     src.as_ptr(),
                     target.as_ptr(),
                     std::ptr::null::<libc::c_char>(),
                     libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null::<libc::c_void>(),
+                    std::ptr::null::<libc::c_void>()
                 )
-            };
-            if rc < 0 {
-                return Err(errno());
-            }
+            })?;
             remount_keep(target, libc::MS_RDONLY | *flags)?;
             let mut set = MOUNT_ATTR_RDONLY;
             if flags & libc::MS_NOSUID != 0 {
@@ -628,29 +929,29 @@ fn run_op(op: &Op) -> Result<(), i32> {
                 propagation: 0,
                 userns_fd: 0,
             };
-            let rc = unsafe {
-                libc::syscall(
+            let r = unsafe {
+                sc!(
                     libc::SYS_mount_setattr,
                     libc::AT_FDCWD,
                     target.as_ptr(),
-                    (libc::AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW) as libc::c_uint,
+                    libc::AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW,
                     &attr as *const MountAttr,
-                    std::mem::size_of::<MountAttr>(),
+                    std::mem::size_of::<MountAttr>()
                 )
             };
             // The bind remount above already made the top mount read-only;
             // a kernel without mount_setattr (before 5.12) only misses the
             // recursive part for submounts.
-            if rc < 0 && errno() != libc::ENOSYS {
-                return Err(errno());
+            match ck(r) {
+                Ok(_) | Err(libc::ENOSYS) => {}
+                Err(e) => return Err(e),
             }
         }
         Op::Remount { target, flags } => remount_keep(target, *flags)?,
         Op::Mkdir { path, mode } => {
-            let rc =
-                unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, path.as_ptr(), *mode) };
-            if rc < 0 && errno() != libc::EEXIST {
-                return Err(errno());
+            match ck(unsafe { sc!(libc::SYS_mkdirat, libc::AT_FDCWD, path.as_ptr(), *mode) }) {
+                Ok(_) | Err(libc::EEXIST) => {}
+                Err(e) => return Err(e),
             }
         }
         Op::WriteFile {
@@ -658,8 +959,8 @@ fn run_op(op: &Op) -> Result<(), i32> {
             mode,
             contents,
         } => {
-            let fd = unsafe {
-                libc::syscall(
+            let fd = ck(unsafe {
+                sc!(
                     libc::SYS_openat,
                     libc::AT_FDCWD,
                     path.as_ptr(),
@@ -668,97 +969,88 @@ fn run_op(op: &Op) -> Result<(), i32> {
                         | libc::O_EXCL
                         | libc::O_CLOEXEC
                         | libc::O_NOFOLLOW,
-                    *mode,
+                    *mode
                 )
-            };
-            if fd < 0 {
-                return Err(errno());
-            }
-            let fd = fd as libc::c_int;
+            })?;
             let mut off = 0usize;
             while off < contents.len() {
                 let rest = contents.get(off..).unwrap_or(&[]);
-                let n = unsafe { libc::syscall(libc::SYS_write, fd, rest.as_ptr(), rest.len()) };
-                if n < 0 {
-                    let e = errno();
-                    if e == libc::EINTR {
-                        continue;
+                match ck(unsafe { sc!(libc::SYS_write, fd, rest.as_ptr(), rest.len()) }) {
+                    Ok(n) => off += n,
+                    Err(libc::EINTR) => {}
+                    Err(e) => {
+                        unsafe { sc!(libc::SYS_close, fd) };
+                        return Err(e);
                     }
-                    unsafe { libc::syscall(libc::SYS_close, fd) };
-                    return Err(e);
                 }
-                off += n as usize;
             }
-            unsafe { libc::syscall(libc::SYS_close, fd) };
+            unsafe { sc!(libc::SYS_close, fd) };
         }
         Op::Symlink { target, link } => {
-            let rc = unsafe {
-                libc::syscall(
+            ck(unsafe {
+                sc!(
                     libc::SYS_symlinkat,
                     target.as_ptr(),
                     libc::AT_FDCWD,
-                    link.as_ptr(),
+                    link.as_ptr()
                 )
-            };
-            if rc < 0 {
-                return Err(errno());
-            }
+            })?;
         }
         Op::PivotRoot { new_root } => {
             let dot = c".";
-            if unsafe { libc::syscall(libc::SYS_chdir, new_root.as_ptr()) } < 0 {
-                return Err(errno());
-            }
-            if unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } < 0 {
-                return Err(errno());
-            }
-            if unsafe { libc::syscall(libc::SYS_umount2, dot.as_ptr(), libc::MNT_DETACH) } < 0 {
-                return Err(errno());
-            }
-            if unsafe { libc::syscall(libc::SYS_chdir, c"/".as_ptr()) } < 0 {
-                return Err(errno());
-            }
+            ck(unsafe { sc!(libc::SYS_chdir, new_root.as_ptr()) })?;
+            ck(unsafe { sc!(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) })?;
+            ck(unsafe { sc!(libc::SYS_umount2, dot.as_ptr(), libc::MNT_DETACH) })?;
+            ck(unsafe { sc!(libc::SYS_chdir, c"/".as_ptr()) })?;
         }
         Op::Chdir { path } => {
-            if unsafe { libc::syscall(libc::SYS_chdir, path.as_ptr()) } < 0 {
-                return Err(errno());
-            }
+            ck(unsafe { sc!(libc::SYS_chdir, path.as_ptr()) })?;
         }
         Op::Hostname { name } => {
             let bytes = name.as_bytes();
-            if unsafe { libc::syscall(libc::SYS_sethostname, bytes.as_ptr(), bytes.len()) } < 0 {
-                return Err(errno());
-            }
+            ck(unsafe { sc!(libc::SYS_sethostname, bytes.as_ptr(), bytes.len()) })?;
         }
     }
     Ok(())
 }
 
-/// The child side. Never returns: it either execs or `_exit`s.
+/// Read one byte from `fd`, retrying EINTR; false on EOF or error.
 ///
 /// # Safety
-/// Must only be called in the child right after a fork-like clone. Only
-/// raw system calls on memory owned by `plan`/`arrays` happen here; no
-/// allocation, no locks, no panics.
-unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
+/// Child only.
+unsafe fn read_byte(fd: RawFd) -> bool {
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: reads one byte into a stack buffer.
+        match ck(unsafe { sc!(libc::SYS_read, fd, b.as_mut_ptr(), 1usize) }) {
+            Ok(1) => return true,
+            Err(libc::EINTR) => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The child side. Never returns: it either execs or exits.
+///
+/// # Safety
+/// Must only be called in the child right after clone. Only raw system
+/// calls (no errno) on memory owned by `s` or on this stack happen here; no
+/// allocation, no locks, no panics, no writes to the broker's memory.
+unsafe fn child_main(s: &Shared) -> ! {
+    let plan = &s.plan;
+    let arrays = &s.arrays;
     // SAFETY (whole function): see the function contract. Every pointer
-    // passed below points into `plan`/`arrays` or into this stack frame.
+    // passed below points into `s` or into this stack frame.
     unsafe {
         // 1. Default dispositions for every signal (SIG_IGN survives execve,
         //    e.g. the broker's ignored SIGPIPE). The mask stays full until
-        //    right before execve.
-        let dfl: libc::sigaction = std::mem::zeroed(); // sa_handler = SIG_DFL
+        //    right before execve. An all-zero kernel sigaction is SIG_DFL.
+        let dfl = [0u64; 4];
         for sig in 1..=64 {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                &dfl as *const libc::sigaction,
-                std::ptr::null_mut::<libc::sigaction>(),
-                8usize,
-            );
+            sc!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
         }
 
         // 2. Descriptors: move everything we keep above 10, then down to
@@ -778,46 +1070,40 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
             if fd < 0 {
                 continue;
             }
-            let r = libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
+            let r = sc!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 10);
             check!(err_fd, ChildStep::Fds, r);
             if let Some(slot) = high.get_mut(i) {
                 *slot = r as RawFd;
             }
         }
-        let mut next_free = 0;
+        let mut next_free: u32 = 0;
         for (target, &fd) in high.iter().enumerate() {
             if fd < 0 {
                 continue;
             }
             let flags = if target == 4 { libc::O_CLOEXEC } else { 0 };
-            let r = libc::syscall(libc::SYS_dup3, fd, target as libc::c_int, flags);
-            check!(err_fd, ChildStep::Fds, r);
+            check!(
+                err_fd,
+                ChildStep::Fds,
+                sc!(libc::SYS_dup3, fd, target, flags)
+            );
             if target == 4 {
                 err_fd = 4;
             }
-            next_free = target as libc::c_uint + 1;
+            next_free = target as u32 + 1;
         }
-        let r = libc::syscall(libc::SYS_close_range, next_free, libc::c_uint::MAX, 0);
-        if r < 0 {
+        if ck(sc!(libc::SYS_close_range, next_free, u32::MAX, 0)).is_err() {
             // close_range appeared in 5.9; close one by one otherwise.
             for fd in next_free..4096 {
-                libc::syscall(libc::SYS_close, fd);
+                sc!(libc::SYS_close, fd);
             }
         }
         let has_doors = plan.doors_sock.is_some();
 
-        // 3. Wait for the parent: maps written, cgroups joined.
-        let mut go = [0u8; 1];
-        loop {
-            let n = libc::syscall(libc::SYS_read, 3, go.as_mut_ptr(), 1usize);
-            if n == 1 {
-                break;
-            }
-            if n < 0 && errno() == libc::EINTR {
-                continue;
-            }
-            // The parent went away or gave up: nothing to report to.
-            libc::_exit(126);
+        // 3. Wait for the parent: maps written, cgroups joined. EOF: the
+        //    parent went away or gave up; nothing to report to.
+        if !read_byte(3) {
+            exit(126);
         }
 
         // 4. Cgroup namespace rooted at the cgroups we were just moved into.
@@ -825,36 +1111,40 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
             check!(
                 err_fd,
                 ChildStep::CgroupNs,
-                libc::syscall(libc::SYS_unshare, libc::CLONE_NEWCGROUP)
+                sc!(libc::SYS_unshare, libc::CLONE_NEWCGROUP)
             );
         }
 
-        // 5. Identity. Raw calls: glibc's wrappers would try to signal the
-        //    broker's other threads, which do not exist here.
+        // 5. Identity.
         if plan.clear_groups {
             check!(
                 err_fd,
                 ChildStep::Groups,
-                libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>())
+                sc!(libc::SYS_setgroups, 0usize, 0usize)
             );
         }
         check!(
             err_fd,
             ChildStep::Gid,
-            libc::syscall(libc::SYS_setresgid, plan.gid, plan.gid, plan.gid)
+            sc!(libc::SYS_setresgid, plan.gid, plan.gid, plan.gid)
         );
         check!(
             err_fd,
             ChildStep::Uid,
-            libc::syscall(libc::SYS_setresuid, plan.uid, plan.uid, plan.uid)
+            sc!(libc::SYS_setresuid, plan.uid, plan.uid, plan.uid)
         );
+        if s.vm {
+            // The uid change marked the memory we share with the broker
+            // non-dumpable; give the broker its setting back.
+            sc!(libc::SYS_prctl, libc::PR_SET_DUMPABLE, s.dumpable, 0, 0, 0);
+        }
 
         // 6. Die with the broker. Set after the uid change, which clears it;
         //    then make sure the parent did not die before it was set.
         check!(
             err_fd,
             ChildStep::DeathSignal,
-            libc::syscall(
+            sc!(
                 libc::SYS_prctl,
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL,
@@ -868,11 +1158,11 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
             events: libc::POLLIN,
             revents: 0,
         };
-        let n = libc::syscall(libc::SYS_poll, &mut pfd as *mut libc::pollfd, 1usize, 0);
+        let n = sc!(libc::SYS_poll, &mut pfd as *mut libc::pollfd, 1usize, 0);
         if n > 0 && (pfd.revents & libc::POLLHUP) != 0 {
-            libc::_exit(126);
+            exit(126);
         }
-        libc::syscall(libc::SYS_close, 3);
+        sc!(libc::SYS_close, 3);
 
         // 7. The filesystem program.
         for (i, step) in plan.steps.iter().enumerate() {
@@ -899,25 +1189,25 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
             check!(
                 err_fd,
                 ChildStep::Rlimit(res),
-                libc::syscall(
+                sc!(
                     libc::SYS_prlimit64,
                     0,
                     res,
                     &lim as *const libc::rlimit64,
-                    std::ptr::null_mut::<libc::rlimit64>()
+                    0usize
                 )
             );
         }
 
         // 10. New session, no controlling terminal.
-        check!(err_fd, ChildStep::Setsid, libc::syscall(libc::SYS_setsid));
+        check!(err_fd, ChildStep::Setsid, sc!(libc::SYS_setsid));
 
         // 11. no_new_privs (needed by Landlock and by seccomp without
         //     CAP_SYS_ADMIN).
         check!(
             err_fd,
             ChildStep::NoNewPrivs,
-            libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            sc!(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         );
 
         // 12. Landlock.
@@ -928,56 +1218,55 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
                 scoped: ll.scoped,
             };
             let size = ll.attr_size.min(std::mem::size_of::<LandlockRulesetAttr>());
-            let rs = libc::syscall(
+            let rs = sc!(
                 libc::SYS_landlock_create_ruleset,
                 &attr as *const LandlockRulesetAttr,
                 size,
-                0u32,
+                0u32
             );
             check!(err_fd, ChildStep::LandlockCreate, rs);
-            let rs = rs as libc::c_int;
             for (i, (path, access)) in ll.rules.iter().enumerate() {
-                let fd = libc::syscall(
+                let fd = sc!(
                     libc::SYS_openat,
                     libc::AT_FDCWD,
                     path.as_ptr(),
                     libc::O_PATH | libc::O_CLOEXEC,
-                    0,
+                    0
                 );
                 check!(err_fd, ChildStep::LandlockRule(i as u32), fd);
                 let rule = LandlockPathBeneathAttr {
                     allowed_access: *access,
                     parent_fd: fd as i32,
                 };
-                let r = libc::syscall(
+                let r = sc!(
                     libc::SYS_landlock_add_rule,
                     rs,
                     LANDLOCK_RULE_PATH_BENEATH,
                     &rule as *const LandlockPathBeneathAttr,
-                    0u32,
+                    0u32
                 );
                 check!(err_fd, ChildStep::LandlockRule(i as u32), r);
-                libc::syscall(libc::SYS_close, fd);
+                sc!(libc::SYS_close, fd);
             }
             check!(
                 err_fd,
                 ChildStep::LandlockRestrict,
-                libc::syscall(libc::SYS_landlock_restrict_self, rs, 0u32)
+                sc!(libc::SYS_landlock_restrict_self, rs, 0u32)
             );
-            libc::syscall(libc::SYS_close, rs);
+            sc!(libc::SYS_close, rs);
         }
 
         // 13. Capabilities: bounding set, ambient, then all three sets.
         for cap in 0..=plan.cap_last {
-            let r = libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            if r < 0 && errno() != libc::EINVAL {
-                fail(err_fd, ChildStep::Capabilities, errno());
+            match ck(sc!(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0)) {
+                Ok(_) | Err(libc::EINVAL) => {}
+                Err(e) => fail(err_fd, ChildStep::Capabilities, e),
             }
         }
         check!(
             err_fd,
             ChildStep::Capabilities,
-            libc::syscall(
+            sc!(
                 libc::SYS_prctl,
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_CLEAR_ALL,
@@ -992,7 +1281,7 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
         check!(
             err_fd,
             ChildStep::Capabilities,
-            libc::syscall(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr())
+            sc!(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr())
         );
 
         // 14. seccomp, last before exec.
@@ -1000,7 +1289,7 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
             check!(
                 err_fd,
                 ChildStep::Seccomp(i as u32),
-                libc::syscall(
+                sc!(
                     libc::SYS_seccomp,
                     libc::SECCOMP_SET_MODE_FILTER,
                     0,
@@ -1010,31 +1299,31 @@ unsafe fn child_main(plan: &ChildPlan, arrays: &ExecArrays) -> ! {
         }
 
         // 15. Unblock signals (the mask survives execve) and exec.
-        let empty: libc::sigset_t = std::mem::zeroed();
+        let empty = 0u64;
         check!(
             err_fd,
             ChildStep::SignalMask,
-            libc::syscall(
+            sc!(
                 libc::SYS_rt_sigprocmask,
                 libc::SIG_SETMASK,
-                &empty as *const libc::sigset_t,
-                std::ptr::null_mut::<libc::sigset_t>(),
+                &empty as *const u64,
+                0usize,
                 8usize
             )
         );
         let mut saved = libc::ENOENT;
         for path in &plan.exec_paths {
-            libc::syscall(
+            let r = sc!(
                 libc::SYS_execve,
                 path.as_ptr(),
                 arrays.argv.as_ptr(),
-                arrays.envp.as_ptr(),
+                arrays.envp.as_ptr()
             );
-            let e = errno();
-            match e {
-                libc::ENOENT | libc::ENOTDIR => {}
-                libc::EACCES => saved = e,
-                _ => fail(err_fd, ChildStep::Exec, e),
+            match ck(r) {
+                Err(libc::ENOENT) | Err(libc::ENOTDIR) => {}
+                Err(libc::EACCES) => saved = libc::EACCES,
+                Err(e) => fail(err_fd, ChildStep::Exec, e),
+                Ok(_) => {}
             }
         }
         fail(err_fd, ChildStep::Exec, saved)
@@ -1051,14 +1340,13 @@ unsafe fn setup_doors(doors: &DoorsPlan, err_fd: RawFd) {
     unsafe {
         // lo up: SIOCSIFFLAGS with IFF_UP | IFF_RUNNING on an AF_INET
         // datagram socket (any family works for the ioctl).
-        let s = libc::syscall(
+        let s = sc!(
             libc::SYS_socket,
             libc::AF_INET,
             libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            0,
+            0
         );
         check!(err_fd, ChildStep::DoorsLoopback, s);
-        let s = s as libc::c_int;
         let mut ifr: libc::ifreq = std::mem::zeroed();
         for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0".iter()) {
             *dst = *src as libc::c_char;
@@ -1067,50 +1355,49 @@ unsafe fn setup_doors(doors: &DoorsPlan, err_fd: RawFd) {
         check!(
             err_fd,
             ChildStep::DoorsLoopback,
-            libc::syscall(
+            sc!(
                 libc::SYS_ioctl,
                 s,
                 libc::SIOCSIFFLAGS,
                 &ifr as *const libc::ifreq
             )
         );
-        libc::syscall(libc::SYS_close, s);
+        sc!(libc::SYS_close, s);
 
         // Addresses on lo via rtnetlink.
         if !doors.addr_messages.is_empty() {
-            let nl = libc::syscall(
+            let nl = sc!(
                 libc::SYS_socket,
                 libc::AF_NETLINK,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
+                libc::NETLINK_ROUTE
             );
             check!(err_fd, ChildStep::DoorsAddress(0), nl);
-            let nl = nl as libc::c_int;
             for (i, msg) in doors.addr_messages.iter().enumerate() {
                 let step = ChildStep::DoorsAddress(i as u32);
                 let mut sa: libc::sockaddr_nl = std::mem::zeroed();
                 sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-                let n = libc::syscall(
+                let n = sc!(
                     libc::SYS_sendto,
                     nl,
                     msg.as_ptr(),
                     msg.len(),
                     0,
                     &sa as *const libc::sockaddr_nl,
-                    std::mem::size_of::<libc::sockaddr_nl>(),
+                    std::mem::size_of::<libc::sockaddr_nl>()
                 );
                 check!(err_fd, step, n);
                 // The ack: struct nlmsghdr followed by struct nlmsgerr whose
                 // first field is the (negative) errno, 0 for success.
                 let mut buf = [0u8; 512];
-                let n = libc::syscall(
+                let n = sc!(
                     libc::SYS_recvfrom,
                     nl,
                     buf.as_mut_ptr(),
                     buf.len(),
                     0,
                     0usize,
-                    0usize,
+                    0usize
                 );
                 check!(err_fd, step, n);
                 if n >= 20 {
@@ -1121,80 +1408,72 @@ unsafe fn setup_doors(doors: &DoorsPlan, err_fd: RawFd) {
                     }
                 }
             }
-            libc::syscall(libc::SYS_close, nl);
+            sc!(libc::SYS_close, nl);
         }
 
         // Sockets, sent one per message to the parent over fd 5.
+        let one: libc::c_int = 1;
+        let one_ptr = &one as *const libc::c_int;
+        let int_len = std::mem::size_of::<libc::c_int>();
         for (i, (domain, ty, addr)) in doors.sockets.iter().enumerate() {
             let step = ChildStep::DoorsSocket(i as u32);
-            let fd = libc::syscall(libc::SYS_socket, *domain, *ty | libc::SOCK_CLOEXEC, 0);
+            let fd = sc!(libc::SYS_socket, *domain, *ty | libc::SOCK_CLOEXEC, 0);
             check!(err_fd, step, fd);
-            let fd = fd as libc::c_int;
-            let one: libc::c_int = 1;
-            libc::syscall(
+            sc!(
                 libc::SYS_setsockopt,
                 fd,
                 libc::SOL_SOCKET,
                 libc::SO_REUSEADDR,
-                &one as *const libc::c_int,
-                std::mem::size_of::<libc::c_int>(),
+                one_ptr,
+                int_len
             );
             if *domain == libc::AF_INET6 {
-                libc::syscall(
+                sc!(
                     libc::SYS_setsockopt,
                     fd,
                     libc::IPPROTO_IPV6,
                     libc::IPV6_V6ONLY,
-                    &one as *const libc::c_int,
-                    std::mem::size_of::<libc::c_int>(),
+                    one_ptr,
+                    int_len
                 );
             }
-            // IP_FREEBIND / IPV6_FREEBIND: bind to addresses of a local
-            // range (e.g. 198.18.0.0/15 on lo) without the exact address.
-            libc::syscall(
+            // IP_FREEBIND: bind to addresses of a local range (e.g.
+            // 198.18.0.0/15 on lo) without the exact address configured.
+            sc!(
                 libc::SYS_setsockopt,
                 fd,
                 libc::IPPROTO_IP,
                 libc::IP_FREEBIND,
-                &one as *const libc::c_int,
-                std::mem::size_of::<libc::c_int>(),
+                one_ptr,
+                int_len
             );
             check!(
                 err_fd,
                 step,
-                libc::syscall(libc::SYS_bind, fd, addr.as_ptr(), addr.len())
+                sc!(libc::SYS_bind, fd, addr.as_ptr(), addr.len())
             );
             if *ty == libc::SOCK_STREAM {
-                check!(err_fd, step, libc::syscall(libc::SYS_listen, fd, 128));
+                check!(err_fd, step, sc!(libc::SYS_listen, fd, 128));
             }
-            let r = send_fd(5, fd);
-            if r < 0 {
-                fail(err_fd, ChildStep::DoorsSend, errno());
+            if let Err(e) = ck(send_fd(5, fd as RawFd)) {
+                fail(err_fd, ChildStep::DoorsSend, e);
             }
-            libc::syscall(libc::SYS_close, fd);
+            sc!(libc::SYS_close, fd);
         }
         // Wait until the parent has handed the sockets over.
-        let mut go = [0u8; 1];
-        loop {
-            let n = libc::syscall(libc::SYS_read, 5, go.as_mut_ptr(), 1usize);
-            if n == 1 {
-                break;
-            }
-            if n < 0 && errno() == libc::EINTR {
-                continue;
-            }
-            libc::_exit(126);
+        if !read_byte(5) {
+            exit(126);
         }
-        libc::syscall(libc::SYS_close, 5);
+        sc!(libc::SYS_close, 5);
     }
 }
 
 /// Send one descriptor with a one-byte payload over a unix socket.
 ///
 /// # Safety
-/// Raw sendmsg on stack buffers; child-safe (no allocation).
-unsafe fn send_fd(sock: RawFd, fd: RawFd) -> libc::c_long {
-    // SAFETY: all pointers refer to this stack frame; CMSG_* macros compute
+/// Raw sendmsg on stack buffers; child-safe (no allocation, no errno).
+unsafe fn send_fd(sock: RawFd, fd: RawFd) -> isize {
+    // SAFETY: all pointers refer to this stack frame; CMSG_* compute
     // offsets within `cbuf`, sized for one int.
     unsafe {
         let mut byte = [b'd'; 1];
@@ -1210,22 +1489,22 @@ unsafe fn send_fd(sock: RawFd, fd: RawFd) -> libc::c_long {
         msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         if cmsg.is_null() {
-            return -1;
+            return -(libc::EINVAL as isize);
         }
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
         (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-        libc::syscall(
+        sc!(
             libc::SYS_sendmsg,
             sock,
             &msg as *const libc::msghdr,
-            libc::MSG_NOSIGNAL,
+            libc::MSG_NOSIGNAL
         )
     }
 }
 
-/// Receive one descriptor sent by [`send_fd`]. `Ok(None)` at end of stream.
+/// Receive one descriptor sent by the child. `Ok(None)` at end of stream.
 pub fn recv_fd(sock: &impl AsRawFd) -> Result<Option<OwnedFd>, Errno> {
     // SAFETY: all pointers refer to this stack frame; the received
     // descriptor is new and owned by nothing else in this process.
