@@ -240,3 +240,52 @@ fn idle_keep_alive_client_is_closed() {
         .expect("the door must close the idle connection");
     assert_eq!(n, 0);
 }
+
+#[test]
+fn connect_timeout_gives_502_with_a_reason() {
+    // A listener with backlog 1 that never accepts: once its queue is full, further SYNs are
+    // dropped and a connect hangs, as to a blackholed host.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (blackhole, _fillers) = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = sock.listen(1).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            if let Ok(Ok(c)) =
+                tokio::time::timeout(Duration::from_millis(500), s.connect(addr)).await
+            {
+                fillers.push(c);
+            }
+        }
+        (l, fillers)
+    });
+    let port = blackhole.local_addr().unwrap().port();
+    let mut h = start(|p| {
+        p.connect_timeout = Duration::from_secs(1);
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("slow.example:{port}")).unwrap());
+        p.resolve
+            .insert("slow.example".into(), IpAddr::from([127, 0, 0, 1]));
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    drain(&mut h.rx);
+    let (code, body) = curl(h.proxy, &[&format!("http://slow.example:{port}/")]);
+    assert_eq!(code, 0);
+    let reason = format!(
+        "egress to slow.example:{port} failed: connect to 127.0.0.1:{port} timed out after 1000 ms"
+    );
+    assert_eq!(body, format!("{reason}\n"));
+    let ev = h.rt.block_on(wait_events(&mut h.rx, 1, |_| true));
+    assert_eq!(ev[0].reason, reason);
+    assert_eq!(ev[0].decision, Decision::Allowed);
+    // Positive control: the allowed upstream on the same host answers.
+    let (code, body) = curl(h.proxy, &[&format!("http://docs.example:{}/", h.up.port())]);
+    assert_eq!((code, body.as_str()), (0, "upstream ok: GET / HTTP/1.1\n"));
+    drop(blackhole);
+}
