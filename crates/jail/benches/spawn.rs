@@ -349,6 +349,23 @@ fn main() {
         eprintln!("  throughput at {conc}");
     }
 
+    // Same-run ceiling: bare fork/exec at concurrency 8.
+    let bare_tput = {
+        let total = (runs * 2).max(80);
+        let per = total.div_ceil(8);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..per {
+                        run_quiet(&mut Command::new("/bin/true"));
+                    }
+                });
+            }
+        });
+        (per * 8) as f64 / t.elapsed().as_secs_f64()
+    };
+
     // Same-run reference: bubblewrap at concurrency 8.
     let bwrap_tput = bwrap.as_ref().map(|bw| {
         let total = (runs * 2).max(80);
@@ -427,6 +444,9 @@ fn main() {
         println!("| {c} | {r:.0} |");
     }
     println!();
+    println!(
+        "Same-run ceiling: bare fork/exec of `/bin/true` at concurrency 8: {bare_tput:.0} calls/s.\n"
+    );
     if let Some(b) = bwrap_tput {
         println!(
             "Same-run reference: `bwrap` (seed flags, no cgroup, no seccomp) `/bin/true` at concurrency 8: {b:.0} calls/s.\n"
