@@ -51,7 +51,8 @@ pub fn plan(policy: &EgressPolicy) -> DoorPlan {
     // The proxy door must not collide with a transparent listener on 0.0.0.0:PORT.
     let mut proxy_port = PROXY_DOOR.port();
     while ports.contains(&proxy_port) {
-        proxy_port += 1;
+        // Wraps past 65535 to 1024: some port is free, there are fewer ports than that.
+        proxy_port = proxy_port.checked_add(1).unwrap_or(1024);
     }
     let proxy = SocketAddr::new(PROXY_DOOR.ip(), proxy_port);
     let mut tcp = vec![proxy];
