@@ -538,10 +538,34 @@ fn exec_egress_reaches_only_the_allowlist() {
                 text(&o.stderr)
             );
         }
-        // An unlisted host is refused, with the reason.
+        // An unlisted host is refused, with the reason, and the audit
+        // record of the call lists the attempt and its decision.
+        let audit = audit_file(&format!("egress-{who:?}"));
+        let _ = std::fs::remove_file(&audit);
         let mut args: Vec<&str> = base.to_vec();
         args.extend(["/usr/bin/curl", "-s", "--max-time", "5", &evil]);
-        let o = cordon(who, &args, b"", &[]);
+        let o = cordon(
+            who,
+            &args,
+            b"",
+            &[("CORDON_AUDIT", audit.to_str().unwrap())],
+        );
+        let rec: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(&audit)
+                .unwrap()
+                .lines()
+                .last()
+                .unwrap(),
+        )
+        .unwrap();
+        let eg = rec["egress"]
+            .as_array()
+            .expect("egress attempts in the audit record");
+        assert!(
+            eg.iter()
+                .any(|e| e["name"] == "evil.test" && e["decision"] == "deny"),
+            "{who:?}: {rec}"
+        );
         assert!(
             text(&o.stderr).contains(&format!(
                 "egress to evil.test:{port} refused: not in the allowlist of exec"
