@@ -39,6 +39,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// The MCP SDK this gateway is built on (its client is what tests and
+/// benchmarks drive `cordon serve` with).
+pub use rmcp;
+
 pub use args::{ArgError, ArgMapper, Prepared};
 pub use render::Refusal;
 pub use sandbox::{JailSandbox, ServerHandle, ServerProcess, ServerSandbox};
@@ -469,6 +473,19 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, GatewayEr
             what: format!("bind {addr}"),
             source: e,
         })
+}
+
+/// Install the process-wide TLS crypto provider (ring) that rmcp's HTTP
+/// client needs; harmless when one is installed already.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// An rmcp streamable HTTP client transport for `url` (for tests,
+/// benchmarks and agents written in Rust).
+pub fn http_client(url: &str) -> rmcp::transport::StreamableHttpClientTransport<reqwest::Client> {
+    install_crypto_provider();
+    rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned())
 }
 
 /// Which transport [`run`] serves.

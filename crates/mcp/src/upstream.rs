@@ -188,7 +188,7 @@ impl Upstream {
             Ok(Err(e)) => {
                 handle.kill();
                 let why = self.exit_report(&handle).await;
-                return Err(self.failed(format!("the server did not initialize ({e}){why}")));
+                return Err(self.failed(name, format!("the server did not initialize ({e}){why}")));
             }
             Err(_) => {
                 handle.kill();
@@ -208,7 +208,7 @@ impl Upstream {
             Ok(Err(e)) => {
                 handle.kill();
                 let why = self.exit_report(&handle).await;
-                return Err(self.failed(format!("tools/list failed ({e}){why}")));
+                return Err(self.failed(name, format!("tools/list failed ({e}){why}")));
             }
             Err(_) => {
                 handle.kill();
@@ -288,15 +288,15 @@ impl Upstream {
         out
     }
 
-    fn failed(&self, msg: String) -> ErrorData {
+    fn failed(&self, tool: &str, msg: String) -> ErrorData {
         let meta = ToolMeta::new(&self.policy.name, self.profile());
         let text = cordon_gate::gate_error(&meta, msg.as_bytes())
             .content
             .to_text();
         render::refusal(
             Refusal::ServerFailed,
-            format!("{}: {text}", self.policy.name),
-            json!({"tool": self.policy.name}),
+            format!("{tool}: {text}"),
+            json!({"tool": tool, "server": self.policy.name}),
         )
     }
 
@@ -477,9 +477,12 @@ impl Upstream {
                 conn.handle.kill();
                 let why = self.exit_report(&conn.handle).await;
                 self.reset(conn.generation).await;
-                return Err(self.failed(format!(
+                return Err(self.failed(
+                    name,
+                    format!(
                     "the server failed during the call ({e}){why}; the next call starts a new one"
-                )));
+                ),
+                ));
             }
             Some(Ok(Ok(r))) => r,
         };

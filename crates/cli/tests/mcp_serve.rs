@@ -1,0 +1,488 @@
+//! `cordon serve` driven by the rmcp client, over stdio and streamable HTTP:
+//! the real binary, the real jail, the example manifest.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use cordon_mcp::rmcp;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode, JsonObject};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+
+mod support {
+    //! A temporary directory and base64, without extra dev-dependencies.
+    use std::path::{Path, PathBuf};
+
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    pub fn tempdir() -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "cordon-mcp-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub fn b64_encode(data: &[u8]) -> String {
+        let mut out = String::new();
+        for chunk in data.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(char::from(ABC[((n >> (18 - 6 * i)) & 63) as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    pub fn b64_decode(s: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut acc = 0u32;
+        let mut bits = 0;
+        for c in s.bytes().filter(|c| *c != b'=') {
+            let v = ABC.iter().position(|x| *x == c).expect("base64 digit") as u32;
+            acc = (acc << 6) | v;
+            bits += 6;
+            if bits >= 8 {
+                bits -= 8;
+                out.push((acc >> bits) as u8);
+            }
+        }
+        out
+    }
+}
+
+use support::{b64_decode, b64_encode, tempdir};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn example() -> PathBuf {
+    repo().join("examples/cordon.yaml")
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn stdio_client(manifest: &Path, audit: &Path) -> Client {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
+    cmd.arg("serve")
+        .arg("-m")
+        .arg(manifest)
+        .env("CORDON_AUDIT", audit);
+    let (transport, _stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cordon serve");
+    ().serve(transport).await.expect("initialize over stdio")
+}
+
+fn args(v: Value) -> JsonObject {
+    v.as_object().expect("object").clone()
+}
+
+async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
+    let mut p = CallToolRequestParams::new(tool.to_owned());
+    p.arguments = Some(args(a));
+    c.peer().call_tool(p).await
+}
+
+fn text_of(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn mcp_error(e: ServiceError) -> rmcp::ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => panic!("expected an MCP error, got {other:?}"),
+    }
+}
+
+/// The wrapped rendering: opening marker with a 32-hex nonce, the content,
+/// and the closing marker with the same nonce.
+fn assert_wrapped(text: &str, tool: &str) {
+    assert!(
+        text.starts_with(&format!("<untrusted-output tool=\"{tool}\"")),
+        "{text}"
+    );
+    let nonce = text
+        .split("nonce=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("nonce");
+    assert_eq!(nonce.len(), 32, "{text}");
+    assert!(
+        text.ends_with(&format!("</untrusted-output nonce=\"{nonce}\">")),
+        "{text}"
+    );
+}
+
+fn audit_records(path: &Path) -> Vec<Value> {
+    let Ok(f) = std::fs::File::open(path) else {
+        return vec![];
+    };
+    std::io::BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_lists_the_example_tools_and_calls_word_count() {
+    let dir = tempdir();
+    let audit = dir.path().join("audit.jsonl");
+    let c = stdio_client(&example(), &audit).await;
+
+    let tools = c.peer().list_all_tools().await.unwrap();
+    let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["pdf_to_text", "thumbnail", "word_count"]);
+    let wc = tools.iter().find(|t| t.name == "word_count").unwrap();
+    assert_eq!(
+        wc.description.as_deref(),
+        Some("Count lines, words and bytes of a text.")
+    );
+    assert_eq!(wc.input_schema.get("required"), Some(&json!(["text"])));
+
+    let r = call(&c, "word_count", json!({"text": "one two three\n"}))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false));
+    let text = text_of(&r);
+    assert_wrapped(&text, "word_count");
+    let counts: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(counts, ["1", "3", "14"]);
+    let meta = r.meta.as_ref().expect("_meta");
+    assert_eq!(meta.get("cordon/trust"), Some(&json!("untrusted")));
+    assert_eq!(meta.get("cordon/tool"), Some(&json!("word_count")));
+    assert_eq!(meta.get("cordon/profile"), Some(&json!("P1")));
+
+    c.cancel().await.unwrap();
+    let recs = audit_records(&audit);
+    let rec = recs
+        .iter()
+        .find(|r| r["tool"] == "word_count")
+        .unwrap_or_else(|| panic!("no audit record for word_count in {recs:?}"));
+    assert!(
+        rec["session"].as_str().unwrap().starts_with("mcp-stdio-"),
+        "{rec}"
+    );
+    assert_eq!(rec["caller"], json!("mcp:rmcp"), "{rec}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pdf_to_text_and_thumbnail_take_base64_and_give_text_and_an_image() {
+    let dir = tempdir();
+    let c = stdio_client(&example(), &dir.path().join("audit.jsonl")).await;
+
+    let pdf = std::fs::read(repo().join("examples/data/report.pdf")).unwrap();
+    let r = call(&c, "pdf_to_text", json!({"pdf": b64_encode(&pdf)}))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_wrapped(&text, "pdf_to_text");
+    assert!(
+        text.contains("Quarterly report: revenue up 12 percent."),
+        "{text}"
+    );
+
+    let png = std::fs::read(repo().join("examples/data/screenshot.png")).unwrap();
+    let r = call(&c, "thumbnail", json!({"image": b64_encode(&png)}))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false));
+    let img = r.content[0].as_image().expect("image content");
+    assert_eq!(img.mime_type, "image/png");
+    let bytes = b64_decode(&img.data);
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let meta = r.meta.as_ref().unwrap();
+    assert_eq!(meta.get("cordon/kind"), Some(&json!("binary")));
+    assert_eq!(meta.get("cordon/media_type"), Some(&json!("image/png")));
+    assert_eq!(meta.get("cordon/trust"), Some(&json!("untrusted")));
+
+    // Bytes that are not base64 never reach the tool.
+    let e = mcp_error(
+        call(&c, "pdf_to_text", json!({"pdf": "%%% not base64"}))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert!(e.message.contains("`pdf` must be base64"), "{}", e.message);
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_refusals_and_unknown_tools_are_mcp_errors() {
+    let dir = tempdir();
+    let audit = dir.path().join("audit.jsonl");
+    let c = stdio_client(&example(), &audit).await;
+
+    let e = mcp_error(
+        call(&c, "word_count", json!({"text": 42}))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert!(
+        e.message
+            .starts_with("word_count: arguments refused by input_schema at /text:"),
+        "{}",
+        e.message
+    );
+    let data = e.data.unwrap();
+    assert_eq!(data["cordon/status"], "invalid_arguments");
+    assert_eq!(data["path"], "/text");
+
+    let e = mcp_error(call(&c, "word_count", json!({})).await.unwrap_err());
+    assert!(
+        e.message.contains("\"text\" is a required property"),
+        "{}",
+        e.message
+    );
+
+    let e = mcp_error(call(&c, "rm_rf", json!({})).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert_eq!(
+        e.message,
+        "unknown tool `rm_rf`; cordon serves: pdf_to_text, thumbnail, word_count"
+    );
+    assert_eq!(e.data.unwrap()["cordon/status"], "unknown_tool");
+
+    // Positive control: the same session still runs a valid call.
+    let r = call(&c, "word_count", json!({"text": "x"})).await.unwrap();
+    assert_eq!(r.is_error, Some(false));
+    c.cancel().await.unwrap();
+    // Refused arguments never reached the broker: one audit record only.
+    let n = audit_records(&audit)
+        .iter()
+        .filter(|r| r["tool"] == "word_count")
+        .count();
+    assert_eq!(n, 1);
+}
+
+const LIMITS: &str = r#"version: 1
+tools:
+  sleeper:
+    profile: P1
+    description: Sleeps for the given number of seconds.
+    command: ["/bin/sleep"]
+    limits: {wall_seconds: 1, memory: 64M, tasks: 4}
+    network: none
+    input: {argv: [seconds]}
+    input_schema:
+      type: object
+      properties: {seconds: {type: number}}
+      required: [seconds]
+  fails:
+    profile: P1
+    description: Writes to stderr and exits 3.
+    command: ["/bin/sh", "-c", "echo 'widget broken' >&2; exit 3"]
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4}
+    network: none
+  echo:
+    profile: P1
+    description: Echo the words.
+    command: ["/bin/echo"]
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4}
+    network: none
+    input: {argv: [a, b]}
+    input_schema:
+      type: object
+      properties: {a: {}, b: {}}
+  flood:
+    profile: P1
+    description: Writes more than its output cap.
+    command: ["/usr/bin/head", "-c", "100000", "/dev/zero"]
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
+    network: none
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_failures_and_argv_slots() {
+    let dir = tempdir();
+    let manifest = dir.path().join("cordon.yaml");
+    std::fs::write(&manifest, LIMITS).unwrap();
+    let c = stdio_client(&manifest, &dir.path().join("audit.jsonl")).await;
+
+    // Positive control: within the wall limit the tool succeeds.
+    let r = call(&c, "sleeper", json!({"seconds": 0})).await.unwrap();
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    // Past it: an MCP error naming the limit.
+    let e = mcp_error(
+        call(&c, "sleeper", json!({"seconds": 30}))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.message, "sleeper: timed out after 1s");
+    let data = e.data.unwrap();
+    assert_eq!(data["cordon/status"], "limit_hit");
+    assert_eq!(data["limit"], "wall_seconds");
+
+    let e = mcp_error(call(&c, "flood", json!({})).await.unwrap_err());
+    assert_eq!(e.data.unwrap()["limit"], "output_bytes", "{}", e.message);
+
+    // A tool failure is an isError result with the gated stderr.
+    let r = call(&c, "fails", json!({})).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let text = text_of(&r);
+    assert!(text.contains("error=\"true\""), "{text}");
+    assert!(text.contains("widget broken"), "{text}");
+    assert_eq!(
+        r.meta.as_ref().unwrap().get("cordon/is_error"),
+        Some(&json!(true))
+    );
+
+    // argv slots: one value per slot, never through a shell.
+    let r = call(&c, "echo", json!({"a": "$(id); rm -rf /", "b": 7}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains("\n$(id); rm -rf / 7\n"), "{r:?}");
+    for (v, want) in [
+        (
+            json!({"a": ["x"]}),
+            "must be a string, number or boolean, not an array",
+        ),
+        (json!({"a": "--help"}), "begins with `-`"),
+    ] {
+        let e = mcp_error(call(&c, "echo", v).await.unwrap_err());
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+        assert!(e.message.contains(want), "{}", e.message);
+    }
+    c.cancel().await.unwrap();
+}
+
+/// Start `cordon serve --http 127.0.0.1:0` and read the URL it prints.
+fn http_server(manifest: &Path, audit: &Path) -> (std::process::Child, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "--http", "127.0.0.1:0", "-m"])
+        .arg(manifest)
+        .env("CORDON_AUDIT", audit)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cordon serve --http");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("cordon serve exited before listening")
+            .unwrap();
+        if let Some(rest) = line.split("serving MCP on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_on_loopback() {
+    let dir = tempdir();
+    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let _guard = Kill(child);
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
+        "{url}"
+    );
+
+    let c = ().serve(cordon_mcp::http_client(&url)).await.expect("initialize over HTTP");
+    let tools = c.peer().list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 3);
+    let r = call(&c, "word_count", json!({"text": "a b\nc\n"}))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_wrapped(&text, "word_count");
+    let counts: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(counts, ["2", "3", "6"]);
+    let e = mcp_error(call(&c, "nope", json!({})).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    let e = mcp_error(
+        call(&c, "word_count", json!({"text": []}))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.data.unwrap()["path"], "/text");
+    c.cancel().await.unwrap();
+}
+
+/// rmcp's DNS-rebinding check stays on: a foreign Host header is refused,
+/// the loopback one is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_refuses_a_foreign_host_header() {
+    let dir = tempdir();
+    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let _guard = Kill(child);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},
+        "clientInfo":{"name":"raw","version":"1"}}})
+    .to_string();
+    let status = |host: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{init}",
+            init.len()
+        )
+        .unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n])
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(status(&addr), "200");
+    assert_eq!(status("attacker.example"), "403");
+}
