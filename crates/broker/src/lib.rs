@@ -144,6 +144,15 @@ impl Broker {
         })
     }
 
+    /// Write an audit record for a call that did not go through
+    /// [`Broker::call`]: one refused before it reached the broker, or a call
+    /// forwarded to a sandboxed MCP server.
+    pub fn record(&self, rec: &AuditRecord) {
+        if let Err(e) = self.audit.record(rec) {
+            eprintln!("cordon: warning: audit record not written: {e}");
+        }
+    }
+
     /// Warnings a person should see once: weakened mechanisms, audit trouble.
     pub fn warnings(&self) -> Vec<String> {
         let mut w: Vec<String> = self.audit_warning.iter().cloned().collect();
