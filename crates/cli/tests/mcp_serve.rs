@@ -286,12 +286,29 @@ async fn schema_refusals_and_unknown_tools_are_mcp_errors() {
     let r = call(&c, "word_count", json!({"text": "x"})).await.unwrap();
     assert_eq!(r.is_error, Some(false));
     c.cancel().await.unwrap();
-    // Refused arguments never reached the broker: one audit record only.
-    let n = audit_records(&audit)
-        .iter()
-        .filter(|r| r["tool"] == "word_count")
-        .count();
-    assert_eq!(n, 1);
+    // Every attempt is audited: the refusals as denied (the tool never
+    // ran), the valid call as ok.
+    let recs = audit_records(&audit);
+    let statuses = |tool: &str| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r["tool"] == tool)
+            .map(|r| r["status"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    assert_eq!(
+        statuses("word_count"),
+        ["denied", "denied", "ok"],
+        "{recs:?}"
+    );
+    assert_eq!(statuses("rm_rf"), ["denied"], "{recs:?}");
+    let denied = recs.iter().find(|r| r["tool"] == "word_count").unwrap();
+    assert!(
+        denied["reason"]
+            .as_str()
+            .unwrap()
+            .contains("arguments refused by input_schema at /text"),
+        "{denied}"
+    );
 }
 
 const LIMITS: &str = r#"version: 1

@@ -203,6 +203,95 @@ impl Gateway {
     }
 }
 
+/// An audit record for a call the broker did not run: refused before it
+/// reached the broker, or forwarded to a sandboxed MCP server.
+pub(crate) struct CallAudit {
+    pub tool: String,
+    pub profile: String,
+    pub runtime: &'static str,
+    pub input: Vec<u8>,
+    pub started: std::time::Instant,
+}
+
+impl CallAudit {
+    pub(crate) fn new(
+        tool: &str,
+        profile: &str,
+        runtime: &'static str,
+        args: Option<&rmcp::model::JsonObject>,
+    ) -> CallAudit {
+        CallAudit {
+            tool: tool.to_owned(),
+            profile: profile.to_owned(),
+            runtime,
+            input: args
+                .map(|a| serde_json::to_vec(a).unwrap_or_default())
+                .unwrap_or_default(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Write the record for `result`.
+    pub(crate) fn finish(
+        self,
+        broker: &Broker,
+        session: &str,
+        caller: &str,
+        result: &Result<CallToolResult, ErrorData>,
+    ) {
+        use cordon_audit::{AuditRecord, Payload, Status as A};
+        let mut rec = AuditRecord::new(&self.tool, &self.profile);
+        rec.runtime = self.runtime.into();
+        rec.session = session.into();
+        rec.caller = caller.into();
+        rec.input = Payload::of(&self.input, false);
+        match result {
+            Ok(r) => {
+                let text: String = r
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                    .collect();
+                rec.output = Payload::of(text.as_bytes(), false);
+                rec.status = if r.is_error == Some(true) {
+                    A::ToolError
+                } else {
+                    A::Ok
+                };
+            }
+            Err(e) => {
+                let status = e
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("cordon/status"))
+                    .and_then(|s| s.as_str())
+                    .unwrap_or("");
+                rec.status = match status {
+                    "unknown_tool"
+                    | "invalid_arguments"
+                    | "policy_refused"
+                    | "description_changed" => A::Denied,
+                    "limit_hit" => A::LimitHit,
+                    "gate_refused" => A::Refused,
+                    "server_error" => A::ToolError,
+                    _ => A::Error,
+                };
+                if let Some(l) = e
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("limit"))
+                    .and_then(|s| s.as_str())
+                {
+                    rec.limits_hit.push(l.to_owned());
+                }
+                rec.reason = Some(e.message.to_string());
+            }
+        }
+        rec.duration_ms = self.started.elapsed().as_millis() as u64;
+        broker.record(&rec);
+    }
+}
+
 fn command_tool(p: &ToolPolicy) -> Tool {
     let mut t = Tool::new(
         p.name.clone(),
@@ -248,17 +337,29 @@ impl Session {
         args: Option<&rmcp::model::JsonObject>,
         caller: String,
     ) -> Result<CallToolResult, ErrorData> {
-        let prepared = t.args.prepare(args).map_err(|e| {
-            let path = match &e {
-                ArgError::Schema { path, .. } => json!(path),
-                _ => serde_json::Value::Null,
-            };
-            refusal(
-                Refusal::InvalidArguments,
-                e.to_string(),
-                json!({"tool": t.policy.name, "path": path}),
-            )
-        })?;
+        let prepared = match t.args.prepare(args) {
+            Ok(p) => p,
+            Err(e) => {
+                let path = match &e {
+                    ArgError::Schema { path, .. } => json!(path),
+                    _ => serde_json::Value::Null,
+                };
+                let err = refusal(
+                    Refusal::InvalidArguments,
+                    e.to_string(),
+                    json!({"tool": t.policy.name, "path": path}),
+                );
+                let profile = cordon_broker::profile_name(t.policy.profile);
+                let r = Err(err);
+                CallAudit::new(&t.policy.name, profile, "native", args).finish(
+                    &self.gw.broker,
+                    &self.id,
+                    &caller,
+                    &r,
+                );
+                return r;
+            }
+        };
         let policy = if prepared.argv.is_empty() {
             t.policy.clone()
         } else {
@@ -401,12 +502,19 @@ impl ServerHandler for Session {
                 .map(Into::into);
         }
         if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
-            return u
-                .call(&name, request.arguments, &context)
-                .await
-                .map(Into::into);
+            let audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            let r = u.call(&name, request.arguments, &context).await;
+            audit.finish(&self.gw.broker, &self.id, &caller, &r);
+            return r.map(Into::into);
         }
-        Err(self.unknown(&name))
+        let r = Err(self.unknown(&name));
+        CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
+            &self.gw.broker,
+            &self.id,
+            &caller,
+            &r,
+        );
+        r.map(Into::into)
     }
 }
 

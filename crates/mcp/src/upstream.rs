@@ -14,11 +14,14 @@ use base64::Engine as _;
 use cordon_gate::{Gate, GatePolicy, OutputKind, ToolMeta};
 use cordon_policy::policy::{Exec, Lifetime, ToolPolicy};
 use rmcp::model::{
+    CallToolRequest, CancelledNotification, CancelledNotificationParam, ClientRequest, ServerResult,
+};
+use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ContentBlock, Implementation,
     InitializeRequestParams, JsonObject, ProgressNotificationParam, ProgressToken, ProtocolVersion,
     ResourceContents, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, RoleServer, ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
@@ -29,7 +32,7 @@ use crate::sandbox::{ServerHandle, ServerSandbox};
 /// the call (the downstream progress token is passed upstream as is).
 #[derive(Default)]
 pub(crate) struct ProgressRoutes {
-    routes: Mutex<HashMap<ProgressToken, Peer<RoleServer>>>,
+    routes: Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>,
 }
 
 /// The client side of the connection to a sandboxed server.
@@ -41,16 +44,19 @@ struct Forwarder {
 impl ClientHandler for Forwarder {
     async fn on_progress(
         &self,
-        params: ProgressNotificationParam,
+        mut params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let peer = self
+        let route = self
             .routes
             .routes
             .lock()
             .ok()
             .and_then(|r| r.get(&params.progress_token).cloned());
-        if let Some(peer) = peer {
+        if let Some((peer, token)) = route {
+            params.progress_token = token;
+            // The message is the server's text: strip it like any output.
+            params.message = params.message.map(|m| strip_text(&m));
             let _ = peer.notify_progress(params).await;
         }
     }
@@ -167,7 +173,7 @@ impl Upstream {
         &self.policy.name
     }
 
-    fn profile(&self) -> &'static str {
+    pub fn profile(&self) -> &'static str {
         cordon_broker::profile_name(self.policy.profile)
     }
 
@@ -421,34 +427,54 @@ impl Upstream {
         }
         let mut params = CallToolRequestParams::new(exposed.server_name.clone());
         params.arguments = args;
-        let token = ctx.meta.get_progress_token();
-        if let Some(t) = &token {
-            params.meta = Some(rmcp::model::RequestMetaObject::with_progress_token(
-                t.clone(),
-            ));
-            if let Ok(mut r) = self.routes.routes.lock() {
-                r.insert(t.clone(), ctx.peer.clone());
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match conn
+            .peer
+            .send_request_with_option(request, PeerRequestOptions::with_timeout(self.wall))
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                conn.handle.kill();
+                let why = self.exit_report(&conn.handle).await;
+                self.reset(conn.generation).await;
+                return Err(self.failed(
+                    name,
+                    format!("the server is gone ({e}){why}; the next call starts a new one"),
+                ));
             }
-        }
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(self.wall, conn.peer.call_tool(params)) => Some(r),
-            _ = ctx.ct.cancelled() => None,
         };
-        if let Some(t) = &token
+        // rmcp gives each upstream request its own progress token: route
+        // that token's notifications to this agent under the agent's token.
+        let upstream_token = handle.progress_token.clone();
+        let (request_id, upstream_peer) = (handle.id.clone(), handle.peer.clone());
+        if let Some(t) = ctx.meta.get_progress_token()
             && let Ok(mut r) = self.routes.routes.lock()
         {
-            r.remove(t);
+            r.insert(upstream_token.clone(), (ctx.peer.clone(), t));
+        }
+        let outcome = tokio::select! {
+            r = handle.await_response() => Some(r),
+            _ = ctx.ct.cancelled() => None,
+        };
+        if let Ok(mut r) = self.routes.routes.lock() {
+            r.remove(&upstream_token);
         }
         let result = match outcome {
             None => {
-                // Dropping the call sent notifications/cancelled upstream.
+                let note = CancelledNotification::new(CancelledNotificationParam::new(
+                    Some(request_id),
+                    Some("cancelled by the agent".into()),
+                ));
+                let _ = upstream_peer.send_notification(note.into()).await;
+                self.after_call(conn.generation).await;
                 return Err(render::refusal(
                     Refusal::ServerFailed,
                     format!("{name}: cancelled by the client"),
                     json!({"tool": name}),
                 ));
             }
-            Some(Err(_)) => {
+            Some(Err(ServiceError::Timeout { .. })) => {
                 conn.handle.kill();
                 self.reset(conn.generation).await;
                 return Err(render::refusal(
@@ -460,7 +486,7 @@ impl Upstream {
                     json!({"tool": name, "limit": "wall_seconds"}),
                 ));
             }
-            Some(Ok(Err(ServiceError::McpError(e)))) => {
+            Some(Err(ServiceError::McpError(e))) => {
                 // The server's own error text is untrusted: gate it.
                 let meta = ToolMeta::new(&self.policy.name, self.profile());
                 let text = cordon_gate::gate_error(&meta, e.message.as_bytes())
@@ -473,7 +499,7 @@ impl Upstream {
                     Some(json!({"cordon/status": "server_error", "tool": name})),
                 ));
             }
-            Some(Ok(Err(e))) => {
+            Some(Err(e)) => {
                 conn.handle.kill();
                 let why = self.exit_report(&conn.handle).await;
                 self.reset(conn.generation).await;
@@ -484,7 +510,17 @@ impl Upstream {
                 ),
                 ));
             }
-            Some(Ok(Ok(r))) => r,
+            Some(Ok(ServerResult::CallToolResult(r))) => r,
+            Some(Ok(other)) => {
+                self.after_call(conn.generation).await;
+                return Err(self.failed(
+                    name,
+                    format!(
+                        "the server answered tools/call with another kind of result ({})",
+                        result_kind(&other)
+                    ),
+                ));
+            }
         };
         self.after_call(conn.generation).await;
         self.gate(name, result)
@@ -647,6 +683,16 @@ fn check_args(name: &str, tool: &Tool, args: Option<&JsonObject>) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+fn result_kind(r: &ServerResult) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
+        })
+        .unwrap_or_default()
 }
 
 /// Text through the gate's default stripping (no wrapper).

@@ -1,0 +1,417 @@
+//! `mcp:` tools: a third-party MCP server (the Python fixture in
+//! crates/mcp/tests/fixtures) run inside its sandbox behind `cordon serve`,
+//! driven by the rmcp client.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_mcp::rmcp;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ErrorCode, JsonObject, NumberOrString,
+    ProgressNotificationParam, ProgressToken, RequestMetaObject,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::{Value, json};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../mcp/tests/fixtures")
+        .canonicalize()
+        .expect("fixtures dir")
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> TempDir {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "cordon-mcp-servers-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+/// A manifest with the fixture server as tool `fx`, mounted at `mount`
+/// (a path unique to the test, so its processes can be found in /proc).
+fn manifest(dir: &Path, mount: &str, extra_args: &str, lifetime: &str) -> PathBuf {
+    let m = format!(
+        r#"version: 1
+tools:
+  fx:
+    profile: P2
+    description: The fixture MCP server.
+    network: none
+    lifetime: {lifetime}
+    limits: {{wall_seconds: 2, memory: 256M, tasks: 16}}
+    mounts: ["{fixtures}:{mount}"]
+    mcp:
+      command: ["/usr/bin/python3", "{mount}/fixture_server.py"{extra_args}]
+      tools:
+        allow: [echo, crash, hang, slow, image, probe, fail]
+        rename: {{echo: say}}
+        descriptions: {{echo: "Echo the text back."}}
+"#,
+        fixtures = fixtures().display()
+    );
+    let p = dir.join("cordon.yaml");
+    std::fs::write(&p, m).unwrap();
+    p
+}
+
+/// Records the progress notifications it receives.
+#[derive(Clone, Default)]
+struct Progress(Arc<Mutex<Vec<f64>>>);
+
+impl ClientHandler for Progress {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0.lock().unwrap().push(params.progress);
+    }
+}
+
+type Client = RunningService<RoleClient, Progress>;
+
+async fn stdio_client(manifest: &Path, audit: &Path) -> (Client, Progress) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
+    cmd.arg("serve")
+        .arg("-m")
+        .arg(manifest)
+        .env("CORDON_AUDIT", audit);
+    let (transport, _stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cordon serve");
+    let p = Progress::default();
+    let c = p.clone().serve(transport).await.expect("initialize");
+    (c, p)
+}
+
+async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
+    let mut p = CallToolRequestParams::new(tool.to_owned());
+    p.arguments = Some(a.as_object().cloned().unwrap_or_else(JsonObject::new));
+    c.peer().call_tool(p).await
+}
+
+fn text_of(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The body of a wrapped text result (between the markers).
+fn body(r: &CallToolResult) -> String {
+    let t = text_of(r);
+    assert!(t.starts_with("<untrusted-output "), "{t}");
+    let mut lines: Vec<&str> = t.lines().collect();
+    lines.remove(0);
+    lines.pop();
+    lines.join("\n")
+}
+
+fn mcp_error(e: ServiceError) -> rmcp::ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => panic!("expected an MCP error, got {other:?}"),
+    }
+}
+
+/// Pids of processes whose command line mentions `needle`.
+fn procs_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline"))
+            && String::from_utf8_lossy(&c).contains(needle)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+async fn wait_gone(needle: &str) -> bool {
+    for _ in 0..100 {
+        if procs_with(needle).is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
+    let dir = tempdir();
+    let audit = dir.0.join("audit.jsonl");
+    let (c, _) = stdio_client(&manifest(&dir.0, "/fx-list", "", "session"), &audit).await;
+
+    let tools = c.peer().list_all_tools().await.unwrap();
+    let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    // `secret` is not in `allow`; `echo` is exposed as `say`.
+    assert_eq!(
+        names,
+        [
+            "fx.crash", "fx.fail", "fx.hang", "fx.image", "fx.probe", "fx.say", "fx.slow"
+        ]
+    );
+    let say = tools.iter().find(|t| t.name == "fx.say").unwrap();
+    assert_eq!(say.description.as_deref(), Some("Echo the text back."));
+    let meta = say.meta.as_ref().unwrap();
+    assert_eq!(meta.get("cordon/server_tool"), Some(&json!("echo")));
+    assert_eq!(meta.get("cordon/description_pinned"), Some(&json!(true)));
+
+    let r = call(&c, "fx.say", json!({"text": "hello from the agent"}))
+        .await
+        .unwrap();
+    assert_eq!(body(&r), "hello from the agent");
+    let m = r.meta.as_ref().unwrap();
+    assert_eq!(m.get("cordon/trust"), Some(&json!("untrusted")));
+    assert_eq!(m.get("cordon/tool"), Some(&json!("fx.say")));
+    assert_eq!(m.get("cordon/profile"), Some(&json!("P2")));
+
+    // The server's view from inside: pid 1 of its own namespace, not root,
+    // no network, none of the host's files or environment.
+    let r = call(&c, "fx.probe", json!({})).await.unwrap();
+    let facts: Value = serde_json::from_str(&body(&r)).unwrap();
+    assert_eq!(facts["pid"], 1, "{facts}");
+    assert_eq!(facts["uid"], 1000, "{facts}");
+    assert!(
+        facts["network"].as_str().unwrap().starts_with("refused"),
+        "{facts}"
+    );
+    assert_eq!(facts["work_visible"], false, "{facts}");
+    assert_eq!(facts["root_visible"], false, "{facts}");
+    assert_eq!(
+        facts["env_keys"],
+        json!(["HOME", "LANG", "PATH", "PWD"]),
+        "{facts}"
+    );
+
+    // Arguments are checked against the server's schema before they leave.
+    let e = mcp_error(call(&c, "fx.say", json!({"text": 1})).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert!(e.message.contains("at /text"), "{}", e.message);
+    // Not allowed, and not a tool at all: both unknown.
+    for t in ["fx.secret", "fx.echo"] {
+        let e = mcp_error(call(&c, t, json!({})).await.unwrap_err());
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{t}");
+        assert!(e.message.starts_with("unknown tool"), "{}", e.message);
+    }
+
+    // Images pass the gate's media-type check and stay images.
+    let r = call(&c, "fx.image", json!({})).await.unwrap();
+    let img = r
+        .content
+        .iter()
+        .find_map(|b| b.as_image())
+        .expect("image block");
+    assert_eq!(img.mime_type, "image/png");
+    // An isError result from the server stays one, gated.
+    let r = call(&c, "fx.fail", json!({})).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text_of(&r).contains("error=\"true\""));
+    assert!(text_of(&r).contains("the widget is broken"));
+
+    c.cancel().await.unwrap();
+    let recs: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let say: Vec<&Value> = recs.iter().filter(|r| r["tool"] == "fx.say").collect();
+    assert_eq!(say.len(), 2, "{recs:?}");
+    assert_eq!(say[0]["status"], "ok");
+    assert_eq!(say[0]["runtime"], "mcp");
+    assert_eq!(say[1]["status"], "denied");
+    assert!(
+        say[0]["session"]
+            .as_str()
+            .unwrap()
+            .starts_with("mcp-stdio-"),
+        "{:?}",
+        say[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_description_is_refused() {
+    let dir = tempdir();
+    let m = manifest(&dir.0, "/fx-poison", r#", "--poison""#, "session");
+    let (c, _) = stdio_client(&m, &dir.0.join("audit.jsonl")).await;
+    let tools = c.peer().list_all_tools().await.unwrap();
+    let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(!names.contains(&"fx.say".to_string()), "{names:?}");
+    // The unpinned tools are still there (positive control).
+    assert!(names.contains(&"fx.probe".to_string()), "{names:?}");
+    let e = mcp_error(call(&c, "fx.say", json!({"text": "x"})).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::INVALID_REQUEST);
+    assert_eq!(e.data.unwrap()["cordon/status"], "description_changed");
+    assert!(
+        e.message
+            .contains("differently from the description pinned"),
+        "{}",
+        e.message
+    );
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_or_hung_server_is_a_typed_error_and_the_next_call_restarts_it() {
+    let dir = tempdir();
+    let (c, _) = stdio_client(
+        &manifest(&dir.0, "/fx-crash", "", "session"),
+        &dir.0.join("audit.jsonl"),
+    )
+    .await;
+    let first = call(&c, "fx.probe", json!({})).await.unwrap();
+    assert_eq!(first.is_error, Some(false));
+
+    let e = mcp_error(call(&c, "fx.crash", json!({})).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::INTERNAL_ERROR);
+    assert_eq!(e.data.as_ref().unwrap()["cordon/status"], "server_failed");
+    assert!(e.message.starts_with("fx.crash: "), "{}", e.message);
+    assert!(e.message.contains("exit 3"), "{}", e.message);
+    assert!(
+        e.message.contains("fixture: crashing on purpose"),
+        "{}",
+        e.message
+    );
+    let r = call(&c, "fx.say", json!({"text": "after the crash"}))
+        .await
+        .unwrap();
+    assert_eq!(body(&r), "after the crash");
+
+    let e = mcp_error(call(&c, "fx.hang", json!({})).await.unwrap_err());
+    assert_eq!(
+        e.message,
+        "fx.hang: timed out after 2s; the server was stopped and the next call starts a new one"
+    );
+    let data = e.data.unwrap();
+    assert_eq!(data["cordon/status"], "limit_hit");
+    assert_eq!(data["limit"], "wall_seconds");
+    // The hung sandbox is gone and a new one answers.
+    let r = call(&c, "fx.say", json!({"text": "after the hang"}))
+        .await
+        .unwrap();
+    assert_eq!(body(&r), "after the hang");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_reach_the_agent() {
+    let dir = tempdir();
+    let (c, progress) = stdio_client(
+        &manifest(&dir.0, "/fx-progress", "", "session"),
+        &dir.0.join("audit.jsonl"),
+    )
+    .await;
+    let mut p = CallToolRequestParams::new("fx.slow");
+    p.arguments = json!({"steps": 3}).as_object().cloned();
+    p.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(
+        NumberOrString::String("agent-token-1".into()),
+    )));
+    let r = c.peer().call_tool(p).await.unwrap();
+    assert_eq!(body(&r), "done after 3 steps");
+    // Notifications may trail the result by a moment.
+    for _ in 0..40 {
+        if progress.0.lock().unwrap().len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*progress.0.lock().unwrap(), vec![1.0, 2.0, 3.0]);
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifetime_call_gives_each_call_a_fresh_sandbox() {
+    let dir = tempdir();
+    let mount = "/fx-per-call";
+    let (c, _) = stdio_client(
+        &manifest(&dir.0, mount, "", "call"),
+        &dir.0.join("audit.jsonl"),
+    )
+    .await;
+    let r = call(&c, "fx.say", json!({"text": "one"})).await.unwrap();
+    assert_eq!(body(&r), "one");
+    assert!(
+        wait_gone(mount).await,
+        "the per-call sandbox outlived its call"
+    );
+    let r = call(&c, "fx.say", json!({"text": "two"})).await.unwrap();
+    assert_eq!(body(&r), "two");
+    c.cancel().await.unwrap();
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Over HTTP, each MCP session has its own sandbox, stopped when the
+/// session ends while cordon keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_session_end_stops_its_sandbox() {
+    let dir = tempdir();
+    let mount = "/fx-http-session";
+    let m = manifest(&dir.0, mount, "", "session");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "--http", "127.0.0.1:0", "-m"])
+        .arg(&m)
+        .env("CORDON_AUDIT", dir.0.join("audit.jsonl"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("cordon exited").unwrap();
+        if let Some(rest) = line.split("serving MCP on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let child = Kill(child);
+
+    let a = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
+    let b = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
+    let mut pa = CallToolRequestParams::new("fx.say");
+    pa.arguments = json!({"text": "a"}).as_object().cloned();
+    assert_eq!(
+        a.peer().call_tool(pa.clone()).await.unwrap().is_error,
+        Some(false)
+    );
+    assert_eq!(b.peer().call_tool(pa).await.unwrap().is_error, Some(false));
+    // Positive control: two sessions, two sandboxes running.
+    let running = procs_with(mount);
+    assert_eq!(running.len(), 2, "{running:?}");
+    a.cancel().await.unwrap();
+    b.cancel().await.unwrap();
+    assert!(wait_gone(mount).await, "a sandbox outlived its session");
+    drop(child);
+}
