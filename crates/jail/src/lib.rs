@@ -7,6 +7,48 @@
 //! Nothing is exec'd but the tool: no bubblewrap, no helper. Raw system
 //! calls are in `cordon-sys`; this crate is `forbid(unsafe_code)`.
 //!
+//! One call, in order (broker side in `run.rs`, child side in
+//! `cordon_sys::spawn`):
+//!
+//! 1. the broker builds the whole child program before cloning: mount
+//!    steps (layout in step 5), exec candidates, rlimits,
+//!    the Landlock ruleset, the (cached) seccomp BPF;
+//! 2. a pooled cgroup slot gets the limits (only changed values are
+//!    written), its peak counter reset, its event counters recorded;
+//! 3. `clone3(CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS|CLONE_PIDFD)`
+//!    (with `CLONE_VM` on its own stack on x86_64, like `posix_spawn`); the
+//!    child resets signal dispositions, keeps only its stdio and control
+//!    descriptors, and waits;
+//! 4. the broker writes `uid_map`/`gid_map` (inside 1000 → the broker's uid,
+//!    or 65534 when the broker is root: the tool never runs as host root),
+//!    moves the child into the v1 cgroups (v2: `CLONE_INTO_CGROUP`), and
+//!    releases it;
+//! 5. the child: `unshare(CLONE_NEWCGROUP)`, setgroups/setresgid/setresuid,
+//!    `PR_SET_PDEATHSIG(SIGKILL)`, private mounts, tmpfs root with
+//!    read-only binds of /usr (and /bin, /lib... as the host has them:
+//!    symlinks when /usr is merged), written /etc (passwd, group,
+//!    nsswitch.conf, hosts; plus read-only ld.so.cache and alternatives),
+//!    /dev (null, zero, full, random, urandom), a fresh /proc with the OCI
+//!    masks, tmpfs /tmp of `disk_bytes`, the spec's read-only binds,
+//!    `pivot_root`, old root detached, / remounted read-only, cwd /tmp;
+//!    then doors, rlimits (NOFILE, FSIZE, CORE=0; AS and NPROC without
+//!    cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
+//!    seccomp last, execve. A failure is reported as (step, errno) on a
+//!    close-on-exec pipe and becomes [`JailError::Setup`];
+//! 6. the broker feeds stdin, reads stdout up to the cap and stderr, and
+//!    kills the pid-namespace init at the wall limit or the output cap
+//!    (which kills every process of the sandbox);
+//! 7. status from the exit and the cgroup counters (`oom_kill`, pids
+//!    `max` events), the slot waits until empty and goes back to the pool.
+//!
+//! The tool is pid 1 of its pid namespace (as with `unshare --fork` or
+//! `bwrap --as-pid-1`): when it exits, the kernel kills everything else
+//! in the sandbox, so a double-forked daemon cannot outlive the call. Like
+//! any pid 1, it ignores signals it has no handler for when they come from
+//! inside its namespace (`kill $$`, and SIGPIPE, so a write to a closed pipe
+//! returns EPIPE instead of killing it); signals from the kernel (faults,
+//! OOM) and from the broker still end it.
+//!
 //! ```no_run
 //! use cordon_jail::{Jail, JailSpec, Stdin};
 //! let jail = Jail::new()?;
