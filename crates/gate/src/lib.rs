@@ -410,7 +410,7 @@ impl Gate {
         let p = &self.policy;
         let bytes_in = output.len() as u64;
         let mut warnings = Vec::new();
-        let (content, stripped, truncation, schema_valid) = match p.kind {
+        let (content, stripped, truncation, schema_valid, bytes_out) = match p.kind {
             OutputKind::Text => {
                 if p.on_overflow == Overflow::Fail && bytes_in > p.max_bytes {
                     return Err(GateRefusal::TooLarge {
@@ -421,7 +421,8 @@ impl Gate {
                 }
                 let (text, counts) = sanitize_text(output, &p.strip, p.invalid_utf8)?;
                 let (text, truncation) = cap_text(text, p.max_bytes, p.on_overflow)?;
-                (Content::Text(text), counts, truncation, None)
+                let out_len = text.len() as u64;
+                (Content::Text(text), counts, truncation, None, out_len)
             }
             OutputKind::Json => {
                 if bytes_in > p.max_bytes {
@@ -441,7 +442,7 @@ impl Gate {
                     });
                 }
                 let valid = self.validator.as_ref().map(|_| true);
-                (Content::Json(value), counts, None, valid)
+                (Content::Json(value), counts, None, valid, out_len)
             }
             OutputKind::Binary => {
                 if bytes_in > p.max_bytes {
@@ -464,21 +465,26 @@ impl Gate {
                     StripCounts::default(),
                     None,
                     None,
+                    bytes_in,
                 )
             }
         };
         if p.label == LabelStyle::None {
             warnings.push(label::LABEL_OFF_WARNING.to_owned());
         }
-        Ok(self.finish(
+        Ok(build(
             meta,
             content,
-            bytes_in,
-            stripped,
-            truncation,
-            schema_valid,
-            false,
-            warnings,
+            Facts {
+                bytes_in,
+                bytes_out,
+                stripped,
+                truncation,
+                schema_valid,
+                is_error: false,
+                warnings,
+            },
+            p.label,
         ))
     }
 
@@ -530,66 +536,51 @@ impl Gate {
         }
         sanitize_json(&mut value, &p.strip, &mut counts);
         if let Some(v) = &self.validator {
-            let mut errors = v.iter_errors(&value);
-            if let Some(first) = errors.next() {
+            // The boolean check is much cheaper; errors are collected only for the refusal.
+            let mut errors = if v.is_valid(&value) {
+                None
+            } else {
+                Some(v.iter_errors(&value))
+            };
+            if let Some(first) = errors.as_mut().and_then(Iterator::next) {
                 let refusal = GateRefusal::SchemaViolation {
                     instance_path: cap_pointer(first.instance_path().as_str()),
                     keyword: first.kind().keyword().to_owned(),
                     schema_path: cap_pointer(first.schema_path().as_str()),
-                    more: errors.count(),
+                    more: errors.map_or(0, Iterator::count),
                 };
                 return Err(refusal);
             }
         }
         Ok((value, counts))
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        &self,
-        meta: &ToolMeta<'_>,
-        content: Content,
-        bytes_in: u64,
-        stripped: StripCounts,
-        truncation: Option<Truncation>,
-        schema_valid: Option<bool>,
-        is_error: bool,
-        warnings: Vec<String>,
-    ) -> Gated {
-        build(
-            meta,
-            content,
-            bytes_in,
-            stripped,
-            truncation,
-            schema_valid,
-            is_error,
-            warnings,
-            self.policy.label,
-        )
-    }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build(
-    meta: &ToolMeta<'_>,
-    content: Content,
+/// What `build` needs besides the content.
+struct Facts {
     bytes_in: u64,
+    bytes_out: u64,
     stripped: StripCounts,
     truncation: Option<Truncation>,
     schema_valid: Option<bool>,
     is_error: bool,
     warnings: Vec<String>,
-    label: LabelStyle,
-) -> Gated {
-    let (kind, media_type, bytes_out) = match &content {
-        Content::Text(s) => (OutputKind::Text, None, s.len() as u64),
-        Content::Json(v) => (OutputKind::Json, None, json_len(v)),
-        Content::Binary { media_type, bytes } => (
-            OutputKind::Binary,
-            Some(media_type.clone()),
-            bytes.len() as u64,
-        ),
+}
+
+fn build(meta: &ToolMeta<'_>, content: Content, facts: Facts, label: LabelStyle) -> Gated {
+    let Facts {
+        bytes_in,
+        bytes_out,
+        stripped,
+        truncation,
+        schema_valid,
+        is_error,
+        warnings,
+    } = facts;
+    let (kind, media_type) = match &content {
+        Content::Text(_) => (OutputKind::Text, None),
+        Content::Json(_) => (OutputKind::Json, None),
+        Content::Binary { media_type, .. } => (OutputKind::Binary, Some(media_type.clone())),
     };
     let envelope = Envelope {
         tool: meta.tool.to_owned(),
@@ -647,17 +638,17 @@ fn gate_error_with(
     if label == LabelStyle::None {
         warnings.push(label::LABEL_OFF_WARNING.to_owned());
     }
-    build(
-        meta,
-        Content::Text(text),
+    let bytes_out = text.len() as u64;
+    let facts = Facts {
         bytes_in,
-        counts,
+        bytes_out,
+        stripped: counts,
         truncation,
-        None,
-        true,
+        schema_valid: None,
+        is_error: true,
         warnings,
-        label,
-    )
+    };
+    build(meta, Content::Text(text), facts, label)
 }
 
 /// True for every character the default strip policy removes: C0/C1 controls (including
@@ -807,9 +798,7 @@ fn needs_work(s: &str, policy: &StripPolicy) -> bool {
     policy.html
         || policy.markdown
         || s.bytes().any(|b| !(0x20..0x7f).contains(&b))
-        || s.as_bytes()
-            .windows(strip::MARKER_NAME.len())
-            .any(|w| w.eq_ignore_ascii_case(strip::MARKER_NAME.as_bytes()))
+        || strip::contains_marker_name(s.as_bytes())
 }
 
 fn add_counts(a: &mut StripCounts, b: &StripCounts) {

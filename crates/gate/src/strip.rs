@@ -97,6 +97,39 @@ const PLAIN: [bool; 256] = {
     t
 };
 
+/// The end of the run of [`PLAIN`] bytes starting at `i`. Eight bytes at a time while they
+/// are all printable ASCII (the common case), then byte by byte through the table.
+#[inline]
+fn plain_run(b: &[u8], mut i: usize) -> usize {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    loop {
+        while let Some(chunk) = b.get(i..i + 8) {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            let x = u64::from_le_bytes(w);
+            // Any byte >= 0x80, < 0x20, or == 0x7F stops the word-at-a-time scan.
+            let high = x & HI;
+            let low = x.wrapping_sub(LO * 0x20) & !x & HI;
+            let y = x ^ (LO * 0x7F);
+            let del = y.wrapping_sub(LO) & !y & HI;
+            if high | low | del != 0 {
+                break;
+            }
+            i += 8;
+        }
+        // Up to eight bytes through the table (newlines, tabs, plain UTF-8), then back to
+        // the word-at-a-time scan.
+        let end = b.len().min(i + 8);
+        while i < end && PLAIN[b[i] as usize] {
+            i += 1;
+        }
+        if i < end || i >= b.len() {
+            return i;
+        }
+    }
+}
+
 pub(crate) fn is_bidi(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
 }
@@ -160,24 +193,29 @@ impl<'a> Stripper<'a> {
 
     /// Sanitise raw bytes, decoding UTF-8 on the way.
     pub(crate) fn push_bytes(&mut self, bytes: &[u8], utf8: Utf8Policy) -> Result<(), GateRefusal> {
-        let mut offset: u64 = 0;
-        for chunk in bytes.utf8_chunks() {
-            let valid = chunk.valid();
-            self.push_str(valid);
-            offset += valid.len() as u64;
-            let invalid = chunk.invalid();
-            if !invalid.is_empty() {
-                match utf8 {
-                    Utf8Policy::Reject => return Err(GateRefusal::InvalidUtf8 { offset }),
-                    Utf8Policy::Replace => {
-                        self.counts.invalid_utf8 += 1;
-                        self.feed('\u{FFFD}');
-                    }
+        let mut rest = bytes;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(valid) => {
+                    self.push_str(valid);
+                    return Ok(());
                 }
-                offset += invalid.len() as u64;
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    // `valid_up_to` marks the end of the longest valid prefix.
+                    self.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                    let offset = (bytes.len() - rest.len() + valid.len()) as u64;
+                    if utf8 == Utf8Policy::Reject {
+                        return Err(GateRefusal::InvalidUtf8 { offset });
+                    }
+                    self.counts.invalid_utf8 += 1;
+                    self.feed('\u{FFFD}');
+                    // `error_len` is None only for a truncated sequence at the very end.
+                    let skip = e.error_len().unwrap_or(after.len());
+                    rest = &after[skip..];
+                }
             }
         }
-        Ok(())
     }
 
     /// Sanitise valid text.
@@ -194,9 +232,7 @@ impl<'a> Stripper<'a> {
                     }
                 }
                 let start = i;
-                while i < bytes.len() && PLAIN[bytes[i] as usize] {
-                    i += 1;
-                }
+                i = plain_run(bytes, i);
                 if i > start {
                     // `start` and `i` are char boundaries: the scan starts at one and stops
                     // only at a non-continuation byte or the end.
@@ -205,6 +241,12 @@ impl<'a> Stripper<'a> {
                 if i >= bytes.len() {
                     break;
                 }
+            }
+            // ASCII needs no decoding (most of an escape sequence is ASCII).
+            if bytes[i] < 0x80 {
+                self.feed(char::from(bytes[i]));
+                i += 1;
+                continue;
             }
             let Some(c) = s[i..].chars().next() else {
                 break;
@@ -325,6 +367,40 @@ fn is_gap(c: char) -> bool {
     c.is_whitespace() || matches!(c, '/' | '\u{FF0F}' | '\u{2044}' | '\u{2215}')
 }
 
+/// Does `b` contain the marker name (ASCII case-insensitive)?
+pub(crate) fn contains_marker_name(b: &[u8]) -> bool {
+    let name = MARKER_NAME.as_bytes();
+    let mut p = 9;
+    while let Some(dash) = find_byte(b, p, b'-') {
+        let i = dash - 9;
+        if i + name.len() > b.len() {
+            return false;
+        }
+        if b[i..i + name.len()].eq_ignore_ascii_case(name) {
+            return true;
+        }
+        p = dash + 1;
+    }
+    false
+}
+
+/// Position of the first `needle` at or after `from`.
+fn find_byte(b: &[u8], mut i: usize, needle: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let pattern = LO * u64::from(needle);
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let y = u64::from_le_bytes(w) ^ pattern;
+        if y.wrapping_sub(LO) & !y & HI != 0 {
+            break;
+        }
+        i += 8;
+    }
+    b.get(i..)?.iter().position(|&x| x == needle).map(|p| i + p)
+}
+
 /// Replace the opener of every `<untrusted-output` / `</untrusted-output` (ASCII case
 /// insensitive, with whitespace or slashes between, `<` or a look-alike) with `&lt;`,
 /// so content can never open or close the wrapper. Linear: each hit looks back at most
@@ -336,29 +412,34 @@ pub(crate) fn neutralise_markers(s: String, counts: &mut StripCounts) -> String 
         return s;
     }
     let mut cuts: Vec<(usize, usize)> = Vec::new();
-    let mut i = 0;
-    let last = bytes.len() - name.len();
-    while i <= last {
-        if (bytes[i] | 0x20) == b'u' && bytes[i..i + name.len()].eq_ignore_ascii_case(name) {
-            // Walk back over whitespace and slashes to the opener.
-            let mut back = s[..i].char_indices().rev().take(64);
-            let prev_end = cuts.last().map_or(0, |c| c.1);
-            for (pos, c) in back.by_ref() {
-                if pos < prev_end {
-                    break;
-                }
-                if is_opener(c) {
-                    cuts.push((pos, pos + c.len_utf8()));
-                    break;
-                }
-                if !is_gap(c) {
-                    break;
-                }
-            }
-            i += name.len();
-        } else {
-            i += 1;
+    // Every occurrence has its '-' at offset 9: find the dashes (eight bytes at a time), then
+    // compare the sixteen bytes around each.
+    const DASH: usize = 9;
+    let mut p = DASH;
+    while let Some(dash) = find_byte(bytes, p, b'-') {
+        let i = dash - DASH;
+        p = dash + 1;
+        if dash + (name.len() - DASH) > bytes.len() {
+            break;
         }
+        if !bytes[i..i + name.len()].eq_ignore_ascii_case(name) {
+            continue;
+        }
+        // Walk back over whitespace and slashes to the opener.
+        let prev_end = cuts.last().map_or(0, |c| c.1);
+        for (pos, c) in s[..i].char_indices().rev().take(64) {
+            if pos < prev_end {
+                break;
+            }
+            if is_opener(c) {
+                cuts.push((pos, pos + c.len_utf8()));
+                break;
+            }
+            if !is_gap(c) {
+                break;
+            }
+        }
+        p = i + name.len();
     }
     if cuts.is_empty() {
         return s;
@@ -540,6 +621,19 @@ mod tests {
         let (out, c) = s.finish();
         assert_eq!(out, "[31mx");
         assert_eq!(c.control, 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn word_scan_agrees_with_the_table(b in proptest::collection::vec(
+            proptest::prop_oneof![0x20u8..0x7f, proptest::num::u8::ANY], 0..100), start in 0usize..100) {
+            let start = start.min(b.len());
+            let mut naive = start;
+            while naive < b.len() && PLAIN[b[naive] as usize] {
+                naive += 1;
+            }
+            proptest::prop_assert_eq!(plain_run(&b, start), naive);
+        }
     }
 
     #[test]
