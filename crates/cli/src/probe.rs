@@ -50,11 +50,15 @@ pub struct ProbeArgs {
     /// Resolver of the DNS probe (default 1.1.1.1:53).
     #[arg(long, value_name = "ADDR")]
     pub target_dns: Option<SocketAddr>,
-    /// Run the catalogue through another sandbox's command prefix instead
-    /// (bwrap, nsjail, docker run, ...). `{agent}` and `{agent_dir}` in the
-    /// prefix name the probe agent; without them its path is appended.
-    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
-    pub prefix: Option<Vec<String>>,
+    /// Run the catalogue through another sandbox's command prefix, given
+    /// after `--` (bwrap, nsjail, docker run, ...). `{agent}` and
+    /// `{agent_dir}` in it name the probe agent; without them the agent's
+    /// path is appended.
+    #[arg(long, requires = "cmd")]
+    pub prefix: bool,
+    /// The prefix command (with --prefix).
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
 }
 
 fn targets(a: &ProbeArgs) -> Targets {
@@ -148,7 +152,11 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     let mut reports: Vec<Report> = Vec::new();
     let mut skipped: Vec<(String, String)> = Vec::new();
 
-    if let Some(prefix) = &a.prefix {
+    if !a.cmd.is_empty() && !a.prefix {
+        return Err(anyhow!("a command after `--` needs --prefix"));
+    }
+    if a.prefix {
+        let prefix = &a.cmd;
         let sb = PrefixSandbox::new(prefix.clone()).map_err(|e| anyhow!("{e}"))?;
         let prof = cordon_probes::Profile::unclaimed(format!("prefix: {}", prefix.join(" ")));
         reports.push(cordon_probes::run_suite(

@@ -1,0 +1,73 @@
+//! `cordon serve` against clients and servers cordon did not write: the
+//! official Python MCP SDK client (tests/e2e/mcp_python_client.py) and, when
+//! installed, the reference servers server-everything and server-filesystem
+//! inside their sandboxes. Each part is skipped, with the reason printed,
+//! when its prerequisite is missing (tests/e2e/run.sh installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn npm_dir() -> Option<PathBuf> {
+    let d = std::env::var_os("CORDON_E2E_NPM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"));
+    d.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .is_file()
+        .then_some(d)
+}
+
+fn python_mcp() -> Result<(), String> {
+    match Command::new("python3").args(["-c", "import mcp"]).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+        Err(e) => Err(format!("python3: {e}")),
+    }
+}
+
+fn run(http: bool) {
+    if let Err(why) = python_mcp() {
+        eprintln!("SKIP: the Python mcp SDK is not importable ({why}); run tests/e2e/run.sh");
+        return;
+    }
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo().join("tests/e2e/mcp_python_client.py"))
+        .args(["--cordon", env!("CARGO_BIN_EXE_cordon")]);
+    if http {
+        cmd.arg("--http");
+    }
+    match npm_dir() {
+        Some(d) => {
+            cmd.arg("--npm-dir").arg(d);
+        }
+        None => eprintln!(
+            "SKIP third-party servers: server-everything is not installed under $CORDON_E2E_NPM or /var/cache/cordon-e2e/npm; run tests/e2e/run.sh"
+        ),
+    }
+    let out = cmd.output().expect("run the Python client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The script ran its checks (not a silent skip).
+    assert!(
+        stdout.contains("PASS ") && stdout.contains("OK: 0 failed"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn python_sdk_client_over_stdio() {
+    run(false);
+}
+
+#[test]
+fn python_sdk_client_over_http() {
+    run(true);
+}
