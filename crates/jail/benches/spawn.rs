@@ -51,22 +51,49 @@ impl Row {
     }
 }
 
-fn measure(name: &str, runs: usize, note: &str, mut f: impl FnMut()) -> Row {
-    for _ in 0..5 {
-        f();
-    }
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed());
-    }
-    eprintln!("  measured {name}");
-    Row {
+/// One latency row to measure.
+struct Case<'a> {
+    name: String,
+    note: String,
+    f: Box<dyn FnMut() + 'a>,
+}
+
+fn case<'a>(name: &str, note: &str, f: impl FnMut() + 'a) -> Case<'a> {
+    Case {
         name: name.to_string(),
-        samples,
         note: note.to_string(),
+        f: Box::new(f),
     }
+}
+
+/// Interleaved: each round takes one sample of every row, so load that
+/// comes and goes (the machine is shared) hits all rows alike.
+fn measure(mut cases: Vec<Case<'_>>, runs: usize) -> Vec<Row> {
+    for c in cases.iter_mut() {
+        for _ in 0..5 {
+            (c.f)();
+        }
+    }
+    let mut samples: Vec<Vec<Duration>> = cases.iter().map(|_| Vec::with_capacity(runs)).collect();
+    for round in 0..runs {
+        for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
+            let t = Instant::now();
+            (c.f)();
+            s.push(t.elapsed());
+        }
+        if round % 50 == 49 {
+            eprintln!("  round {}", round + 1);
+        }
+    }
+    cases
+        .into_iter()
+        .zip(samples)
+        .map(|(c, samples)| Row {
+            name: c.name,
+            samples,
+            note: c.note,
+        })
+        .collect()
 }
 
 fn true_spec() -> JailSpec {
@@ -155,9 +182,15 @@ fn rmdir_backoff(d: &Path) {
     }
 }
 
-fn count_dirs(d: &Path) -> usize {
+fn count_dirs(d: &Path, prefix: &str) -> usize {
     std::fs::read_dir(d)
-        .map(|r| r.flatten().filter(|e| e.path().is_dir()).count())
+        .map(|r| {
+            r.flatten()
+                .filter(|e| {
+                    e.path().is_dir() && e.file_name().to_string_lossy().starts_with(prefix)
+                })
+                .count()
+        })
         .unwrap_or(0)
 }
 
@@ -179,10 +212,12 @@ fn resources(jail: &Jail) -> Resources {
         .map(|s| s.lines().count())
         .unwrap_or(0);
     let l = &jail.host().cgroup_layout;
+    // Only this broker's slots (`<pid>-...`): other brokers share the
+    // parent directories.
     let cgroups = [&l.memory, &l.pids, &l.cpu]
         .into_iter()
         .flatten()
-        .map(|p| count_dirs(&p.base))
+        .map(|p| count_dirs(&p.base, &format!("{me}-")))
         .sum::<usize>();
     // Processes whose parent is this process (sandboxes not reaped).
     let mut processes = 0;
@@ -229,20 +264,20 @@ fn main() {
     let leak_calls = env_num("CORDON_BENCH_LEAK_CALLS", 10_000);
     let jail = Jail::new().expect("Jail::new");
     let root = jail.host().root;
-    let mut rows: Vec<Row> = Vec::new();
+    let mut cases: Vec<Case<'_>> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
 
-    rows.push(measure(
+    cases.push(case(
         "bare fork/exec /bin/true (std::process::Command)",
-        runs,
         "",
         || {
             run_quiet(&mut Command::new("/bin/true"));
         },
     ));
     let spec = true_spec();
-    rows.push(measure("Jail::run /bin/true", runs, "broker path", || {
-        let o = jail.run(&spec, Stdin::Null).expect("run");
+    let jail_ref = &jail;
+    cases.push(case("Jail::run /bin/true", "broker path", move || {
+        let o = jail_ref.run(&spec, Stdin::Null).expect("run");
         assert_eq!(o.exit_code, Some(0));
     }));
     let cat = {
@@ -251,18 +286,16 @@ fn main() {
         s
     };
     let kib = vec![b'a'; 1024];
-    rows.push(measure(
+    cases.push(case(
         "Jail::run cat, 1 KiB stdin",
-        runs,
         "broker path",
-        || {
-            let o = jail.run(&cat, Stdin::Bytes(kib.clone())).expect("run");
+        move || {
+            let o = jail_ref.run(&cat, Stdin::Bytes(kib.clone())).expect("run");
             assert_eq!(o.stdout.len(), 1024);
         },
     ));
-    rows.push(measure(
+    cases.push(case(
         "sh -c 'exec /bin/true'",
-        runs,
         "cost of the sh wrapper of the bwrap+cgroup+seccomp row",
         || {
             run_quiet(Command::new("/bin/sh").args(["-c", "exec /bin/true"]));
@@ -276,8 +309,13 @@ fn main() {
             "bwrap not installed: bubblewrap rows skipped (apt-get install -y bubblewrap)".into(),
         ),
         Some(bw) => {
-            rows.push(measure("bwrap (seed flags) /bin/true", runs, "", || {
-                run_quiet(Command::new(bw).args(BWRAP_SEED).args(["--", "/bin/true"]));
+            let bw1 = bw.clone();
+            cases.push(case("bwrap (seed flags) /bin/true", "", move || {
+                run_quiet(
+                    Command::new(&bw1)
+                        .args(BWRAP_SEED)
+                        .args(["--", "/bin/true"]),
+                );
             }));
             let mem = own_v1("memory");
             let pids = own_v1("pids");
@@ -297,12 +335,13 @@ fn main() {
                     let mut n = 0u64;
                     let mut bw_args: Vec<String> = BWRAP_SEED.iter().map(|s| s.to_string()).collect();
                     bw_args.extend(["--seccomp".into(), "3".into(), "--".into(), "/bin/true".into()]);
+                    let bw = bw.clone();
                     let quoted = bw_args.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" ");
-                    rows.push(measure(
+                    cases.push(case(
                         "bwrap + fresh v1 memory+pids cgroup + --seccomp",
-                        runs,
                         "mkdir, limits, `sh` moves itself in and execs bwrap with the BPF on fd 3, rmdir with 50 µs backoff",
-                        || {
+                        move || {
+                            let _keep_bpf_file = f.path();
                             n += 1;
                             let name = format!("cordon-bench-{}-{n}", std::process::id());
                             let m = mem.join(&name);
@@ -324,22 +363,23 @@ fn main() {
                             rmdir_backoff(&p);
                         },
                     ));
-                    bwrap_full = Some(rows.len() - 1);
+                    bwrap_full = Some(cases.len() - 1);
                 }
                 _ => notes.push("bwrap + cgroup + seccomp row skipped: needs root and v1 memory and pids hierarchies".into()),
             }
         }
     }
     if let Ok(bin) = std::env::var("CORDON_BIN") {
-        rows.push(measure(
+        cases.push(case(
             "`$CORDON_BIN exec -- /bin/true` (one-shot CLI)",
-            runs,
             "",
-            || {
+            move || {
                 run_quiet(Command::new(&bin).args(["exec", "--", "/bin/true"]));
             },
         ));
     }
+
+    let rows = measure(cases, runs);
 
     // Throughput.
     let mut tput = Vec::new();
@@ -407,7 +447,7 @@ fn main() {
 
     // Report.
     let bare = rows[0].median();
-    println!("## Latency ({runs} runs per row, same process, same run)\n");
+    println!("## Latency ({runs} rounds, each taking one sample of every row in turn)\n");
     println!("| method | median ms | p95 ms | added over bare (median) ms | notes |");
     println!("|---|---:|---:|---:|---|");
     for r in &rows {
@@ -468,7 +508,7 @@ fn main() {
             before.mounts, after.mounts
         );
         println!(
-            "| cgroup directories under cordon/ | {} | {} |",
+            "| cgroup directories of this broker under cordon/ | {} | {} |",
             before.cgroups, after.cgroups
         );
         println!(
