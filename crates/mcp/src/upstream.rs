@@ -33,6 +33,8 @@ use crate::sandbox::{ServerHandle, ServerSandbox};
 #[derive(Default)]
 pub(crate) struct ProgressRoutes {
     routes: Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>,
+    /// Progress notifications being forwarded right now.
+    in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// The client side of the connection to a sandboxed server.
@@ -54,10 +56,13 @@ impl ClientHandler for Forwarder {
             .ok()
             .and_then(|r| r.get(&params.progress_token).cloned());
         if let Some((peer, token)) = route {
+            use std::sync::atomic::Ordering;
+            self.routes.in_flight.fetch_add(1, Ordering::SeqCst);
             params.progress_token = token;
             // The message is the server's text: strip it like any output.
             params.message = params.message.map(|m| strip_text(&m));
             let _ = peer.notify_progress(params).await;
+            self.routes.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -448,15 +453,33 @@ impl Upstream {
         // that token's notifications to this agent under the agent's token.
         let upstream_token = handle.progress_token.clone();
         let (request_id, upstream_peer) = (handle.id.clone(), handle.peer.clone());
+        let mut routed = false;
         if let Some(t) = ctx.meta.get_progress_token()
             && let Ok(mut r) = self.routes.routes.lock()
         {
             r.insert(upstream_token.clone(), (ctx.peer.clone(), t));
+            routed = true;
         }
         let outcome = tokio::select! {
             r = handle.await_response() => Some(r),
             _ = ctx.ct.cancelled() => None,
         };
+        if routed {
+            // rmcp hands each notification to its own task but resolves the
+            // response directly: progress the server sent before its result
+            // may still be on its way. Let it reach the agent before the
+            // result does.
+            use std::sync::atomic::Ordering;
+            for _ in 0..100 {
+                for _ in 0..8 {
+                    tokio::task::yield_now().await;
+                }
+                if self.routes.in_flight.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         if let Ok(mut r) = self.routes.routes.lock() {
             r.remove(&upstream_token);
         }

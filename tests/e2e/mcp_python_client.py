@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""End-to-end check of `cordon serve` with the official Python MCP SDK client.
+
+    mcp_python_client.py --cordon target/debug/cordon [--http] [--third-party MANIFEST]
+
+Starts `cordon serve -m examples/cordon.yaml` (over stdio, or with --http on
+127.0.0.1 with a port cordon picks), lists the tools, calls word_count and
+pdf_to_text, and checks a schema refusal and an unknown tool. With
+--third-party, also drives a manifest that runs the reference servers
+`@modelcontextprotocol/server-everything` (as tool `everything`) and
+`@modelcontextprotocol/server-filesystem` (as tool `files`, /data mounted
+read-only) inside their sandboxes.
+
+Prints one PASS/FAIL line per check; exits 1 if any check failed, 2 if
+the `mcp` package is missing.
+"""
+import argparse
+import asyncio
+import base64
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+try:
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: the Python `mcp` package is not installed ({e}); pip install mcp")
+    sys.exit(2)
+
+REPO = Path(__file__).resolve().parents[2]
+FAILED = []
+
+
+def check(name, cond, detail=""):
+    if cond:
+        print(f"PASS {name}")
+    else:
+        print(f"FAIL {name}: {detail}")
+        FAILED.append(name)
+
+
+def text_of(result):
+    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+def wrapped_body(text):
+    m = re.match(r'<untrusted-output [^>]*nonce="([0-9a-f]{32})"[^>]*>\n(.*)\n</untrusted-output nonce="\1">$',
+                 text, re.S)
+    return m.group(2) if m else None
+
+
+def meta_of(result):
+    return getattr(result, "meta", None) or getattr(result, "_meta", None) or {}
+
+
+async def expect_error(session, tool, args):
+    try:
+        await session.call_tool(tool, args)
+    except MCPError as e:
+        return e
+    return None
+
+
+@asynccontextmanager
+async def connect(cordon, manifest, http, audit):
+    env = dict(os.environ, CORDON_AUDIT=audit)
+    if not http:
+        params = StdioServerParameters(command=cordon, args=["serve", "-m", str(manifest)], env=env)
+        async with stdio_client(params) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                yield s
+        return
+    proc = subprocess.Popen([cordon, "serve", "--http", "127.0.0.1:0", "-m", str(manifest)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"serving MCP on (\S+)", line)
+            if m:
+                url = m.group(1)
+                break
+        if not url:
+            raise RuntimeError("cordon serve --http did not start")
+        async with streamable_http_client(url) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                yield s
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def example_checks(cordon, http, audit):
+    tag = "http" if http else "stdio"
+    async with connect(cordon, REPO / "examples/cordon.yaml", http, audit) as s:
+        tools = await s.list_tools()
+        names = sorted(t.name for t in tools.tools)
+        check(f"{tag}: tools/list", names == ["pdf_to_text", "thumbnail", "word_count"], names)
+
+        r = await s.call_tool("word_count", {"text": "one two three\n"})
+        body = wrapped_body(text_of(r))
+        check(f"{tag}: word_count result is wrapped as untrusted", body is not None, text_of(r))
+        check(f"{tag}: word_count counts", body is not None and body.split() == ["1", "3", "14"], body)
+        meta = meta_of(r)
+        check(f"{tag}: _meta says untrusted", meta.get("cordon/trust") == "untrusted", meta)
+
+        pdf = base64.b64encode((REPO / "examples/data/report.pdf").read_bytes()).decode()
+        r = await s.call_tool("pdf_to_text", {"pdf": pdf})
+        check(f"{tag}: pdf_to_text", "Quarterly report: revenue up 12 percent." in text_of(r), text_of(r))
+
+        e = await expect_error(s, "word_count", {"text": 42})
+        check(f"{tag}: schema refusal is -32602 naming /text",
+              e is not None and e.code == -32602 and "/text" in e.message, e and e.message)
+        e = await expect_error(s, "no_such_tool", {})
+        check(f"{tag}: unknown tool is -32602",
+              e is not None and e.code == -32602 and "unknown tool" in e.message, e and e.message)
+
+
+async def third_party_checks(cordon, manifest, http, audit):
+    tag = ("http" if http else "stdio") + " third-party"
+    async with connect(cordon, manifest, http, audit) as s:
+        tools = await s.list_tools()
+        names = {t.name for t in tools.tools}
+        check(f"{tag}: everything.echo listed", "everything.echo" in names, sorted(names)[:10])
+        check(f"{tag}: files.read_text_file listed", "files.read_text_file" in names, sorted(names)[:10])
+
+        r = await s.call_tool("everything.echo", {"message": "through cordon"})
+        check(f"{tag}: everything.echo", wrapped_body(text_of(r)) == "Echo: through cordon", text_of(r))
+
+        r = await s.call_tool("everything.get-env", {})
+        body = wrapped_body(text_of(r)) or ""
+        check(f"{tag}: the server sees only the sandbox environment",
+              "CORDON_AUDIT" not in body and "PATH" in body, body)
+
+        r = await s.call_tool("everything.get-tiny-image", {})
+        images = [c for c in r.content if getattr(c, "type", "") == "image"]
+        check(f"{tag}: images pass the gate as image content",
+              len(images) == 1 and getattr(images[0], "mime_type", getattr(images[0], "mimeType", None)) == "image/png", r.content)
+
+        r = await s.call_tool("files.read_text_file", {"path": "/data/note.txt"})
+        check(f"{tag}: files.read_text_file", wrapped_body(text_of(r)) == "hello from a file", text_of(r))
+        r = await s.call_tool("files.write_file", {"path": "/data/new.txt", "content": "x"})
+        check(f"{tag}: the read-only mount refuses writes", bool(getattr(r, "is_error", getattr(r, "isError", False))), text_of(r))
+
+        progress = []
+
+        async def on_progress(p, total, message):
+            progress.append(p)
+
+        names_lro = [n for n in names if "long-running" in n or "longRunning" in n]
+        if names_lro:
+            r = await s.call_tool(names_lro[0], {"duration": 1, "steps": 3}, progress_callback=on_progress)
+            check(f"{tag}: progress from {names_lro[0]} reaches the client", len(progress) >= 3, progress)
+
+
+def third_party_manifest(npm_dir, tmp):
+    # The sandbox runs as an unprivileged uid: the mounted directory and its
+    # parents must be readable by it.
+    os.chmod(tmp, 0o755)
+    data = Path(tmp) / "data"
+    data.mkdir(mode=0o755)
+    (data / "note.txt").write_text("hello from a file\n")
+    os.chmod(data / "note.txt", 0o644)
+    mods = "/srv/npm/node_modules/@modelcontextprotocol"
+    m = Path(tmp) / "third-party.yaml"
+    m.write_text(f"""version: 1
+tools:
+  everything:
+    profile: P2
+    description: The MCP reference test server.
+    network: none
+    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}
+    mounts: ["{npm_dir}:/srv/npm"]
+    mcp:
+      command: ["/usr/bin/node", "{mods}/server-everything/dist/index.js", "stdio"]
+  files:
+    profile: P2
+    description: A directory, read-only.
+    network: none
+    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}
+    mounts: ["{npm_dir}:/srv/npm", "{data}:/data"]
+    mcp:
+      command: ["/usr/bin/node", "{mods}/server-filesystem/dist/index.js", "/data"]
+""")
+    return m
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cordon", default=str(REPO / "target/debug/cordon"))
+    ap.add_argument("--http", action="store_true")
+    ap.add_argument("--npm-dir", help="node_modules parent with the reference servers installed")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        audit = str(Path(tmp) / "audit.jsonl")
+        await example_checks(a.cordon, a.http, audit)
+        if a.npm_dir:
+            await third_party_checks(a.cordon, third_party_manifest(a.npm_dir, tmp), a.http, audit)
+    print(f"{'FAILED' if FAILED else 'OK'}: {len(FAILED)} failed")
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
