@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""What an agent sees through cordon: start `cordon serve -m examples/cordon.yaml`
+over stdio, list the tools, call word_count once, and print the result.
+
+    scripts/mcp-demo.py [--cordon PATH] [--text TEXT]
+
+Speaks newline-delimited JSON-RPC on cordon's stdin/stdout (standard library
+only, no MCP SDK needed). An MCP client configuration would say:
+
+    {"command": "cordon", "args": ["serve", "-m", "examples/cordon.yaml"]}
+"""
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def find_cordon(given):
+    if given:
+        return given
+    for c in (REPO / "target/release/cordon", REPO / "target/debug/cordon"):
+        if c.is_file():
+            return str(c)
+    found = shutil.which("cordon")
+    if found:
+        return found
+    sys.exit("cordon not found: build it with `cargo build -p cordon` or pass --cordon PATH")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cordon")
+    ap.add_argument("--text", default="The quick brown fox\njumps over the lazy dog.\n")
+    ap.add_argument("--verbose", action="store_true", help="show cordon's stderr")
+    a = ap.parse_args()
+    proc = subprocess.Popen(
+        [find_cordon(a.cordon), "serve", "-m", str(REPO / "examples/cordon.yaml")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=None if a.verbose else subprocess.DEVNULL, text=True)
+    next_id = iter(range(1, 1000))
+
+    def request(method, params=None):
+        msg = {"jsonrpc": "2.0", "id": next(next_id), "method": method}
+        if params is not None:
+            msg["params"] = params
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                sys.exit("cordon serve exited")
+            reply = json.loads(line)
+            if reply.get("id") == msg["id"]:
+                return reply
+
+    init = request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                  "clientInfo": {"name": "mcp-demo", "version": "1"}})
+    info = init["result"]["serverInfo"]
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
+    proc.stdin.flush()
+    print(f"connected to {info['name']} {info['version']}\n")
+
+    tools = request("tools/list")["result"]["tools"]
+    print("tools/list:")
+    for t in tools:
+        print(f"  {t['name']:<12} [{t.get('_meta', {}).get('cordon/profile', '?')}] {t.get('description', '')}")
+
+    print(f"\ntools/call word_count {{text: {a.text!r}}}:")
+    reply = request("tools/call", {"name": "word_count", "arguments": {"text": a.text}})
+    if "error" in reply:
+        print(f"  error {reply['error']['code']}: {reply['error']['message']}")
+    else:
+        r = reply["result"]
+        for c in r["content"]:
+            if c["type"] == "text":
+                print("  " + c["text"].replace("\n", "\n  "))
+        meta = r.get("_meta", {})
+        print(f"\n  _meta: trust={meta.get('cordon/trust')} profile={meta.get('cordon/profile')} "
+              f"bytes_out={meta.get('cordon/bytes_out')} truncated={meta.get('cordon/truncated')}")
+    proc.stdin.close()
+    proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
