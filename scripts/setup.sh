@@ -16,3 +16,20 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# The MCP end-to-end tests: the Python MCP SDK client, and the reference MCP
+# servers that run inside their sandboxes (read-only mounted from here).
+if ! python3 -c 'import mcp' 2>/dev/null; then
+  echo "setup: pip install mcp"
+  python3 -m pip install -q mcp >/dev/null || echo "setup: pip install mcp failed; the Python client e2e test will say SKIP"
+fi
+npm_dir=${CORDON_E2E_NPM:-/var/cache/cordon-e2e/npm}
+if command -v npm >/dev/null 2>&1 &&
+   [ ! -f "$npm_dir/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ]; then
+  echo "setup: npm install the reference MCP servers into $npm_dir"
+  mkdir -p "$npm_dir"
+  (cd "$npm_dir" && npm install --no-audit --no-fund --silent \
+      @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem >/dev/null) ||
+    echo "setup: npm install failed; the third-party server e2e test will say SKIP"
+fi
+[ -d "$npm_dir" ] && chmod -R a+rX "$npm_dir" || true
