@@ -234,7 +234,6 @@ pub fn tail_until(
             source,
         })?;
         if i == 0 && file == path {
-            pos = data.len() as u64;
             ino = f.metadata().ok().map(|m| (m.dev(), m.ino()));
         }
         // Only complete lines count; a partial last line of the live file is read on follow.

@@ -54,6 +54,17 @@ const WORDS: &[&str] = &[
     "2026",
     "section",
 ];
+const WORDS_CJK: &[&str] = &[
+    "日本語の",
+    "テキスト",
+    "報告書",
+    "ページ",
+    "合計",
+    "出力",
+    "道具",
+    "砂場",
+    "模型",
+];
 const WORDS_INTL: &[&str] = &[
     "日本語の",
     "テキスト",
@@ -221,8 +232,9 @@ fn main() {
         let iters = if size > 10 * MB { 3 } else { 25 };
         let cases: Vec<(&str, Vec<u8>, &Gate)> = vec![
             ("plain text (ASCII)", text(size, 1, WORDS), &text_gate),
+            ("plain text (CJK)", text(size, 6, WORDS_CJK), &text_gate),
             (
-                "plain text (mostly non-ASCII)",
+                "plain text (mixed scripts)",
                 text(size, 2, WORDS_INTL),
                 &text_gate,
             ),

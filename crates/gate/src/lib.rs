@@ -503,7 +503,7 @@ impl Gate {
 
     fn check_json(&self, output: &[u8]) -> Result<(Value, StripCounts), GateRefusal> {
         let p = &self.policy;
-        let parsed = match std::str::from_utf8(output) {
+        let parsed = match strip::utf8(output) {
             Ok(s) => serde_json::from_str::<Value>(s),
             Err(e) => match p.invalid_utf8 {
                 Utf8Policy::Reject => {
@@ -527,7 +527,7 @@ impl Gate {
             column: e.column(),
         })?;
         let mut counts = StripCounts::default();
-        if std::str::from_utf8(output).is_err() {
+        if strip::utf8(output).is_err() {
             // Lossy decoding happened above; count the replacements once.
             counts.invalid_utf8 += output
                 .utf8_chunks()
@@ -675,7 +675,7 @@ pub fn sanitize_text(
         // Decode first so the markup passes see text; the sanitiser then runs on their output,
         // so anything an entity decodes to is still subject to stripping.
         let mut invalid = 0u64;
-        let text = match std::str::from_utf8(bytes) {
+        let text = match strip::utf8(bytes) {
             Ok(s) => std::borrow::Cow::Borrowed(s),
             Err(e) => {
                 if utf8 == Utf8Policy::Reject {

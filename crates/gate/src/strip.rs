@@ -75,6 +75,15 @@ impl StripCounts {
     }
 }
 
+/// UTF-8 validation: the SIMD validator for the common (valid) case, the standard library's
+/// for the position and length of an error.
+pub(crate) fn utf8(b: &[u8]) -> Result<&str, std::str::Utf8Error> {
+    match simdutf8::basic::from_utf8(b) {
+        Ok(s) => Ok(s),
+        Err(_) => std::str::from_utf8(b),
+    }
+}
+
 /// Bytes that can be copied without looking at them: printable ASCII, `\n`, `\t`,
 /// UTF-8 continuation bytes, and lead bytes that cannot start any character we strip.
 /// Leads that can: 0xC2 (C1 controls), 0xD8 (U+061C), 0xE1 (U+180E), 0xE2 (U+200B..U+206F),
@@ -195,7 +204,7 @@ impl<'a> Stripper<'a> {
     pub(crate) fn push_bytes(&mut self, bytes: &[u8], utf8: Utf8Policy) -> Result<(), GateRefusal> {
         let mut rest = bytes;
         loop {
-            match std::str::from_utf8(rest) {
+            match self::utf8(rest) {
                 Ok(valid) => {
                     self.push_str(valid);
                     return Ok(());

@@ -551,3 +551,10 @@ fn policy_serde_defaults_and_unknown_fields() {
     let schema = serde_json::to_value(schemars::schema_for!(GatePolicy)).unwrap();
     assert!(schema["properties"]["on_overflow"].is_object());
 }
+
+#[test]
+fn gate_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Gate>();
+    assert_send_sync::<Gated>();
+}
