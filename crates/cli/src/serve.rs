@@ -5,8 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use anyhow::anyhow;
-use cordon_mcp::{Gateway, GatewayOptions, HttpOptions, Transport};
+use cordon_mcp::{Gateway, GatewayOptions, HttpOptions, JailSandbox, Transport};
+use cordon_policy::policy::{Exec, Network, Runtime};
 
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
@@ -24,6 +27,55 @@ pub struct ServeArgs {
     /// as root, else ~/.local/state/cordon/audit.jsonl.
     #[arg(long, env = "CORDON_AUDIT")]
     pub audit: Option<PathBuf>,
+    /// Do not run the conformance probes at start. By default a command
+    /// tool whose sandbox has a probe that does not hold is not served.
+    #[arg(long)]
+    pub no_probe: bool,
+}
+
+/// Probe every command tool's sandbox, in parallel, and drop each tool
+/// with a probe that does not hold, saying which. The wall clock of a
+/// probed sandbox is shortened to 3 s so start-up stays quick; the
+/// mechanism under test is the same.
+fn probe_and_filter(
+    set: &mut cordon_policy::PolicySet,
+    jail: &Arc<cordon_jail::Jail>,
+) -> Vec<String> {
+    let probed: Vec<_> = set
+        .tools
+        .values()
+        .filter(|p| {
+            matches!(p.exec, Exec::Command { .. })
+                && p.runtime == Runtime::Native
+                && p.network == Network::None
+                && p.limits.is_some()
+        })
+        .cloned()
+        .collect();
+    let results: Vec<(String, anyhow::Result<()>)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = probed
+            .into_iter()
+            .map(|mut p| {
+                let jail = jail.clone();
+                sc.spawn(move || {
+                    if let Some(l) = p.limits.as_mut() {
+                        l.wall_seconds = l.wall_seconds.min(3);
+                    }
+                    let r = crate::probe::probe_tool(&p, jail).map(|_| ());
+                    (p.name.clone(), r)
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let mut refused = Vec::new();
+    for (name, r) in results {
+        if let Err(e) = r {
+            set.tools.remove(&name);
+            refused.push(format!("{e:#}"));
+        }
+    }
+    refused
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
@@ -31,7 +83,21 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         audit: args.audit.clone(),
         ..GatewayOptions::default()
     };
-    let gw = Gateway::from_manifest(&args.manifest.path, &opts).map_err(|e| anyhow!("{e}"))?;
+    let gw = if args.no_probe {
+        eprintln!(
+            "cordon: warning: --no-probe: tools are served without checking that their sandboxes hold here"
+        );
+        Gateway::from_manifest(&args.manifest.path, &opts).map_err(|e| anyhow!("{e}"))?
+    } else {
+        let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
+        let jail = Arc::new(cordon_jail::Jail::new().map_err(|e| anyhow!("{e}"))?);
+        for refusal in probe_and_filter(&mut loaded.policy, &jail) {
+            eprintln!("cordon: {refusal}");
+        }
+        let broker = cordon_broker::Broker::new(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
+        let sandbox = Arc::new(JailSandbox::new(jail, opts.max_server_lifetime));
+        Gateway::new(&loaded.policy, broker, sandbox).map_err(|e| anyhow!("{e}"))?
+    };
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
     }

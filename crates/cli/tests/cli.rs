@@ -668,3 +668,69 @@ fn probe_first_refuses_a_tool_whose_boundary_leaks() {
     assert_eq!(code(&o), 1, "{}", text(&o.stdout));
     assert!(text(&o.stdout).contains("ESCAPED"), "{}", text(&o.stdout));
 }
+
+/// Fail closed at the front door: `cordon serve` does not serve a tool
+/// whose sandbox has a probe that does not hold, and says which.
+#[test]
+fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
+    use std::io::{BufRead, BufReader};
+    if !Path::new("/home").is_dir() {
+        eprintln!("SKIP: no /home on this host");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cordon-serve-pf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  tidy:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n  leaky:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n    mounts: [\"/home:/home\"]\n",
+    )
+    .unwrap();
+    let mut child = Command::new(CORDON)
+        .args(["serve", "-m", m.to_str().unwrap()])
+        .env("CORDON_AUDIT", audit_file("serve-pf"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sin = child.stdin.take().unwrap();
+    let mut sout = BufReader::new(child.stdout.take().unwrap());
+    let send = |sin: &mut std::process::ChildStdin, v: serde_json::Value| {
+        writeln!(sin, "{v}").unwrap();
+        sin.flush().unwrap();
+    };
+    send(
+        &mut sin,
+        serde_json::json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"cli-test","version":"0"}}}),
+    );
+    let mut line = String::new();
+    sout.read_line(&mut line).unwrap();
+    assert!(line.contains("\"id\":1"), "{line}");
+    send(
+        &mut sin,
+        serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    );
+    send(
+        &mut sin,
+        serde_json::json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+    );
+    line.clear();
+    sout.read_line(&mut line).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    drop(sin);
+    let out = child.wait_with_output().unwrap();
+    let e = text(&out.stderr);
+    // The control: the tool without the mount is served.
+    assert_eq!(names, ["tidy"], "{e}");
+    assert!(
+        e.contains("leaky: refusing to start") && e.contains("host_fs"),
+        "{e}"
+    );
+}
