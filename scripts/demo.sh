@@ -16,3 +16,13 @@ echo "three small words" | $cordon run word_count -m $m --json
 echo "== thumbnail on examples/data/screenshot.png"
 $cordon run thumbnail -m $m < examples/data/screenshot.png > /tmp/cordon-thumb.png
 file /tmp/cordon-thumb.png 2>/dev/null || ls -l /tmp/cordon-thumb.png
+echo "== the conformance probes of each example tool (aimed at stand-ins when root)"
+if [ "$(id -u)" -eq 0 ]; then
+  scripts/probe-standins.sh $cordon probe -m $m --only escape | tail -n 4
+else
+  $cordon probe -m $m --only escape | tail -n 4
+fi
+echo "== an agent's MCP session through cordon serve (tools/list, tools/call)"
+python3 scripts/mcp-demo.py --cordon $cordon
+echo "== the audit log of this run"
+$cordon audit tail -n 5
