@@ -156,13 +156,21 @@ async def third_party_checks(cordon, manifest, http, audit):
         async def on_progress(p, total, message):
             progress.append(p)
 
+        if "fetch.fetch" in names:
+            # mcp-server-fetch runs with `network: none`: the cloud metadata
+            # address gives an error result, gated and wrapped.
+            r = await s.call_tool("fetch.fetch", {"url": "http://169.254.169.254/latest/meta-data/"})
+            err = bool(getattr(r, "is_error", getattr(r, "isError", False)))
+            check(f"{tag}: fetch of the metadata address is an error result",
+                  err and 'error="true"' in text_of(r), text_of(r))
+
         names_lro = [n for n in names if "long-running" in n or "longRunning" in n]
         if names_lro:
             r = await s.call_tool(names_lro[0], {"duration": 1, "steps": 3}, progress_callback=on_progress)
             check(f"{tag}: progress from {names_lro[0]} reaches the client", len(progress) >= 3, progress)
 
 
-def third_party_manifest(npm_dir, tmp):
+def third_party_manifest(npm_dir, tmp, py_dir=None):
     # The sandbox runs as an unprivileged uid: the mounted directory and its
     # parents must be readable by it.
     os.chmod(tmp, 0o755)
@@ -191,6 +199,18 @@ tools:
     mcp:
       command: ["/usr/bin/node", "{mods}/server-filesystem/dist/index.js", "/data"]
 """)
+    if py_dir:
+        with m.open("a") as f:
+            f.write(f"""  fetch:
+    profile: P2
+    description: mcp-server-fetch, with no network at all.
+    network: none
+    limits: {{wall_seconds: 20, memory: 512M, tasks: 64}}
+    mounts: ["{py_dir}:/srv/py"]
+    env: {{PYTHONPATH: /srv/py}}
+    mcp:
+      command: ["/usr/bin/python3", "-m", "mcp_server_fetch"]
+""")
     return m
 
 
@@ -199,12 +219,14 @@ async def main():
     ap.add_argument("--cordon", default=str(REPO / "target/debug/cordon"))
     ap.add_argument("--http", action="store_true")
     ap.add_argument("--npm-dir", help="node_modules parent with the reference servers installed")
+    ap.add_argument("--py-dir", help="pip --target directory with mcp-server-fetch installed")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         audit = str(Path(tmp) / "audit.jsonl")
         await example_checks(a.cordon, a.http, audit)
         if a.npm_dir:
-            await third_party_checks(a.cordon, third_party_manifest(a.npm_dir, tmp), a.http, audit)
+            m = third_party_manifest(a.npm_dir, tmp, a.py_dir)
+            await third_party_checks(a.cordon, m, a.http, audit)
     print(f"{'FAILED' if FAILED else 'OK'}: {len(FAILED)} failed")
     sys.exit(1 if FAILED else 0)
 

@@ -4,10 +4,11 @@
 #   tests/e2e/run.sh            # build cordon, install what is missing, run
 #
 # - Python: the official `mcp` SDK client (pip install mcp), over stdio and HTTP.
-# - Servers: @modelcontextprotocol/server-everything and server-filesystem
-#   (npm), run inside their sandboxes; installed into $CORDON_E2E_NPM
-#   (default /var/cache/cordon-e2e/npm), which is mounted read-only into
-#   the sandbox.
+# - Servers, each run inside its sandbox: @modelcontextprotocol/server-everything
+#   and server-filesystem (npm, installed into $CORDON_E2E_NPM, default
+#   /var/cache/cordon-e2e/npm) and mcp-server-fetch (PyPI, pip --target
+#   $CORDON_E2E_PY, default /var/cache/cordon-e2e/py) with no network. The
+#   install directories are mounted read-only into the sandboxes.
 # - MCP Inspector CLI (npx @modelcontextprotocol/inspector --cli), when npx can fetch it.
 # A part whose prerequisites cannot be installed is skipped with the reason.
 set -u
@@ -34,6 +35,17 @@ if command -v npm >/dev/null 2>&1; then
         chmod -R a+rX "$NPM_DIR" && npm_args="--npm-dir $NPM_DIR"
 else
     echo "SKIP third-party servers: npm not found"
+fi
+
+# mcp-server-fetch (PyPI) for the system python3 that runs inside the sandbox.
+PY_DIR=${CORDON_E2E_PY:-/var/cache/cordon-e2e/py}
+if [ -n "$npm_args" ]; then
+    if [ ! -d "$PY_DIR/mcp_server_fetch" ]; then
+        /usr/bin/python3 -m pip install -q --target "$PY_DIR" mcp-server-fetch >/dev/null 2>&1 ||
+            pip install -q --target "$PY_DIR" mcp-server-fetch >/dev/null 2>&1 ||
+            echo "SKIP mcp-server-fetch: pip install failed"
+    fi
+    [ -d "$PY_DIR/mcp_server_fetch" ] && chmod -R a+rX "$PY_DIR" && npm_args="$npm_args --py-dir $PY_DIR"
 fi
 
 if python3 -c 'import mcp' 2>/dev/null; then

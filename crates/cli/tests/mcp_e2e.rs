@@ -47,6 +47,16 @@ fn run(http: bool) {
             "SKIP third-party servers: server-everything is not installed under $CORDON_E2E_NPM or /var/cache/cordon-e2e/npm; run tests/e2e/run.sh"
         ),
     }
+    let py = std::env::var_os("CORDON_E2E_PY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/py"));
+    if npm_dir().is_some() && py.join("mcp_server_fetch").is_dir() {
+        cmd.arg("--py-dir").arg(py);
+    } else {
+        eprintln!(
+            "SKIP mcp-server-fetch: not installed under $CORDON_E2E_PY or /var/cache/cordon-e2e/py"
+        );
+    }
     let out = cmd.output().expect("run the Python client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
