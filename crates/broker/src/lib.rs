@@ -153,6 +153,11 @@ impl Broker {
         }
     }
 
+    /// Whether limits go through cgroups (false: the rlimit fallback).
+    pub fn uses_cgroups(&self) -> bool {
+        self.jail.uses_cgroups()
+    }
+
     /// Warnings a person should see once: weakened mechanisms, audit trouble.
     pub fn warnings(&self) -> Vec<String> {
         let mut w: Vec<String> = self.audit_warning.iter().cloned().collect();
@@ -280,6 +285,27 @@ impl Broker {
             egress: egress_events,
             gated,
         })
+    }
+
+    /// Run a prepared spec in the jail, with `egress` doors served when
+    /// given; returns the outcome and every egress attempt. No gate, no
+    /// audit record: for the conformance probes, which judge the raw run.
+    pub fn run_spec(
+        &self,
+        spec: &JailSpec,
+        egress: Option<EgressPolicy>,
+        input: Vec<u8>,
+    ) -> Result<(Outcome, Vec<EgressEvent>), JailError> {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let out = match egress {
+            None => self.jail.run(spec, Stdin::Bytes(input)),
+            Some(ep) => self.run_with_egress(spec, ep, input, events.clone()),
+        }?;
+        let ev = events
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        Ok((out, ev))
     }
 
     fn runtime(&self) -> Result<&tokio::runtime::Runtime, JailError> {

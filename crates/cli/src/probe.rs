@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, anyhow};
 
 use cordon_jail::Jail;
-use cordon_policy::policy::{Exec, Network, Profile as PolicyProfile, Runtime, ToolPolicy};
+use cordon_policy::policy::{Exec, Profile as PolicyProfile, Runtime, ToolPolicy};
 use cordon_probes::{Filter, Format, JailSandbox, NoSandbox, PrefixSandbox, Report, Targets};
 
 use crate::exit;
@@ -88,14 +88,81 @@ fn unprobeable(p: &ToolPolicy) -> Option<String> {
         ));
     }
     match p.exec {
-        Exec::Command { .. } => {}
-        _ => return Some("only command tools run in the native jail in this build".into()),
+        Exec::Command { .. } => None,
+        _ => Some("only command tools run in the native jail in this build".into()),
     }
-    match p.network {
-        Network::None => None,
-        _ => {
-            Some("egress tools: the door probes run in the egress test suite, not here yet".into())
+}
+
+/// A tool's own sandbox, egress doors included: the agent runs through
+/// the broker exactly as the tool would.
+struct ToolSandbox {
+    broker: Arc<cordon_broker::Broker>,
+    base: cordon_jail::JailSpec,
+    egress: Option<cordon_egress::EgressPolicy>,
+}
+
+impl cordon_probes::Sandbox for ToolSandbox {
+    fn name(&self) -> String {
+        format!(
+            "cordon jail ({}, seccomp {:?}, network {})",
+            if self.broker.uses_cgroups() {
+                "cgroups"
+            } else {
+                "rlimits"
+            },
+            self.base.seccomp,
+            if self.egress.is_some() {
+                "egress doors"
+            } else {
+                "none"
+            }
+        )
+    }
+
+    fn run(
+        &self,
+        req: &cordon_probes::ProbeRun,
+    ) -> Result<cordon_probes::RunResult, cordon_probes::SandboxError> {
+        let agent = cordon_probes::jail::AGENT_IN_JAIL;
+        let mut spec = self.base.clone();
+        spec.argv = std::iter::once(agent.to_string())
+            .chain(req.args.iter().cloned())
+            .collect();
+        spec.binds.push(cordon_jail::Bind {
+            src: req.agent.clone(),
+            dst: agent.into(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let broker = self.broker.clone();
+        let egress = self.egress.clone();
+        let stdin = req.stdin.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(broker.run_spec(&spec, egress, stdin));
+        });
+        match rx.recv_timeout(req.timeout) {
+            Ok(Ok((o, _events))) => Ok(cordon_probes::jail::run_result(&o)),
+            Ok(Err(e)) => Err(cordon_probes::SandboxError::Backend(e.to_string())),
+            Err(_) => Err(cordon_probes::SandboxError::Backend(format!(
+                "the jail did not return within {:.1} s",
+                req.timeout.as_secs_f64()
+            ))),
         }
+    }
+}
+
+fn tool_profile(p: &ToolPolicy, spec: &cordon_jail::JailSpec) -> cordon_probes::Profile {
+    let l = &spec.limits;
+    cordon_probes::Profile {
+        name: format!("{} ({})", p.name, cordon_broker::profile_name(p.profile)),
+        limits: cordon_probes::Limits {
+            memory_bytes: Some(l.memory_bytes),
+            tasks: Some(l.tasks),
+            wall: Some(l.wall),
+            output_bytes: Some(l.output_bytes),
+            disk_bytes: Some(l.disk_bytes),
+            fds: Some(l.nofile),
+        },
+        egress_allow: Vec::new(),
     }
 }
 
@@ -107,15 +174,22 @@ pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
     if let Some(why) = unprobeable(p) {
         return Err(anyhow!("{}: cannot be probed here: {why}", p.name));
     }
-    let (spec, _) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
-    let sb = JailSandbox::new(jail, spec);
-    let prof = sb.profile(&format!(
-        "{} ({})",
-        p.name,
-        cordon_broker::profile_name(p.profile)
-    ));
-    let report =
-        cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
+    let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
+    let prof = tool_profile(p, &spec);
+    let (t, f) = (Targets::default(), Filter::default());
+    let report = if egress.is_some() {
+        let broker =
+            Arc::new(cordon_broker::Broker::new(Some("-".into())).map_err(|e| anyhow!("{e}"))?);
+        let sb = ToolSandbox {
+            broker,
+            base: spec,
+            egress,
+        };
+        cordon_probes::run_suite(&sb, &agent, &prof, &t, &f)
+    } else {
+        let sb = JailSandbox::new(jail, spec);
+        cordon_probes::run_suite(&sb, &agent, &prof, &t, &f)
+    };
     let failed: Vec<String> = report
         .results
         .iter()
@@ -199,6 +273,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             ],
             None => loaded.policy.tools.values().collect(),
         };
+        let mut egress_broker: Option<Arc<cordon_broker::Broker>> = None;
         for p in tools {
             if p.profile == PolicyProfile::P0 {
                 let prof = cordon_probes::Profile::unclaimed(format!("{} (P0)", p.name));
@@ -211,16 +286,34 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 skipped.push((p.name.clone(), why));
                 continue;
             }
-            let (spec, _) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
-            let sb = JailSandbox::new(jail.clone(), spec);
-            let prof = sb.profile(&format!(
-                "{} ({})",
-                p.name,
-                cordon_broker::profile_name(p.profile)
-            ));
-            reports.push(cordon_probes::run_suite(
-                &sb, &agent, &prof, &targets, &filter,
-            ));
+            let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
+            let prof = tool_profile(p, &spec);
+            if egress.is_some() {
+                let broker = match &egress_broker {
+                    Some(b) => Arc::clone(b),
+                    None => {
+                        let b = Arc::new(
+                            cordon_broker::Broker::new(Some("-".into()))
+                                .map_err(|e| anyhow!("{e}"))?,
+                        );
+                        egress_broker = Some(b.clone());
+                        b
+                    }
+                };
+                let sb = ToolSandbox {
+                    broker,
+                    base: spec,
+                    egress,
+                };
+                reports.push(cordon_probes::run_suite(
+                    &sb, &agent, &prof, &targets, &filter,
+                ));
+            } else {
+                let sb = JailSandbox::new(jail.clone(), spec);
+                reports.push(cordon_probes::run_suite(
+                    &sb, &agent, &prof, &targets, &filter,
+                ));
+            }
         }
     }
 

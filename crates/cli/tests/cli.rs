@@ -734,3 +734,56 @@ fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
         "{e}"
     );
 }
+
+/// `cordon probe` runs the catalogue inside a tool's own sandbox with its
+/// egress doors: the doors lead only to the broker, so the outside,
+/// metadata and private targets stay unreachable. Run in a network
+/// namespace with stand-ins bound on loopback, so nothing can leave.
+#[test]
+fn probe_covers_a_tool_with_egress_doors() {
+    if !is_root() {
+        eprintln!("SKIP: the stand-in network namespace needs root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cordon-probe-eg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  fetcher:\n    profile: P2\n    command: [/usr/bin/curl, -s]\n    limits: {wall_seconds: 3}\n    egress: [\"api.test:18080\"]\n    resolve: {api.test: 127.0.0.1}\n    allow_cidrs: [127.0.0.1/32]\n",
+    )
+    .unwrap();
+    let o = Command::new(repo().join("scripts/probe-standins.sh"))
+        .args([
+            CORDON,
+            "probe",
+            "-m",
+            m.to_str().unwrap(),
+            "--only",
+            "escape",
+            "--json",
+        ])
+        .env("CORDON_AUDIT", audit_file("probe-eg"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["reports"][0];
+    assert!(
+        r["sandbox"].as_str().unwrap().contains("egress doors"),
+        "{r}"
+    );
+    let verdict = |name: &str| {
+        r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"] == name)
+            .map(|p| p["verdict"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(verdict("control"), "held", "{r}");
+    for p in ["network", "metadata", "private", "dns", "host_fs", "env"] {
+        assert_eq!(verdict(p), "held", "{p}: {r}");
+    }
+}
