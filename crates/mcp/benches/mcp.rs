@@ -136,10 +136,10 @@ tools:
         // MCP server: direct.
         let mut cmd = tokio::process::Command::new("/usr/bin/python3");
         cmd.arg(fixtures().join("fixture_server.py"));
-        let direct = ()
-            .serve(TokioChildProcess::new(cmd).expect("spawn the fixture"))
-            .await
-            .expect("initialize the fixture");
+        let direct =
+            ().serve(TokioChildProcess::new(cmd).expect("spawn the fixture"))
+                .await
+                .expect("initialize the fixture");
         let mcp_direct = time_calls(&direct, "echo", json!({"text": "ping"}), calls).await;
         let _ = direct.cancel().await;
 
@@ -194,15 +194,24 @@ tools:
         let wc_cordon = time_calls(&c, "word_count", json!({"text": text}), calls).await;
         let _ = c.cancel().await;
         let mut rows = vec![
-            ("mcp direct (fixture server, no sandbox)", stats(mcp_direct.clone())),
-            ("mcp via cordon (same server in its P2 sandbox)", stats(mcp_cordon)),
+            (
+                "mcp direct (fixture server, no sandbox)",
+                stats(mcp_direct.clone()),
+            ),
+            (
+                "mcp via cordon (same server in its P2 sandbox)",
+                stats(mcp_cordon),
+            ),
         ];
         if let Some(b) = binary {
             rows.push(("mcp direct (fixture server, no sandbox)", stats(mcp_direct)));
             rows.push(("mcp via `cordon serve` over stdio (CORDON_BIN)", stats(b)));
         }
         rows.push(("wc direct (fork/exec)", stats(wc_direct)));
-        rows.push(("word_count via cordon (fresh P1 jail per call)", stats(wc_cordon)));
+        rows.push((
+            "word_count via cordon (fresh P1 jail per call)",
+            stats(wc_cordon),
+        ));
         rows
     });
 
