@@ -462,12 +462,23 @@ pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
             cordon_policy::policy::Overflow::Truncate => cordon_gate::Overflow::Truncate,
         },
         strip: StripPolicy {
+            control: o.strip.control,
+            ansi: o.strip.ansi,
+            bidi: o.strip.bidi,
+            zero_width: o.strip.zero_width,
+            tags: o.strip.tags,
             html: o.strip_html,
             markdown: o.strip_markdown,
-            ..StripPolicy::default()
         },
-        invalid_utf8: cordon_gate::Utf8Policy::Replace,
-        label: LabelStyle::Wrapped,
+        invalid_utf8: match o.invalid_utf8 {
+            cordon_policy::policy::InvalidUtf8::Replace => cordon_gate::Utf8Policy::Replace,
+            cordon_policy::policy::InvalidUtf8::Reject => cordon_gate::Utf8Policy::Reject,
+        },
+        label: match o.label {
+            cordon_policy::policy::Label::Wrapped => LabelStyle::Wrapped,
+            cordon_policy::policy::Label::Envelope => LabelStyle::Envelope,
+            cordon_policy::policy::Label::None => LabelStyle::None,
+        },
     };
     Gate::new(gp).map_err(|e| format!("{}: {e}", policy.name))
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, anyhow};
 use serde::Serialize;
 
 use cordon_policy::policy::{
-    Exec, Lifetime, Network, Output, OutputKind, Overflow, Profile, Runtime, Seccomp, ToolPolicy,
+    Exec, Lifetime, Network, Output, Profile, Runtime, Seccomp, ToolPolicy,
 };
 use cordon_policy::units::{parse_cpu, parse_size_str};
 
@@ -363,13 +363,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         },
         input_schema: None,
         output_schema: None,
-        output: Output {
-            kind: OutputKind::Text,
-            media_type: None,
-            on_overflow: Overflow::Fail,
-            strip_html: false,
-            strip_markdown: false,
-        },
+        output: Output::text(),
         seccomp: Seccomp::DenyList,
     })
 }

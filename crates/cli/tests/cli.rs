@@ -787,3 +787,28 @@ fn probe_covers_a_tool_with_egress_doors() {
         assert_eq!(verdict(p), "held", "{p}: {r}");
     }
 }
+
+/// The gate is configurable per tool: a class turned off in the manifest
+/// passes through, the others are still removed.
+#[test]
+fn gate_classes_are_configurable_per_tool() {
+    let dir = std::env::temp_dir().join(format!("cordon-gatecfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  strict:\n    profile: P1\n    command: [/usr/bin/printf, \"\\\\033[1mX\\\\033[0m\\\\342\\\\200\\\\213Y\"]\n  colour:\n    profile: P1\n    command: [/usr/bin/printf, \"\\\\033[1mX\\\\033[0m\\\\342\\\\200\\\\213Y\"]\n    output: {strip: {ansi: false, control: false}}\n",
+    )
+    .unwrap();
+    let m = m.to_str().unwrap();
+    let o = cordon(As::Caller, &["run", "strict", "-m", m], b"", &[]);
+    assert_eq!(text(&o.stdout), "XY", "{}", text(&o.stderr));
+    let o = cordon(As::Caller, &["run", "colour", "-m", m], b"", &[]);
+    // Escapes kept (ESC is a control character too), the zero-width space still removed.
+    assert_eq!(
+        text(&o.stdout),
+        "\u{1b}[1mX\u{1b}[0mY",
+        "{}",
+        text(&o.stderr)
+    );
+}

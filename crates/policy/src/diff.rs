@@ -224,7 +224,13 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
             n.input_schema.is_none(),
         ));
     }
+    let (os, ns) = (o.output.strip, n.output.strip);
     for (field, a, b) in [
+        ("output.strip.control", os.control, ns.control),
+        ("output.strip.ansi", os.ansi, ns.ansi),
+        ("output.strip.bidi", os.bidi, ns.bidi),
+        ("output.strip.zero_width", os.zero_width, ns.zero_width),
+        ("output.strip.tags", os.tags, ns.tags),
         (
             "output.strip_html",
             o.output.strip_html,
@@ -246,6 +252,24 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
             "output.kind",
             &format!("{:?} {:?}", o.output.kind, o.output.media_type),
             &format!("{:?} {:?}", n.output.kind, n.output.media_type),
+            false,
+        ));
+    }
+    if o.output.label != n.output.label {
+        out.push(change(
+            t,
+            "output.label",
+            &format!("{:?}", o.output.label).to_lowercase(),
+            &format!("{:?}", n.output.label).to_lowercase(),
+            n.output.label == crate::policy::Label::None,
+        ));
+    }
+    if o.output.invalid_utf8 != n.output.invalid_utf8 {
+        out.push(change(
+            t,
+            "output.invalid_utf8",
+            &format!("{:?}", o.output.invalid_utf8).to_lowercase(),
+            &format!("{:?}", n.output.invalid_utf8).to_lowercase(),
             false,
         ));
     }

@@ -257,6 +257,44 @@ pub struct Output {
     pub strip_html: Option<bool>,
     /// Remove markdown markup from text output.
     pub strip_markdown: Option<bool>,
+    /// Character classes the gate removes; every class is on unless turned
+    /// off here (turning one off is a weakening `cordon diff` flags).
+    pub strip: Option<StripClasses>,
+    /// How results are labelled untrusted: wrapped (default), envelope, or
+    /// none (the envelope then carries a warning).
+    pub label: Option<Label>,
+    /// Bytes that are not UTF-8: replace (default, with U+FFFD) or reject.
+    pub invalid_utf8: Option<InvalidUtf8>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StripClasses {
+    /// C0 and C1 control characters except newline and tab.
+    pub control: Option<bool>,
+    /// ANSI/VT escape sequences.
+    pub ansi: Option<bool>,
+    /// Unicode bidi overrides, embeddings and isolates.
+    pub bidi: Option<bool>,
+    /// Zero-width and other invisible format characters.
+    pub zero_width: Option<bool>,
+    /// The Unicode tag block (U+E0000..U+E007F).
+    pub tags: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Label {
+    Wrapped,
+    Envelope,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidUtf8 {
+    Replace,
+    Reject,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

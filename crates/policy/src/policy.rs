@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::manifest::{Encoding, Lifetime, OutputKind, Overflow, Profile, Runtime};
+pub use crate::manifest::{
+    Encoding, InvalidUtf8, Label, Lifetime, OutputKind, Overflow, Profile, Runtime,
+};
 
 /// All tools of a manifest, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,6 +124,47 @@ pub struct Output {
     pub on_overflow: Overflow,
     pub strip_html: bool,
     pub strip_markdown: bool,
+    pub strip: StripClasses,
+    pub label: Label,
+    pub invalid_utf8: InvalidUtf8,
+}
+
+/// Character classes the gate removes (all on by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripClasses {
+    pub control: bool,
+    pub ansi: bool,
+    pub bidi: bool,
+    pub zero_width: bool,
+    pub tags: bool,
+}
+
+impl Default for StripClasses {
+    fn default() -> Self {
+        StripClasses {
+            control: true,
+            ansi: true,
+            bidi: true,
+            zero_width: true,
+            tags: true,
+        }
+    }
+}
+
+impl Output {
+    /// Text output, every default of the gate.
+    pub fn text() -> Output {
+        Output {
+            kind: OutputKind::Text,
+            media_type: None,
+            on_overflow: Overflow::Fail,
+            strip_html: false,
+            strip_markdown: false,
+            strip: StripClasses::default(),
+            label: Label::Wrapped,
+            invalid_utf8: InvalidUtf8::Replace,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

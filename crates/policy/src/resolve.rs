@@ -846,6 +846,19 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         on_overflow: o.on_overflow.unwrap_or(manifest::Overflow::Fail),
         strip_html: o.strip_html.unwrap_or(false),
         strip_markdown: o.strip_markdown.unwrap_or(false),
+        strip: {
+            let d = policy::StripClasses::default();
+            let c = o.strip.clone().unwrap_or_default();
+            policy::StripClasses {
+                control: c.control.unwrap_or(d.control),
+                ansi: c.ansi.unwrap_or(d.ansi),
+                bidi: c.bidi.unwrap_or(d.bidi),
+                zero_width: c.zero_width.unwrap_or(d.zero_width),
+                tags: c.tags.unwrap_or(d.tags),
+            }
+        },
+        label: o.label.unwrap_or(manifest::Label::Wrapped),
+        invalid_utf8: o.invalid_utf8.unwrap_or(manifest::InvalidUtf8::Replace),
     };
 
     let lifetime = t.lifetime.unwrap_or(if t.mcp.is_some() {

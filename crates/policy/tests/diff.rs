@@ -146,3 +146,42 @@ fn runtime_to_native_weakens() {
         true,
     );
 }
+
+#[test]
+fn turning_off_a_gate_class_or_the_label_weakens() {
+    let base = "tools:\n  t:\n    profile: P1\n    command: [x]\n";
+    let a = load_str(Path::new("a.yaml"), base).unwrap();
+    for (extra, field, weakens) in [
+        (
+            "    output: {strip: {ansi: false}}\n",
+            "output.strip.ansi",
+            true,
+        ),
+        (
+            "    output: {strip: {bidi: false}}\n",
+            "output.strip.bidi",
+            true,
+        ),
+        ("    output: {label: none}\n", "output.label", true),
+        ("    output: {label: envelope}\n", "output.label", false),
+        (
+            "    output: {invalid_utf8: reject}\n",
+            "output.invalid_utf8",
+            false,
+        ),
+        ("    output: {strip: {ansi: true}}\n", "", false),
+    ] {
+        let b = load_str(Path::new("b.yaml"), &format!("{base}{extra}")).unwrap();
+        let c = diff(&a.policy, &b.policy);
+        if field.is_empty() {
+            assert!(c.is_empty(), "{extra}: {c:#?}");
+            continue;
+        }
+        assert_eq!(c.len(), 1, "{extra}: {c:#?}");
+        assert_eq!(
+            (c[0].field.as_str(), c[0].weakens),
+            (field, weakens),
+            "{extra}"
+        );
+    }
+}
