@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use cordon_egress::{DoorContext, DoorHandle, Doors, EgressEvent, EgressPolicy, EventSink};
+pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
+use cordon_egress::{DoorContext, DoorHandle, Doors, EventSink};
 
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
@@ -330,45 +331,70 @@ impl Broker {
         events: Arc<Mutex<Vec<EgressEvent>>>,
     ) -> Result<Outcome, JailError> {
         let rt = self.runtime()?;
-        let plan = cordon_egress::plan(&policy);
-        let n_tcp = plan.tcp.len();
-        let ctx = DoorContext {
-            tool: spec.tool.clone(),
-            session: self.session.clone(),
-        };
-        let sink = EventSink::new(move |e| {
-            if let Ok(mut v) = events.lock() {
-                v.push(e);
-            }
-        });
-        let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
-        let policy = Arc::new(policy);
-        let out = self.jail.run_with_doors(spec, Stdin::Bytes(input), |fds| {
-            let mut doors = Doors::default();
-            for (i, fd) in fds.into_iter().enumerate() {
-                if i < n_tcp {
-                    doors.tcp.push(std::net::TcpListener::from(fd));
-                } else {
-                    doors.udp.push(std::net::UdpSocket::from(fd));
+        run_with_doors(
+            &self.jail,
+            rt.handle(),
+            &self.session,
+            spec,
+            policy,
+            Stdin::Bytes(input),
+            move |e| {
+                if let Ok(mut v) = events.lock() {
+                    v.push(e);
                 }
-            }
-            let served = rt
-                .block_on(cordon_egress::serve(policy, ctx, doors, sink))
-                .map_err(|e| e.to_string());
-            if let Ok(mut h) = handle.lock() {
-                *h = Some(served);
-            }
-        });
-        let served = handle.lock().ok().and_then(|mut h| h.take());
-        match served {
-            Some(Ok(h)) => rt.block_on(h.shutdown()),
-            Some(Err(e)) => {
-                return Err(JailError::Host(format!("{}: egress doors: {e}", spec.tool)));
-            }
-            None => {}
-        }
-        out
+            },
+        )
     }
+}
+
+/// Run `spec` in `jail` with the egress doors of `policy` served on `rt` for
+/// the sandbox's whole life; every egress attempt goes to `on_event`. The
+/// doors are shut down once the sandbox is gone. Blocks the calling thread
+/// (which must not be one of `rt`'s workers) until the sandbox ends: a
+/// long-lived server runs it on its own thread.
+pub fn run_with_doors(
+    jail: &Jail,
+    rt: &tokio::runtime::Handle,
+    session: &str,
+    spec: &JailSpec,
+    policy: EgressPolicy,
+    stdin: Stdin,
+    on_event: impl Fn(EgressEvent) + Send + Sync + 'static,
+) -> Result<Outcome, JailError> {
+    let plan = cordon_egress::plan(&policy);
+    let n_tcp = plan.tcp.len();
+    let ctx = DoorContext {
+        tool: spec.tool.clone(),
+        session: session.to_string(),
+    };
+    let sink = EventSink::new(on_event);
+    let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
+    let policy = Arc::new(policy);
+    let out = jail.run_with_doors(spec, stdin, |fds| {
+        let mut doors = Doors::default();
+        for (i, fd) in fds.into_iter().enumerate() {
+            if i < n_tcp {
+                doors.tcp.push(std::net::TcpListener::from(fd));
+            } else {
+                doors.udp.push(std::net::UdpSocket::from(fd));
+            }
+        }
+        let served = rt
+            .block_on(cordon_egress::serve(policy, ctx, doors, sink))
+            .map_err(|e| e.to_string());
+        if let Ok(mut h) = handle.lock() {
+            *h = Some(served);
+        }
+    });
+    let served = handle.lock().ok().and_then(|mut h| h.take());
+    match served {
+        Some(Ok(h)) => rt.block_on(h.shutdown()),
+        Some(Err(e)) => {
+            return Err(JailError::Host(format!("{}: egress doors: {e}", spec.tool)));
+        }
+        None => {}
+    }
+    out
 }
 
 pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {

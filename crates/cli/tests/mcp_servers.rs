@@ -415,3 +415,164 @@ async fn an_http_session_end_stops_its_sandbox() {
     assert!(wait_gone(mount).await, "a sandbox outlived its session");
     drop(child);
 }
+
+/// A minimal MCP server with one tool, `get`, that fetches a URL through
+/// the proxy its environment names (urllib honours `http_proxy`).
+const FETCH_SERVER: &str = r#"import json, sys, urllib.request, urllib.error
+
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+
+TOOLS = [{"name": "get", "description": "GET a URL.",
+          "inputSchema": {"type": "object", "properties": {"url": {"type": "string"}},
+                          "required": ["url"]}}]
+
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    msg = json.loads(line)
+    req_id, method, params = msg.get("id"), msg.get("method"), msg.get("params") or {}
+    if req_id is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": req_id, "result": {
+            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "fetch-fixture", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": TOOLS}})
+    elif method == "tools/call":
+        url = (params.get("arguments") or {}).get("url", "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text, err = r.read().decode(), False
+        except urllib.error.HTTPError as e:
+            text, err = "HTTP %d: %s" % (e.code, e.read().decode(errors="replace")), True
+        except Exception as e:
+            text, err = "fetch failed: %r" % (e,), True
+        send({"jsonrpc": "2.0", "id": req_id, "result": {
+            "content": [{"type": "text", "text": text}], "isError": err}})
+    else:
+        send({"jsonrpc": "2.0", "id": req_id,
+              "error": {"code": -32601, "message": "method not found: %s" % method}})
+"#;
+
+/// A loopback HTTP upstream that answers every request with `body` and
+/// counts the requests it saw.
+fn upstream(body: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&req);
+            s.lock()
+                .unwrap()
+                .push(head.lines().next().unwrap_or("").to_string());
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// An `mcp:` server with `egress` runs with the egress doors for its whole
+/// life: the allowlisted name (pinned to a loopback upstream) is reached,
+/// any other destination is refused by the doors with the reason, and the
+/// refused requests never reach an upstream. Only loopback is used: the
+/// names are pinned with `resolve` or refused before any lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_egress_reaches_only_its_allowlist() {
+    let dir = tempdir();
+    let (port, seen) = upstream("hello from the allowed upstream");
+    let (other, other_seen) = upstream("this upstream is not allowed");
+    std::fs::write(dir.0.join("fetch_server.py"), FETCH_SERVER).unwrap();
+    let mount = "/fx-egress";
+    let m = format!(
+        r#"version: 1
+tools:
+  web:
+    profile: P2
+    description: A fetch server with one allowed destination.
+    lifetime: session
+    limits: {{wall_seconds: 10, memory: 256M, tasks: 16}}
+    egress: ["api.test:{port}"]
+    resolve: {{api.test: 127.0.0.1}}
+    allow_cidrs: [127.0.0.1/32]
+    mounts: ["{src}:{mount}"]
+    mcp:
+      command: ["/usr/bin/python3", "{mount}/fetch_server.py"]
+"#,
+        src = dir.0.display()
+    );
+    let mp = dir.0.join("cordon.yaml");
+    std::fs::write(&mp, m).unwrap();
+    let (c, _) = stdio_client(&mp, &dir.0.join("audit.jsonl")).await;
+
+    let names: Vec<_> = c
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["web.get"]);
+
+    // Positive control: the allowlisted name reaches the upstream.
+    let url = format!("http://api.test:{port}/hello");
+    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    assert_eq!(body(&r), "hello from the allowed upstream");
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        ["GET /hello HTTP/1.1".to_string()]
+    );
+
+    // A name outside the allowlist: refused by the doors, before any lookup.
+    let url = format!("http://evil.test:{port}/steal");
+    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let t = text_of(&r);
+    assert_eq!(r.is_error, Some(true), "{t}");
+    assert!(
+        t.contains(&format!(
+            "egress to evil.test:{port} refused: not in the allowlist of web"
+        )),
+        "{t}"
+    );
+
+    // A loopback address of another upstream, not in the allowlist.
+    let url = format!("http://127.0.0.1:{other}/steal");
+    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let t = text_of(&r);
+    assert_eq!(r.is_error, Some(true), "{t}");
+    assert!(t.contains("refused") && t.contains("allowlist"), "{t}");
+
+    // Neither refusal reached an upstream.
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert!(other_seen.lock().unwrap().is_empty());
+
+    // The doors live as long as the server: a later call still gets through.
+    let url = format!("http://api.test:{port}/again");
+    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    assert_eq!(body(&r), "hello from the allowed upstream");
+
+    c.cancel().await.unwrap();
+    assert!(wait_gone(mount).await, "the server outlived its session");
+}

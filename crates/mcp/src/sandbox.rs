@@ -149,12 +149,17 @@ impl ServerSandbox for JailSandbox {
             argv: stdio_wrapper(argv),
         };
         let (mut spec, egress) = cordon_broker::jail_spec(&p)?;
-        if egress.is_some() {
-            return Err(format!(
-                "{}: egress for an MCP server is not wired into `cordon serve` yet; refusing rather than running it without the allowlist",
-                policy.name
-            ));
-        }
+        // The doors are served on the gateway's runtime, from the thread
+        // that runs the sandbox (never one of the runtime's workers).
+        let rt = match &egress {
+            None => None,
+            Some(_) => Some(tokio::runtime::Handle::try_current().map_err(|e| {
+                format!(
+                    "{}: the server has egress, and its doors need the gateway's async runtime: {e}",
+                    policy.name
+                )
+            })?),
+        };
         spec.limits.wall = self.max_lifetime;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("{}: socket pair for the server: {e}", policy.name))?;
@@ -170,7 +175,22 @@ impl ServerSandbox for JailSandbox {
         std::thread::Builder::new()
             .name(format!("mcp-{}", policy.name))
             .spawn(move || {
-                let report = match jail.run(&spec, Stdin::Fd(stdin)) {
+                let ran = match (egress, rt) {
+                    (Some(ep), Some(rt)) => {
+                        let tool = spec.tool.clone();
+                        cordon_broker::run_with_doors(
+                            &jail,
+                            &rt,
+                            "serve",
+                            &spec,
+                            ep,
+                            Stdin::Fd(stdin),
+                            move |e| log_egress(&tool, &e),
+                        )
+                    }
+                    _ => jail.run(&spec, Stdin::Fd(stdin)),
+                };
+                let report = match ran {
                     Ok(o) => {
                         let mut r = match o.status {
                             Status::Ok => format!("{}: the server exited (status 0)", spec.tool),
@@ -200,6 +220,26 @@ impl ServerSandbox for JailSandbox {
             writer: Box::new(w),
             handle,
         })
+    }
+}
+
+/// One egress attempt of a long-lived server. A server's connections are
+/// not tied to one call, so they go to the diagnostic log, not to a call's
+/// audit record.
+fn log_egress(tool: &str, e: &cordon_broker::EgressEvent) {
+    let target = format!("{}:{}", e.name, e.port);
+    match e.decision {
+        cordon_broker::Decision::Allowed => tracing::info!(
+            tool,
+            target = %target,
+            bytes_up = e.bytes_up,
+            bytes_down = e.bytes_down,
+            "egress allowed: {}",
+            e.reason
+        ),
+        cordon_broker::Decision::Refused => {
+            tracing::warn!(tool, target = %target, "egress refused: {}", e.reason)
+        }
     }
 }
 
