@@ -552,7 +552,7 @@ tools:
     assert_eq!(r.is_error, Some(true), "{t}");
     assert!(
         t.contains(&format!(
-            "egress to evil.test:{port} refused: not in the allowlist of web"
+            "HTTP 403: egress to evil.test:{port} refused: not in the allowlist of web"
         )),
         "{t}"
     );
