@@ -576,3 +576,152 @@ tools:
     c.cancel().await.unwrap();
     assert!(wait_gone(mount).await, "the server outlived its session");
 }
+
+/// Sockets open in process `pid`.
+fn sockets_of(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .map(|l| l.to_string_lossy().starts_with("socket:"))
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Poll until `pid` holds `want` sockets; the count it ended with.
+async fn wait_sockets(pid: i32, want: usize) -> usize {
+    let mut n = sockets_of(pid);
+    for _ in 0..100 {
+        if n == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        n = sockets_of(pid);
+    }
+    n
+}
+
+/// The count of sockets in `pid` once it has not changed for ten samples
+/// in a row (a stopped sandbox's teardown finishes after its processes are
+/// gone).
+async fn settled_sockets(pid: i32) -> usize {
+    let mut n = sockets_of(pid);
+    let mut same = 0;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = sockets_of(pid);
+        if m == n {
+            same += 1;
+            if same == 10 {
+                break;
+            }
+        } else {
+            (n, same) = (m, 0);
+        }
+    }
+    n
+}
+
+/// The doors of a server live exactly as long as its sandbox: while a
+/// per-call server is fetching, the gateway holds its door sockets; once
+/// the call's sandbox is gone, the gateway is back to the sockets it held
+/// before, call after call (no door, listener or connection leaks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_doors_close_when_its_sandbox_stops() {
+    use std::io::{Read, Write};
+    let dir = tempdir();
+    let (port, seen) = upstream("quick");
+    // An upstream that answers only when told to: the call is held open.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let held_port = held.local_addr().unwrap().port();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (arrived, arrival) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Ok((mut conn, _)) = held.accept() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = arrived.send(());
+            let _ = released.recv();
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nheld",
+            );
+        }
+    });
+    std::fs::write(dir.0.join("fetch_server.py"), FETCH_SERVER).unwrap();
+    let mount = "/fx-egress-doors";
+    let m = format!(
+        r#"version: 1
+tools:
+  web:
+    profile: P2
+    description: A per-call fetch server.
+    lifetime: call
+    limits: {{wall_seconds: 20, memory: 256M, tasks: 16}}
+    egress: ["api.test:{port}", "slow.test:{held_port}"]
+    resolve: {{api.test: 127.0.0.1, slow.test: 127.0.0.1}}
+    allow_cidrs: [127.0.0.1/32]
+    mounts: ["{src}:{mount}"]
+    mcp:
+      command: ["/usr/bin/python3", "{mount}/fetch_server.py"]
+"#,
+        src = dir.0.display()
+    );
+    let mp = dir.0.join("cordon.yaml");
+    std::fs::write(&mp, m).unwrap();
+    let (c, _) = stdio_client(&mp, &dir.0.join("audit.jsonl")).await;
+    let serve = procs_with(mp.to_str().unwrap());
+    assert_eq!(serve.len(), 1, "{serve:?}");
+    let serve = serve[0];
+
+    let get = |u: String| {
+        let peer = c.peer().clone();
+        async move {
+            let mut p = CallToolRequestParams::new("web.get");
+            p.arguments = json!({"url": u}).as_object().cloned();
+            peer.call_tool(p).await
+        }
+    };
+    let quick = format!("http://api.test:{port}/q");
+    let r = get(quick.clone()).await.unwrap();
+    assert_eq!(body(&r), "quick");
+    assert!(
+        wait_gone(mount).await,
+        "the per-call sandbox outlived its call"
+    );
+    let baseline = settled_sockets(serve).await;
+
+    // Positive control: during a held call the gateway holds more sockets
+    // (the server's stdio and its doors).
+    let pending = tokio::spawn(get(format!("http://slow.test:{held_port}/h")));
+    tokio::task::spawn_blocking(move || arrival.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the held upstream was reached");
+    let during = sockets_of(serve);
+    assert!(during > baseline, "{during} <= {baseline}");
+    release.send(()).unwrap();
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!(body(&r), "held");
+    assert!(
+        wait_gone(mount).await,
+        "the per-call sandbox outlived its call"
+    );
+    assert_eq!(wait_sockets(serve, baseline).await, baseline);
+
+    // And again, call after call.
+    for _ in 0..3 {
+        let r = get(quick.clone()).await.unwrap();
+        assert_eq!(body(&r), "quick");
+    }
+    assert!(
+        wait_gone(mount).await,
+        "a per-call sandbox outlived its call"
+    );
+    assert_eq!(wait_sockets(serve, baseline).await, baseline);
+    assert_eq!(seen.lock().unwrap().len(), 4);
+    c.cancel().await.unwrap();
+}
