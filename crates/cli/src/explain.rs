@@ -11,21 +11,25 @@ pub fn load(path: &Path) -> anyhow::Result<cordon_policy::Loaded> {
     cordon_policy::load(path).map_err(|e| anyhow!("{e}"))
 }
 
-pub fn explain(path: &Path, tool: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let loaded = load(path)?;
-    let policy = loaded.policy.get(tool).ok_or_else(|| {
+/// A tool of a loaded manifest, or an error that lists the tools it has.
+pub fn tool_in<'a>(
+    loaded: &'a cordon_policy::Loaded,
+    path: &Path,
+    tool: &str,
+) -> anyhow::Result<&'a cordon_policy::ToolPolicy> {
+    loaded.policy.get(tool).ok_or_else(|| {
+        let names: Vec<&str> = loaded.policy.tools.keys().map(String::as_str).collect();
         anyhow!(
             "no tool `{tool}` in {}; it has: {}",
             path.display(),
-            loaded
-                .policy
-                .tools
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
+            names.join(", ")
         )
-    })?;
+    })
+}
+
+pub fn explain(path: &Path, tool: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let loaded = load(path)?;
+    let policy = tool_in(&loaded, path, tool)?;
     if json {
         println!("{}", serde_json::to_string_pretty(policy)?);
     } else {

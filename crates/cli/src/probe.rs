@@ -150,20 +150,17 @@ impl cordon_probes::Sandbox for ToolSandbox {
     }
 }
 
-fn tool_profile(p: &ToolPolicy, spec: &cordon_jail::JailSpec) -> cordon_probes::Profile {
-    let l = &spec.limits;
-    cordon_probes::Profile {
-        name: format!("{} ({})", p.name, cordon_broker::profile_name(p.profile)),
-        limits: cordon_probes::Limits {
-            memory_bytes: Some(l.memory_bytes),
-            tasks: Some(l.tasks),
-            wall: Some(l.wall),
-            output_bytes: Some(l.output_bytes),
-            disk_bytes: Some(l.disk_bytes),
-            fds: Some(l.nofile),
-        },
-        egress_allow: Vec::new(),
-    }
+/// The limits a tool's sandbox claims, as the probes judge them.
+fn tool_profile(
+    p: &ToolPolicy,
+    spec: &cordon_jail::JailSpec,
+    jail: &Arc<Jail>,
+) -> cordon_probes::Profile {
+    JailSandbox::new(jail.clone(), spec.clone()).profile(&format!(
+        "{} ({})",
+        p.name,
+        cordon_broker::profile_name(p.profile)
+    ))
 }
 
 /// Probe one tool's own sandbox with the default targets (fail-closed
@@ -175,7 +172,7 @@ pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
         return Err(anyhow!("{}: cannot be probed here: {why}", p.name));
     }
     let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
-    let prof = tool_profile(p, &spec);
+    let prof = tool_profile(p, &spec, &jail);
     let (t, f) = (Targets::default(), Filter::default());
     let report = if egress.is_some() {
         let broker =
@@ -287,7 +284,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
-            let prof = tool_profile(p, &spec);
+            let prof = tool_profile(p, &spec, &jail);
             if egress.is_some() {
                 let broker = match &egress_broker {
                     Some(b) => Arc::clone(b),

@@ -65,19 +65,7 @@ pub struct RunOpts {
 
 pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<ExitCode> {
     let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
-    let policy = loaded.policy.get(tool).ok_or_else(|| {
-        anyhow!(
-            "no tool `{tool}` in {}; it has: {}",
-            manifest.display(),
-            loaded
-                .policy
-                .tools
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
+    let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
         let jail = std::sync::Arc::new(cordon_jail::Jail::new().map_err(|e| anyhow!("{e}"))?);
         if let Err(e) = crate::probe::probe_tool(policy, jail) {
