@@ -47,6 +47,8 @@ pub struct Broker {
     audit_warning: Option<String>,
     /// The runtime that serves egress doors, started on first use.
     net: OnceLock<tokio::runtime::Runtime>,
+    /// Compiled gates (JSON schemas compile once), keyed by their policy.
+    gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
     pub session: String,
     pub caller: String,
 }
@@ -140,6 +142,7 @@ impl Broker {
             audit,
             audit_warning,
             net: OnceLock::new(),
+            gates: Mutex::new(std::collections::HashMap::new()),
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
@@ -215,7 +218,7 @@ impl Broker {
             Ok(s) => s,
             Err(msg) => return refuse(rec, msg),
         };
-        let gate = match gate_for(policy) {
+        let gate = match self.gate(policy) {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),
         };
@@ -307,6 +310,28 @@ impl Broker {
             .map(|mut v| std::mem::take(&mut *v))
             .unwrap_or_default();
         Ok((out, ev))
+    }
+
+    /// The compiled gate for a tool, compiled on its first call only.
+    fn gate(&self, policy: &ToolPolicy) -> Result<Arc<Gate>, String> {
+        let key = serde_json::json!([
+            policy.name,
+            policy.output,
+            policy.output_schema,
+            policy.limits.map(|l| l.output_bytes)
+        ])
+        .to_string();
+        if let Some(g) = self.gates.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(g);
+        }
+        let g = Arc::new(gate_for(policy)?);
+        if let Ok(mut m) = self.gates.lock() {
+            if m.len() > 256 {
+                m.clear();
+            }
+            m.insert(key, g.clone());
+        }
+        Ok(g)
     }
 
     fn runtime(&self) -> Result<&tokio::runtime::Runtime, JailError> {
@@ -415,38 +440,40 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
 
 /// The egress policy of a tool's network setting (`None` for no network).
 pub fn egress_policy(p: &ToolPolicy) -> Result<Option<EgressPolicy>, String> {
-    let (mut ep, resolve, cidrs) = match &p.network {
+    egress_policy_for(&p.name, &p.network)
+}
+
+/// The egress policy of a network setting, refusals naming `name`.
+pub fn egress_policy_for(name: &str, network: &Network) -> Result<Option<EgressPolicy>, String> {
+    let (mut ep, resolve, cidrs) = match network {
         Network::None => return Ok(None),
         Network::Host => {
-            return Err(format!(
-                "{}: host network is never given to a sandbox",
-                p.name
-            ));
+            return Err(format!("{name}: host network is never given to a sandbox"));
         }
         Network::Allowlist {
             allow,
             resolve,
             allow_cidrs,
         } => (
-            EgressPolicy::allowlist(&p.name, allow).map_err(|e| format!("{}: {e}", p.name))?,
+            EgressPolicy::allowlist(name, allow).map_err(|e| format!("{name}: {e}"))?,
             resolve,
             allow_cidrs,
         ),
         Network::Proxy {
             resolve,
             allow_cidrs,
-        } => (EgressPolicy::public_web(&p.name), resolve, allow_cidrs),
+        } => (EgressPolicy::public_web(name), resolve, allow_cidrs),
     };
-    for (name, ip) in resolve {
+    for (host, ip) in resolve {
         let ip = ip
             .parse()
-            .map_err(|_| format!("{}: resolve {name}: `{ip}` is not an IP address", p.name))?;
-        ep.resolve.insert(name.to_ascii_lowercase(), ip);
+            .map_err(|_| format!("{name}: resolve {host}: `{ip}` is not an IP address"))?;
+        ep.resolve.insert(host.to_ascii_lowercase(), ip);
     }
     for c in cidrs {
         ep.allow_cidrs.push(
             c.parse::<ipnet::IpNet>()
-                .map_err(|_| format!("{}: allow_cidrs: `{c}` is not a CIDR", p.name))?,
+                .map_err(|_| format!("{name}: allow_cidrs: `{c}` is not a CIDR"))?,
         );
     }
     if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
@@ -455,7 +482,7 @@ pub fn egress_policy(p: &ToolPolicy) -> Result<Option<EgressPolicy>, String> {
                 .map_err(|_| format!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
         );
     }
-    ep.validate().map_err(|e| format!("{}: {e}", p.name))?;
+    ep.validate().map_err(|e| format!("{name}: {e}"))?;
     Ok(Some(ep))
 }
 

@@ -19,18 +19,8 @@ pub struct ProxyArgs {
     /// Address to listen on, e.g. 127.0.0.1:3128.
     #[arg(long)]
     pub listen: SocketAddr,
-    /// Allow HOST:PORT. Repeatable.
-    #[arg(long = "egress", value_name = "HOST:PORT")]
-    pub egress: Vec<String>,
-    /// Allow any public destination on ports 80 and 443.
-    #[arg(long = "egress-proxy", conflicts_with = "egress")]
-    pub egress_proxy: bool,
-    /// Pin NAME to IP, skipping DNS. Repeatable.
-    #[arg(long = "resolve", value_name = "NAME=IP")]
-    pub resolve: Vec<String>,
-    /// Admit a private range that would otherwise be refused. Repeatable.
-    #[arg(long = "allow-cidr", value_name = "CIDR")]
-    pub allow_cidr: Vec<String>,
+    #[command(flatten)]
+    pub net: crate::run::EgressArgs,
     /// Name used in refusals and audit records.
     #[arg(long, default_value = "proxy")]
     pub name: String,
@@ -40,39 +30,12 @@ pub struct ProxyArgs {
 }
 
 pub fn policy(a: &ProxyArgs) -> anyhow::Result<EgressPolicy> {
-    let mut p = if a.egress_proxy {
-        EgressPolicy::public_web(&a.name)
-    } else {
-        EgressPolicy::allowlist(&a.name, &a.egress).map_err(|e| anyhow!("--egress: {e}"))?
-    };
-    for r in &a.resolve {
-        let (n, ip) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow!("--resolve {r}: write NAME=IP"))?;
-        let ip = ip
-            .parse()
-            .map_err(|_| anyhow!("--resolve {r}: `{ip}` is not an IP address"))?;
-        p.resolve.insert(n.to_ascii_lowercase(), ip);
-    }
-    for c in &a.allow_cidr {
-        p.allow_cidrs.push(
-            c.parse()
-                .map_err(|_| anyhow!("--allow-cidr {c}: not a CIDR"))?,
-        );
-    }
-    if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
-        p.upstream_dns = Some(
-            ns.parse()
-                .map_err(|_| anyhow!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
-        );
-    }
-    if p.is_closed() {
-        return Err(anyhow!(
-            "the proxy would allow nothing: give --egress HOST:PORT or --egress-proxy"
-        ));
-    }
-    p.validate().map_err(|e| anyhow!("{e}"))?;
-    Ok(p)
+    let network = a.net.network()?;
+    cordon_broker::egress_policy_for(&a.name, &network)
+        .map_err(|e| anyhow!("{e}"))?
+        .ok_or_else(|| {
+            anyhow!("the proxy would allow nothing: give --egress HOST:PORT or --egress-proxy")
+        })
 }
 
 pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {

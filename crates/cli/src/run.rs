@@ -194,6 +194,60 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
     Ok(ExitCode::from(code))
 }
 
+/// The egress flags of `cordon exec` and `cordon proxy`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EgressArgs {
+    /// Allow egress to HOST:PORT through the broker's doors. Repeatable.
+    #[arg(long = "egress", value_name = "HOST:PORT")]
+    pub egress: Vec<String>,
+    /// Allow any public destination on ports 80 and 443 (the filtering proxy).
+    #[arg(long = "egress-proxy", conflicts_with = "egress")]
+    pub egress_proxy: bool,
+    /// Pin NAME to IP, skipping DNS (private services, tests). Repeatable.
+    #[arg(long = "resolve", value_name = "NAME=IP")]
+    pub resolve: Vec<String>,
+    /// Admit a private range the doors would otherwise refuse. Repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    pub allow_cidr: Vec<String>,
+}
+
+impl EgressArgs {
+    /// The network these flags grant, validated as the manifest is.
+    pub fn network(&self) -> anyhow::Result<Network> {
+        let mut resolve = BTreeMap::new();
+        for r in &self.resolve {
+            let (n, ip) = r
+                .split_once('=')
+                .ok_or_else(|| anyhow!("--resolve {r}: write NAME=IP"))?;
+            resolve.insert(n.to_string(), ip.to_string());
+        }
+        for e in &self.egress {
+            cordon_policy::resolve::check_host_port(e).map_err(|m| anyhow!("--egress: {m}"))?;
+        }
+        for c in &self.allow_cidr {
+            cordon_policy::resolve::check_cidr(c).map_err(|m| anyhow!("--allow-cidr: {m}"))?;
+        }
+        if self.egress_proxy {
+            Ok(Network::Proxy {
+                resolve,
+                allow_cidrs: self.allow_cidr.clone(),
+            })
+        } else if !self.egress.is_empty() {
+            Ok(Network::Allowlist {
+                allow: self.egress.clone(),
+                resolve,
+                allow_cidrs: self.allow_cidr.clone(),
+            })
+        } else if !resolve.is_empty() || !self.allow_cidr.is_empty() {
+            Err(anyhow!(
+                "--resolve and --allow-cidr apply only with --egress or --egress-proxy"
+            ))
+        } else {
+            Ok(Network::None)
+        }
+    }
+}
+
 /// `cordon exec` flags.
 #[derive(clap::Args, Debug)]
 pub struct ExecArgs {
@@ -224,18 +278,8 @@ pub struct ExecArgs {
     /// Environment variable K=V passed in. Repeatable.
     #[arg(long = "env")]
     pub env: Vec<String>,
-    /// Allow egress to HOST:PORT through the broker's doors. Repeatable.
-    #[arg(long = "egress", value_name = "HOST:PORT")]
-    pub egress: Vec<String>,
-    /// Allow any public destination on ports 80 and 443 (the filtering proxy).
-    #[arg(long = "egress-proxy", conflicts_with = "egress")]
-    pub egress_proxy: bool,
-    /// Pin NAME to IP, skipping DNS (private services, tests). Repeatable.
-    #[arg(long = "resolve", value_name = "NAME=IP")]
-    pub resolve: Vec<String>,
-    /// Admit a private range the doors would otherwise refuse. Repeatable.
-    #[arg(long = "allow-cidr", value_name = "CIDR")]
-    pub allow_cidr: Vec<String>,
+    #[command(flatten)]
+    pub net: EgressArgs,
     /// Print the run record as JSON instead of the output.
     #[arg(long)]
     pub json: bool,
@@ -299,37 +343,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut resolve = BTreeMap::new();
-    for r in &a.resolve {
-        let (n, ip) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow!("--resolve {r}: write NAME=IP"))?;
-        resolve.insert(n.to_string(), ip.to_string());
-    }
-    for e in &a.egress {
-        cordon_policy::resolve::check_host_port(e).map_err(|m| anyhow!("--egress: {m}"))?;
-    }
-    for c in &a.allow_cidr {
-        cordon_policy::resolve::check_cidr(c).map_err(|m| anyhow!("--allow-cidr: {m}"))?;
-    }
-    let network = if a.egress_proxy {
-        Network::Proxy {
-            resolve,
-            allow_cidrs: a.allow_cidr.clone(),
-        }
-    } else if !a.egress.is_empty() {
-        Network::Allowlist {
-            allow: a.egress.clone(),
-            resolve,
-            allow_cidrs: a.allow_cidr.clone(),
-        }
-    } else if !resolve.is_empty() || !a.allow_cidr.is_empty() {
-        return Err(anyhow!(
-            "--resolve and --allow-cidr apply only with --egress or --egress-proxy"
-        ));
-    } else {
-        Network::None
-    };
+    let network = a.net.network()?;
     Ok(ToolPolicy {
         name: "exec".into(),
         profile: Profile::P1,

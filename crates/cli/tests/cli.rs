@@ -812,3 +812,78 @@ fn gate_classes_are_configurable_per_tool() {
         text(&o.stderr)
     );
 }
+
+/// `cordon proxy`: the same door on a host address, same checks, same
+/// audit records.
+#[test]
+fn proxy_serves_the_door_on_a_host_address() {
+    use std::io::Read;
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in upstream.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let audit = audit_file("proxy");
+    let _ = std::fs::remove_file(&audit);
+    let mut child = Command::new(CORDON)
+        .args([
+            "proxy",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--egress",
+            &format!("api.test:{up}"),
+            "--resolve",
+            "api.test=127.0.0.1",
+            "--allow-cidr",
+            "127.0.0.1/32",
+            "--name",
+            "tproxy",
+            "--audit",
+            audit.to_str().unwrap(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ask = |host: &str| -> String {
+        for _ in 0..100 {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                let _ = write!(
+                    s,
+                    "GET http://{host}:{up}/x HTTP/1.1\r\nHost: {host}:{up}\r\nConnection: close\r\n\r\n"
+                );
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                return out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        String::new()
+    };
+    let ok = ask("api.test");
+    let evil = ask("evil.test");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
+    assert!(evil.starts_with("HTTP/1.1 403"), "{evil}");
+    assert!(
+        evil.contains(&format!(
+            "egress to evil.test:{up} refused: not in the allowlist of tproxy"
+        )),
+        "{evil}"
+    );
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert_eq!(log.lines().count(), 2, "{log}");
+    assert!(
+        log.contains("\"decision\":\"deny\"") && log.contains("\"decision\":\"allow\""),
+        "{log}"
+    );
+}
