@@ -113,7 +113,9 @@ pub fn default_audit_path() -> PathBuf {
     state.join("cordon/audit.jsonl")
 }
 
-fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
+/// The audit log at `path` (default [`default_audit_path`]; `-` for
+/// stderr), with a warning when it falls back to stderr.
+pub fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
     let path = path.unwrap_or_else(default_audit_path);
     if path.as_os_str() == "-" {
         return (AuditLog::new().with_sink(StderrSink), None);

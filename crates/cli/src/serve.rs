@@ -95,7 +95,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             eprintln!("cordon: {refusal}");
         }
         let broker = cordon_broker::Broker::new(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
-        let sandbox = Arc::new(JailSandbox::new(jail, opts.max_server_lifetime));
+        let sandbox = Arc::new(
+            JailSandbox::new(jail, opts.max_server_lifetime)
+                .with_audit(Arc::new(cordon_broker::open_audit(opts.audit.clone()).0)),
+        );
         Gateway::new(&loaded.policy, broker, sandbox).map_err(|e| anyhow!("{e}"))?
     };
     for w in gw.warnings() {

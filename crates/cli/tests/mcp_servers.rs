@@ -575,6 +575,26 @@ tools:
 
     c.cancel().await.unwrap();
     assert!(wait_gone(mount).await, "the server outlived its session");
+
+    // Each of the server's egress attempts has its own audit record.
+    let log = std::fs::read_to_string(dir.0.join("audit.jsonl")).unwrap();
+    let egress: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["caller"] == "mcp-server")
+        .collect();
+    assert!(
+        egress.iter().any(|r| r["status"] == "denied"
+            && r["egress"][0]["name"] == "evil.test"
+            && r["egress"][0]["decision"] == "deny"),
+        "{log}"
+    );
+    assert!(
+        egress
+            .iter()
+            .any(|r| r["egress"][0]["name"] == "api.test" && r["egress"][0]["decision"] == "allow"),
+        "{log}"
+    );
 }
 
 /// Sockets open in process `pid`.

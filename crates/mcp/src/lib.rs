@@ -111,7 +111,10 @@ impl Gateway {
             cordon_policy::load(path).map_err(|e| GatewayError::Manifest(e.to_string()))?;
         let broker = Broker::new(opts.audit.clone())?;
         let jail = Arc::new(cordon_jail::Jail::new()?);
-        let sandbox = Arc::new(JailSandbox::new(jail, opts.max_server_lifetime));
+        let sandbox = Arc::new(
+            JailSandbox::new(jail, opts.max_server_lifetime)
+                .with_audit(Arc::new(cordon_broker::open_audit(opts.audit.clone()).0)),
+        );
         Gateway::new(&loaded.policy, broker, sandbox)
     }
 

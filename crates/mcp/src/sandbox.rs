@@ -49,11 +49,23 @@ pub trait ServerSandbox: Send + Sync {
 pub struct JailSandbox {
     jail: Arc<Jail>,
     max_lifetime: Duration,
+    audit: Option<Arc<cordon_audit::AuditLog>>,
 }
 
 impl JailSandbox {
     pub fn new(jail: Arc<Jail>, max_lifetime: Duration) -> JailSandbox {
-        JailSandbox { jail, max_lifetime }
+        JailSandbox {
+            jail,
+            max_lifetime,
+            audit: None,
+        }
+    }
+
+    /// Write one audit record per egress attempt of a server (its
+    /// connections are not tied to one call, so each gets its own record).
+    pub fn with_audit(mut self, audit: Arc<cordon_audit::AuditLog>) -> JailSandbox {
+        self.audit = Some(audit);
+        self
     }
 }
 
@@ -170,6 +182,8 @@ impl ServerSandbox for JailSandbox {
             done: Mutex::new(None),
         });
         let jail = self.jail.clone();
+        let audit = self.audit.clone();
+        let profile = cordon_broker::profile_name(policy.profile);
         let h = handle.clone();
         let stdin: OwnedFd = theirs.into();
         std::thread::Builder::new()
@@ -185,7 +199,7 @@ impl ServerSandbox for JailSandbox {
                             &spec,
                             ep,
                             Stdin::Fd(stdin),
-                            move |e| log_egress(&tool, &e),
+                            move |e| log_egress(&tool, profile, audit.as_deref(), &e),
                         )
                     }
                     _ => jail.run(&spec, Stdin::Fd(stdin)),
@@ -224,9 +238,29 @@ impl ServerSandbox for JailSandbox {
 }
 
 /// One egress attempt of a long-lived server. A server's connections are
-/// not tied to one call, so they go to the diagnostic log, not to a call's
-/// audit record.
-fn log_egress(tool: &str, e: &cordon_broker::EgressEvent) {
+/// not tied to one call, so each gets an audit record of its own (and a
+/// diagnostic log line).
+fn log_egress(
+    tool: &str,
+    profile: &str,
+    audit: Option<&cordon_audit::AuditLog>,
+    e: &cordon_broker::EgressEvent,
+) {
+    if let Some(log) = audit {
+        let mut r = cordon_audit::AuditRecord::new(tool, profile);
+        r.runtime = "mcp".into();
+        r.session = e.session.clone();
+        r.caller = "mcp-server".into();
+        r.duration_ms = e.duration_ms;
+        r.egress.push(cordon_broker::audit_event(e));
+        if e.decision == cordon_broker::Decision::Refused {
+            r.status = cordon_audit::Status::Denied;
+            r.reason = Some(e.reason.clone());
+        }
+        if let Err(err) = log.record(&r) {
+            tracing::warn!(tool, "audit record of an egress attempt not written: {err}");
+        }
+    }
     let target = format!("{}:{}", e.name, e.port);
     match e.decision {
         cordon_broker::Decision::Allowed => tracing::info!(
