@@ -33,3 +33,13 @@ if command -v npm >/dev/null 2>&1 &&
     echo "setup: npm install failed; the third-party server e2e test will say SKIP"
 fi
 [ -d "$npm_dir" ] && chmod -R a+rX "$npm_dir" || true
+# mcp-server-fetch (PyPI) for the system python3 that runs it inside its sandbox.
+py_dir=${CORDON_E2E_PY:-/var/cache/cordon-e2e/py}
+if [ ! -d "$py_dir/mcp_server_fetch" ]; then
+  echo "setup: pip install mcp-server-fetch into $py_dir"
+  mkdir -p "$py_dir"
+  /usr/bin/python3 -m pip install -q --target "$py_dir" mcp-server-fetch >/dev/null 2>&1 ||
+    python3 -m pip install -q --target "$py_dir" mcp-server-fetch >/dev/null 2>&1 ||
+    echo "setup: pip install mcp-server-fetch failed; its e2e check will say SKIP"
+fi
+[ -d "$py_dir" ] && chmod -R a+rX "$py_dir" || true

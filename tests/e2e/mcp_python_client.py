@@ -164,6 +164,17 @@ async def third_party_checks(cordon, manifest, http, audit):
             check(f"{tag}: fetch of the metadata address is an error result",
                   err and 'error="true"' in text_of(r), text_of(r))
 
+        if "webfetch.fetch" in names and UPSTREAM_PORT:
+            # The same server with egress to one loopback upstream through
+            # cordon's doors: the allowed URL is fetched (positive control),
+            # any other is refused by the broker, with its reason.
+            r = await s.call_tool("webfetch.fetch", {"url": f"http://api.test:{UPSTREAM_PORT}/page", "raw": True})
+            check(f"{tag}: mcp-server-fetch reaches its allowlisted upstream",
+                  "marker-cordon-egress-ok" in text_of(r), text_of(r))
+            r = await s.call_tool("webfetch.fetch", {"url": f"http://evil.test:{UPSTREAM_PORT}/page", "raw": True})
+            check(f"{tag}: mcp-server-fetch is refused any other host",
+                  "marker-cordon-egress-ok" not in text_of(r) and "status code 403" in text_of(r), text_of(r))
+
         names_lro = [n for n in names if "long-running" in n or "longRunning" in n]
         if names_lro:
             r = await s.call_tool(names_lro[0], {"duration": 1, "steps": 3}, progress_callback=on_progress)
@@ -210,8 +221,46 @@ tools:
     env: {{PYTHONPATH: /srv/py}}
     mcp:
       command: ["/usr/bin/python3", "-m", "mcp_server_fetch"]
+  webfetch:
+    profile: P2
+    description: mcp-server-fetch, with egress to one loopback test upstream only.
+    egress: ["api.test:{UPSTREAM_PORT}"]
+    resolve: {{api.test: 127.0.0.1}}
+    allow_cidrs: [127.0.0.1/32]
+    limits: {{wall_seconds: 20, memory: 512M, tasks: 64}}
+    mounts: ["{py_dir}:/srv/py"]
+    env: {{PYTHONPATH: /srv/py}}
+    mcp:
+      # cordon's doors vet every destination; the server's own check would
+      # refuse the doors' reserved addresses.
+      command: ["/usr/bin/python3", "-m", "mcp_server_fetch", "--ignore-robots-txt", "--allow-private-ips"]
 """)
     return m
+
+
+UPSTREAM_PORT = None
+
+
+def start_upstream():
+    """A loopback HTTP upstream for the egress check; returns its port."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<html><head><title>t</title></head><body><p>marker-cordon-egress-ok</p></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv.server_address[1]
 
 
 async def main():
@@ -225,6 +274,8 @@ async def main():
         audit = str(Path(tmp) / "audit.jsonl")
         await example_checks(a.cordon, a.http, audit)
         if a.npm_dir:
+            global UPSTREAM_PORT
+            UPSTREAM_PORT = start_upstream() if a.py_dir else None
             m = third_party_manifest(a.npm_dir, tmp, a.py_dir)
             await third_party_checks(a.cordon, m, a.http, audit)
     print(f"{'FAILED' if FAILED else 'OK'}: {len(FAILED)} failed")
