@@ -224,10 +224,16 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     };
     let mut p2_missing = p1_missing.clone();
     p2_missing.push("credential broker (tools that declare secrets are refused)".into());
-    p2_missing.push("egress doors in `cordon run` (tools with egress are refused)".into());
+    p2_missing.push("OCI image runtime (tools given an `image` are refused)".into());
     let p2 = ProfileVerdict {
         profile: "P2",
-        strength: "unavailable",
+        // Command and MCP-server tools run with their egress doors; what is
+        // missing is refused, never run weaker.
+        strength: if jail.is_err() || !facts.seccomp {
+            "unavailable"
+        } else {
+            "reduced"
+        },
         missing: p2_missing,
     };
     let mut p3_missing = vec!["a gVisor or microVM runtime integration in this build".to_string()];
