@@ -52,6 +52,19 @@ fn audit_file(tag: &str) -> PathBuf {
     dir.join("audit.jsonl")
 }
 
+/// Write a manifest for one test; its path.
+fn manifest(tag: &str, yaml: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cordon-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("m.yaml");
+    std::fs::write(&m, yaml).unwrap();
+    m
+}
+
+/// Two tools, the same but for a directory mounted "for debugging": the
+/// seed's example of a boundary that rots.
+const LEAKY: &str = "tools:\n  tidy:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n  leaky:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n    mounts: [\"/home:/home\"]\n";
+
 fn cordon(who: As, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Output {
     let mut cmd = match who {
         As::Caller => Command::new(CORDON),
@@ -628,14 +641,7 @@ fn probe_first_refuses_a_tool_whose_boundary_leaks() {
         eprintln!("SKIP: no /home on this host");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("cordon-pf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let m = dir.join("m.yaml");
-    std::fs::write(
-        &m,
-        "tools:\n  tidy:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n  leaky:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n    mounts: [\"/home:/home\"]\n",
-    )
-    .unwrap();
+    let m = manifest("pf", LEAKY);
     let m = m.to_str().unwrap();
     // Control: the same tool without the mount is probed, holds, and runs.
     let o = cordon(
@@ -678,14 +684,7 @@ fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
         eprintln!("SKIP: no /home on this host");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("cordon-serve-pf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let m = dir.join("m.yaml");
-    std::fs::write(
-        &m,
-        "tools:\n  tidy:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n  leaky:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 2}\n    mounts: [\"/home:/home\"]\n",
-    )
-    .unwrap();
+    let m = manifest("serve-pf", LEAKY);
     let mut child = Command::new(CORDON)
         .args(["serve", "-m", m.to_str().unwrap()])
         .env("CORDON_AUDIT", audit_file("serve-pf"))
@@ -745,14 +744,10 @@ fn probe_covers_a_tool_with_egress_doors() {
         eprintln!("SKIP: the stand-in network namespace needs root");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("cordon-probe-eg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let m = dir.join("m.yaml");
-    std::fs::write(
-        &m,
+    let m = manifest(
+        "probe-eg",
         "tools:\n  fetcher:\n    profile: P2\n    command: [/usr/bin/curl, -s]\n    limits: {wall_seconds: 3}\n    egress: [\"api.test:18080\"]\n    resolve: {api.test: 127.0.0.1}\n    allow_cidrs: [127.0.0.1/32]\n",
-    )
-    .unwrap();
+    );
     let o = Command::new(repo().join("scripts/probe-standins.sh"))
         .args([
             CORDON,
@@ -792,14 +787,10 @@ fn probe_covers_a_tool_with_egress_doors() {
 /// passes through, the others are still removed.
 #[test]
 fn gate_classes_are_configurable_per_tool() {
-    let dir = std::env::temp_dir().join(format!("cordon-gatecfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let m = dir.join("m.yaml");
-    std::fs::write(
-        &m,
+    let m = manifest(
+        "gatecfg",
         "tools:\n  strict:\n    profile: P1\n    command: [/usr/bin/printf, \"\\\\033[1mX\\\\033[0m\\\\342\\\\200\\\\213Y\"]\n  colour:\n    profile: P1\n    command: [/usr/bin/printf, \"\\\\033[1mX\\\\033[0m\\\\342\\\\200\\\\213Y\"]\n    output: {strip: {ansi: false, control: false}}\n",
-    )
-    .unwrap();
+    );
     let m = m.to_str().unwrap();
     let o = cordon(As::Caller, &["run", "strict", "-m", m], b"", &[]);
     assert_eq!(text(&o.stdout), "XY", "{}", text(&o.stderr));
