@@ -67,6 +67,10 @@ pub enum Refusal {
     GateRefused,
     ServerFailed,
     DescriptionChanged,
+    UnknownPrompt,
+    UnknownResource,
+    AmbiguousResource,
+    NotOffered,
 }
 
 impl Refusal {
@@ -80,12 +84,22 @@ impl Refusal {
             Refusal::GateRefused => "gate_refused",
             Refusal::ServerFailed => "server_failed",
             Refusal::DescriptionChanged => "description_changed",
+            Refusal::UnknownPrompt => "unknown_prompt",
+            Refusal::UnknownResource => "unknown_resource",
+            Refusal::AmbiguousResource => "ambiguous_resource",
+            Refusal::NotOffered => "not_offered",
         }
     }
 
     fn code(self) -> ErrorCode {
         match self {
-            Refusal::UnknownTool | Refusal::InvalidArguments => ErrorCode::INVALID_PARAMS,
+            Refusal::UnknownTool
+            | Refusal::InvalidArguments
+            | Refusal::UnknownPrompt
+            | Refusal::AmbiguousResource
+            | Refusal::NotOffered => ErrorCode::INVALID_PARAMS,
+            // The code the MCP specification gives an unknown resource.
+            Refusal::UnknownResource => ErrorCode::RESOURCE_NOT_FOUND,
             Refusal::PolicyRefused | Refusal::DescriptionChanged => ErrorCode::INVALID_REQUEST,
             _ => ErrorCode::INTERNAL_ERROR,
         }

@@ -11,15 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use cordon_gate::{Gate, GatePolicy, OutputKind, ToolMeta};
+use cordon_gate::{Gate, GatePolicy, Gated, OutputKind, ToolMeta};
 use cordon_policy::policy::{Exec, Lifetime, ToolPolicy};
 use rmcp::model::{
     CallToolRequest, CancelledNotification, CancelledNotificationParam, ClientRequest, ServerResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ContentBlock, Implementation,
-    InitializeRequestParams, JsonObject, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ResourceContents, Tool,
+    InitializeRequestParams, JsonObject, ProgressNotificationParam, ProgressToken, Prompt,
+    ProtocolVersion, Resource, ResourceContents, ResourceTemplate, Tool,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, RoleServer, ServiceError, ServiceExt};
@@ -107,7 +107,25 @@ struct State {
     live: Option<Live>,
     tools: Option<Vec<Exposed>>,
     generation: u64,
+    /// What the server listed last (after the manifest's allowlists):
+    /// the only resources, templates and prompts an agent may reach.
+    resources: Option<Vec<Resource>>,
+    templates: Option<Vec<(ResourceTemplate, crate::resources::Template)>>,
+    prompts: Option<Vec<Prompt>>,
 }
+
+/// What a server offers besides tools, learnt from its `initialize`
+/// answer and shared by the sessions of one gateway (the capabilities are
+/// advertised before any session has started the server).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Offers {
+    pub resources: bool,
+    pub prompts: bool,
+    pub completions: bool,
+}
+
+/// The gateway's record of each server's [`Offers`] (`None`: not started yet).
+pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 
 /// One `mcp:` tool of the manifest within one agent session.
 pub(crate) struct Upstream {
@@ -120,6 +138,9 @@ pub(crate) struct Upstream {
     routes: Arc<ProgressRoutes>,
     state: tokio::sync::Mutex<State>,
     wall: Duration,
+    resource_allow: Option<Vec<String>>,
+    prompt_allow: Option<Vec<String>>,
+    offers: KnownOffers,
 }
 
 /// A connection to use for one call.
@@ -141,6 +162,8 @@ impl Upstream {
             allow,
             rename,
             descriptions,
+            resources,
+            prompts,
         } = &policy.exec
         else {
             return Err(format!("{}: not an MCP server tool", policy.name));
@@ -170,8 +193,32 @@ impl Upstream {
             routes: Arc::new(ProgressRoutes::default()),
             state: tokio::sync::Mutex::new(State::default()),
             wall,
+            resource_allow: resources.clone(),
+            prompt_allow: prompts.clone(),
+            offers: KnownOffers::default(),
             policy,
         })
+    }
+
+    /// Share the gateway's record of what this server offers.
+    pub fn with_offers(mut self, offers: KnownOffers) -> Upstream {
+        self.offers = offers;
+        self
+    }
+
+    /// What the server offers, if it has been started once by any session.
+    pub fn known_offers(&self) -> Option<Offers> {
+        self.offers.lock().ok().and_then(|o| *o)
+    }
+
+    /// What the server offers, starting it to find out if no session has.
+    pub async fn offers(&self) -> Result<Offers, ErrorData> {
+        if let Some(o) = self.known_offers() {
+            return Ok(o);
+        }
+        let conn = self.conn().await?;
+        self.after_call(conn.generation).await;
+        Ok(self.known_offers().unwrap_or_default())
     }
 
     pub fn name(&self) -> &str {
@@ -234,6 +281,20 @@ impl Upstream {
             }
         };
         let exposed = self.expose(tools);
+        if let Some(info) = service.peer().peer_info() {
+            let c = &info.capabilities;
+            let o = Offers {
+                resources: c.resources.is_some(),
+                prompts: c.prompts.is_some(),
+                completions: c.completions.is_some(),
+            };
+            if let Ok(mut known) = self.offers.lock() {
+                *known = Some(o);
+            }
+        }
+        st.resources = None;
+        st.templates = None;
+        st.prompts = None;
         st.generation += 1;
         let conn = Conn {
             generation: st.generation,
@@ -744,4 +805,656 @@ impl KindName for ContentBlock {
             _ => "unknown",
         }
     }
+}
+
+/// Where a URI stands with one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Exposure {
+    /// The server listed this URI.
+    Listed,
+    /// The URI matches this listed URI template.
+    Template(String),
+}
+
+/// Resources, resource templates, prompts and completions.
+impl Upstream {
+    fn refuse_unoffered(&self, what: &str) -> ErrorData {
+        render::refusal(
+            Refusal::NotOffered,
+            format!("{}: the server offers no {what}", self.policy.name),
+            json!({"tool": self.policy.name}),
+        )
+    }
+
+    /// One request on a live connection (starting the server if needed),
+    /// bounded by `wall_seconds` and cancelled when the agent cancels.
+    async fn timed<T, F>(
+        &self,
+        what: &str,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+        f: impl FnOnce(Peer<RoleClient>) -> F,
+    ) -> Result<T, ErrorData>
+    where
+        F: std::future::Future<Output = Result<T, ServiceError>>,
+    {
+        let name = self.policy.name.as_str();
+        let conn = self.conn().await?;
+        let never = tokio_util::sync::CancellationToken::new();
+        let ct = ct.unwrap_or(&never);
+        // Dropping the request future (timeout, cancellation) sends
+        // `notifications/cancelled` to the server.
+        let r = tokio::select! {
+            r = tokio::time::timeout(self.wall, f(conn.peer.clone())) => Some(r),
+            _ = ct.cancelled() => None,
+        };
+        match r {
+            None => {
+                self.after_call(conn.generation).await;
+                Err(render::refusal(
+                    Refusal::ServerFailed,
+                    format!("{name}: {what} cancelled by the client"),
+                    json!({"tool": name}),
+                ))
+            }
+            Some(Err(_)) => {
+                conn.handle.kill();
+                self.reset(conn.generation).await;
+                Err(render::refusal(
+                    Refusal::LimitHit,
+                    format!(
+                        "{name}: {what} timed out after {}; the server was stopped and the next request starts a new one",
+                        cordon_jail::format_duration(self.wall)
+                    ),
+                    json!({"tool": name, "limit": "wall_seconds"}),
+                ))
+            }
+            Some(Ok(Ok(v))) => {
+                self.after_call(conn.generation).await;
+                Ok(v)
+            }
+            Some(Ok(Err(ServiceError::McpError(e)))) => {
+                self.after_call(conn.generation).await;
+                let meta = ToolMeta::new(name, self.profile());
+                let text = cordon_gate::gate_error(&meta, e.message.as_bytes())
+                    .content
+                    .to_text();
+                Err(ErrorData::new(
+                    e.code,
+                    format!("{name}: the server refused {what}: {text}"),
+                    Some(json!({"cordon/status": "server_error", "tool": name})),
+                ))
+            }
+            Some(Ok(Err(e))) => {
+                conn.handle.kill();
+                let why = self.exit_report(&conn.handle).await;
+                self.reset(conn.generation).await;
+                Err(self.failed(
+                    name,
+                    format!(
+                        "the server failed during {what} ({e}){why}; the next request starts a new one"
+                    ),
+                ))
+            }
+        }
+    }
+
+    fn listed_meta(&self) -> rmcp::model::MetaObject {
+        let mut meta = rmcp::model::MetaObject::default();
+        meta.insert("cordon/server".into(), json!(self.policy.name));
+        meta.insert("cordon/profile".into(), json!(self.profile()));
+        meta.insert("cordon/trust".into(), json!("untrusted"));
+        meta
+    }
+
+    /// `resources/list`, filtered by the manifest's `resources` allowlist;
+    /// names and descriptions stripped. Empty when the server offers none.
+    pub async fn list_resources(
+        &self,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Vec<Resource>, ErrorData> {
+        if !self.offers().await?.resources {
+            return Ok(vec![]);
+        }
+        let all = self
+            .timed("resources/list", ct, |p| async move {
+                p.list_all_resources().await
+            })
+            .await?;
+        let allow = self.resource_allow.as_ref();
+        let out: Vec<Resource> = all
+            .into_iter()
+            .filter(|r| allow.is_none_or(|a| a.contains(&r.uri)))
+            .map(|mut r| {
+                r.name = strip_text(&r.name);
+                r.title = r.title.map(|t| strip_text(&t));
+                r.description = r.description.map(|d| strip_text(&d));
+                r.meta = Some(self.listed_meta());
+                r
+            })
+            .collect();
+        self.state.lock().await.resources = Some(out.clone());
+        Ok(out)
+    }
+
+    /// `resources/templates/list`, filtered and stripped likewise. A
+    /// template cordon cannot parse is left out (nothing could be routed
+    /// to it).
+    pub async fn list_templates(
+        &self,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Vec<ResourceTemplate>, ErrorData> {
+        if !self.offers().await?.resources {
+            return Ok(vec![]);
+        }
+        let all = self
+            .timed("resources/templates/list", ct, |p| async move {
+                p.list_all_resource_templates().await
+            })
+            .await?;
+        let allow = self.resource_allow.as_ref();
+        let mut out = Vec::new();
+        for mut t in all {
+            if allow.is_some_and(|a| !a.contains(&t.uri_template)) {
+                continue;
+            }
+            let compiled = match crate::resources::Template::new(&t.uri_template) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("cordon: warning: {}: not listed: {e}", self.policy.name);
+                    continue;
+                }
+            };
+            t.name = strip_text(&t.name);
+            t.title = t.title.map(|x| strip_text(&x));
+            t.description = t.description.map(|d| strip_text(&d));
+            t.meta = Some(self.listed_meta());
+            out.push((t, compiled));
+        }
+        let listed = out.iter().map(|(t, _)| t.clone()).collect();
+        self.state.lock().await.templates = Some(out);
+        Ok(listed)
+    }
+
+    fn exposure_in(st: &State, uri: &str) -> Option<Exposure> {
+        if st
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r.uri == uri))
+        {
+            return Some(Exposure::Listed);
+        }
+        st.templates.as_ref().and_then(|ts| {
+            ts.iter()
+                .find(|(_, c)| c.matches(uri))
+                .map(|(t, _)| Exposure::Template(t.uri_template.clone()))
+        })
+    }
+
+    /// Whether this server exposed `uri`: listed it, or listed a template
+    /// it matches. Lists again when the last listing does not have it.
+    pub async fn exposure(
+        &self,
+        uri: &str,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Option<Exposure>, ErrorData> {
+        if !self.offers().await?.resources {
+            return Ok(None);
+        }
+        if let Some(e) = Self::exposure_in(&*self.state.lock().await, uri) {
+            return Ok(Some(e));
+        }
+        self.list_resources(ct).await?;
+        self.list_templates(ct).await?;
+        Ok(Self::exposure_in(&*self.state.lock().await, uri))
+    }
+
+    /// `resources/read` of a URI this server exposed; the contents gated.
+    pub async fn read(
+        &self,
+        uri: &str,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<rmcp::model::ReadResourceResult, ErrorData> {
+        if !self.offers().await?.resources {
+            return Err(self.refuse_unoffered("resources"));
+        }
+        if self.exposure(uri, ct).await?.is_none() {
+            return Err(render::refusal(
+                Refusal::UnknownResource,
+                format!(
+                    "{}: the server did not list `{uri}` nor a URI template it matches; cordon reads only what resources/list or resources/templates/list exposed",
+                    self.policy.name
+                ),
+                json!({"tool": self.policy.name, "uri": uri}),
+            ));
+        }
+        let params = rmcp::model::ReadResourceRequestParams::new(uri);
+        let r = self
+            .timed("resources/read", ct, |p| async move {
+                p.read_resource_once(params).await
+            })
+            .await?;
+        match r {
+            rmcp::model::ReadResourceResponse::Complete(r) => self.gate_read(uri, r),
+            _ => Err(self.failed(
+                &self.policy.name,
+                format!("resources/read of `{uri}`: the server asked the client for input, which cordon does not forward"),
+            )),
+        }
+    }
+
+    /// `prompts/list`: the allowed prompts, named `<tool>.<prompt>`, their
+    /// descriptions stripped.
+    pub async fn list_prompts(
+        &self,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Vec<Prompt>, ErrorData> {
+        if !self.offers().await?.prompts {
+            return Ok(vec![]);
+        }
+        let all = self
+            .timed(
+                "prompts/list",
+                ct,
+                |p| async move { p.list_all_prompts().await },
+            )
+            .await?;
+        let allow = self.prompt_allow.as_ref();
+        let listed: Vec<Prompt> = all
+            .into_iter()
+            .filter(|p| allow.is_none_or(|a| a.contains(&p.name)))
+            .collect();
+        self.state.lock().await.prompts = Some(listed.clone());
+        Ok(listed
+            .into_iter()
+            .map(|mut p| {
+                let mut meta = self.listed_meta();
+                meta.insert("cordon/server_prompt".into(), json!(p.name));
+                p.name = format!("{}.{}", self.policy.name, p.name);
+                p.title = p.title.map(|t| strip_text(&t));
+                p.description = p.description.map(|d| strip_text(&d));
+                if let Some(args) = &mut p.arguments {
+                    for a in args {
+                        a.title = a.title.take().map(|t| strip_text(&t));
+                        a.description = a.description.take().map(|d| strip_text(&d));
+                    }
+                }
+                p.meta = Some(meta);
+                p
+            })
+            .collect())
+    }
+
+    /// `prompts/get` of `<tool>.<prompt>`; the messages gated.
+    pub async fn get_prompt(
+        &self,
+        name: &str,
+        args: Option<JsonObject>,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<rmcp::model::GetPromptResult, ErrorData> {
+        if !self.offers().await?.prompts {
+            return Err(self.refuse_unoffered("prompts"));
+        }
+        let server_name = name
+            .strip_prefix(self.policy.name.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .unwrap_or(name)
+            .to_owned();
+        let known = |st: &State| {
+            st.prompts
+                .as_ref()
+                .is_some_and(|p| p.iter().any(|p| p.name == server_name))
+        };
+        if !known(&*self.state.lock().await) {
+            let listed = self.list_prompts(ct).await?;
+            if !known(&*self.state.lock().await) {
+                return Err(render::refusal(
+                    Refusal::UnknownPrompt,
+                    format!(
+                        "unknown prompt `{name}`; server {} exposes: {}",
+                        self.policy.name,
+                        listed
+                            .iter()
+                            .map(|p| p.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    json!({"prompt": name}),
+                ));
+            }
+        }
+        let mut params = rmcp::model::GetPromptRequestParams::new(server_name);
+        params.arguments = args;
+        let r = self
+            .timed("prompts/get", ct, |p| async move {
+                p.get_prompt_once(params).await
+            })
+            .await?;
+        match r {
+            rmcp::model::GetPromptResponse::Complete(r) => self.gate_prompt(name, r),
+            _ => Err(self.failed(
+                name,
+                "prompts/get: the server asked the client for input, which cordon does not forward"
+                    .into(),
+            )),
+        }
+    }
+
+    /// `completion/complete` for a prompt (`server_prompt` is the server's
+    /// name) or a URI template of this server; the values stripped.
+    pub async fn complete(
+        &self,
+        mut params: rmcp::model::CompleteRequestParams,
+        server_prompt: Option<String>,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        if !self.offers().await?.completions {
+            return Ok(rmcp::model::CompleteResult::default());
+        }
+        if let (Some(p), rmcp::model::Reference::Prompt(r)) = (server_prompt, &mut params.r#ref) {
+            r.name = p;
+        }
+        params.meta = None;
+        let mut r = self
+            .timed("completion/complete", ct, |p| async move {
+                p.complete(params).await
+            })
+            .await?;
+        r.completion.values = r
+            .completion
+            .values
+            .iter()
+            .map(|v| strip_text(v))
+            .take(100)
+            .collect();
+        r.meta = None;
+        Ok(r)
+    }
+
+    /// The tool's gate policy with this byte budget.
+    fn gate_policy(&self, kind: OutputKind, left: u64) -> Result<GatePolicy, ErrorData> {
+        let base = cordon_broker::gate_for(&self.policy).map_err(|e| {
+            render::refusal(Refusal::PolicyRefused, e, json!({"tool": self.policy.name}))
+        })?;
+        Ok(GatePolicy {
+            kind,
+            media_type: None,
+            schema: None,
+            max_bytes: left,
+            ..base.policy().clone()
+        })
+    }
+
+    fn max_bytes(&self) -> Result<u64, ErrorData> {
+        cordon_broker::gate_for(&self.policy)
+            .map(|g| g.policy().max_bytes)
+            .map_err(|e| {
+                render::refusal(Refusal::PolicyRefused, e, json!({"tool": self.policy.name}))
+            })
+    }
+
+    /// Text through the text gate within `left` bytes (`None`: no room
+    /// is left for another part; the caller drops it).
+    fn gate_text(
+        &self,
+        label: &str,
+        text: &str,
+        left: &mut u64,
+    ) -> Result<Option<Gated>, ErrorData> {
+        if *left < cordon_gate::MIN_MAX_BYTES {
+            return Ok(None);
+        }
+        let gate = Gate::new(self.gate_policy(OutputKind::Text, *left)?)
+            .map_err(|e| gate_refused(label, e.to_string()))?;
+        let g = gate
+            .check(&ToolMeta::new(label, self.profile()), text.as_bytes())
+            .map_err(|e| gate_refused(label, e.to_string()))?;
+        *left = left.saturating_sub(g.envelope.bytes_out);
+        Ok(Some(g))
+    }
+
+    /// Base64 content through the binary gate (magic bytes against the
+    /// declared media type) within `left` bytes: the bytes re-encoded.
+    fn gate_blob(
+        &self,
+        label: &str,
+        mime: Option<&str>,
+        b64: &str,
+        left: &mut u64,
+    ) -> Result<(String, Gated), ErrorData> {
+        let mime = mime.unwrap_or("application/octet-stream");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| gate_refused(label, format!("{mime} content is not base64 ({e})")))?;
+        if bytes.len() as u64 > *left {
+            return Err(gate_refused(
+                label,
+                format!(
+                    "{mime} content of {} bytes is past what is left of the tool's output cap ({} bytes)",
+                    bytes.len(),
+                    *left
+                ),
+            ));
+        }
+        let gate = Gate::new(GatePolicy {
+            media_type: Some(mime.to_owned()),
+            ..self.gate_policy(OutputKind::Binary, (*left).max(cordon_gate::MIN_MAX_BYTES))?
+        })
+        .map_err(|e| gate_refused(label, e.to_string()))?;
+        let g = gate
+            .check(&ToolMeta::new(label, self.profile()), &bytes)
+            .map_err(|e| gate_refused(label, e.to_string()))?;
+        *left = left.saturating_sub(g.envelope.bytes_out);
+        Ok((base64::engine::general_purpose::STANDARD.encode(&bytes), g))
+    }
+
+    /// Resource contents through the gate: text as the wrapped untrusted
+    /// rendering, blobs checked; each content's `_meta` is its envelope,
+    /// the result's `_meta` the whole read's. The tool's size cap bounds
+    /// the read as a whole: text past it is cut, parts past it dropped.
+    fn gate_read(
+        &self,
+        uri: &str,
+        r: rmcp::model::ReadResourceResult,
+    ) -> Result<rmcp::model::ReadResourceResult, ErrorData> {
+        let label = self.policy.name.clone();
+        let mut left = self.max_bytes()?;
+        let mut gated = Vec::new();
+        let mut contents = Vec::new();
+        let mut dropped = 0;
+        for c in r.contents {
+            match c {
+                ResourceContents::TextResourceContents {
+                    uri,
+                    mime_type,
+                    text,
+                    ..
+                } => {
+                    let Some(g) = self.gate_text(&label, &text, &mut left)? else {
+                        dropped += 1;
+                        continue;
+                    };
+                    contents.push(ResourceContents::TextResourceContents {
+                        uri,
+                        mime_type,
+                        text: g.render_wrapped(),
+                        meta: Some(render::meta_of(&g)),
+                    });
+                    gated.push(g);
+                }
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                    ..
+                } => {
+                    let (blob, g) =
+                        self.gate_blob(&label, mime_type.as_deref(), &blob, &mut left)?;
+                    contents.push(ResourceContents::BlobResourceContents {
+                        uri,
+                        mime_type,
+                        blob,
+                        meta: Some(render::meta_of(&g)),
+                    });
+                    gated.push(g);
+                }
+                _ => {
+                    return Err(gate_refused(
+                        &label,
+                        format!("resources/read of `{uri}`: a content of an unknown kind"),
+                    ));
+                }
+            }
+        }
+        let mut out = rmcp::model::ReadResourceResult::new(contents);
+        out.meta = Some(self.summary_meta(&label, &gated, dropped)?);
+        Ok(out)
+    }
+
+    /// One prompt message's content through the gate (`None`: no room
+    /// left under the cap).
+    fn gate_block(
+        &self,
+        name: &str,
+        block: ContentBlock,
+        left: &mut u64,
+        gated: &mut Vec<Gated>,
+    ) -> Result<Option<ContentBlock>, ErrorData> {
+        let text = |t: &str, left: &mut u64, gated: &mut Vec<Gated>| {
+            Ok::<_, ErrorData>(self.gate_text(name, t, left)?.map(|g| {
+                let c = ContentBlock::text(g.render_wrapped());
+                gated.push(g);
+                c
+            }))
+        };
+        Ok(match block {
+            ContentBlock::Text(t) => text(&t.text, left, gated)?,
+            ContentBlock::Image(i) => {
+                let (data, g) = self.gate_blob(name, Some(&i.mime_type), &i.data, left)?;
+                gated.push(g);
+                Some(ContentBlock::image(data, i.mime_type.clone()))
+            }
+            ContentBlock::Audio(a) => {
+                let (data, g) = self.gate_blob(name, Some(&a.mime_type), &a.data, left)?;
+                gated.push(g);
+                Some(ContentBlock::audio(data, a.mime_type.clone()))
+            }
+            ContentBlock::Resource(res) => match res.resource {
+                ResourceContents::TextResourceContents {
+                    uri,
+                    mime_type,
+                    text,
+                    ..
+                } => self.gate_text(name, &text, left)?.map(|g| {
+                    let c = ContentBlock::resource(ResourceContents::TextResourceContents {
+                        uri,
+                        mime_type,
+                        text: g.render_wrapped(),
+                        meta: Some(render::meta_of(&g)),
+                    });
+                    gated.push(g);
+                    c
+                }),
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                    ..
+                } => {
+                    let (blob, g) = self.gate_blob(name, mime_type.as_deref(), &blob, left)?;
+                    let c = ContentBlock::resource(ResourceContents::BlobResourceContents {
+                        uri,
+                        mime_type,
+                        blob,
+                        meta: Some(render::meta_of(&g)),
+                    });
+                    gated.push(g);
+                    Some(c)
+                }
+                _ => text("[resource content dropped]", left, gated)?,
+            },
+            ContentBlock::ResourceLink(l) => text(
+                &format!("[resource link {} {}]", l.uri, l.name),
+                left,
+                gated,
+            )?,
+            other => text(
+                &format!("[{} content dropped]", other.kind_name()),
+                left,
+                gated,
+            )?,
+        })
+    }
+
+    /// Prompt messages through the gate, like a tool result: text as the
+    /// wrapped untrusted rendering, images, audio and blobs checked.
+    fn gate_prompt(
+        &self,
+        name: &str,
+        r: rmcp::model::GetPromptResult,
+    ) -> Result<rmcp::model::GetPromptResult, ErrorData> {
+        use rmcp::model::PromptMessage;
+        let mut left = self.max_bytes()?;
+        let mut gated = Vec::new();
+        let mut messages = Vec::new();
+        let mut dropped = 0;
+        for m in r.messages {
+            match self.gate_block(name, m.content, &mut left, &mut gated)? {
+                Some(c) => messages.push(PromptMessage::new(m.role, c)),
+                None => dropped += 1,
+            }
+        }
+        let mut out = rmcp::model::GetPromptResult::new(messages);
+        out.description = r.description.map(|d| strip_text(&d));
+        out.meta = Some(self.summary_meta(name, &gated, dropped)?);
+        Ok(out)
+    }
+
+    /// The `_meta` of a whole read or prompt: the gate's envelope with the
+    /// byte counts of all its parts; truncated when a part was cut or
+    /// dropped under the cap.
+    fn summary_meta(
+        &self,
+        label: &str,
+        gated: &[Gated],
+        dropped: usize,
+    ) -> Result<rmcp::model::MetaObject, ErrorData> {
+        let empty;
+        let first = match gated.first() {
+            Some(g) => g,
+            None => {
+                let mut room = cordon_gate::MIN_MAX_BYTES;
+                empty = self
+                    .gate_text(label, "", &mut room)?
+                    .ok_or_else(|| gate_refused(label, "no envelope for an empty result".into()))?;
+                &empty
+            }
+        };
+        let mut meta = render::meta_of(first);
+        let sum = |f: fn(&Gated) -> u64| gated.iter().map(f).sum::<u64>();
+        meta.insert(
+            "cordon/bytes_in".into(),
+            json!(sum(|g| g.envelope.bytes_in)),
+        );
+        meta.insert(
+            "cordon/bytes_out".into(),
+            json!(sum(|g| g.envelope.bytes_out)),
+        );
+        meta.insert(
+            "cordon/truncated".into(),
+            json!(dropped > 0 || gated.iter().any(|g| g.envelope.truncated)),
+        );
+        meta.insert("cordon/parts".into(), json!(gated.len()));
+        if dropped > 0 {
+            meta.insert("cordon/parts_dropped".into(), json!(dropped));
+        }
+        Ok(meta)
+    }
+}
+
+fn gate_refused(label: &str, msg: String) -> ErrorData {
+    render::refusal(
+        Refusal::GateRefused,
+        format!("{label}: output refused: {msg}"),
+        json!({"tool": label}),
+    )
 }

@@ -329,18 +329,33 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
         (Exec::Command { argv: a }, Exec::Command { argv: b }) => {
             out.push(change(t, "command", &a.join(" "), &b.join(" "), true));
         }
-        (Exec::Mcp { allow: a1, .. }, Exec::Mcp { allow: a2, .. }) => {
-            let widened = match (a1, a2) {
+        (
+            Exec::Mcp {
+                allow: a1,
+                resources: r1,
+                prompts: p1,
+                ..
+            },
+            Exec::Mcp {
+                allow: a2,
+                resources: r2,
+                prompts: p2,
+                ..
+            },
+        ) => {
+            let wider = |a: &Option<Vec<String>>, b: &Option<Vec<String>>| match (a, b) {
                 (Some(x), Some(y)) => y.iter().any(|e| !x.contains(e)),
                 (Some(_), None) => true,
                 _ => false,
             };
+            let widened = wider(a1, a2) || wider(r1, r2) || wider(p1, p2);
             out.push(change(
                 t,
                 "mcp",
                 &serde_json::to_string(o).unwrap_or_default(),
                 &serde_json::to_string(n).unwrap_or_default(),
-                // Another server, another image, or more of its tools exposed.
+                // Another server, another image, or more of its tools,
+                // resources or prompts exposed.
                 widened || !mcp_same_server(o, n),
             ));
         }

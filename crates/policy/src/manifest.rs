@@ -213,6 +213,14 @@ pub struct McpServer {
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,
+    /// Only these resources are exposed: URIs and URI templates exactly as
+    /// the server lists them (absent: all; `[]`: none).
+    #[serde(default)]
+    pub resources: Option<Vec<String>>,
+    /// Only these prompts are exposed, by the server's names (absent: all;
+    /// `[]`: none).
+    #[serde(default)]
+    pub prompts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -55,6 +55,12 @@ pub enum Exec {
         allow: Option<Vec<String>>,
         rename: BTreeMap<String, String>,
         descriptions: BTreeMap<String, String>,
+        /// Resource URIs and URI templates exposed (`None`: all).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resources: Option<Vec<String>>,
+        /// Prompts exposed, by the server's names (`None`: all).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompts: Option<Vec<String>>,
     },
     /// The manifest names no program yet (allowed, e.g. a P3 runtime still
     /// to be given an image); such a tool is refused at run time.

@@ -794,6 +794,8 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             allow: tools.as_ref().and_then(|t| t.allow.clone()),
             rename: tools.as_ref().map(|t| t.rename.clone()).unwrap_or_default(),
             descriptions: tools.map(|t| t.descriptions).unwrap_or_default(),
+            resources: mcp.resources.clone(),
+            prompts: mcp.prompts.clone(),
         }
     } else {
         Exec::Unspecified

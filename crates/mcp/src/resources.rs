@@ -1,0 +1,467 @@
+//! Resources of sandboxed MCP servers: which server a URI belongs to.
+//!
+//! A resource keeps the URI its server gave it, so links and URIs that
+//! clients know (`file:///…`, `demo://…`) keep working. cordon routes a
+//! `resources/read` by what the session's servers listed:
+//!
+//! 1. `cordon://<tool>/<percent-encoded URI>` names the server outright;
+//! 2. otherwise a URI listed by exactly one server goes to it;
+//! 3. otherwise a URI matching a listed URI template of exactly one server
+//!    goes to it.
+//!
+//! A URI two servers both list is shown in the listing in the `cordon://`
+//! form (for each of them), so one server can never shadow another's
+//! resource. A URI that matches templates of two servers, or that no
+//! listing exposed, is refused. The `cordon://` form is checked the same
+//! way: its server must have listed the URI or a template it matches.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use rmcp::ErrorData;
+use rmcp::model::{
+    CompleteRequestParams, CompleteResult, GetPromptResult, JsonObject, Prompt, ReadResourceResult,
+    Reference, Resource, ResourceContents, ResourceTemplate,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::render::{Refusal, refusal};
+use crate::upstream::{Exposure, Upstream};
+use crate::{CallAudit, Session};
+
+/// The scheme of cordon's own resource URIs.
+pub const SCHEME: &str = "cordon://";
+
+/// Everything but the RFC 3986 unreserved characters is encoded, so the
+/// original URI is one path segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `cordon://<tool>/<percent-encoded uri>`.
+pub fn cordon_uri(tool: &str, uri: &str) -> String {
+    format!("{SCHEME}{tool}/{}", utf8_percent_encode(uri, SEGMENT))
+}
+
+/// `Some((tool, original uri))` for a `cordon://` URI; `Err` when it is one
+/// but malformed.
+pub fn parse_cordon_uri(uri: &str) -> Option<Result<(String, String), String>> {
+    let rest = uri.strip_prefix(SCHEME)?;
+    let Some((tool, enc)) = rest.split_once('/') else {
+        return Some(Err(format!(
+            "`{uri}`: a cordon resource URI is cordon://<tool>/<percent-encoded URI>"
+        )));
+    };
+    Some(
+        percent_decode_str(enc)
+            .decode_utf8()
+            .map(|u| (tool.to_owned(), u.into_owned()))
+            .map_err(|e| format!("`{uri}`: the encoded URI is not UTF-8 ({e})")),
+    )
+}
+
+/// A compiled RFC 6570 URI template, matched against concrete URIs.
+#[derive(Debug, Clone)]
+pub struct Template {
+    re: regex::Regex,
+}
+
+impl Template {
+    /// Compile `template` (levels 1 to 4; each expression matches what its
+    /// expansion can produce).
+    pub fn new(template: &str) -> Result<Template, String> {
+        let mut re = String::from("^");
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            re.push_str(&regex::escape(&rest[..open]));
+            let after = &rest[open + 1..];
+            let close = after
+                .find('}')
+                .ok_or_else(|| format!("URI template `{template}`: unclosed `{{`"))?;
+            let expr = &after[..close];
+            re.push_str(match expr.chars().next() {
+                Some('+') => ".*",
+                Some('#') => "(?:#.*)?",
+                Some('.') => r"(?:\.[^/?#]*)*",
+                Some('/') => "(?:/[^/?#]*)*",
+                Some(';') => "(?:;[^/?#]*)*",
+                Some('?') => r"(?:\?[^#]*)?",
+                Some('&') => "(?:&[^#]*)*",
+                Some(_) => "[^/?#]*",
+                None => return Err(format!("URI template `{template}`: empty expression")),
+            });
+            rest = &after[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!("URI template `{template}`: stray `}}`"));
+        }
+        re.push_str(&regex::escape(rest));
+        re.push('$');
+        regex::Regex::new(&re)
+            .map(|re| Template { re })
+            .map_err(|e| format!("URI template `{template}`: {e}"))
+    }
+
+    /// Whether `uri` is an expansion of this template.
+    pub fn matches(&self, uri: &str) -> bool {
+        self.re.is_match(uri)
+    }
+}
+
+// ---- Routing within one agent session ----
+
+impl Session {
+    /// Sessions' servers whose offers are unknown are started (all at
+    /// once) so that `initialize` can advertise what they offer.
+    pub(crate) async fn learn_offers(&self) {
+        let mut set = tokio::task::JoinSet::new();
+        for u in &self.upstreams {
+            if u.known_offers().is_none() {
+                let u = u.clone();
+                set.spawn(async move {
+                    if let Err(e) = u.offers().await {
+                        eprintln!(
+                            "cordon: warning: {}: its resources and prompts are not advertised: {}",
+                            u.name(),
+                            e.message
+                        );
+                    }
+                });
+            }
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    fn caller(context: &rmcp::service::RequestContext<rmcp::RoleServer>) -> String {
+        context
+            .client_info()
+            .map(|i| format!("mcp:{}", i.name))
+            .unwrap_or_else(|| "mcp".into())
+    }
+
+    /// Every server's resources. A URI listed by two servers is shown as
+    /// `cordon://<tool>/<uri>` for each, so neither can shadow the other.
+    pub(crate) async fn all_resources(&self, ct: &CancellationToken) -> Vec<Resource> {
+        let mut per: Vec<(&Arc<Upstream>, Vec<Resource>)> = Vec::new();
+        for u in &self.upstreams {
+            match u.list_resources(Some(ct)).await {
+                Ok(r) => per.push((u, r)),
+                Err(e) => eprintln!(
+                    "cordon: warning: {}: resources not listed: {}",
+                    u.name(),
+                    e.message
+                ),
+            }
+        }
+        let mut count: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, rs) in &per {
+            for r in rs {
+                *count.entry(r.uri.clone()).or_default() += 1;
+            }
+        }
+        let mut out = Vec::new();
+        for (u, rs) in per {
+            for mut r in rs {
+                if count.get(&r.uri).copied().unwrap_or(0) > 1 {
+                    r.uri = cordon_uri(u.name(), &r.uri);
+                }
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    pub(crate) async fn all_templates(&self, ct: &CancellationToken) -> Vec<ResourceTemplate> {
+        let mut out = Vec::new();
+        for u in &self.upstreams {
+            match u.list_templates(Some(ct)).await {
+                Ok(t) => out.extend(t),
+                Err(e) => eprintln!(
+                    "cordon: warning: {}: resource templates not listed: {}",
+                    u.name(),
+                    e.message
+                ),
+            }
+        }
+        out
+    }
+
+    pub(crate) async fn all_prompts(&self, ct: &CancellationToken) -> Vec<Prompt> {
+        let mut out = Vec::new();
+        for u in &self.upstreams {
+            match u.list_prompts(Some(ct)).await {
+                Ok(p) => out.extend(p),
+                Err(e) => eprintln!(
+                    "cordon: warning: {}: prompts not listed: {}",
+                    u.name(),
+                    e.message
+                ),
+            }
+        }
+        out
+    }
+
+    fn offering(&self, resources: bool) -> Vec<&Arc<Upstream>> {
+        self.upstreams
+            .iter()
+            .filter(|u| {
+                u.known_offers()
+                    .is_none_or(|o| if resources { o.resources } else { o.prompts })
+            })
+            .collect()
+    }
+
+    /// The one server `uri` belongs to, and the URI to ask it for.
+    async fn route(
+        &self,
+        uri: &str,
+        ct: &CancellationToken,
+    ) -> Result<(Arc<Upstream>, String), ErrorData> {
+        if let Some(parsed) = parse_cordon_uri(uri) {
+            let (tool, original) =
+                parsed.map_err(|m| refusal(Refusal::UnknownResource, m, json!({"uri": uri})))?;
+            let Some(u) = self.upstreams.iter().find(|u| u.name() == tool) else {
+                return Err(refusal(
+                    Refusal::UnknownResource,
+                    format!(
+                        "`{uri}` names `{tool}`, which is not an MCP server of this manifest; servers: {}",
+                        self.upstreams
+                            .iter()
+                            .map(|u| u.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    json!({"uri": uri}),
+                ));
+            };
+            return Ok((u.clone(), original));
+        }
+        let candidates = self.offering(true);
+        if candidates.is_empty() {
+            return Err(refusal(
+                Refusal::NotOffered,
+                format!("no MCP server of this manifest offers resources; `{uri}` cannot be read"),
+                json!({"uri": uri}),
+            ));
+        }
+        let mut listed = Vec::new();
+        let mut templated = Vec::new();
+        for u in candidates {
+            match u.exposure(uri, Some(ct)).await {
+                Ok(Some(Exposure::Listed)) => listed.push(u),
+                Ok(Some(Exposure::Template(t))) => templated.push((u, t)),
+                Ok(None) => {}
+                Err(e) => eprintln!(
+                    "cordon: warning: {}: resources not listed: {}",
+                    u.name(),
+                    e.message
+                ),
+            }
+        }
+        let ambiguous = |names: Vec<String>| {
+            refusal(
+                Refusal::AmbiguousResource,
+                format!(
+                    "`{uri}` is exposed by more than one server; name one: {}",
+                    names.join(", ")
+                ),
+                json!({"uri": uri}),
+            )
+        };
+        match (listed.as_slice(), templated.as_slice()) {
+            ([u], _) => Ok(((*u).clone(), uri.to_owned())),
+            ([_, _, ..], _) => Err(ambiguous(
+                listed.iter().map(|u| cordon_uri(u.name(), uri)).collect(),
+            )),
+            ([], [(u, _)]) => Ok(((*u).clone(), uri.to_owned())),
+            ([], [_, _, ..]) => Err(ambiguous(
+                templated
+                    .iter()
+                    .map(|(u, t)| format!("{} (template {t})", cordon_uri(u.name(), uri)))
+                    .collect(),
+            )),
+            ([], []) => Err(refusal(
+                Refusal::UnknownResource,
+                format!(
+                    "`{uri}` was not exposed by any server: cordon reads only URIs that resources/list lists or that match a template of resources/templates/list"
+                ),
+                json!({"uri": uri}),
+            )),
+        }
+    }
+
+    /// `resources/read`: routed to exactly one server, the contents gated,
+    /// the read audited like a call.
+    pub(crate) async fn read(
+        &self,
+        uri: &str,
+        context: &rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<ReadResourceResult, ErrorData> {
+        let input = serde_json::to_vec(&json!({"method": "resources/read", "uri": uri}))
+            .unwrap_or_default();
+        let routed = self.route(uri, &context.ct).await;
+        let (audit, r) = match routed {
+            Ok((u, original)) => (
+                CallAudit::with_input(u.name(), u.profile(), "mcp", input).recording_input(),
+                u.read(&original, Some(&context.ct)).await,
+            ),
+            Err(e) => (
+                CallAudit::with_input("", "", "none", input).recording_input(),
+                Err(e),
+            ),
+        };
+        let outcome = r.as_ref().map(|r| {
+            let text = r
+                .contents
+                .iter()
+                .filter_map(|c| match c {
+                    ResourceContents::TextResourceContents { text, .. } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            (text, false)
+        });
+        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome);
+        r
+    }
+
+    /// `prompts/get` of `<tool>.<prompt>`, gated and audited like a call.
+    pub(crate) async fn prompt(
+        &self,
+        name: &str,
+        args: Option<JsonObject>,
+        context: &rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<GetPromptResult, ErrorData> {
+        let input =
+            serde_json::to_vec(&json!({"method": "prompts/get", "name": name, "arguments": args}))
+                .unwrap_or_default();
+        let owner = self.upstreams.iter().find(|u| u.owns(name));
+        let (audit, r) = match owner {
+            Some(u) => (
+                CallAudit::with_input(name, u.profile(), "mcp", input),
+                u.get_prompt(name, args, Some(&context.ct)).await,
+            ),
+            None => {
+                let known: Vec<String> = self
+                    .all_prompts(&context.ct)
+                    .await
+                    .into_iter()
+                    .map(|p| p.name)
+                    .collect();
+                (
+                    CallAudit::with_input(name, "", "none", input),
+                    Err(refusal(
+                        Refusal::UnknownPrompt,
+                        format!(
+                            "unknown prompt `{name}`; cordon serves: {}",
+                            if known.is_empty() {
+                                "no prompts".to_owned()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                        json!({"prompt": name}),
+                    )),
+                )
+            }
+        };
+        let outcome = r.as_ref().map(|r| {
+            let text = r
+                .messages
+                .iter()
+                .filter_map(|m| m.content.as_text().map(|t| t.text.as_str()))
+                .collect::<Vec<_>>()
+                .join("\n");
+            (text, false)
+        });
+        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome);
+        r
+    }
+
+    /// `completion/complete`: a prompt's or a template's server answers;
+    /// anything else gets no suggestions.
+    pub(crate) async fn complete(
+        &self,
+        params: CompleteRequestParams,
+        ct: &CancellationToken,
+    ) -> Result<CompleteResult, ErrorData> {
+        let (owner, server_prompt) = match &params.r#ref {
+            Reference::Prompt(p) => {
+                let u = self.upstreams.iter().find(|u| u.owns(&p.name));
+                let server = u.map(|u| p.name[u.name().len() + 1..].to_owned());
+                (u.cloned(), server)
+            }
+            Reference::Resource(r) => {
+                let mut found = None;
+                for u in self.offering(true) {
+                    if u.list_templates(Some(ct))
+                        .await
+                        .is_ok_and(|ts| ts.iter().any(|t| t.uri_template == r.uri))
+                    {
+                        found = Some(u.clone());
+                        break;
+                    }
+                }
+                (found, None)
+            }
+            _ => (None, None),
+        };
+        match owner {
+            Some(u) => u.complete(params, server_prompt, Some(ct)).await,
+            None => Ok(CompleteResult::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cordon_uris_round_trip() {
+        let u = cordon_uri("everything", "demo://resource/static/document/a b.md?x=1#y");
+        assert_eq!(
+            u,
+            "cordon://everything/demo%3A%2F%2Fresource%2Fstatic%2Fdocument%2Fa%20b.md%3Fx%3D1%23y"
+        );
+        assert_eq!(
+            parse_cordon_uri(&u).unwrap().unwrap(),
+            (
+                "everything".to_owned(),
+                "demo://resource/static/document/a b.md?x=1#y".to_owned()
+            )
+        );
+        assert!(parse_cordon_uri("file:///etc/passwd").is_none());
+        assert!(parse_cordon_uri("cordon://everything").unwrap().is_err());
+        assert!(parse_cordon_uri("cordon://x/%FF").unwrap().is_err());
+    }
+
+    #[test]
+    fn templates_match_their_expansions_only() {
+        let t = Template::new("demo://resource/dynamic/text/{resourceId}").unwrap();
+        assert!(t.matches("demo://resource/dynamic/text/7"));
+        assert!(t.matches("demo://resource/dynamic/text/"));
+        // A simple expansion never contains `/`: no other path is reached.
+        assert!(!t.matches("demo://resource/dynamic/text/7/../../secret"));
+        assert!(!t.matches("demo://resource/dynamic/blob/7"));
+        assert!(!t.matches("xdemo://resource/dynamic/text/7"));
+        // Literal characters are literal, not regex syntax.
+        let t = Template::new("a.b://x/{id}").unwrap();
+        assert!(!t.matches("aXb://x/1"));
+        let t = Template::new("file:///data/{+path}").unwrap();
+        assert!(t.matches("file:///data/a/b.txt"));
+        assert!(!t.matches("file:///etc/passwd"));
+        let t = Template::new("api://items{?page,size}").unwrap();
+        assert!(t.matches("api://items"));
+        assert!(t.matches("api://items?page=2&size=3"));
+        assert!(!t.matches("api://items/other"));
+        assert!(Template::new("x://{open").is_err());
+        assert!(Template::new("x://{}").is_err());
+        assert!(Template::new("x://a}").is_err());
+    }
+}
