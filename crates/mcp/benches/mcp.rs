@@ -16,6 +16,15 @@
 //!
 //! Prints a markdown table: median, p95, and the ratio of each cordon row to
 //! its direct baseline.
+//!
+//!     cargo bench -p cordon-mcp --bench mcp -- --sessions N
+//!
+//! Agent sessions instead: open N sessions one after the other, each with
+//! one `mcp:` server in its P2 sandbox (initialize + tools/list, so the
+//! sandbox is up), then measure the memory of the idle sessions and close
+//! them. The same N servers started directly (no sandbox, no gateway) are
+//! the baseline. Rows for the Python fixture server and, when installed,
+//! server-everything under node. See `sessions` below.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -96,6 +105,14 @@ async fn gateway_client(gw: Arc<Gateway>) -> RunningService<RoleClient, ()> {
 }
 
 fn main() {
+    if let Some(n) = std::env::args()
+        .skip_while(|a| a != "--sessions")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+    {
+        sessions::main(n);
+        return;
+    }
     let calls: usize = std::env::args()
         .skip_while(|a| a != "--calls")
         .nth(1)
@@ -240,4 +257,262 @@ tools:
         "\ncordon adds {} (median) to a call of a sandboxed MCP server.",
         ms(added)
     );
+}
+
+/// Sessions per second and memory per idle session.
+mod sessions {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// `(pid, ppid)` of every process.
+    fn process_table() -> HashMap<i32, i32> {
+        let mut t = HashMap::new();
+        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            // comm may hold spaces and parentheses: ppid is after the last ')'.
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                && let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r)
+                && let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok())
+            {
+                t.insert(pid, ppid);
+            }
+        }
+        t
+    }
+
+    /// Every process descended from this one.
+    pub fn descendants() -> Vec<i32> {
+        let me = std::process::id() as i32;
+        let t = process_table();
+        let mut out = Vec::new();
+        let mut frontier = vec![me];
+        while let Some(p) = frontier.pop() {
+            for (&c, &pp) in &t {
+                if pp == p {
+                    out.push(c);
+                    frontier.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// Proportional set size of a process in bytes (0 when it is gone).
+    fn pss(pid: i32) -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Pss:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    }
+
+    /// Pss of this process plus all its descendants.
+    fn tree_pss() -> u64 {
+        pss(std::process::id() as i32) + descendants().into_iter().map(pss).sum::<u64>()
+    }
+
+    struct Row {
+        name: String,
+        n: usize,
+        open: Duration,
+        per_session: u64,
+        procs_open: usize,
+        left: usize,
+        close: Duration,
+    }
+
+    async fn settle_gone() -> (usize, Duration) {
+        let t = Instant::now();
+        for _ in 0..200 {
+            if descendants().is_empty() {
+                return (0, t.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        (descendants().len(), t.elapsed())
+    }
+
+    /// N direct clients of `argv` (no sandbox): the baseline.
+    async fn direct(name: &str, argv: &[String], n: usize) -> Row {
+        let before = tree_pss();
+        let t = Instant::now();
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..]);
+            let (tr, _) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn the server");
+            let c = ().serve(tr).await.expect("initialize the server");
+            c.peer().list_all_tools().await.expect("tools/list");
+            clients.push(c);
+        }
+        let open = t.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let procs_open = descendants().len();
+        let after = tree_pss();
+        let t = Instant::now();
+        for c in clients {
+            let _ = c.cancel().await;
+        }
+        let (left, _) = settle_gone().await;
+        Row {
+            name: format!("{name} direct (no sandbox)"),
+            n,
+            open,
+            per_session: after.saturating_sub(before) / n as u64,
+            procs_open,
+            left,
+            close: t.elapsed(),
+        }
+    }
+
+    /// N agent sessions through the gateway, one sandboxed server each.
+    async fn through_cordon(name: &str, manifest: &Path, tool: &str, n: usize) -> Row {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = GatewayOptions {
+            audit: Some(dir.path().join("audit.jsonl")),
+            ..GatewayOptions::default()
+        };
+        let gw = Arc::new(Gateway::from_manifest(manifest, &opts).expect("gateway"));
+        let before = tree_pss();
+        let t = Instant::now();
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            let c = gateway_client(gw.clone()).await;
+            let tools = c.peer().list_all_tools().await.expect("tools/list");
+            assert!(tools.iter().any(|t| t.name.starts_with(tool)), "{tools:?}");
+            clients.push(c);
+        }
+        let open = t.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let procs_open = descendants().len();
+        let after = tree_pss();
+        let t = Instant::now();
+        for c in clients {
+            let _ = c.cancel().await;
+        }
+        let (left, _) = settle_gone().await;
+        Row {
+            name: format!("{name} via cordon (P2 sandbox per session)"),
+            n,
+            open,
+            per_session: after.saturating_sub(before) / n as u64,
+            procs_open,
+            left,
+            close: t.elapsed(),
+        }
+    }
+
+    fn manifest(dir: &Path, tool: &str, mounts: &str, memory: &str, argv: &[String]) -> PathBuf {
+        let m = dir.join(format!("{tool}.yaml"));
+        let cmd = serde_json::to_string(argv).expect("argv");
+        std::fs::write(
+            &m,
+            format!(
+                "version: 1\ntools:\n  {tool}:\n    profile: P2\n    description: bench\n    network: none\n    limits: {{wall_seconds: 30, memory: {memory}, tasks: 64}}\n    mounts: [{mounts}]\n    mcp:\n      command: {cmd}\n"
+            ),
+        )
+        .expect("write manifest");
+        m
+    }
+
+    pub fn main(n: usize) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut servers: Vec<(&str, PathBuf, Vec<String>, Vec<String>)> = vec![(
+            "fixture (python)",
+            manifest(
+                dir.path(),
+                "fx",
+                &format!("\"{}:/fixture\"", fixtures().display()),
+                "256M",
+                &[
+                    "/usr/bin/python3".into(),
+                    "/fixture/fixture_server.py".into(),
+                ],
+            ),
+            vec![
+                "/usr/bin/python3".into(),
+                fixtures().join("fixture_server.py").display().to_string(),
+            ],
+            vec!["fx.".into()],
+        )];
+        let npm = std::env::var_os("CORDON_E2E_NPM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"));
+        let everything = "node_modules/@modelcontextprotocol/server-everything/dist/index.js";
+        if npm.join(everything).is_file() {
+            servers.push((
+                "server-everything (node)",
+                manifest(
+                    dir.path(),
+                    "everything",
+                    &format!("\"{}:/srv/npm\"", npm.display()),
+                    "1G",
+                    &[
+                        "/usr/bin/node".into(),
+                        format!("/srv/npm/{everything}"),
+                        "stdio".into(),
+                    ],
+                ),
+                vec![
+                    "/usr/bin/node".into(),
+                    npm.join(everything).display().to_string(),
+                    "stdio".into(),
+                ],
+                vec!["everything.".into()],
+            ));
+        } else {
+            eprintln!(
+                "server-everything is not installed under {}: its rows are skipped",
+                npm.display()
+            );
+        }
+        let rows = rt.block_on(async {
+            let mut rows = Vec::new();
+            for (name, manifest, argv, prefix) in &servers {
+                rows.push(direct(name, argv, n).await);
+                rows.push(through_cordon(name, manifest, &prefix[0], n).await);
+            }
+            rows
+        });
+        println!(
+            "| sessions | n | open (total) | sessions/s | ratio | memory per idle session (Pss) | ratio | processes while open | left after close | close (total) |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for (i, r) in rows.iter().enumerate() {
+            let base = &rows[i - i % 2];
+            let rate = |r: &Row| r.n as f64 / r.open.as_secs_f64();
+            println!(
+                "| {} | {} | {:.2} s | {:.1} | {:.2} | {:.1} MiB | {:.2} | {} | {} | {:.2} s |",
+                r.name,
+                r.n,
+                r.open.as_secs_f64(),
+                rate(r),
+                rate(r) / rate(base),
+                r.per_session as f64 / (1024.0 * 1024.0),
+                r.per_session as f64 / base.per_session.max(1) as f64,
+                r.procs_open,
+                r.left,
+                r.close.as_secs_f64(),
+            );
+        }
+        let left: usize = rows.iter().map(|r| r.left).sum();
+        if left > 0 {
+            eprintln!("{left} process(es) still running after the sessions closed");
+            std::process::exit(1);
+        }
+    }
 }
