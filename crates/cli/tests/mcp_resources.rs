@@ -193,6 +193,7 @@ fn audit_records(audit: &Path) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(deprecated)] // resources/subscribe: the servers speak revisions that have it
 async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_audited() {
     let Some(npm) = npm_dir() else {
         eprintln!("SKIP: server-everything is not installed; run scripts/setup.sh");
@@ -274,6 +275,27 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
         body(text).starts_with("Resource 7: This is a plaintext resource"),
         "{text}"
     );
+
+    // Subscriptions go to the server that listed the URI, and only there.
+    if caps.resources.as_ref().and_then(|r| r.subscribe) == Some(true) {
+        c.peer()
+            .subscribe(rmcp::model::SubscribeRequestParams::new(doc.uri.clone()))
+            .await
+            .unwrap();
+        c.peer()
+            .unsubscribe(rmcp::model::UnsubscribeRequestParams::new(doc.uri.clone()))
+            .await
+            .unwrap();
+        let e = mcp_error(
+            c.peer()
+                .subscribe(rmcp::model::SubscribeRequestParams::new(
+                    "file:///etc/passwd",
+                ))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(status(&e), "unknown_resource");
+    }
 
     // Prompts: `<tool>.<prompt>`, with arguments; messages gated.
     let prompts = c.peer().list_all_prompts().await.unwrap();
@@ -462,7 +484,13 @@ async fn without_a_server_that_has_them_resources_and_prompts_are_not_advertised
     assert!(caps.tools.is_some(), "{caps:?}");
     assert!(caps.resources.is_none(), "{caps:?}");
     assert!(caps.prompts.is_none(), "{caps:?}");
-    // Still answered, as an MCP error that names the reason.
+    // Listing what nobody offers is -32601, as for any capability not
+    // advertised.
+    let e = mcp_error(c.peer().list_all_resources().await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::METHOD_NOT_FOUND);
+    let e = mcp_error(c.peer().list_all_prompts().await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::METHOD_NOT_FOUND);
+    // A read is still answered, as an MCP error that names the reason.
     let e = mcp_error(read(&c, "demo://x").await.unwrap_err());
     assert_eq!(status(&e), "not_offered");
     assert!(

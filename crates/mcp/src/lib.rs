@@ -483,12 +483,22 @@ impl Session {
         }
     }
 
+    /// An unknown tool: the message names the command tools and each
+    /// server's exposed tools (`<tool>.<name>`; `<tool>.*` when this session
+    /// has not listed them).
     fn unknown(&self, name: &str) -> ErrorData {
+        let mut served: Vec<String> = self.gw.commands.keys().cloned().collect();
+        for u in &self.upstreams {
+            match u.listed_tool_names() {
+                Some(names) => served.extend(names),
+                None => served.push(format!("{}.*", u.name())),
+            }
+        }
         refusal(
             Refusal::UnknownTool,
             format!(
                 "unknown tool `{name}`; cordon serves: {}",
-                self.gw.tool_names().join(", ")
+                served.join(", ")
             ),
             json!({"tool": name}),
         )
@@ -504,9 +514,34 @@ impl Session {
                 o.resources |= k.resources;
                 o.prompts |= k.prompts;
                 o.completions |= k.completions;
+                o.subscribe |= k.subscribe;
             }
         }
         o
+    }
+}
+
+impl Session {
+    /// -32601, as for a capability not advertised, when no server offers
+    /// it (a server not started yet might: it is asked).
+    fn offering_or_not_found(
+        &self,
+        has: impl Fn(&upstream::Offers) -> bool,
+        method: &str,
+    ) -> Result<(), ErrorData> {
+        let maybe = self
+            .upstreams
+            .iter()
+            .any(|u| u.known_offers().is_none_or(|o| has(&o)));
+        if maybe {
+            Ok(())
+        } else {
+            Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("{method}: no MCP server of this manifest offers it"),
+                None,
+            ))
+        }
     }
 }
 
@@ -515,7 +550,9 @@ impl ServerHandler for Session {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
         let offered = self.offered();
         if offered.resources {
-            caps.resources = Some(Default::default());
+            let mut r = rmcp::model::ResourcesCapability::default();
+            r.subscribe = offered.subscribe.then_some(true);
+            caps.resources = Some(r);
         }
         if offered.prompts {
             caps.prompts = Some(Default::default());
@@ -572,6 +609,7 @@ impl ServerHandler for Session {
         request: rmcp::model::CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        self.offering_or_not_found(|o| o.completions, "completion/complete")?;
         Session::complete(self, request, &context.ct).await
     }
 
@@ -580,6 +618,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.offering_or_not_found(|o| o.resources, "resources/list")?;
         Ok(rmcp::model::ListResourcesResult::with_all_items(
             self.all_resources(&context.ct).await,
         ))
@@ -590,6 +629,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        self.offering_or_not_found(|o| o.resources, "resources/templates/list")?;
         Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(
             self.all_templates(&context.ct).await,
         ))
@@ -603,11 +643,30 @@ impl ServerHandler for Session {
         self.read(&request.uri, &context).await.map(Into::into)
     }
 
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Session::subscribe(self, &request.uri, true, &context).await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Session::subscribe(self, &request.uri, false, &context).await
+    }
+
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.offering_or_not_found(|o| o.prompts, "prompts/list")?;
         Ok(rmcp::model::ListPromptsResult::with_all_items(
             self.all_prompts(&context.ct).await,
         ))

@@ -244,7 +244,9 @@ impl Session {
         if candidates.is_empty() {
             return Err(refusal(
                 Refusal::NotOffered,
-                format!("no MCP server of this manifest offers resources; `{uri}` cannot be read"),
+                format!(
+                    "no MCP server of this manifest offers resources; `{uri}` cannot be reached"
+                ),
                 json!({"uri": uri}),
             ));
         }
@@ -328,6 +330,18 @@ impl Session {
         });
         audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome);
         r
+    }
+
+    /// `resources/subscribe` / `resources/unsubscribe`, routed like a read.
+    pub(crate) async fn subscribe(
+        &self,
+        uri: &str,
+        on: bool,
+        context: &rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (u, original) = self.route(uri, &context.ct).await?;
+        u.subscribe(&original, on, context.peer.clone(), Some(&context.ct))
+            .await
     }
 
     /// `prompts/get` of `<tool>.<prompt>`, gated and audited like a call.

@@ -37,13 +37,44 @@ pub(crate) struct ProgressRoutes {
     in_flight: std::sync::atomic::AtomicUsize,
 }
 
+/// Resource subscriptions of one agent session to one server: the URIs,
+/// and the agent to tell when the server says one changed.
+#[derive(Default)]
+pub(crate) struct Subscriptions {
+    agent: Option<Peer<RoleServer>>,
+    uris: std::collections::BTreeSet<String>,
+}
+
 /// The client side of the connection to a sandboxed server.
 #[derive(Clone)]
 struct Forwarder {
     routes: Arc<ProgressRoutes>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
 }
 
 impl ClientHandler for Forwarder {
+    /// Only updates of URIs the agent subscribed to are passed on (a
+    /// server cannot flood the agent with others).
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let agent = self.subscriptions.lock().ok().and_then(|s| {
+            s.uris
+                .contains(&params.uri)
+                .then(|| s.agent.clone())
+                .flatten()
+        });
+        if let Some(peer) = agent {
+            let _ = peer
+                .notify_resource_updated(rmcp::model::ResourceUpdatedNotificationParam::new(
+                    params.uri,
+                ))
+                .await;
+        }
+    }
+
     async fn on_progress(
         &self,
         mut params: ProgressNotificationParam,
@@ -122,6 +153,7 @@ pub(crate) struct Offers {
     pub resources: bool,
     pub prompts: bool,
     pub completions: bool,
+    pub subscribe: bool,
 }
 
 /// The gateway's record of each server's [`Offers`] (`None`: not started yet).
@@ -136,6 +168,7 @@ pub(crate) struct Upstream {
     pins: BTreeMap<String, String>,
     sandbox: Arc<dyn ServerSandbox>,
     routes: Arc<ProgressRoutes>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
     state: tokio::sync::Mutex<State>,
     wall: Duration,
     resource_allow: Option<Vec<String>>,
@@ -191,6 +224,7 @@ impl Upstream {
             pins: descriptions.clone(),
             sandbox,
             routes: Arc::new(ProgressRoutes::default()),
+            subscriptions: Arc::default(),
             state: tokio::sync::Mutex::new(State::default()),
             wall,
             resource_allow: resources.clone(),
@@ -239,6 +273,7 @@ impl Upstream {
         let handle = proc.handle.clone();
         let fwd = Forwarder {
             routes: self.routes.clone(),
+            subscriptions: self.subscriptions.clone(),
         };
         let started = tokio::time::timeout(self.wall, fwd.serve((proc.reader, proc.writer))).await;
         let service = match started {
@@ -287,6 +322,7 @@ impl Upstream {
                 resources: c.resources.is_some(),
                 prompts: c.prompts.is_some(),
                 completions: c.completions.is_some(),
+                subscribe: c.resources.as_ref().and_then(|r| r.subscribe) == Some(true),
             };
             if let Ok(mut known) = self.offers.lock() {
                 *known = Some(o);
@@ -431,6 +467,17 @@ impl Upstream {
             self.reset(conn.generation).await;
         }
         Ok(tools)
+    }
+
+    /// The exposed tool names of the last listing, if there was one.
+    pub fn listed_tool_names(&self) -> Option<Vec<String>> {
+        let st = self.state.try_lock().ok()?;
+        st.tools.as_ref().map(|t| {
+            t.iter()
+                .filter(|e| e.refused.is_none())
+                .map(|e| e.name.clone())
+                .collect()
+        })
     }
 
     /// Whether `name` belongs to this server (`<tool>.` prefix).
@@ -1039,6 +1086,56 @@ impl Upstream {
                 &self.policy.name,
                 format!("resources/read of `{uri}`: the server asked the client for input, which cordon does not forward"),
             )),
+        }
+    }
+
+    /// `resources/subscribe` (`on: true`) or `resources/unsubscribe` of a
+    /// URI this server exposed. Updates the server sends for it reach
+    /// `agent` as `notifications/resources/updated`. A restarted server
+    /// has forgotten its subscriptions. (The servers cordon runs speak the
+    /// protocol revisions that still have these requests.)
+    #[allow(deprecated)]
+    pub async fn subscribe(
+        &self,
+        uri: &str,
+        on: bool,
+        agent: Peer<RoleServer>,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<(), ErrorData> {
+        let offers = self.offers().await?;
+        if !offers.subscribe {
+            return Err(self.refuse_unoffered("resource subscriptions"));
+        }
+        if self.exposure(uri, ct).await?.is_none() {
+            return Err(render::refusal(
+                Refusal::UnknownResource,
+                format!(
+                    "{}: the server did not list `{uri}` nor a URI template it matches",
+                    self.policy.name
+                ),
+                json!({"tool": self.policy.name, "uri": uri}),
+            ));
+        }
+        if let Ok(mut s) = self.subscriptions.lock() {
+            s.agent = Some(agent);
+            if on {
+                s.uris.insert(uri.to_owned());
+            } else {
+                s.uris.remove(uri);
+            }
+        }
+        let params = rmcp::model::SubscribeRequestParams::new(uri);
+        if on {
+            self.timed("resources/subscribe", ct, |p| async move {
+                p.subscribe(params).await
+            })
+            .await
+        } else {
+            let params = rmcp::model::UnsubscribeRequestParams::new(params.uri);
+            self.timed("resources/unsubscribe", ct, |p| async move {
+                p.unsubscribe(params).await
+            })
+            .await
         }
     }
 
