@@ -263,6 +263,13 @@ fn main() {
     let runs = env_num("CORDON_BENCH_RUNS", 300);
     let leak_calls = env_num("CORDON_BENCH_LEAK_CALLS", 10_000);
     let jail = Jail::new().expect("Jail::new");
+    // The same jail without the pool of network namespaces: a new one per
+    // call, for a same-run comparison.
+    let jail_fresh_net = Jail::with_options(cordon_jail::JailOptions {
+        pool_network_namespaces: false,
+        ..Default::default()
+    })
+    .expect("Jail::with_options");
     let root = jail.host().root;
     let mut cases: Vec<Case<'_>> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -280,6 +287,18 @@ fn main() {
         let o = jail_ref.run(&spec, Stdin::Null).expect("run");
         assert_eq!(o.exit_code, Some(0));
     }));
+    if jail.pools_network_namespaces() {
+        let spec = true_spec();
+        let fresh = &jail_fresh_net;
+        cases.push(case(
+            "Jail::run /bin/true, new network namespace per call",
+            "broker path without the namespace pool",
+            move || {
+                let o = fresh.run(&spec, Stdin::Null).expect("run");
+                assert_eq!(o.exit_code, Some(0));
+            },
+        ));
+    }
     let cat = {
         let mut s = JailSpec::new("cat", ["/bin/cat"]);
         s.limits.cpu_percent = None;
@@ -389,6 +408,10 @@ fn main() {
         eprintln!("  throughput at {conc}");
     }
 
+    let fresh_tput = jail
+        .pools_network_namespaces()
+        .then(|| throughput(&jail_fresh_net, 8, (runs * 2).max(80)));
+
     // Same-run ceiling: bare fork/exec at concurrency 8.
     let bare_tput = {
         let total = (runs * 2).max(80);
@@ -464,7 +487,11 @@ fn main() {
     println!();
     let jail_added = ms(rows[1].median()) - ms(bare);
     if let Some(i) = bwrap_full {
-        let sh_cost = ms(rows[3].median()) - ms(bare);
+        let sh_row = rows
+            .iter()
+            .find(|r| r.name.starts_with("sh -c"))
+            .expect("sh row");
+        let sh_cost = ms(sh_row.median()) - ms(bare);
         let bw_added = ms(rows[i].median()) - ms(bare);
         let bw_added_no_sh = bw_added - sh_cost;
         println!(
@@ -487,6 +514,11 @@ fn main() {
     println!(
         "Same-run ceiling: bare fork/exec of `/bin/true` at concurrency 8: {bare_tput:.0} calls/s.\n"
     );
+    if let Some(f) = fresh_tput {
+        println!(
+            "Same run, concurrency 8, a new network namespace per call instead of the pool: {f:.0} calls/s.\n"
+        );
+    }
     if let Some(b) = bwrap_tput {
         println!(
             "Same-run reference: `bwrap` (seed flags, no cgroup, no seccomp) `/bin/true` at concurrency 8: {b:.0} calls/s.\n"

@@ -61,6 +61,7 @@
 
 pub mod cgroup;
 pub mod host;
+mod netns;
 mod plan;
 mod run;
 pub mod seccomp;
@@ -335,6 +336,10 @@ pub struct JailOptions {
     pub host_gid_when_root: u32,
     /// Use cgroups when the host allows it (default true).
     pub cgroups: bool,
+    /// Give each sandbox without network an exclusive, empty network
+    /// namespace from a pool instead of a new one (root broker only;
+    /// default true). See `netns.rs` for why this is as strong.
+    pub pool_network_namespaces: bool,
 }
 
 impl Default for JailOptions {
@@ -345,6 +350,7 @@ impl Default for JailOptions {
             host_uid_when_root: 65534,
             host_gid_when_root: 65534,
             cgroups: true,
+            pool_network_namespaces: true,
         }
     }
 }
@@ -357,6 +363,7 @@ pub struct Jail {
     opts: JailOptions,
     root_dir: tempfile::TempDir,
     pool: Option<cgroup::Pool>,
+    net_pool: Option<netns::NetPool>,
     notes: Vec<String>,
     no_cgroup_warning: Option<String>,
     dev_null: OwnedFd,
@@ -410,11 +417,13 @@ impl Jail {
         let dev_null = std::fs::File::open("/dev/null")
             .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?
             .into();
+        let net_pool = (facts.root && opts.pool_network_namespaces).then(netns::NetPool::default);
         Ok(Jail {
             facts,
             opts,
             root_dir,
             pool,
+            net_pool,
             notes,
             no_cgroup_warning,
             dev_null,
@@ -435,6 +444,12 @@ impl Jail {
     /// Whether limits go through cgroups (false: rlimit fallback).
     pub fn uses_cgroups(&self) -> bool {
         self.pool.is_some()
+    }
+
+    /// Whether sandboxes without network get a pooled (exclusive, empty,
+    /// not owned by the sandbox) network namespace rather than a new one.
+    pub fn pools_network_namespaces(&self) -> bool {
+        self.net_pool.is_some()
     }
 
     /// Run one call; blocks until the sandbox is gone.

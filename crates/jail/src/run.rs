@@ -244,6 +244,32 @@ where
         None
     };
 
+    // A sandbox without network joins an empty namespace from the pool
+    // (declared before the child, so it is returned only after the child
+    // has been killed and reaped on every path).
+    let net_lease = match (&jail.net_pool, doors_req) {
+        (Some(pool), None) => Some(crate::netns::NetLease {
+            pool,
+            fd: Some(
+                pool.acquire()
+                    .map_err(|e| broker("create network namespace", e))?,
+            ),
+        }),
+        _ => None,
+    };
+    let join_net = net_lease
+        .as_ref()
+        .and_then(|l| l.fd.as_ref())
+        .map(|f| f.as_raw_fd());
+    let namespaces = if join_net.is_some() {
+        NS_FLAGS & !(libc::CLONE_NEWNET as u64)
+    } else {
+        NS_FLAGS
+    };
+    // v1 cgroups are joined by a write to cgroup.procs, which can wait for
+    // an RCU grace period: do it while the child builds its root.
+    let late_cgroups = slot.map(Slot::needs_attach).unwrap_or(false);
+
     let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()) {
         Some(d) => Some(
             sio::open_dir(d).map_err(|e| broker(&format!("open {}", d.display()), errno_io(e)))?,
@@ -252,7 +278,9 @@ where
     };
 
     let child_plan = ChildPlan {
-        namespaces: NS_FLAGS,
+        namespaces,
+        join_net,
+        late_cgroups,
         cgroup_fd: cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
         stdin: in_child.as_raw_fd(),
         stdout: out_w.as_raw_fd(),
@@ -320,11 +348,15 @@ where
         .map_err(|e| broker(&format!("write uid_map ({uid} -> host {host_uid})"), e))?;
     std::fs::write(format!("{proc}/gid_map"), format!("{gid} {host_gid} 1\n"))
         .map_err(|e| broker(&format!("write gid_map ({gid} -> host {host_gid})"), e))?;
-    if let Some(s) = slot {
+    if !late_cgroups {
+        sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
+    } else if let Some(s) = slot {
+        // Two go-aheads: build the root now, then (below) run the tool.
+        sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
         s.attach_v1(pid)
             .map_err(|e| broker("move the sandbox into its cgroups", e))?;
+        sio::write(sync_w.as_fd(), b"c").map_err(p("release the sandbox into its cgroups"))?;
     }
-    sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
 
     let setup_failure = |buf: [u8; 8]| {
         let f = ChildFailure::decode(buf);

@@ -778,6 +778,82 @@ tryit("metadata", lambda: conn(("169.254.169.254", 80)))
 }
 jail_test!(network_is_empty);
 
+fn network_namespace_pool() {
+    let j = jail();
+    // A root broker lends pooled namespaces; an unprivileged one cannot.
+    assert_eq!(j.pools_network_namespaces(), privileged(&j));
+    let code = probe(
+        r#"
+import fcntl, time
+print("netns", os.readlink("/proc/self/ns/net"))
+def owner():
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    u = fcntl.ioctl(fd, 0xb701)  # NS_GET_USERNS
+    print("owner", "self" if os.fstat(u).st_ino == os.stat("/proc/self/ns/user").st_ino else "other")
+tryit("owner_ioctl", owner)
+def peer():
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect("\0cordon-netns-pool")
+tryit("connect_before", peer)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+tryit("bind", lambda: s.bind("\0cordon-netns-pool"))
+s.listen(1)
+tryit("connect_after", peer)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"#,
+    );
+    let own_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let run = |hold: &str| {
+        let mut spec = py("netns", &code);
+        spec.argv.push(hold.into());
+        text(&run_ok(&j, &spec, Stdin::Null).stdout)
+    };
+    // Sequential calls: the abstract socket of the first is gone in the
+    // second (in the same namespace when pooled), and the name is free.
+    let first = run("0");
+    let second = run("0");
+    for out in [&first, &second] {
+        assert_ne!(field(out, "netns"), own_ns.to_string_lossy(), "{out}");
+        assert_eq!(field(out, "connect_before"), "ECONNREFUSED", "{out}");
+        assert_eq!(field(out, "bind"), "ok", "{out}");
+        // Control: the socket works while its owner lives.
+        assert_eq!(field(out, "connect_after"), "ok", "{out}");
+        if j.pools_network_namespaces() {
+            // Owned by the broker's user namespace, outside the sandbox's
+            // scope: the tool has no capability over it.
+            assert_eq!(field(out, "owner_ioctl"), "EPERM", "{out}");
+        } else {
+            assert_eq!(field(out, "owner"), "self", "{out}");
+        }
+    }
+    if j.pools_network_namespaces() {
+        assert_eq!(
+            field(&first, "netns"),
+            field(&second, "netns"),
+            "the pool should have lent the same namespace twice"
+        );
+    }
+    // Control for the ownership check: a sandbox with doors gets a fresh
+    // namespace owned by its own user namespace.
+    let mut doors = py("netns", &code);
+    doors.network = NetMode::Doors(DoorRequest::default());
+    doors.landlock = false;
+    let out = text(&run_ok(&j, &doors, Stdin::Null).stdout);
+    assert_eq!(field(&out, "owner"), "self", "{out}");
+    // Two sandboxes at once never share a namespace.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| run("1"));
+        let b = s.spawn(|| run("1"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_ne!(field(&a, "netns"), field(&b, "netns"), "{a}\n{b}");
+    for out in [&a, &b] {
+        assert_eq!(field(out, "connect_before"), "ECONNREFUSED", "{out}");
+        assert_eq!(field(out, "bind"), "ok", "{out}");
+    }
+}
+jail_test!(network_namespace_pool);
+
 fn doors_hand_sockets_to_the_broker() {
     let j = jail();
     let tcp_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), 8080);

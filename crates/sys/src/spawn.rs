@@ -289,6 +289,16 @@ pub struct ChildPlan {
     pub doors_sock: Option<RawFd>,
     /// `unshare(CLONE_NEWCGROUP)` after the go-ahead.
     pub cgroup_ns: bool,
+    /// The parent moves the child into its cgroups while the child builds
+    /// its root: the child then waits for a second byte on the go-ahead
+    /// pipe after the filesystem program and the doors, and before its
+    /// cgroup namespace, rlimits and everything the tool's code could do.
+    pub late_cgroups: bool,
+    /// Join this network namespace instead of creating one: the calling
+    /// thread enters it for the `clone3` (so the child is born in it) and
+    /// returns to its own right after. `namespaces` must not contain
+    /// `CLONE_NEWNET` then.
+    pub join_net: Option<RawFd>,
     /// Call `setgroups(0, NULL)` (only possible when the parent left
     /// `setgroups` allowed, i.e. a privileged parent).
     pub clear_groups: bool,
@@ -699,6 +709,24 @@ pub fn spawn(plan: ChildPlan) -> Result<Child, Errno> {
     let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) }.max(0) as usize;
     let cgroup_fd = plan.cgroup_fd;
     let namespaces = plan.namespaces;
+    let join_net = plan.join_net;
+    if join_net.is_some() && namespaces & libc::CLONE_NEWNET as u64 != 0 {
+        return Err(Errno::EINVAL);
+    }
+    // The calling thread enters the pooled network namespace for the clone
+    // and leaves it right after (network namespaces are per thread).
+    let net_return = match join_net {
+        Some(fd) => {
+            let own = open_thread_netns()?;
+            // SAFETY: setns with a namespace descriptor the caller owns;
+            // it changes only this thread's network namespace.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(Errno::last());
+            }
+            Some(NetReturn(own))
+        }
+        None => None,
+    };
     let shared = Box::new(Shared {
         plan,
         arrays,
@@ -765,6 +793,7 @@ pub fn spawn(plan: ChildPlan) -> Result<Child, Errno> {
             r as isize
         };
     }
+    drop(net_return);
     // SAFETY: restores the mask saved above.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
@@ -786,6 +815,56 @@ pub fn spawn(plan: ChildPlan) -> Result<Child, Errno> {
         shared,
         _stack: stack,
     })
+}
+
+/// This thread's own network namespace, to return to on drop.
+struct NetReturn(OwnedFd);
+
+impl Drop for NetReturn {
+    fn drop(&mut self) {
+        // SAFETY: setns with the descriptor of this thread's own network
+        // namespace, opened before the thread left it.
+        if unsafe { libc::setns(self.0.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            // Invariant: a thread that could leave its namespace can return
+            // to it. If it cannot, this broker thread would go on inside a
+            // sandbox's network namespace: stop the process instead.
+            eprintln!(
+                "cordon: cannot return to the broker's network namespace: {}",
+                Errno::last()
+            );
+            std::process::abort();
+        }
+    }
+}
+
+fn open_thread_netns() -> Result<OwnedFd, Errno> {
+    let path = c"/proc/thread-self/ns/net";
+    // SAFETY: open with a valid NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new, empty network namespace (only a loopback device, down), kept
+/// alive by the returned descriptor. Made on a short-lived thread, so the
+/// caller's own thread never leaves its namespace.
+pub fn new_net_namespace() -> Result<OwnedFd, Errno> {
+    std::thread::Builder::new()
+        .name("cordon-netns".into())
+        .spawn(|| {
+            // SAFETY: unshare of the network namespace affects only this
+            // thread, which exits right after.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(Errno::last());
+            }
+            open_thread_netns()
+        })
+        .map_err(|_| Errno::EAGAIN)?
+        .join()
+        .map_err(|_| Errno::EIO)?
 }
 
 fn zeroed_sigset() -> libc::sigset_t {
@@ -1106,8 +1185,9 @@ unsafe fn child_main(s: &Shared) -> ! {
             exit(126);
         }
 
-        // 4. Cgroup namespace rooted at the cgroups we were just moved into.
-        if plan.cgroup_ns {
+        // 4. Cgroup namespace rooted at the cgroups we were just moved into
+        //    (after step 8 when the parent moves us there late).
+        if plan.cgroup_ns && !plan.late_cgroups {
             check!(
                 err_fd,
                 ChildStep::CgroupNs,
@@ -1162,7 +1242,9 @@ unsafe fn child_main(s: &Shared) -> ! {
         if n > 0 && (pfd.revents & libc::POLLHUP) != 0 {
             exit(126);
         }
-        sc!(libc::SYS_close, 3);
+        if !plan.late_cgroups {
+            sc!(libc::SYS_close, 3);
+        }
 
         // 7. The filesystem program.
         for (i, step) in plan.steps.iter().enumerate() {
@@ -1178,6 +1260,22 @@ unsafe fn child_main(s: &Shared) -> ! {
             && has_doors
         {
             setup_doors(doors, err_fd);
+        }
+
+        // 8b. Late cgroups: the second go-ahead says the parent has moved us
+        //     into our cgroups (it did so while we ran steps 7 and 8).
+        if plan.late_cgroups {
+            if !read_byte(3) {
+                exit(126);
+            }
+            sc!(libc::SYS_close, 3);
+            if plan.cgroup_ns {
+                check!(
+                    err_fd,
+                    ChildStep::CgroupNs,
+                    sc!(libc::SYS_unshare, libc::CLONE_NEWCGROUP)
+                );
+            }
         }
 
         // 9. Resource limits.

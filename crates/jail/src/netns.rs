@@ -1,0 +1,70 @@
+//! A pool of empty network namespaces for sandboxes without network.
+//!
+//! Creating a network namespace and tearing it down (in a kernel worker,
+//! after an RCU grace period) is the largest single cost of a sandbox
+//! start on hosts measured so far. A sandbox with no network needs only an
+//! *exclusive*, *empty* namespace, not a new one, so a root broker keeps
+//! idle ones and hands each to one sandbox at a time:
+//!
+//! - the namespace is owned by the broker's user namespace, not by the
+//!   sandbox's: the tool has no capability over it and cannot bring `lo`
+//!   up, add an address, a route, a rule or change a sysctl, so it stays
+//!   exactly as it was made (one loopback device, down);
+//! - it is returned only after every process of the sandbox is gone (the
+//!   sandbox's PID 1 has been reaped, which the kernel allows only once the
+//!   rest of its PID namespace is gone), so no socket survives into the
+//!   next call; abstract unix sockets, the one kind of name a no-network
+//!   sandbox can create, are per namespace and die with their owners;
+//! - never two sandboxes at once.
+//!
+//! An unprivileged broker cannot enter a namespace its sandboxes could not
+//! also enter, so it keeps creating one per call.
+
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+/// Idle namespaces kept at most; more are closed on release.
+const MAX_IDLE: usize = 64;
+
+#[derive(Debug, Default)]
+pub(crate) struct NetPool {
+    idle: Mutex<Vec<OwnedFd>>,
+}
+
+impl NetPool {
+    /// An idle namespace, or a new one.
+    pub(crate) fn acquire(&self) -> std::io::Result<OwnedFd> {
+        if let Some(fd) = self.lock().pop() {
+            return Ok(fd);
+        }
+        cordon_sys::spawn::new_net_namespace().map_err(std::io::Error::from)
+    }
+
+    /// Give a namespace back once nothing of its sandbox is left.
+    pub(crate) fn release(&self, fd: OwnedFd) {
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(fd);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnedFd>> {
+        // A poisoned lock only means another call panicked while pushing or
+        // popping a descriptor; the vector itself is still valid.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Lends a namespace for one call; returns it on drop.
+pub(crate) struct NetLease<'a> {
+    pub(crate) pool: &'a NetPool,
+    pub(crate) fd: Option<OwnedFd>,
+}
+
+impl Drop for NetLease<'_> {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            self.pool.release(fd);
+        }
+    }
+}
