@@ -180,6 +180,29 @@ async def third_party_checks(cordon, manifest, http, audit):
             r = await s.call_tool(names_lro[0], {"duration": 1, "steps": 3}, progress_callback=on_progress)
             check(f"{tag}: progress from {names_lro[0]} reaches the client", len(progress) >= 3, progress)
 
+        # Resources and prompts of server-everything, forwarded and gated.
+        res = await s.list_resources()
+        uris = [str(r.uri) for r in res.resources]
+        docs = [u for u in uris if u.startswith("demo://resource/static/document/")]
+        check(f"{tag}: everything's resources listed with their own URIs", bool(docs), uris[:5])
+        if docs:
+            r = await s.read_resource(docs[0])
+            check(f"{tag}: a resource is wrapped as untrusted",
+                  wrapped_body(getattr(r.contents[0], "text", "")) is not None, r.contents[0])
+        r = await s.read_resource("demo://resource/dynamic/text/5")
+        body = wrapped_body(getattr(r.contents[0], "text", "")) or ""
+        check(f"{tag}: a resource through a listed template", body.startswith("Resource 5:"), r.contents[0])
+        p = await s.get_prompt("everything.args-prompt", {"city": "Lyon"})
+        check(f"{tag}: everything.args-prompt, gated",
+              wrapped_body(getattr(p.messages[0].content, "text", "")) == "What's weather in Lyon?", p.messages)
+        try:
+            await s.read_resource("file:///etc/passwd")
+            e = None
+        except MCPError as err:
+            e = err
+        check(f"{tag}: a URI no server listed is -32002",
+              e is not None and e.code == -32002 and "not exposed" in e.message, e and e.message)
+
 
 def third_party_manifest(npm_dir, tmp, py_dir=None):
     # The sandbox runs as an unprivileged uid: the mounted directory and its

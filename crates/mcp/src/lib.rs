@@ -515,6 +515,8 @@ impl Session {
                 o.prompts |= k.prompts;
                 o.completions |= k.completions;
                 o.subscribe |= k.subscribe;
+                o.resources_list_changed |= k.resources_list_changed;
+                o.prompts_list_changed |= k.prompts_list_changed;
             }
         }
         o
@@ -552,10 +554,13 @@ impl ServerHandler for Session {
         if offered.resources {
             let mut r = rmcp::model::ResourcesCapability::default();
             r.subscribe = offered.subscribe.then_some(true);
+            r.list_changed = offered.resources_list_changed.then_some(true);
             caps.resources = Some(r);
         }
         if offered.prompts {
-            caps.prompts = Some(Default::default());
+            let mut p = rmcp::model::PromptsCapability::default();
+            p.list_changed = offered.prompts_list_changed.then_some(true);
+            caps.prompts = Some(p);
         }
         if offered.completions {
             caps.completions = Some(Default::default());
@@ -578,6 +583,9 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
+        for u in &self.upstreams {
+            u.set_agent(&context.peer);
+        }
         self.learn_offers().await;
         self.negotiate_initialize(&request)
     }

@@ -52,7 +52,26 @@ struct Forwarder {
     subscriptions: Arc<Mutex<Subscriptions>>,
 }
 
+impl Forwarder {
+    fn agent(&self) -> Option<Peer<RoleServer>> {
+        self.subscriptions.lock().ok().and_then(|s| s.agent.clone())
+    }
+}
+
 impl ClientHandler for Forwarder {
+    /// The agent re-lists through cordon, which asks the server again.
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_resource_list_changed().await;
+        }
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_prompt_list_changed().await;
+        }
+    }
+
     /// Only updates of URIs the agent subscribed to are passed on (a
     /// server cannot flood the agent with others).
     async fn on_resource_updated(
@@ -154,6 +173,9 @@ pub(crate) struct Offers {
     pub prompts: bool,
     pub completions: bool,
     pub subscribe: bool,
+    /// The server sends `list_changed` for resources / prompts.
+    pub resources_list_changed: bool,
+    pub prompts_list_changed: bool,
 }
 
 /// The gateway's record of each server's [`Offers`] (`None`: not started yet).
@@ -240,6 +262,13 @@ impl Upstream {
         self
     }
 
+    /// The agent to pass the server's notifications to.
+    pub fn set_agent(&self, agent: &Peer<RoleServer>) {
+        if let Ok(mut s) = self.subscriptions.lock() {
+            s.agent = Some(agent.clone());
+        }
+    }
+
     /// What the server offers, if it has been started once by any session.
     pub fn known_offers(&self) -> Option<Offers> {
         self.offers.lock().ok().and_then(|o| *o)
@@ -323,6 +352,9 @@ impl Upstream {
                 prompts: c.prompts.is_some(),
                 completions: c.completions.is_some(),
                 subscribe: c.resources.as_ref().and_then(|r| r.subscribe) == Some(true),
+                resources_list_changed: c.resources.as_ref().and_then(|r| r.list_changed)
+                    == Some(true),
+                prompts_list_changed: c.prompts.as_ref().and_then(|p| p.list_changed) == Some(true),
             };
             if let Ok(mut known) = self.offers.lock() {
                 *known = Some(o);
