@@ -323,6 +323,8 @@ mod sessions {
         n: usize,
         open: Duration,
         per_session: u64,
+        /// Of which this process (the gateway, or the direct clients).
+        own_per_session: u64,
         procs_open: usize,
         left: usize,
         close: Duration,
@@ -339,14 +341,26 @@ mod sessions {
         (descendants().len(), t.elapsed())
     }
 
+    fn own_pss() -> u64 {
+        pss(std::process::id() as i32)
+    }
+
     /// N direct clients of `argv` (no sandbox): the baseline.
     async fn direct(name: &str, argv: &[String], n: usize) -> Row {
+        let own_before = own_pss();
         let before = tree_pss();
         let t = Instant::now();
         let mut clients = Vec::with_capacity(n);
         for _ in 0..n {
             let mut cmd = tokio::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..]);
+            // The environment the sandbox gives the server, so that both
+            // rows start the same way (e.g. NODE_EXTRA_CA_CERTS would make
+            // node parse a CA bundle at start).
+            cmd.args(&argv[1..])
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("HOME", "/tmp")
+                .env("LANG", "C.UTF-8");
             let (tr, _) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::null())
                 .spawn()
@@ -359,6 +373,7 @@ mod sessions {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let procs_open = descendants().len();
         let after = tree_pss();
+        let own_after = own_pss();
         let t = Instant::now();
         for c in clients {
             let _ = c.cancel().await;
@@ -369,6 +384,7 @@ mod sessions {
             n,
             open,
             per_session: after.saturating_sub(before) / n as u64,
+            own_per_session: own_after.saturating_sub(own_before) / n as u64,
             procs_open,
             left,
             close: t.elapsed(),
@@ -383,6 +399,7 @@ mod sessions {
             ..GatewayOptions::default()
         };
         let gw = Arc::new(Gateway::from_manifest(manifest, &opts).expect("gateway"));
+        let own_before = own_pss();
         let before = tree_pss();
         let t = Instant::now();
         let mut clients = Vec::with_capacity(n);
@@ -396,6 +413,7 @@ mod sessions {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let procs_open = descendants().len();
         let after = tree_pss();
+        let own_after = own_pss();
         let t = Instant::now();
         for c in clients {
             let _ = c.cancel().await;
@@ -406,6 +424,7 @@ mod sessions {
             n,
             open,
             per_session: after.saturating_sub(before) / n as u64,
+            own_per_session: own_after.saturating_sub(own_before) / n as u64,
             procs_open,
             left,
             close: t.elapsed(),
@@ -483,20 +502,24 @@ mod sessions {
         let rows = rt.block_on(async {
             let mut rows = Vec::new();
             for (name, manifest, argv, prefix) in &servers {
+                // Warm-up (not counted): the page cache holds the
+                // interpreter and the server's files for both rows.
+                direct(name, argv, 2).await;
+                through_cordon(name, manifest, &prefix[0], 2).await;
                 rows.push(direct(name, argv, n).await);
                 rows.push(through_cordon(name, manifest, &prefix[0], n).await);
             }
             rows
         });
         println!(
-            "| sessions | n | open (total) | sessions/s | ratio | memory per idle session (Pss) | ratio | processes while open | left after close | close (total) |"
+            "| sessions | n | open (total) | sessions/s | ratio | memory per idle session (Pss) | ratio | of which this process | processes while open | left after close | close (total) |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
         for (i, r) in rows.iter().enumerate() {
             let base = &rows[i - i % 2];
             let rate = |r: &Row| r.n as f64 / r.open.as_secs_f64();
             println!(
-                "| {} | {} | {:.2} s | {:.1} | {:.2} | {:.1} MiB | {:.2} | {} | {} | {:.2} s |",
+                "| {} | {} | {:.2} s | {:.1} | {:.2} | {:.1} MiB | {:.2} | {:.2} MiB | {} | {} | {:.2} s |",
                 r.name,
                 r.n,
                 r.open.as_secs_f64(),
@@ -504,6 +527,7 @@ mod sessions {
                 rate(r) / rate(base),
                 r.per_session as f64 / (1024.0 * 1024.0),
                 r.per_session as f64 / base.per_session.max(1) as f64,
+                r.own_per_session as f64 / (1024.0 * 1024.0),
                 r.procs_open,
                 r.left,
                 r.close.as_secs_f64(),
