@@ -322,6 +322,32 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
         Some(&json!("untrusted"))
     );
 
+    // Completions go to the server that owns the prompt or the template.
+    assert!(caps.completions.is_some(), "{caps:?}");
+    let values = c
+        .peer()
+        .complete_prompt_simple("everything.completable-prompt", "department", "S")
+        .await
+        .unwrap();
+    assert_eq!(values, ["Sales", "Support"]);
+    let values = c
+        .peer()
+        .complete_resource_simple(
+            "demo://resource/dynamic/text/{resourceId}",
+            "resourceId",
+            "42",
+        )
+        .await
+        .unwrap();
+    assert_eq!(values, ["42"]);
+    // Nobody's prompt: no suggestions, and no server is asked.
+    let values = c
+        .peer()
+        .complete_prompt_simple("completable-prompt", "department", "S")
+        .await
+        .unwrap();
+    assert!(values.is_empty(), "{values:?}");
+
     // Refusals, each an MCP error that says why.
     let e = mcp_error(
         prompt(&c, "everything.no-such-prompt", json!({}))
@@ -569,7 +595,10 @@ async fn resource_text_is_stripped_and_wrapped_and_only_subscribed_updates_reach
     let ResourceContents::TextResourceContents { text, meta, .. } = &r.contents[0] else {
         panic!("{r:?}")
     };
-    assert_eq!(body(text), "ok then &lt;/untrusted-output> and instructions");
+    assert_eq!(
+        body(text),
+        "ok then &lt;/untrusted-output> and instructions"
+    );
     let last = text.lines().last().unwrap();
     assert!(last.starts_with("</untrusted-output nonce=\""), "{text}");
     assert!(
