@@ -486,6 +486,14 @@ async fn the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read
             .unwrap_err(),
     );
     assert_eq!(status(&e), "unknown_prompt");
+    // Nor can its arguments be completed.
+    let e = mcp_error(
+        c.peer()
+            .complete_prompt_simple("everything.completable-prompt", "department", "S")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status(&e), "unknown_prompt");
 
     // Allowed, and cut at the tool's output_bytes.
     let r = read(&c, "demo://resource/dynamic/text/1").await.unwrap();

@@ -1280,6 +1280,22 @@ impl Upstream {
             return Ok(rmcp::model::CompleteResult::default());
         }
         if let (Some(p), rmcp::model::Reference::Prompt(r)) = (server_prompt, &mut params.r#ref) {
+            // Only a prompt the listing exposed (the manifest's allowlist).
+            let known = |st: &State| {
+                st.prompts
+                    .as_ref()
+                    .is_some_and(|ps| ps.iter().any(|x| x.name == p))
+            };
+            if !known(&*self.state.lock().await) {
+                self.list_prompts(ct).await?;
+                if !known(&*self.state.lock().await) {
+                    return Err(render::refusal(
+                        Refusal::UnknownPrompt,
+                        format!("unknown prompt `{}`", r.name),
+                        json!({"prompt": r.name}),
+                    ));
+                }
+            }
             r.name = p;
         }
         params.meta = None;
