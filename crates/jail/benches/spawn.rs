@@ -96,6 +96,31 @@ fn measure(mut cases: Vec<Case<'_>>, runs: usize) -> Vec<Row> {
         .collect()
 }
 
+/// Like [`measure`], with `idle` of sleep before every sample.
+fn measure_sparse(mut cases: Vec<Case<'_>>, runs: usize, idle: Duration) -> Vec<Row> {
+    for c in cases.iter_mut() {
+        (c.f)();
+    }
+    let mut samples: Vec<Vec<Duration>> = cases.iter().map(|_| Vec::with_capacity(runs)).collect();
+    for _ in 0..runs {
+        for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
+            std::thread::sleep(idle);
+            let t = Instant::now();
+            (c.f)();
+            s.push(t.elapsed());
+        }
+    }
+    cases
+        .into_iter()
+        .zip(samples)
+        .map(|(c, samples)| Row {
+            name: c.name,
+            samples,
+            note: c.note,
+        })
+        .collect()
+}
+
 fn true_spec() -> JailSpec {
     let mut s = JailSpec::new("true", ["/bin/true"]);
     s.limits = Limits {
@@ -400,6 +425,40 @@ fn main() {
 
     let rows = measure(cases, runs);
 
+    // Sparse calls: an idle pause before each sample, as between an agent's
+    // calls. The interleaved rounds above keep the kernel's cgroup-migration
+    // state warm (a v1 cgroup.procs write within about one RCU grace period
+    // of the previous one does not wait); here every migration starts cold.
+    let sparse_idle = Duration::from_millis(env_num("CORDON_BENCH_SPARSE_IDLE_MS", 60) as u64);
+    let sparse_runs = env_num("CORDON_BENCH_SPARSE_RUNS", 100);
+    let sparse = {
+        let mut cases: Vec<Case<'_>> = Vec::new();
+        cases.push(case("bare fork/exec /bin/true", "", || {
+            run_quiet(&mut Command::new("/bin/true"));
+        }));
+        let spec = true_spec();
+        let jail_ref = &jail;
+        cases.push(case("Jail::run /bin/true", "broker path", move || {
+            let o = jail_ref.run(&spec, Stdin::Null).expect("run");
+            assert_eq!(o.exit_code, Some(0));
+        }));
+        if let Some(bw) = &bwrap {
+            cases.push(case("bwrap (seed flags) /bin/true", "", move || {
+                run_quiet(Command::new(bw).args(BWRAP_SEED).args(["--", "/bin/true"]));
+            }));
+        }
+        if let Ok(bin) = std::env::var("CORDON_BIN") {
+            cases.push(case(
+                "`$CORDON_BIN exec -- /bin/true` (one-shot CLI)",
+                "",
+                move || {
+                    run_quiet(Command::new(&bin).args(["exec", "--", "/bin/true"]));
+                },
+            ));
+        }
+        measure_sparse(cases, sparse_runs, sparse_idle)
+    };
+
     // Throughput.
     let mut tput = Vec::new();
     for conc in [1usize, 2, 8, 32] {
@@ -504,6 +563,25 @@ fn main() {
             jail_added / bw_added_no_sh
         );
     }
+    println!(
+        "## Sparse calls ({} rounds, {} ms idle before each sample)\n",
+        sparse_runs,
+        sparse_idle.as_millis()
+    );
+    println!("| method | median ms | p95 ms | added over bare (median) ms | notes |");
+    println!("|---|---:|---:|---:|---|");
+    let sparse_bare = sparse[0].median();
+    for r in &sparse {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {} |",
+            r.name,
+            ms(r.median()),
+            ms(r.p95()),
+            ms(r.median()) - ms(sparse_bare),
+            r.note
+        );
+    }
+    println!();
     println!("## Throughput (`Jail::run /bin/true`)\n");
     println!("| concurrency | calls/s |");
     println!("|---:|---:|");
