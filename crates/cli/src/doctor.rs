@@ -155,7 +155,7 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             detail: if j.pools_network_namespaces() {
                 "sandboxes without network get an exclusive, empty namespace from a pool, owned by the broker's user namespace (the tool cannot configure it); sandboxes with egress doors get a new one".into()
             } else {
-                "a new network namespace per sandbox (an unprivileged broker cannot pool them)".into()
+                "a new network namespace per sandbox, made inside its own user namespace (this broker cannot make them itself: an unprivileged broker, or root without CAP_SYS_ADMIN)".into()
             },
             how: "broker uid; unshare(CLONE_NEWNET) on a pool thread".into(),
         });

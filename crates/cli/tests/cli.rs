@@ -878,3 +878,63 @@ fn proxy_serves_the_door_on_a_host_address() {
         "{log}"
     );
 }
+
+/// A root broker without CAP_SYS_ADMIN (a restricted container) cannot make
+/// the pooled network namespaces; it says so and each sandbox makes its own
+/// inside its user namespace: still no network, never the host's.
+#[test]
+fn root_without_cap_sys_admin_still_gets_a_private_network() {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        println!("SKIP: needs root and setpriv");
+        return;
+    }
+    let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let script = "readlink /proc/self/ns/net; cat /proc/net/dev | tail -n +3 | cut -d: -f1";
+    let run = |drop_admin: bool| {
+        let mut cmd = Command::new("/usr/bin/setpriv");
+        if drop_admin {
+            cmd.arg("--bounding-set=-sys_admin");
+        }
+        let o = cmd
+            .args([CORDON, "exec", "--", "/bin/sh", "-c", script])
+            .env("CORDON_AUDIT", audit_file("capsysadmin"))
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 0, "{}\n{}", text(&o.stdout), text(&o.stderr));
+        text(&o.stdout)
+    };
+    for drop_admin in [false, true] {
+        let out = run(drop_admin);
+        let mut lines = out.lines();
+        let ns = lines.next().unwrap_or_default();
+        assert!(ns.starts_with("net:["), "{out}");
+        assert_ne!(
+            ns,
+            host_ns.to_string_lossy(),
+            "sandbox in the host's namespace"
+        );
+        // Only a loopback device, whoever made the namespace.
+        let devs: Vec<&str> = lines.map(str::trim).collect();
+        assert_eq!(devs, ["lo"], "{out}");
+    }
+    let o = Command::new("/usr/bin/setpriv")
+        .args(["--bounding-set=-sys_admin", CORDON, "doctor"])
+        .output()
+        .unwrap();
+    let report = text(&o.stdout);
+    assert!(
+        report.contains("cannot create network namespaces (EPERM"),
+        "{report}"
+    );
+    assert!(
+        report.contains("a new network namespace per sandbox"),
+        "{report}"
+    );
+    // Control: with CAP_SYS_ADMIN the pool is in use.
+    let o = Command::new(CORDON).arg("doctor").output().unwrap();
+    assert!(
+        text(&o.stdout).contains("from a pool"),
+        "{}",
+        text(&o.stdout)
+    );
+}

@@ -417,7 +417,17 @@ impl Jail {
         let dev_null = std::fs::File::open("/dev/null")
             .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?
             .into();
-        let net_pool = (facts.root && opts.pool_network_namespaces).then(netns::NetPool::default);
+        let net_pool = if facts.root && opts.pool_network_namespaces {
+            match netns::NetPool::new() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    notes.push(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Jail {
             facts,
             opts,

@@ -22,6 +22,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Idle namespaces kept at most; more are closed on release.
 const MAX_IDLE: usize = 64;
@@ -29,15 +30,39 @@ const MAX_IDLE: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct NetPool {
     idle: Mutex<Vec<OwnedFd>>,
+    /// Set when this broker cannot make namespaces itself (root without
+    /// CAP_SYS_ADMIN, e.g. in a restricted container): sandboxes then get
+    /// a new namespace each, made inside their own user namespace.
+    unusable: AtomicBool,
 }
 
 impl NetPool {
-    /// An idle namespace, or a new one.
-    pub(crate) fn acquire(&self) -> std::io::Result<OwnedFd> {
-        if let Some(fd) = self.lock().pop() {
-            return Ok(fd);
+    /// An idle namespace, or a new one; `None` when this broker cannot
+    /// make them (the caller then has the sandbox make its own).
+    pub(crate) fn acquire(&self) -> Option<OwnedFd> {
+        if self.unusable.load(Ordering::Relaxed) {
+            return None;
         }
-        cordon_sys::spawn::new_net_namespace().map_err(std::io::Error::from)
+        if let Some(fd) = self.lock().pop() {
+            return Some(fd);
+        }
+        match cordon_sys::spawn::new_net_namespace() {
+            Ok(fd) => Some(fd),
+            Err(_) => {
+                self.unusable.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// A pool with one namespace made up front, or why none can be made.
+    pub(crate) fn new() -> Result<NetPool, String> {
+        let fd = cordon_sys::spawn::new_net_namespace().map_err(|e| {
+            format!("cannot create network namespaces ({e}): each sandbox makes its own")
+        })?;
+        let pool = NetPool::default();
+        pool.release(fd);
+        Ok(pool)
     }
 
     /// Give a namespace back once nothing of its sandbox is left.

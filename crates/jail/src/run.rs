@@ -248,13 +248,9 @@ where
     // (declared before the child, so it is returned only after the child
     // has been killed and reaped on every path).
     let net_lease = match (&jail.net_pool, doors_req) {
-        (Some(pool), None) => Some(crate::netns::NetLease {
-            pool,
-            fd: Some(
-                pool.acquire()
-                    .map_err(|e| broker("create network namespace", e))?,
-            ),
-        }),
+        (Some(pool), None) => pool
+            .acquire()
+            .map(|fd| crate::netns::NetLease { pool, fd: Some(fd) }),
         _ => None,
     };
     let join_net = net_lease
