@@ -443,14 +443,6 @@ impl Pool {
     /// and check that a slot can be made (one is created and pooled).
     pub fn new(layout: Layout) -> io::Result<(Pool, Vec<String>)> {
         let mut notes = Vec::new();
-        if let Some(own) = [&layout.memory, &layout.pids, &layout.cpu]
-            .into_iter()
-            .flatten()
-            .find(|p| p.version == Version::V1)
-            .and_then(|p| p.base.parent())
-        {
-            warm_migration_lock(own.to_path_buf());
-        }
         for base in layout_bases(&layout) {
             fs::create_dir_all(base).map_err(|e| ctx("mkdir", base, e))?;
             notes.extend(clean_stale(base));
@@ -570,24 +562,6 @@ fn layout_bases(l: &Layout) -> Vec<&PathBuf> {
         v.push(b);
     }
     v
-}
-
-/// Joining a v1 cgroup is a write to `cgroup.procs`, which takes the
-/// kernel's `cgroup_threadgroup_rwsem` for writing; the first writer after
-/// a quiet period waits for an RCU grace period (5 to 15 ms measured on a
-/// 2-CPU host), later writers within about one grace period do not. A
-/// one-shot `cordon exec` would wait in full on its only migration, so a
-/// short-lived thread starts that wait now, while the broker detects the
-/// host and prepares the call: it writes its own thread id into the
-/// `tasks` file of the cgroup it already is in, a migration that moves
-/// nothing. Best effort: any error is ignored (the real migration then
-/// simply waits as before).
-fn warm_migration_lock(own: PathBuf) {
-    let _ = std::thread::Builder::new()
-        .name("cordon-cgroup-warm".into())
-        .spawn(move || {
-            let _ = fs::write(own.join("tasks"), cordon_sys::io::gettid().to_string());
-        });
 }
 
 /// Remove slots `<pid>-*` whose broker pid no longer exists.

@@ -190,11 +190,6 @@ pub fn landlock_abi() -> i32 {
 }
 
 /// Effective uid of the calling process.
-/// The calling thread's id.
-pub fn gettid() -> i32 {
-    nix::unistd::gettid().as_raw()
-}
-
 pub fn geteuid() -> u32 {
     // SAFETY: no arguments, cannot fail.
     unsafe { libc::geteuid() }
