@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """What an agent sees through cordon: start `cordon serve -m examples/cordon.yaml`
-over stdio, list the tools, call word_count once, and print the result.
+over stdio, list the tools, call word_count (a P1 command tool, a fresh jail
+per call) and the third-party MCP server `scratch` (server-filesystem in its
+P2 sandbox for this session), and print the results.
 
     scripts/mcp-demo.py [--cordon PATH] [--text TEXT]
 
@@ -67,22 +69,37 @@ def main():
     tools = request("tools/list")["result"]["tools"]
     print("tools/list:")
     for t in tools:
-        print(f"  {t['name']:<12} [{t.get('_meta', {}).get('cordon/profile', '?')}] {t.get('description', '')}")
+        print(f"  {t['name']:<34} [{t.get('_meta', {}).get('cordon/profile', '?')}] {t.get('description', '')}")
 
-    print(f"\ntools/call word_count {{text: {a.text!r}}}:")
-    reply = request("tools/call", {"name": "word_count", "arguments": {"text": a.text}})
-    if "error" in reply:
-        print(f"  error {reply['error']['code']}: {reply['error']['message']}")
-    else:
+    def call(name, arguments):
+        print(f"\ntools/call {name} {json.dumps(arguments)}:")
+        reply = request("tools/call", {"name": name, "arguments": arguments})
+        if "error" in reply:
+            print(f"  error {reply['error']['code']}: {reply['error']['message']}")
+            return False
         r = reply["result"]
         for c in r["content"]:
             if c["type"] == "text":
                 print("  " + c["text"].replace("\n", "\n  "))
         meta = r.get("_meta", {})
-        print(f"\n  _meta: trust={meta.get('cordon/trust')} profile={meta.get('cordon/profile')} "
-              f"bytes_out={meta.get('cordon/bytes_out')} truncated={meta.get('cordon/truncated')}")
+        print(f"  _meta: trust={meta.get('cordon/trust')} profile={meta.get('cordon/profile')} "
+              f"bytes_out={meta.get('cordon/bytes_out')} truncated={meta.get('cordon/truncated')}"
+              f" isError={r.get('isError')}")
+        return not r.get("isError")
+
+    ok = call("word_count", {"text": a.text})
+    if any(t["name"] == "scratch.write_file" for t in tools):
+        ok &= call("scratch.write_file", {"path": "/tmp/note.txt", "content": "kept for this session only\n"})
+        ok &= call("scratch.read_text_file", {"path": "/tmp/note.txt"})
+        # The server refuses paths outside /tmp itself; were it taken over,
+        # its sandbox has no host /etc to read (cordon probe shows that).
+        call("scratch.read_text_file", {"path": "/etc/shadow"})
+    else:
+        print("\n(scratch: server-filesystem is not installed; run scripts/setup.sh)")
     proc.stdin.close()
     proc.wait(10)
+    if not ok:
+        sys.exit("a call failed")
 
 
 if __name__ == "__main__":

@@ -104,7 +104,17 @@ async def example_checks(cordon, http, audit):
     async with connect(cordon, REPO / "examples/cordon.yaml", http, audit) as s:
         tools = await s.list_tools()
         names = sorted(t.name for t in tools.tools)
-        check(f"{tag}: tools/list", names == ["pdf_to_text", "thumbnail", "word_count"], names)
+        commands = [n for n in names if "." not in n]
+        check(f"{tag}: tools/list", commands == ["pdf_to_text", "thumbnail", "word_count"], names)
+        scratch = sorted(n for n in names if n.startswith("scratch."))
+        check(f"{tag}: only the allowed tools of the example's mcp: server",
+              scratch in ([], ["scratch.list_allowed_directories", "scratch.list_directory",
+                               "scratch.read_text_file", "scratch.write_file"]), scratch)
+        if scratch:
+            r = await s.call_tool("scratch.write_file", {"path": "/tmp/a.txt", "content": "hello"})
+            check(f"{tag}: scratch.write_file", "Successfully wrote" in text_of(r), text_of(r))
+            r = await s.call_tool("scratch.read_text_file", {"path": "/tmp/a.txt"})
+            check(f"{tag}: scratch.read_text_file, gated", wrapped_body(text_of(r)) == "hello", text_of(r))
 
         r = await s.call_tool("word_count", {"text": "one two three\n"})
         body = wrapped_body(text_of(r))

@@ -87,10 +87,36 @@ fn unprobeable(p: &ToolPolicy) -> Option<String> {
             p.runtime
         ));
     }
-    match p.exec {
+    match &p.exec {
         Exec::Command { .. } => None,
-        _ => Some("only command tools run in the native jail in this build".into()),
+        Exec::Mcp {
+            command: Some(_), ..
+        } => None,
+        Exec::Mcp { .. } | Exec::Image { .. } => {
+            Some("an `image` needs an OCI runtime, which this build does not have".into())
+        }
+        Exec::Unspecified => Some("the manifest gives nothing to run".into()),
     }
+}
+
+/// The sandbox a tool runs in. An `mcp:` server runs in the same jail a
+/// command tool of its policy would (`cordon serve` adds only a stdio
+/// prologue), so its sandbox is probed as that command's.
+fn probe_spec(
+    p: &ToolPolicy,
+) -> anyhow::Result<(cordon_jail::JailSpec, Option<cordon_egress::EgressPolicy>)> {
+    let spec = match &p.exec {
+        Exec::Mcp {
+            command: Some(argv),
+            ..
+        } => {
+            let mut q = p.clone();
+            q.exec = Exec::Command { argv: argv.clone() };
+            cordon_broker::jail_spec(&q)
+        }
+        _ => cordon_broker::jail_spec(p),
+    };
+    spec.map_err(|e| anyhow!("{e}"))
 }
 
 /// A tool's own sandbox, egress doors included: the agent runs through
@@ -171,7 +197,7 @@ pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
     if let Some(why) = unprobeable(p) {
         return Err(anyhow!("{}: cannot be probed here: {why}", p.name));
     }
-    let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
+    let (spec, egress) = probe_spec(p)?;
     let prof = tool_profile(p, &spec, &jail);
     let (t, f) = (Targets::default(), Filter::default());
     let report = if egress.is_some() {
@@ -283,7 +309,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 skipped.push((p.name.clone(), why));
                 continue;
             }
-            let (spec, egress) = cordon_broker::jail_spec(p).map_err(|e| anyhow!("{e}"))?;
+            let (spec, egress) = probe_spec(p)?;
             let prof = tool_profile(p, &spec, &jail);
             if egress.is_some() {
                 let broker = match &egress_broker {

@@ -170,7 +170,25 @@ async fn stdio_lists_the_example_tools_and_calls_word_count() {
     let tools = c.peer().list_all_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["pdf_to_text", "thumbnail", "word_count"]);
+    // The example's `scratch` is server-filesystem from npm (scripts/setup.sh
+    // installs it); its four allowed tools appear when it is installed.
+    let mut want = vec!["pdf_to_text", "thumbnail", "word_count"];
+    if Path::new(
+        "/var/cache/cordon-e2e/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js",
+    )
+    .exists()
+    {
+        want.extend([
+            "scratch.list_allowed_directories",
+            "scratch.list_directory",
+            "scratch.read_text_file",
+            "scratch.write_file",
+        ]);
+    } else {
+        println!("NOTE: server-filesystem not installed; the example's scratch tools are not listed");
+    }
+    want.sort();
+    assert_eq!(names, want);
     let wc = tools.iter().find(|t| t.name == "word_count").unwrap();
     assert_eq!(
         wc.description.as_deref(),
@@ -276,9 +294,11 @@ async fn schema_refusals_and_unknown_tools_are_mcp_errors() {
 
     let e = mcp_error(call(&c, "rm_rf", json!({})).await.unwrap_err());
     assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
-    assert_eq!(
-        e.message,
-        "unknown tool `rm_rf`; cordon serves: pdf_to_text, thumbnail, word_count"
+    assert!(
+        e.message
+            .starts_with("unknown tool `rm_rf`; cordon serves: pdf_to_text, thumbnail, word_count"),
+        "{}",
+        e.message
     );
     assert_eq!(e.data.unwrap()["cordon/status"], "unknown_tool");
 
@@ -462,7 +482,9 @@ async fn streamable_http_on_loopback() {
 
     let c = ().serve(cordon_mcp::http_client(&url)).await.expect("initialize over HTTP");
     let tools = c.peer().list_all_tools().await.unwrap();
-    assert_eq!(tools.len(), 3);
+    for want in ["pdf_to_text", "thumbnail", "word_count"] {
+        assert!(tools.iter().any(|t| t.name == want), "{want} not listed");
+    }
     let r = call(&c, "word_count", json!({"text": "a b\nc\n"}))
         .await
         .unwrap();
