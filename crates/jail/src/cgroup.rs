@@ -95,6 +95,9 @@ pub struct Slot {
     /// v2 memory.peak opened at `begin` and reset through that descriptor
     /// (Linux 6.12+: a write resets the peak seen by that open file).
     peak_v2: Option<fs::File>,
+    /// `cgroup.kill` was written: the slot must not be reused (see
+    /// [`Slot::reusable`]).
+    killed: std::sync::atomic::AtomicBool,
 }
 
 fn ctx(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -145,7 +148,17 @@ impl Slot {
             base_oom: 0,
             base_pids: 0,
             peak_v2: None,
+            killed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the slot may serve another sandbox. Not after `cgroup.kill`:
+    /// on the kernels measured (6.18), a process later born into that
+    /// cgroup with `CLONE_INTO_CGROUP` is killed at once (the fork path
+    /// compares the kill count of the parent's cgroup with the target's),
+    /// so a killed slot is removed and a fresh one made.
+    pub fn reusable(&self) -> bool {
+        !self.killed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
@@ -339,10 +352,14 @@ impl Slot {
     /// Kill everything in the slot: `cgroup.kill` on v2, else SIGKILL each
     /// listed pid.
     pub fn kill(&self) {
-        if let Some(d) = &self.v2
-            && write_file(d, "cgroup.kill", "1").is_ok()
-        {
-            return;
+        if let Some(d) = &self.v2 {
+            // Marked before the write: a failed write may still have
+            // reached the kernel.
+            self.killed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if write_file(d, "cgroup.kill", "1").is_ok() {
+                return;
+            }
         }
         for d in self.dirs() {
             if let Ok(t) = read_file(d, "cgroup.procs") {
@@ -441,8 +458,28 @@ pub struct Pool {
 impl Pool {
     /// Create the `cordon` parent directories, clean slots of dead brokers,
     /// and check that a slot can be made (one is created and pooled).
-    pub fn new(layout: Layout) -> io::Result<(Pool, Vec<String>)> {
+    pub fn new(mut layout: Layout) -> io::Result<(Pool, Vec<String>)> {
         let mut notes = Vec::new();
+        // With every controller on v1, the v2 directory only adds
+        // CLONE_INTO_CGROUP and cgroup.kill: go on without it if it cannot
+        // be made (v1 limits and the per-pid kill still hold).
+        let v2_controllers = [&layout.memory, &layout.pids, &layout.cpu]
+            .into_iter()
+            .flatten()
+            .any(|p| p.version == Version::V2);
+        if !v2_controllers && let Some(b) = layout.v2_base.clone() {
+            let probe = b.join(format!(".probe-{}", std::process::id()));
+            let usable = fs::create_dir_all(&b).is_ok()
+                && fs::create_dir(&probe).is_ok()
+                && fs::remove_dir(&probe).is_ok();
+            if !usable {
+                notes.push(format!(
+                    "cgroup v2 at {} cannot be written: sandboxes are moved into their v1 cgroups only, and killed pid by pid",
+                    b.display()
+                ));
+                layout.v2_base = None;
+            }
+        }
         for base in layout_bases(&layout) {
             fs::create_dir_all(base).map_err(|e| ctx("mkdir", base, e))?;
             notes.extend(clean_stale(base));

@@ -275,18 +275,12 @@ pub fn layout(h: &[Hierarchy]) -> Layout {
     let memory = place("memory");
     let pids = place("pids");
     let cpu = place("cpu");
-    // A v2 directory per slot when a controller lives there, or on a pure
-    // v2 host (cgroup.kill, CLONE_INTO_CGROUP).
-    let any_v2 = [&memory, &pids, &cpu]
-        .into_iter()
-        .flatten()
-        .any(|p| p.version == Version::V2);
-    let pure_v2 = v2.is_some() && !h.iter().any(|x| x.version == Version::V1);
-    let v2_base = if any_v2 || pure_v2 {
-        v2.map(|v| v.own.join("cordon"))
-    } else {
-        None
-    };
+    // A v2 directory per slot wherever a v2 hierarchy is mounted, also on
+    // a hybrid host whose controllers are all v1: the sandbox is born in it
+    // (CLONE_INTO_CGROUP) and `cgroup.kill` ends everything in it at once.
+    // On a hybrid host it is optional (`Pool::new` drops it, with a note,
+    // when it cannot be made).
+    let v2_base = v2.map(|v| v.own.join("cordon"));
     Layout {
         memory,
         pids,
@@ -330,7 +324,12 @@ mod tests {
             Path::new("/sys/fs/cgroup/pids/cordon")
         );
         assert_eq!(l.cpu.unwrap().base, Path::new("/sys/fs/cgroup/cpu/cordon"));
-        assert_eq!(l.v2_base, None);
+        // The unified hierarchy still gives each slot a directory to be born
+        // in and to kill through.
+        assert_eq!(
+            l.v2_base.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/unified/cordon"))
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl SlotGuard<'_> {
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         if let (Some(pool), Some(slot)) = (&self.jail.pool, self.slot.take()) {
-            if slot.wait_empty(Duration::from_secs(2)) {
+            if slot.wait_empty(Duration::from_secs(2)) && slot.reusable() {
                 pool.release(slot);
             } else {
                 pool.discard(slot);

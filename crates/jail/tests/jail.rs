@@ -1007,6 +1007,22 @@ fn output_cap() {
 }
 jail_test!(output_cap);
 
+/// A sandbox killed through its cgroup (cgroup.kill on v2) leaves a slot
+/// that must not be reused: the next sandbox born into it would be killed
+/// at once. Each call after a kill must run normally.
+fn calls_after_a_kill_run_normally() {
+    let j = jail();
+    for i in 0..3 {
+        let mut spin = sh("spin", "while :; do :; done");
+        spin.limits.wall = Duration::from_millis(300);
+        let o = j.run(&spin, Stdin::Null).unwrap();
+        assert_eq!(o.status, Status::TimedOut, "{}", o.reason);
+        let o = run_ok(&j, &sh("after", &format!("echo after-{i}")), Stdin::Null);
+        assert_eq!(text(&o.stdout), format!("after-{i}\n"));
+    }
+}
+jail_test!(calls_after_a_kill_run_normally);
+
 fn stderr_is_capped_and_counted() {
     let j = jail();
     let mut spec = py(
