@@ -121,6 +121,62 @@ fn measure_sparse(mut cases: Vec<Case<'_>>, runs: usize, idle: Duration) -> Vec<
         .collect()
 }
 
+/// bwrap with the seed's flags, in a fresh v1 memory+pids cgroup, with the
+/// same deny list as a seccomp filter: what a user would assemble by hand.
+fn bwrap_cgroup_case<'a>(bw: &Path, mem: PathBuf, pids: PathBuf) -> Case<'a> {
+    let bw = bw.to_path_buf();
+    let bpf = cordon_jail::seccomp::reference_deny(false).expect("filter");
+    let mut bytes = Vec::with_capacity(bpf.len() * 8);
+    for i in &bpf {
+        bytes.extend_from_slice(&i.code.to_ne_bytes());
+        bytes.push(i.jt);
+        bytes.push(i.jf);
+        bytes.extend_from_slice(&i.k.to_ne_bytes());
+    }
+    let mut f = tempfile::NamedTempFile::new().expect("tmp");
+    f.write_all(&bytes).expect("write bpf");
+    let bpf_path = f.path().to_path_buf();
+    let mut n = 0u64;
+    let mut bw_args: Vec<String> = BWRAP_SEED.iter().map(|s| s.to_string()).collect();
+    bw_args.extend([
+        "--seccomp".into(),
+        "3".into(),
+        "--".into(),
+        "/bin/true".into(),
+    ]);
+    let quoted = bw_args
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    case(
+        "bwrap + fresh v1 memory+pids cgroup + --seccomp",
+        "mkdir, limits, `sh` moves itself in and execs bwrap with the BPF on fd 3, rmdir with 50 µs backoff",
+        move || {
+            let _keep_bpf_file = f.path();
+            n += 1;
+            let name = format!("cordon-bench-{}-{n}", std::process::id());
+            let m = mem.join(&name);
+            let p = pids.join(&name);
+            std::fs::create_dir(&m).expect("mkdir memory");
+            std::fs::create_dir(&p).expect("mkdir pids");
+            std::fs::write(m.join("memory.limit_in_bytes"), "536870912").expect("limit");
+            std::fs::write(m.join("memory.memsw.limit_in_bytes"), "536870912").ok();
+            std::fs::write(p.join("pids.max"), "32").expect("pids.max");
+            let script = format!(
+                "echo $$ > {m}/cgroup.procs && echo $$ > {p}/cgroup.procs && exec {bw} {quoted} 3<{bpf}",
+                m = m.display(),
+                p = p.display(),
+                bw = bw.display(),
+                bpf = bpf_path.display()
+            );
+            run_quiet(Command::new("/bin/sh").args(["-c", &script]));
+            rmdir_backoff(&m);
+            rmdir_backoff(&p);
+        },
+    )
+}
+
 fn true_spec() -> JailSpec {
     let mut s = JailSpec::new("true", ["/bin/true"]);
     s.limits = Limits {
@@ -365,48 +421,7 @@ fn main() {
             let pids = own_v1("pids");
             match (root, mem, pids) {
                 (true, Some(mem), Some(pids)) => {
-                    let bpf = cordon_jail::seccomp::reference_deny(false).expect("filter");
-                    let mut bytes = Vec::with_capacity(bpf.len() * 8);
-                    for i in &bpf {
-                        bytes.extend_from_slice(&i.code.to_ne_bytes());
-                        bytes.push(i.jt);
-                        bytes.push(i.jf);
-                        bytes.extend_from_slice(&i.k.to_ne_bytes());
-                    }
-                    let mut f = tempfile::NamedTempFile::new().expect("tmp");
-                    f.write_all(&bytes).expect("write bpf");
-                    let bpf_path = f.path().to_path_buf();
-                    let mut n = 0u64;
-                    let mut bw_args: Vec<String> = BWRAP_SEED.iter().map(|s| s.to_string()).collect();
-                    bw_args.extend(["--seccomp".into(), "3".into(), "--".into(), "/bin/true".into()]);
-                    let bw = bw.clone();
-                    let quoted = bw_args.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" ");
-                    cases.push(case(
-                        "bwrap + fresh v1 memory+pids cgroup + --seccomp",
-                        "mkdir, limits, `sh` moves itself in and execs bwrap with the BPF on fd 3, rmdir with 50 µs backoff",
-                        move || {
-                            let _keep_bpf_file = f.path();
-                            n += 1;
-                            let name = format!("cordon-bench-{}-{n}", std::process::id());
-                            let m = mem.join(&name);
-                            let p = pids.join(&name);
-                            std::fs::create_dir(&m).expect("mkdir memory");
-                            std::fs::create_dir(&p).expect("mkdir pids");
-                            std::fs::write(m.join("memory.limit_in_bytes"), "536870912").expect("limit");
-                            std::fs::write(m.join("memory.memsw.limit_in_bytes"), "536870912").ok();
-                            std::fs::write(p.join("pids.max"), "32").expect("pids.max");
-                            let script = format!(
-                                "echo $$ > {m}/cgroup.procs && echo $$ > {p}/cgroup.procs && exec {bw} {quoted} 3<{bpf}",
-                                m = m.display(),
-                                p = p.display(),
-                                bw = bw.display(),
-                                bpf = bpf_path.display()
-                            );
-                            run_quiet(Command::new("/bin/sh").args(["-c", &script]));
-                            rmdir_backoff(&m);
-                            rmdir_backoff(&p);
-                        },
-                    ));
+                    cases.push(bwrap_cgroup_case(bw, mem, pids));
                     bwrap_full = Some(cases.len() - 1);
                 }
                 _ => notes.push("bwrap + cgroup + seccomp row skipped: needs root and v1 memory and pids hierarchies".into()),
@@ -446,6 +461,9 @@ fn main() {
             cases.push(case("bwrap (seed flags) /bin/true", "", move || {
                 run_quiet(Command::new(bw).args(BWRAP_SEED).args(["--", "/bin/true"]));
             }));
+            if let (true, Some(mem), Some(pids)) = (root, own_v1("memory"), own_v1("pids")) {
+                cases.push(bwrap_cgroup_case(bw, mem, pids));
+            }
         }
         if let Ok(bin) = std::env::var("CORDON_BIN") {
             cases.push(case(
@@ -582,6 +600,18 @@ fn main() {
         );
     }
     println!();
+    let added = |prefix: &str| {
+        sparse
+            .iter()
+            .find(|r| r.name.starts_with(prefix))
+            .map(|r| ms(r.median()) - ms(sparse_bare))
+    };
+    if let (Some(j), Some(b)) = (added("Jail::run"), added("bwrap + fresh")) {
+        println!(
+            "Sparse ratio of added cost, `Jail::run /bin/true` / `bwrap + cgroup + seccomp`: **{:.2}** ({j:.2} ms / {b:.2} ms). Both pay a cold v1 migration.\n",
+            j / b
+        );
+    }
     println!("## Throughput (`Jail::run /bin/true`)\n");
     println!("| concurrency | calls/s |");
     println!("|---:|---:|");
