@@ -4,20 +4,14 @@
 //! inside their sandboxes. Each part is skipped, with the reason printed,
 //! when its prerequisite is missing (tests/e2e/run.sh installs them).
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn npm_dir() -> Option<PathBuf> {
-    let d = std::env::var_os("CORDON_E2E_NPM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"));
-    d.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-        .is_file()
-        .then_some(d)
 }
 
 fn python_mcp() -> Result<(), String> {

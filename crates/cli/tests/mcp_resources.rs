@@ -4,6 +4,9 @@
 //! server (tools only), driven by the rmcp client. Skipped, with the reason,
 //! when server-everything is not installed (scripts/setup.sh installs it).
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -15,41 +18,6 @@ use rmcp::model::{
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
-
-fn npm_dir() -> Option<PathBuf> {
-    let d = std::env::var_os("CORDON_E2E_NPM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"));
-    d.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-        .is_file()
-        .then_some(d)
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../mcp/tests/fixtures")
-        .canonicalize()
-        .expect("fixtures dir")
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "cordon-mcp-resources-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
-}
 
 /// server-everything as `everything` (with `extra` appended to its tool
 /// entry) and, unless `alone`, the fixture server as `fx`.
@@ -142,13 +110,6 @@ async fn prompt(
     c.peer().get_prompt(p).await
 }
 
-fn mcp_error(e: ServiceError) -> rmcp::ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => panic!("expected an MCP error, got {other:?}"),
-    }
-}
-
 fn status(e: &rmcp::ErrorData) -> &str {
     e.data
         .as_ref()
@@ -182,14 +143,6 @@ fn b64decode(s: &str) -> Vec<u8> {
         }
     }
     out
-}
-
-fn audit_records(audit: &Path) -> Vec<Value> {
-    std::fs::read_to_string(audit)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

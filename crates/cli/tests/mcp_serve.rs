@@ -1,6 +1,8 @@
 //! `cordon serve` driven by the rmcp client, over stdio and streamable HTTP:
 //! the real binary, the real jail, the example manifest.
 
+mod common;
+
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -13,34 +15,7 @@ use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
 mod support {
-    //! A temporary directory and base64, without extra dev-dependencies.
-    use std::path::{Path, PathBuf};
-
-    pub struct TempDir(PathBuf);
-
-    impl TempDir {
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    pub fn tempdir() -> TempDir {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "cordon-mcp-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
+    //! base64, without an extra dev-dependency.
 
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -81,7 +56,8 @@ mod support {
     }
 }
 
-use support::{b64_decode, b64_encode, tempdir};
+use common::{Kill, audit_records, mcp_error, tempdir, text_of};
+use support::{b64_decode, b64_encode};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -116,21 +92,6 @@ async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, Servic
     c.peer().call_tool(p).await
 }
 
-fn text_of(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn mcp_error(e: ServiceError) -> rmcp::ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => panic!("expected an MCP error, got {other:?}"),
-    }
-}
-
 /// The wrapped rendering: opening marker with a 32-hex nonce, the content,
 /// and the closing marker with the same nonce.
 fn assert_wrapped(text: &str, tool: &str) {
@@ -148,17 +109,6 @@ fn assert_wrapped(text: &str, tool: &str) {
         text.ends_with(&format!("</untrusted-output nonce=\"{nonce}\">")),
         "{text}"
     );
-}
-
-fn audit_records(path: &Path) -> Vec<Value> {
-    let Ok(f) = std::fs::File::open(path) else {
-        return vec![];
-    };
-    std::io::BufReader::new(f)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| serde_json::from_str(&l).ok())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -460,14 +410,6 @@ fn http_server(manifest: &Path, audit: &Path) -> (std::process::Child, String) {
     // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || for _ in lines {});
     (child, url)
-}
-
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

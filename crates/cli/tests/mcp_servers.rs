@@ -2,6 +2,9 @@
 //! crates/mcp/tests/fixtures) run inside its sandbox behind `cordon serve`,
 //! driven by the rmcp client.
 
+mod common;
+use common::*;
+
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -17,32 +20,6 @@ use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceErro
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Value, json};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../mcp/tests/fixtures")
-        .canonicalize()
-        .expect("fixtures dir")
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "cordon-mcp-servers-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
-}
 
 /// A manifest with the fixture server as tool `fx`, mounted at `mount`
 /// (a path unique to the test, so its processes can be found in /proc).
@@ -108,14 +85,6 @@ async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, Servic
     c.peer().call_tool(p).await
 }
 
-fn text_of(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The body of a wrapped text result (between the markers).
 fn body(r: &CallToolResult) -> String {
     let t = text_of(r);
@@ -124,13 +93,6 @@ fn body(r: &CallToolResult) -> String {
     lines.remove(0);
     lines.pop();
     lines.join("\n")
-}
-
-fn mcp_error(e: ServiceError) -> rmcp::ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => panic!("expected an MCP error, got {other:?}"),
-    }
 }
 
 /// Pids of processes whose command line mentions `needle`.
@@ -362,14 +324,6 @@ async fn lifetime_call_gives_each_call_a_fresh_sandbox() {
     let r = call(&c, "fx.say", json!({"text": "two"})).await.unwrap();
     assert_eq!(body(&r), "two");
     c.cancel().await.unwrap();
-}
-
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Over HTTP, each MCP session has its own sandbox, stopped when the

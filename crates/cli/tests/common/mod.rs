@@ -1,0 +1,90 @@
+//! Helpers shared by the MCP integration tests (each test binary uses a
+//! subset, hence the `dead_code` allowance).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use cordon_mcp::rmcp::model::CallToolResult;
+use cordon_mcp::rmcp::service::ServiceError;
+use serde_json::Value;
+
+/// The fixture MCP server's directory (`crates/mcp/tests/fixtures`).
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../mcp/tests/fixtures")
+        .canonicalize()
+        .expect("fixtures dir")
+}
+
+/// Where scripts/setup.sh installs the reference MCP servers, when
+/// server-everything is there (`$CORDON_E2E_NPM` overrides).
+pub fn npm_dir() -> Option<PathBuf> {
+    let d = std::env::var_os("CORDON_E2E_NPM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"));
+    d.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .is_file()
+        .then_some(d)
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn tempdir() -> TempDir {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "cordon-mcp-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+/// A child process killed and reaped on drop.
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn mcp_error(e: ServiceError) -> cordon_mcp::rmcp::ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => panic!("expected an MCP error, got {other:?}"),
+    }
+}
+
+/// The text parts of a tool result, joined by newlines.
+pub fn text_of(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The records of an audit log (none when it does not exist yet).
+pub fn audit_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
