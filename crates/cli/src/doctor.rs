@@ -160,22 +160,6 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             how: "broker uid; unshare(CLONE_NEWNET) on a pool thread".into(),
         });
     }
-    let v1_in_use = [&layout.memory, &layout.pids, &layout.cpu]
-        .into_iter()
-        .flatten()
-        .any(|p| p.version == Version::V1);
-    if v1_in_use && matches!(&jail, Ok(j) if j.uses_cgroups()) {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let favor = mounts
-            .lines()
-            .any(|l| l.contains(" cgroup") && l.contains("favordynmods"));
-        let expedited = read_trim("/sys/kernel/rcu_expedited").as_deref() == Some("1");
-        if !favor && !expedited {
-            notes.push(
-                "v1 cgroups are joined by writing cgroup.procs; when calls are more than a few tens of ms apart each such write waits one RCU grace period (5-15 ms measured on a 2-CPU host), overlapped with the sandbox's own setup. Host-wide tuning that removes the wait: mount the cgroup hierarchies with `favordynmods` or set /sys/kernel/rcu_expedited to 1 (both trade other costs; cordon changes neither). On a pure cgroup v2 host sandboxes are born in their cgroup (CLONE_INTO_CGROUP): no migration, no such wait.".into(),
-            );
-        }
-    }
     checks.push(Check {
         name: "seccomp",
         ok: facts.seccomp,

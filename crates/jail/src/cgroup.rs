@@ -299,22 +299,27 @@ impl Slot {
         Ok((oom, pids))
     }
 
-    /// Whether joining the slot needs a write to a v1 `cgroup.procs`.
-    pub fn needs_attach(&self) -> bool {
-        self.mem_v1.is_some() || self.pids_v1.is_some() || self.cpu_v1.is_some()
-    }
-
-    /// Move `pid` into the slot's v1 directories (v2 is joined at clone
-    /// time with CLONE_INTO_CGROUP).
-    pub fn attach_v1(&self, pid: i32) -> io::Result<()> {
-        let v = pid.to_string();
-        for d in [&self.mem_v1, &self.pids_v1, &self.cpu_v1]
-            .into_iter()
-            .flatten()
-        {
-            write_file(d, "cgroup.procs", &v)?;
+    /// The slot's v1 `tasks` files, opened for writing, each with its
+    /// controller's name: the sandbox moves itself into them (see
+    /// `cordon_sys::spawn::ChildPlan::join_cgroups`). v2 is joined at clone
+    /// time with CLONE_INTO_CGROUP.
+    pub fn open_v1_tasks(&self) -> io::Result<Vec<(&'static str, fs::File)>> {
+        let mut out = Vec::new();
+        for (name, d) in [
+            ("memory", &self.mem_v1),
+            ("pids", &self.pids_v1),
+            ("cpu", &self.cpu_v1),
+        ] {
+            if let Some(d) = d {
+                let p = d.join("tasks");
+                let f = fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(|e| ctx("open", &p, e))?;
+                out.push((name, f));
+            }
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Move `pid` into the v2 directory by writing cgroup.procs.

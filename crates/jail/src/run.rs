@@ -49,6 +49,7 @@ impl Drop for SlotGuard<'_> {
 fn describe(
     step: ChildStep,
     names: &[String],
+    cgroups: &[&str],
     spec: &JailSpec,
     exec: &[std::ffi::CString],
 ) -> String {
@@ -68,6 +69,10 @@ fn describe(
         ChildStep::Fds => "set up stdio descriptors".into(),
         ChildStep::Sync => "wait for the broker".into(),
         ChildStep::CgroupNs => "unshare cgroup namespace".into(),
+        ChildStep::CgroupJoin(i) => match cgroups.get(i as usize) {
+            Some(c) => format!("join the {c} cgroup (cgroup v1 tasks)"),
+            None => format!("join cgroup #{i}"),
+        },
         ChildStep::Groups => "setgroups".into(),
         ChildStep::Gid => "setresgid".into(),
         ChildStep::Uid => "setresuid".into(),
@@ -262,9 +267,15 @@ where
     } else {
         NS_FLAGS
     };
-    // v1 cgroups are joined by a write to cgroup.procs, which can wait for
-    // an RCU grace period: do it while the child builds its root.
-    let late_cgroups = slot.map(Slot::needs_attach).unwrap_or(false);
+    // v1 cgroups: the child moves itself in through these (see
+    // `ChildPlan::join_cgroups`).
+    let v1_tasks = match slot {
+        Some(s) => s
+            .open_v1_tasks()
+            .map_err(|e| broker("open the slot's cgroup v1 tasks files", e))?,
+        None => Vec::new(),
+    };
+    let cgroup_names: Vec<&'static str> = v1_tasks.iter().map(|(n, _)| *n).collect();
 
     let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()) {
         Some(d) => Some(
@@ -276,7 +287,7 @@ where
     let child_plan = ChildPlan {
         namespaces,
         join_net,
-        late_cgroups,
+        join_cgroups: v1_tasks.iter().map(|(_, f)| f.as_raw_fd()).collect(),
         cgroup_fd: cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
         stdin: in_child.as_raw_fd(),
         stdout: out_w.as_raw_fd(),
@@ -332,6 +343,7 @@ where
     drop(fail_w);
     drop(in_child);
     drop(cgroup_fd);
+    drop(v1_tasks);
     let doors_sock = doors_pair.map(|(parent, _child)| parent);
 
     // uid/gid maps. An unprivileged broker must deny setgroups first.
@@ -344,21 +356,13 @@ where
         .map_err(|e| broker(&format!("write uid_map ({uid} -> host {host_uid})"), e))?;
     std::fs::write(format!("{proc}/gid_map"), format!("{gid} {host_gid} 1\n"))
         .map_err(|e| broker(&format!("write gid_map ({gid} -> host {host_gid})"), e))?;
-    if !late_cgroups {
-        sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
-    } else if let Some(s) = slot {
-        // Two go-aheads: build the root now, then (below) run the tool.
-        sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
-        s.attach_v1(pid)
-            .map_err(|e| broker("move the sandbox into its cgroups", e))?;
-        sio::write(sync_w.as_fd(), b"c").map_err(p("release the sandbox into its cgroups"))?;
-    }
+    sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
 
     let setup_failure = |buf: [u8; 8]| {
         let f = ChildFailure::decode(buf);
         JailError::Setup {
             tool: tool.to_string(),
-            step: describe(f.step, &program.names, spec, &exec_paths),
+            step: describe(f.step, &program.names, &cgroup_names, spec, &exec_paths),
             errno: f.errno,
         }
     };

@@ -93,7 +93,12 @@ macro_rules! jail_test {
     };
 }
 
+/// `Jail::new` removes stale cgroups; `stale_cgroup_is_cleaned` plants one
+/// and holds this for writing so no other test's jail removes it first.
+static NEW_JAIL: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn jail() -> Jail {
+    let _g = NEW_JAIL.read().unwrap_or_else(|e| e.into_inner());
     Jail::new().expect("Jail::new")
 }
 
@@ -1153,11 +1158,13 @@ fn stale_cgroup_is_cleaned() {
         println!("SKIP stale_cgroup_is_cleaned: no memory cgroup controller");
         return;
     };
+    let g = NEW_JAIL.write().unwrap_or_else(|e| e.into_inner());
     std::fs::create_dir_all(&mem.base).unwrap();
     // pid_max is at most 2^22, so this broker pid never exists.
     let stale = mem.base.join("99999999-0-0");
     std::fs::create_dir_all(&stale).unwrap();
-    let j = jail();
+    let j = Jail::new().expect("Jail::new");
+    drop(g);
     assert!(
         !stale.exists(),
         "stale cgroup {} still there",

@@ -68,6 +68,8 @@ pub enum ChildStep {
     DoorsSocket(u32),
     /// Network doors: sending the sockets to the parent.
     DoorsSend,
+    /// Moving into cgroup number N (a write to its v1 `tasks` file).
+    CgroupJoin(u32),
     /// A code this version does not know.
     Unknown(u32),
 }
@@ -97,6 +99,7 @@ impl ChildStep {
             ChildStep::Seccomp(i) => 0x4000_0000 | (i & 0xff_ffff),
             ChildStep::DoorsAddress(i) => 0x5000_0000 | (i & 0xff_ffff),
             ChildStep::DoorsSocket(i) => 0x6000_0000 | (i & 0xff_ffff),
+            ChildStep::CgroupJoin(i) => 0x7000_0000 | (i & 0xff_ffff),
             ChildStep::Unknown(c) => c,
         }
     }
@@ -110,6 +113,7 @@ impl ChildStep {
             4 => return ChildStep::Seccomp(low),
             5 => return ChildStep::DoorsAddress(low),
             6 => return ChildStep::DoorsSocket(low),
+            7 => return ChildStep::CgroupJoin(low),
             _ => {}
         }
         match c {
@@ -289,11 +293,15 @@ pub struct ChildPlan {
     pub doors_sock: Option<RawFd>,
     /// `unshare(CLONE_NEWCGROUP)` after the go-ahead.
     pub cgroup_ns: bool,
-    /// The parent moves the child into its cgroups while the child builds
-    /// its root: the child then waits for a second byte on the go-ahead
-    /// pipe after the filesystem program and the doors, and before its
-    /// cgroup namespace, rlimits and everything the tool's code could do.
-    pub late_cgroups: bool,
+    /// cgroup v1 `tasks` files, opened by the parent for writing: the
+    /// child moves itself into each by writing `0`, first thing after
+    /// clone. Moving the calling thread alone does not take the kernel's
+    /// global threadgroup lock (whose first writer after a quiet spell
+    /// waits for an RCU grace period, several milliseconds), which a write
+    /// of a pid to `cgroup.procs` does. The child is single-threaded, so
+    /// the thread is the whole process. The kernel checks the opener's
+    /// credentials, so the child's own do not matter.
+    pub join_cgroups: Vec<RawFd>,
     /// Join this network namespace instead of creating one: the calling
     /// thread enters it for the `clone3` (so the child is born in it) and
     /// returns to its own right after. `namespaces` must not contain
@@ -1132,6 +1140,13 @@ unsafe fn child_main(s: &Shared) -> ! {
             sc!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
         }
 
+        // 1b. Join the v1 cgroups (this thread only: see
+        //     `ChildPlan::join_cgroups`), before anything is allocated.
+        for (i, &fd) in plan.join_cgroups.iter().enumerate() {
+            let r = sc!(libc::SYS_write, fd, b"0".as_ptr(), 1usize);
+            check!(plan.err_write, ChildStep::CgroupJoin(i as u32), r);
+        }
+
         // 2. Descriptors: move everything we keep above 10, then down to
         //    0..=5, then close the rest (the broker's other descriptors,
         //    including other sandboxes' pipes).
@@ -1185,9 +1200,8 @@ unsafe fn child_main(s: &Shared) -> ! {
             exit(126);
         }
 
-        // 4. Cgroup namespace rooted at the cgroups we were just moved into
-        //    (after step 8 when the parent moves us there late).
-        if plan.cgroup_ns && !plan.late_cgroups {
+        // 4. Cgroup namespace rooted at the cgroups we are in now.
+        if plan.cgroup_ns {
             check!(
                 err_fd,
                 ChildStep::CgroupNs,
@@ -1242,9 +1256,7 @@ unsafe fn child_main(s: &Shared) -> ! {
         if n > 0 && (pfd.revents & libc::POLLHUP) != 0 {
             exit(126);
         }
-        if !plan.late_cgroups {
-            sc!(libc::SYS_close, 3);
-        }
+        sc!(libc::SYS_close, 3);
 
         // 7. The filesystem program.
         for (i, step) in plan.steps.iter().enumerate() {
@@ -1260,22 +1272,6 @@ unsafe fn child_main(s: &Shared) -> ! {
             && has_doors
         {
             setup_doors(doors, err_fd);
-        }
-
-        // 8b. Late cgroups: the second go-ahead says the parent has moved us
-        //     into our cgroups (it did so while we ran steps 7 and 8).
-        if plan.late_cgroups {
-            if !read_byte(3) {
-                exit(126);
-            }
-            sc!(libc::SYS_close, 3);
-            if plan.cgroup_ns {
-                check!(
-                    err_fd,
-                    ChildStep::CgroupNs,
-                    sc!(libc::SYS_unshare, libc::CLONE_NEWCGROUP)
-                );
-            }
         }
 
         // 9. Resource limits.
@@ -1637,5 +1633,32 @@ pub fn recv_fd(sock: &impl AsRawFd) -> Result<Option<OwnedFd>, Errno> {
         }
         let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
         Ok(Some(OwnedFd::from_raw_fd(fd)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_steps_survive_the_error_pipe() {
+        let steps = [
+            ChildStep::Fds,
+            ChildStep::Sync,
+            ChildStep::CgroupNs,
+            ChildStep::Exec,
+            ChildStep::DoorsSend,
+            ChildStep::Op(7),
+            ChildStep::Rlimit(3),
+            ChildStep::LandlockRule(2),
+            ChildStep::Seccomp(1),
+            ChildStep::DoorsAddress(4),
+            ChildStep::DoorsSocket(5),
+            ChildStep::CgroupJoin(2),
+        ];
+        for step in steps {
+            assert_eq!(ChildStep::from_code(step.code()), step);
+        }
+        assert_eq!(ChildStep::from_code(0x0999), ChildStep::Unknown(0x0999));
     }
 }
