@@ -430,6 +430,19 @@ impl Slot {
         }
         result
     }
+
+    /// rmdir every directory once, without waiting.
+    pub fn remove_now(&self) -> io::Result<()> {
+        let mut result = Ok(());
+        for d in self.dirs() {
+            match fs::remove_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => result = Err(ctx("rmdir", d, e)),
+            }
+        }
+        result
+    }
 }
 
 fn rmdir_retry(d: &Path, limit: Duration) -> io::Result<()> {
@@ -472,11 +485,15 @@ impl Pool {
             .into_iter()
             .flatten()
             .any(|p| p.version == Version::V2);
+        let prefix = format!(
+            "{}-{}",
+            std::process::id(),
+            JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
+        );
         if !v2_controllers && let Some(b) = layout.v2_base.clone() {
-            let probe = b.join(format!(".probe-{}", std::process::id()));
+            // The first slot's own v2 directory doubles as the probe.
             let usable = fs::create_dir_all(&b).is_ok()
-                && fs::create_dir(&probe).is_ok()
-                && fs::remove_dir(&probe).is_ok();
+                && fs::create_dir(b.join(format!("{prefix}-0"))).is_ok();
             if !usable {
                 notes.push(format!(
                     "cgroup v2 at {} cannot be written: sandboxes are moved into their v1 cgroups only, and killed pid by pid",
@@ -492,11 +509,6 @@ impl Pool {
         if let Some(b) = &layout.v2_base {
             enable_v2_controllers(&layout, b, &mut notes);
         }
-        let prefix = format!(
-            "{}-{}",
-            std::process::id(),
-            JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
-        );
         let pool = Pool {
             layout,
             prefix,
@@ -585,9 +597,13 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         if let Ok(mut free) = self.free.lock() {
+            // Pooled slots were empty when released and nothing joins an
+            // idle slot; kill only if one will not go.
             for s in free.drain(..) {
-                s.kill();
-                let _ = s.remove();
+                if s.remove_now().is_err() {
+                    s.kill();
+                    let _ = s.remove();
+                }
             }
         }
     }

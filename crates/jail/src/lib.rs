@@ -63,6 +63,7 @@ pub mod cgroup;
 pub mod host;
 mod netns;
 mod plan;
+mod rootdir;
 mod run;
 pub mod seccomp;
 
@@ -361,7 +362,7 @@ impl Default for JailOptions {
 pub struct Jail {
     facts: HostFacts,
     opts: JailOptions,
-    root_dir: tempfile::TempDir,
+    root_dir: rootdir::RootDir,
     pool: Option<cgroup::Pool>,
     net_pool: Option<netns::NetPool>,
     notes: Vec<String>,
@@ -384,18 +385,18 @@ impl Jail {
                 "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
             ));
         }
+        // The first pooled network namespace is made while the rest of the
+        // jail is prepared.
+        let net_pool = if facts.root && opts.pool_network_namespaces {
+            Some(netns::NetPool::start())
+        } else {
+            None
+        };
         // The new root is a tmpfs mounted (inside the sandbox's own mount
-        // namespace) on this empty directory; it must be traversable by the
+        // namespace) on this directory; it must be traversable by the
         // sandbox's uid.
-        let root_dir = tempfile::Builder::new()
-            .prefix("cordon-root-")
-            .tempdir()
+        let root_dir = rootdir::RootDir::new(facts.euid)
             .map_err(|e| JailError::Host(format!("create root mount point: {e}")))?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(root_dir.path(), std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| JailError::Host(format!("chmod root mount point: {e}")))?;
-        }
         let mut notes = facts.notes.clone();
         let mut pool = None;
         let mut no_cgroup_warning = None;
@@ -417,17 +418,6 @@ impl Jail {
         let dev_null = std::fs::File::open("/dev/null")
             .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?
             .into();
-        let net_pool = if facts.root && opts.pool_network_namespaces {
-            match netns::NetPool::new() {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    notes.push(e);
-                    None
-                }
-            }
-        } else {
-            None
-        };
         Ok(Jail {
             facts,
             opts,
@@ -446,9 +436,14 @@ impl Jail {
         &self.facts
     }
 
-    /// Notes from setup (stale cgroups removed, controllers not enabled...).
-    pub fn notes(&self) -> &[String] {
-        &self.notes
+    /// Notes from setup (stale cgroups removed, controllers not enabled,
+    /// no network namespaces...).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = self.notes.clone();
+        if let Some(Err(e)) = self.net_pool.as_ref().map(netns::NetPool::status) {
+            notes.push(e);
+        }
+        notes
     }
 
     /// Whether limits go through cgroups (false: rlimit fallback).
@@ -459,7 +454,7 @@ impl Jail {
     /// Whether sandboxes without network get a pooled (exclusive, empty,
     /// not owned by the sandbox) network namespace rather than a new one.
     pub fn pools_network_namespaces(&self) -> bool {
-        self.net_pool.is_some()
+        self.net_pool.as_ref().is_some_and(|p| p.status().is_ok())
     }
 
     /// Run one call; blocks until the sandbox is gone.

@@ -23,6 +23,9 @@
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use cordon_sys::Errno;
 
 /// Idle namespaces kept at most; more are closed on release.
 const MAX_IDLE: usize = 64;
@@ -30,16 +33,22 @@ const MAX_IDLE: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct NetPool {
     idle: Mutex<Vec<OwnedFd>>,
+    /// The first namespace, still being made on its own thread (started
+    /// with the jail, so a one-shot run overlaps it with its other setup).
+    pending: Mutex<Option<JoinHandle<Result<OwnedFd, Errno>>>>,
     /// Set when this broker cannot make namespaces itself (root without
     /// CAP_SYS_ADMIN, e.g. in a restricted container): sandboxes then get
     /// a new namespace each, made inside their own user namespace.
     unusable: AtomicBool,
+    /// Why, for `cordon doctor`.
+    why_unusable: Mutex<Option<String>>,
 }
 
 impl NetPool {
     /// An idle namespace, or a new one; `None` when this broker cannot
     /// make them (the caller then has the sandbox make its own).
     pub(crate) fn acquire(&self) -> Option<OwnedFd> {
+        self.settle();
         if self.unusable.load(Ordering::Relaxed) {
             return None;
         }
@@ -48,21 +57,61 @@ impl NetPool {
         }
         match cordon_sys::spawn::new_net_namespace() {
             Ok(fd) => Some(fd),
-            Err(_) => {
-                self.unusable.store(true, Ordering::Relaxed);
+            Err(e) => {
+                self.give_up(e);
                 None
             }
         }
     }
 
-    /// A pool with one namespace made up front, or why none can be made.
-    pub(crate) fn new() -> Result<NetPool, String> {
-        let fd = cordon_sys::spawn::new_net_namespace().map_err(|e| {
-            format!("cannot create network namespaces ({e}): each sandbox makes its own")
-        })?;
+    /// A pool whose first namespace is being made on its own thread; a
+    /// failure shows in [`NetPool::status`] and turns the pool off.
+    pub(crate) fn start() -> NetPool {
         let pool = NetPool::default();
-        pool.release(fd);
-        Ok(pool)
+        match cordon_sys::spawn::start_net_namespace() {
+            Ok(h) => *pool.pending_lock() = Some(h),
+            Err(e) => pool.give_up(e),
+        }
+        pool
+    }
+
+    /// Whether this broker can make namespaces, or why not (waits for the
+    /// first one).
+    pub(crate) fn status(&self) -> Result<(), String> {
+        self.settle();
+        match self.why_unusable.lock() {
+            Ok(w) => w.clone().map_or(Ok(()), Err),
+            Err(p) => p.into_inner().clone().map_or(Ok(()), Err),
+        }
+    }
+
+    /// Wait for the first namespace, if it is still being made.
+    fn settle(&self) {
+        let Some(h) = self.pending_lock().take() else {
+            return;
+        };
+        match h.join() {
+            Ok(Ok(fd)) => self.release(fd),
+            Ok(Err(e)) => self.give_up(e),
+            Err(_) => self.give_up(Errno::EIO),
+        }
+    }
+
+    fn give_up(&self, e: Errno) {
+        self.unusable.store(true, Ordering::Relaxed);
+        let mut w = self.why_unusable.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            *w = Some(format!(
+                "cannot create network namespaces ({e}): each sandbox makes its own"
+            ));
+        }
+    }
+
+    fn pending_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<JoinHandle<Result<OwnedFd, Errno>>>> {
+        // Poisoning only means a panic while taking or storing the handle.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Give a namespace back once nothing of its sandbox is left.

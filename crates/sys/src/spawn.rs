@@ -860,6 +860,12 @@ fn open_thread_netns() -> Result<OwnedFd, Errno> {
 /// alive by the returned descriptor. Made on a short-lived thread, so the
 /// caller's own thread never leaves its namespace.
 pub fn new_net_namespace() -> Result<OwnedFd, Errno> {
+    start_net_namespace()?.join().map_err(|_| Errno::EIO)?
+}
+
+/// [`new_net_namespace`] without waiting: the namespace is made on its own
+/// thread (about a millisecond of kernel work) while the caller goes on.
+pub fn start_net_namespace() -> Result<std::thread::JoinHandle<Result<OwnedFd, Errno>>, Errno> {
     std::thread::Builder::new()
         .name("cordon-netns".into())
         .spawn(|| {
@@ -870,9 +876,7 @@ pub fn new_net_namespace() -> Result<OwnedFd, Errno> {
             }
             open_thread_netns()
         })
-        .map_err(|_| Errno::EAGAIN)?
-        .join()
-        .map_err(|_| Errno::EIO)?
+        .map_err(|_| Errno::EAGAIN)
 }
 
 fn zeroed_sigset() -> libc::sigset_t {

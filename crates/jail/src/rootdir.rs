@@ -1,0 +1,159 @@
+//! The host directory each sandbox mounts its new root on.
+//!
+//! A sandbox mounts a fresh tmpfs on this directory inside its own mount
+//! namespace and pivots into it; nothing is ever written to the directory
+//! on the host. So one directory serves every sandbox at once, and a
+//! broker need not create and remove one of its own (a one-shot
+//! `cordon exec` otherwise pays a mkdir and an rmdir per run, the rmdir
+//! after the sandbox's mount namespace is torn down).
+//!
+//! The shared directory is `/run/cordon/root` for a root broker and
+//! `$XDG_RUNTIME_DIR/cordon/root` for an unprivileged one. It is used only
+//! when every component is a real directory that nobody else can replace:
+//! owned by the broker's uid (the top one by root or the broker), writable
+//! by its owner alone. Otherwise a private temporary directory is made, as
+//! before.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The mount point for sandbox roots.
+#[derive(Debug)]
+pub(crate) enum RootDir {
+    /// Shared by every broker of this uid.
+    Shared(PathBuf),
+    /// This broker's own, removed on drop.
+    Temp(tempfile::TempDir),
+}
+
+impl RootDir {
+    /// The shared directory when it is safe, else a new temporary one.
+    pub(crate) fn new(euid: u32) -> io::Result<RootDir> {
+        if let Some(p) = shared_candidate(euid)
+            && prepare(&p, euid).is_ok()
+        {
+            return Ok(RootDir::Shared(p));
+        }
+        let t = tempfile::Builder::new().prefix("cordon-root-").tempdir()?;
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755))?;
+        Ok(RootDir::Temp(t))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        match self {
+            RootDir::Shared(p) => p,
+            RootDir::Temp(t) => t.path(),
+        }
+    }
+}
+
+fn shared_candidate(euid: u32) -> Option<PathBuf> {
+    if euid == 0 {
+        return Some(PathBuf::from("/run/cordon/root"));
+    }
+    let xdg = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?);
+    xdg.is_absolute().then(|| xdg.join("cordon").join("root"))
+}
+
+/// Create `root` (and its parent `cordon` directory) as needed and check
+/// every component; the directory above `cordon` must exist already.
+fn prepare(root: &Path, euid: u32) -> io::Result<()> {
+    let cordon = root.parent().ok_or_else(|| refuse(root, "has no parent"))?;
+    let top = cordon
+        .parent()
+        .ok_or_else(|| refuse(cordon, "has no parent"))?;
+    check(top, &[0, euid])?;
+    for d in [cordon, root] {
+        match fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        check(d, &[euid])?;
+        // A restrictive umask must not leave it untraversable for the
+        // sandbox's uid.
+        let mode = fs::symlink_metadata(d)?.mode() & 0o7777;
+        if mode & 0o755 != 0o755 {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(())
+}
+
+/// A real directory (not a symlink), owned by one of `owners`, writable
+/// by its owner alone.
+fn check(d: &Path, owners: &[u32]) -> io::Result<()> {
+    let m = fs::symlink_metadata(d)?;
+    if !m.file_type().is_dir() {
+        return Err(refuse(d, "is not a directory"));
+    }
+    if !owners.contains(&m.uid()) {
+        return Err(refuse(d, "is owned by another user"));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(refuse(d, "is writable by group or others"));
+    }
+    Ok(())
+}
+
+fn refuse(d: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("{} {why}", d.display()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_directory_is_made_and_checked() {
+        let euid = nix_euid();
+        let top = tempfile::tempdir().unwrap();
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let root = top.path().join("cordon").join("root");
+        prepare(&root, euid).unwrap();
+        let m = fs::metadata(&root).unwrap();
+        assert!(m.is_dir());
+        assert_eq!(m.mode() & 0o777, 0o755);
+        // Twice is fine.
+        prepare(&root, euid).unwrap();
+    }
+
+    #[test]
+    fn refuses_a_symlink_or_a_writable_directory() {
+        let euid = nix_euid();
+        let top = tempfile::tempdir().unwrap();
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), top.path().join("cordon")).unwrap();
+        let e = prepare(&top.path().join("cordon").join("root"), euid).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+
+        let top2 = tempfile::tempdir().unwrap();
+        fs::set_permissions(top2.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare(&top2.path().join("cordon").join("root"), euid).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+
+        let top3 = tempfile::tempdir().unwrap();
+        fs::set_permissions(top3.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::DirBuilder::new()
+            .mode(0o775)
+            .create(top3.path().join("cordon"))
+            .unwrap();
+        fs::set_permissions(
+            top3.path().join("cordon"),
+            fs::Permissions::from_mode(0o775),
+        )
+        .unwrap();
+        let e = prepare(&top3.path().join("cordon").join("root"), euid).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+    }
+
+    fn nix_euid() -> u32 {
+        fs::metadata("/proc/self").unwrap().uid()
+    }
+}
