@@ -137,7 +137,21 @@ pub fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
 
 impl Broker {
     pub fn new(audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
-        let jail = Jail::new()?;
+        Broker::with_jail(Jail::new()?, audit_path)
+    }
+
+    /// A broker for one call in a short-lived process (`cordon run`,
+    /// `cordon exec`): its jail takes cgroup slots from the set shared
+    /// between processes instead of making and removing its own.
+    pub fn one_shot(audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
+        let jail = Jail::with_options(cordon_jail::JailOptions {
+            share_cgroup_slots: true,
+            ..Default::default()
+        })?;
+        Broker::with_jail(jail, audit_path)
+    }
+
+    fn with_jail(jail: Jail, audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
         let (audit, audit_warning) = open_audit(audit_path);
         Ok(Broker {
             jail,

@@ -77,7 +77,7 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
 }
 
 pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<ExitCode> {
-    let broker = Broker::new(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
+    let broker = Broker::one_shot(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
     for w in broker.warnings() {
         eprintln!("cordon: warning: {w}");
     }

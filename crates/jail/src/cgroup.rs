@@ -98,6 +98,17 @@ pub struct Slot {
     /// `cgroup.kill` was written: the slot must not be reused (see
     /// [`Slot::reusable`]).
     killed: std::sync::atomic::AtomicBool,
+    /// A shared slot (see [`Pool::new`]): the claim, an exclusive `flock`
+    /// held while this process has the slot, and the file that marks it
+    /// killed (created before `cgroup.kill`, so a claimant after a crash
+    /// knows to replace the directories).
+    shared: Option<SharedClaim>,
+}
+
+#[derive(Debug)]
+struct SharedClaim {
+    _lock: fs::File,
+    killed_marker: PathBuf,
 }
 
 fn ctx(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -149,6 +160,7 @@ impl Slot {
             base_pids: 0,
             peak_v2: None,
             killed: std::sync::atomic::AtomicBool::new(false),
+            shared: None,
         }
     }
 
@@ -362,6 +374,9 @@ impl Slot {
             // reached the kernel.
             self.killed
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(c) = &self.shared {
+                let _ = fs::write(&c.killed_marker, b"");
+            }
             if write_file(d, "cgroup.kill", "1").is_ok() {
                 return;
             }
@@ -471,12 +486,29 @@ pub struct Pool {
     next: AtomicU64,
     free: Mutex<Vec<Slot>>,
     all: Mutex<Vec<String>>,
+    /// Directory of the shared slots' lock files, in shared mode.
+    shared: Option<PathBuf>,
 }
+
+/// Shared slots per set of cgroup bases at most.
+const MAX_SHARED: usize = 256;
 
 impl Pool {
     /// Create the `cordon` parent directories, clean slots of dead brokers,
     /// and check that a slot can be made (one is created and pooled).
-    pub fn new(mut layout: Layout) -> io::Result<(Pool, Vec<String>)> {
+    ///
+    /// With `shared` (a directory only the broker's uid can write), slots
+    /// are not this process's own `<pid>-<jail>-<n>` but `shared-<n>`,
+    /// kept between processes: a process claims one with an exclusive
+    /// `flock` on `<shared>/<bases hash>-<n>.lock`, uses it like its own
+    /// (all limits written afresh, counters read at the start of each
+    /// call, empty before it is let go) and leaves it in place when it
+    /// exits. Short-lived brokers (a one-shot `cordon exec`) then make and
+    /// remove no cgroup directories. A slot that was killed through
+    /// `cgroup.kill` is removed instead (see [`Slot::reusable`]); a marker
+    /// file written before the kill tells the next claimant to replace it
+    /// if this process died first.
+    pub fn new(mut layout: Layout, shared: Option<PathBuf>) -> io::Result<(Pool, Vec<String>)> {
         let mut notes = Vec::new();
         // With every controller on v1, the v2 directory only adds
         // CLONE_INTO_CGROUP and cgroup.kill: go on without it if it cannot
@@ -491,9 +523,15 @@ impl Pool {
             JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
         );
         if !v2_controllers && let Some(b) = layout.v2_base.clone() {
-            // The first slot's own v2 directory doubles as the probe.
+            // The first slot's own v2 directory doubles as the probe (in
+            // shared mode a shared slot's, which may exist already).
+            let first = b.join(format!("{prefix}-0"));
             let usable = fs::create_dir_all(&b).is_ok()
-                && fs::create_dir(b.join(format!("{prefix}-0"))).is_ok();
+                && if shared.is_some() {
+                    probe_shared_v2(&b)
+                } else {
+                    fs::create_dir(first).is_ok()
+                };
             if !usable {
                 notes.push(format!(
                     "cgroup v2 at {} cannot be written: sandboxes are moved into their v1 cgroups only, and killed pid by pid",
@@ -515,6 +553,7 @@ impl Pool {
             next: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
             all: Mutex::new(Vec::new()),
+            shared,
         };
         let first = pool.create()?;
         pool.release(first);
@@ -527,12 +566,66 @@ impl Pool {
     }
 
     fn create(&self) -> io::Result<Slot> {
+        if let Some(dir) = &self.shared {
+            return self.claim_shared(dir);
+        }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}-{n}", self.prefix);
+        self.create_named(&format!("{}-{n}", self.prefix))
+    }
+
+    /// Claim the first shared slot nobody holds (see [`Pool::new`]).
+    fn claim_shared(&self, dir: &Path) -> io::Result<Slot> {
+        let key = bases_key(&self.layout);
+        for n in 0..MAX_SHARED {
+            let lock_path = dir.join(format!("{key:016x}-{n}.lock"));
+            let lock = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| ctx("open", &lock_path, e))?;
+            match lock.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => continue,
+                Err(fs::TryLockError::Error(e)) => return Err(ctx("flock", &lock_path, e)),
+            }
+            let killed_marker = dir.join(format!("{key:016x}-{n}.killed"));
+            let name = format!("shared-{n}");
+            let mut slot = self.create_named(&name)?;
+            // Left killed by a process that died before removing it, or
+            // not empty (nothing should be left in an idle slot): replace.
+            if killed_marker.exists() || !slot.is_empty() {
+                slot.shared = Some(SharedClaim {
+                    _lock: lock,
+                    killed_marker: killed_marker.clone(),
+                });
+                slot.kill();
+                let _ = slot.wait_empty(Duration::from_secs(1));
+                slot.remove()?;
+                let _ = fs::remove_file(&killed_marker);
+                let claim = slot.shared.take();
+                slot = self.create_named(&name)?;
+                slot.shared = claim;
+            } else {
+                slot.shared = Some(SharedClaim {
+                    _lock: lock,
+                    killed_marker,
+                });
+            }
+            return Ok(slot);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("all {MAX_SHARED} shared cgroup slots are in use"),
+        ))
+    }
+
+    fn create_named(&self, name: &str) -> io::Result<Slot> {
         let mk = |p: &Option<Placement>, want: Version| -> io::Result<Option<(Version, PathBuf)>> {
             match p {
                 Some(pl) if pl.version == want => {
-                    let d = pl.base.join(&name);
+                    let d = pl.base.join(name);
                     match fs::create_dir(&d) {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -545,7 +638,7 @@ impl Pool {
         };
         let v2 = match &self.layout.v2_base {
             Some(b) => {
-                let d = b.join(&name);
+                let d = b.join(name);
                 match fs::create_dir(&d) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -565,7 +658,7 @@ impl Pool {
         let pids = pick(&self.layout.pids)?;
         let cpu = pick(&self.layout.cpu)?;
         if let Ok(mut all) = self.all.lock() {
-            all.push(name);
+            all.push(name.to_string());
         }
         Ok(Slot::from_dirs(v2, mem, pids, cpu))
     }
@@ -590,7 +683,11 @@ impl Pool {
     pub fn discard(&self, slot: Slot) {
         slot.kill();
         let _ = slot.wait_empty(Duration::from_secs(1));
-        let _ = slot.remove();
+        if slot.remove().is_ok()
+            && let Some(c) = &slot.shared
+        {
+            let _ = fs::remove_file(&c.killed_marker);
+        }
     }
 }
 
@@ -598,8 +695,16 @@ impl Drop for Pool {
     fn drop(&mut self) {
         if let Ok(mut free) = self.free.lock() {
             // Pooled slots were empty when released and nothing joins an
-            // idle slot; kill only if one will not go.
+            // idle slot; kill only if one will not go. Shared slots stay
+            // for the next process (the lock goes with the slot).
             for s in free.drain(..) {
+                if s.shared.is_some() && s.reusable() {
+                    continue;
+                }
+                if s.shared.is_some() {
+                    self.discard(s);
+                    continue;
+                }
                 if s.remove_now().is_err() {
                     s.kill();
                     let _ = s.remove();
@@ -607,6 +712,28 @@ impl Drop for Pool {
             }
         }
     }
+}
+
+/// Whether a directory can be made in the v2 base (shared mode: the
+/// probe must not leave anything behind, and a shared slot's directory
+/// may already exist).
+fn probe_shared_v2(base: &Path) -> bool {
+    let probe = base.join(format!(".probe-{}", std::process::id()));
+    fs::create_dir(&probe).is_ok() && fs::remove_dir(&probe).is_ok()
+}
+
+/// A stable key for a set of cgroup bases (FNV-1a over their paths), so
+/// that brokers in different cgroups never share a lock for different
+/// directories.
+fn bases_key(l: &Layout) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in layout_bases(l) {
+        for byte in b.as_os_str().as_encoded_bytes().iter().chain(b"\0") {
+            h ^= u64::from(*byte);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
 }
 
 fn layout_bases(l: &Layout) -> Vec<&PathBuf> {

@@ -341,6 +341,11 @@ pub struct JailOptions {
     /// namespace from a pool instead of a new one (root broker only;
     /// default true). See `netns.rs` for why this is as strong.
     pub pool_network_namespaces: bool,
+    /// Take cgroup slots from a set shared by every broker of this uid on
+    /// the host, kept between processes, instead of making this jail's own
+    /// and removing them on drop (default false; for short-lived brokers
+    /// such as a one-shot `cordon exec`; see `cgroup::Pool::new`).
+    pub share_cgroup_slots: bool,
 }
 
 impl Default for JailOptions {
@@ -352,6 +357,7 @@ impl Default for JailOptions {
             host_gid_when_root: 65534,
             cgroups: true,
             pool_network_namespaces: true,
+            share_cgroup_slots: false,
         }
     }
 }
@@ -407,7 +413,12 @@ impl Jail {
             no_cgroup_warning =
                 Some("no memory or pids cgroup controller on this host".to_string());
         } else {
-            match cgroup::Pool::new(layout) {
+            let shared = if opts.share_cgroup_slots {
+                root_dir.slots_dir(facts.euid)
+            } else {
+                None
+            };
+            match cgroup::Pool::new(layout, shared) {
                 Ok((p, n)) => {
                     notes.extend(n);
                     pool = Some(p);

@@ -41,6 +41,23 @@ impl RootDir {
         Ok(RootDir::Temp(t))
     }
 
+    /// `<cordon dir>/slots` for the shared cgroup slots' lock files
+    /// (mode 0700, checked like the rest), when the mount point is the
+    /// shared one.
+    pub(crate) fn slots_dir(&self, euid: u32) -> Option<PathBuf> {
+        let RootDir::Shared(root) = self else {
+            return None;
+        };
+        let slots = root.parent()?.join("slots");
+        match fs::DirBuilder::new().mode(0o700).create(&slots) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(_) => return None,
+        }
+        check(&slots, &[euid]).ok()?;
+        Some(slots)
+    }
+
     pub(crate) fn path(&self) -> &Path {
         match self {
             RootDir::Shared(p) => p,
