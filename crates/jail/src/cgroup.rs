@@ -103,6 +103,10 @@ pub struct Slot {
     /// killed (created before `cgroup.kill`, so a claimant after a crash
     /// knows to replace the directories).
     shared: Option<SharedClaim>,
+    /// `O_PATH` descriptors of the directories above, opened once: files
+    /// are opened relative to them instead of walking the (long) cgroup
+    /// path on every read and write.
+    fds: Vec<(PathBuf, std::os::fd::OwnedFd)>,
 }
 
 #[derive(Debug)]
@@ -147,7 +151,7 @@ impl Slot {
             _ => None,
         };
         let is_v2 = |c: &Option<(Version, PathBuf)>| matches!(c, Some((Version::V2, _)));
-        Slot {
+        let mut slot = Slot {
             mem_v1: v1(&mem),
             pids_v1: v1(&pids),
             cpu_v1: v1(&cpu),
@@ -161,7 +165,50 @@ impl Slot {
             peak_v2: None,
             killed: std::sync::atomic::AtomicBool::new(false),
             shared: None,
-        }
+            fds: Vec::new(),
+        };
+        slot.fds = slot
+            .dirs()
+            .filter_map(|d| {
+                cordon_sys::io::open_path_dir(d)
+                    .ok()
+                    .map(|fd| (d.clone(), fd))
+            })
+            .collect();
+        slot
+    }
+
+    fn dir_fd(&self, dir: &Path) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fds
+            .iter()
+            .find(|(p, _)| p == dir)
+            .map(|(_, fd)| fd.as_fd())
+    }
+
+    /// Write a file of one of the slot's directories (relative to its
+    /// descriptor when it has one).
+    fn write(&self, dir: &Path, name: &str, value: &str) -> io::Result<()> {
+        let Some(fd) = self.dir_fd(dir) else {
+            return write_file(dir, name, value);
+        };
+        let f = cordon_sys::io::open_at(fd, name, true)
+            .map_err(|e| ctx("open", &dir.join(name), io::Error::from(e)))?;
+        let mut f = fs::File::from(f);
+        io::Write::write_all(&mut f, value.as_bytes()).map_err(|e| ctx("write", &dir.join(name), e))
+    }
+
+    /// Read a file of one of the slot's directories.
+    fn read(&self, dir: &Path, name: &str) -> io::Result<String> {
+        let Some(fd) = self.dir_fd(dir) else {
+            return read_file(dir, name);
+        };
+        let f = cordon_sys::io::open_at(fd, name, false)
+            .map_err(|e| ctx("open", &dir.join(name), io::Error::from(e)))?;
+        let mut out = String::new();
+        io::Read::read_to_string(&mut fs::File::from(f), &mut out)
+            .map_err(|e| ctx("read", &dir.join(name), e))?;
+        Ok(out)
     }
 
     /// Whether the slot may serve another sandbox. Not after `cgroup.kill`:
@@ -210,40 +257,40 @@ impl Slot {
                 // memsw must stay >= limit: lift it first, then set both.
                 let memsw = d.join("memory.memsw.limit_in_bytes").exists();
                 if memsw {
-                    write_file(d, "memory.memsw.limit_in_bytes", "-1")?;
+                    self.write(d, "memory.memsw.limit_in_bytes", "-1")?;
                 }
-                write_file(d, "memory.limit_in_bytes", &v)?;
+                self.write(d, "memory.limit_in_bytes", &v)?;
                 if memsw {
-                    write_file(d, "memory.memsw.limit_in_bytes", &v)?;
+                    self.write(d, "memory.memsw.limit_in_bytes", &v)?;
                 }
             }
             if self.mem_v2
                 && let Some(d) = &self.v2
             {
-                write_file(d, "memory.max", &want.memory.to_string())?;
-                write_file(d, "memory.swap.max", "0")?;
+                self.write(d, "memory.max", &want.memory.to_string())?;
+                self.write(d, "memory.swap.max", "0")?;
             }
         }
         if old.map(|a| a.tasks) != Some(want.tasks) {
             let v = want.tasks.to_string();
             if let Some(d) = &self.pids_v1 {
-                write_file(d, "pids.max", &v)?;
+                self.write(d, "pids.max", &v)?;
             }
             if self.pids_v2
                 && let Some(d) = &self.v2
             {
-                write_file(d, "pids.max", &v)?;
+                self.write(d, "pids.max", &v)?;
             }
         }
         if old.map(|a| a.cpu) != Some(want.cpu) {
             const PERIOD: u64 = 100_000;
             if let Some(d) = &self.cpu_v1 {
-                write_file(d, "cpu.cfs_period_us", &PERIOD.to_string())?;
+                self.write(d, "cpu.cfs_period_us", &PERIOD.to_string())?;
                 let q = match want.cpu {
                     Some(p) => (u64::from(p.max(1)) * PERIOD / 100).max(1000).to_string(),
                     None => "-1".to_string(),
                 };
-                write_file(d, "cpu.cfs_quota_us", &q)?;
+                self.write(d, "cpu.cfs_quota_us", &q)?;
             }
             if self.cpu_v2
                 && let Some(d) = &self.v2
@@ -255,7 +302,7 @@ impl Slot {
                     ),
                     None => format!("max {PERIOD}"),
                 };
-                write_file(d, "cpu.max", &v)?;
+                self.write(d, "cpu.max", &v)?;
             }
         }
         self.applied = Some(want);
@@ -265,7 +312,7 @@ impl Slot {
     /// Reset the peak counter and remember the event counters.
     pub fn begin(&mut self) -> io::Result<()> {
         if let Some(d) = &self.mem_v1 {
-            write_file(d, "memory.max_usage_in_bytes", "0")?;
+            self.write(d, "memory.max_usage_in_bytes", "0")?;
         }
         if self.mem_v2
             && let Some(d) = &self.v2
@@ -293,20 +340,20 @@ impl Slot {
         let mut oom = 0;
         let mut pids = 0;
         if let Some(d) = &self.mem_v1 {
-            oom = keyed(&read_file(d, "memory.oom_control")?, "oom_kill").unwrap_or(0);
+            oom = keyed(&self.read(d, "memory.oom_control")?, "oom_kill").unwrap_or(0);
         }
         if self.mem_v2
             && let Some(d) = &self.v2
         {
-            oom = keyed(&read_file(d, "memory.events")?, "oom_kill").unwrap_or(0);
+            oom = keyed(&self.read(d, "memory.events")?, "oom_kill").unwrap_or(0);
         }
         if let Some(d) = &self.pids_v1 {
-            pids = keyed(&read_file(d, "pids.events")?, "max").unwrap_or(0);
+            pids = keyed(&self.read(d, "pids.events")?, "max").unwrap_or(0);
         }
         if self.pids_v2
             && let Some(d) = &self.v2
         {
-            pids = keyed(&read_file(d, "pids.events")?, "max").unwrap_or(0);
+            pids = keyed(&self.read(d, "pids.events")?, "max").unwrap_or(0);
         }
         Ok((oom, pids))
     }
@@ -337,7 +384,7 @@ impl Slot {
     /// Move `pid` into the v2 directory by writing cgroup.procs.
     pub fn attach_v2(&self, pid: i32) -> io::Result<()> {
         if let Some(d) = &self.v2 {
-            write_file(d, "cgroup.procs", &pid.to_string())?;
+            self.write(d, "cgroup.procs", &pid.to_string())?;
         }
         Ok(())
     }
@@ -347,7 +394,8 @@ impl Slot {
         let (oom, pids) = self.counters()?;
         let mut peak = None;
         if let Some(d) = &self.mem_v1 {
-            peak = read_file(d, "memory.max_usage_in_bytes")?
+            peak = self
+                .read(d, "memory.max_usage_in_bytes")?
                 .trim()
                 .parse()
                 .ok();
@@ -355,7 +403,8 @@ impl Slot {
         if self.mem_v2
             && let Some(d) = &self.v2
         {
-            peak = read_file(d, "memory.peak")
+            peak = self
+                .read(d, "memory.peak")
                 .ok()
                 .and_then(|s| s.trim().parse().ok());
         }
@@ -377,12 +426,12 @@ impl Slot {
             if let Some(c) = &self.shared {
                 let _ = fs::write(&c.killed_marker, b"");
             }
-            if write_file(d, "cgroup.kill", "1").is_ok() {
+            if self.write(d, "cgroup.kill", "1").is_ok() {
                 return;
             }
         }
         for d in self.dirs() {
-            if let Ok(t) = read_file(d, "cgroup.procs") {
+            if let Ok(t) = self.read(d, "cgroup.procs") {
                 for pid in t.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
                     let _ = cordon_sys::io::kill_pid(pid);
                 }
@@ -393,13 +442,15 @@ impl Slot {
     /// Whether no process is left in any of the slot's directories.
     pub fn is_empty(&self) -> bool {
         if let Some(d) = &self.v2
-            && let Ok(ev) = read_file(d, "cgroup.events")
+            && let Ok(ev) = self.read(d, "cgroup.events")
         {
-            if keyed(&ev, "populated") != Some(0) {
-                return false;
-            }
+            // Every process of the sandbox is in the v2 directory (it was
+            // born there, and nothing in it can write a host cgroup), so
+            // the v1 directories need no separate look.
+            return keyed(&ev, "populated") == Some(0);
         } else if let Some(d) = &self.v2
-            && read_file(d, "cgroup.procs")
+            && self
+                .read(d, "cgroup.procs")
                 .map(|t| !t.trim().is_empty())
                 .unwrap_or(false)
         {
@@ -409,7 +460,7 @@ impl Slot {
             .into_iter()
             .flatten()
         {
-            match read_file(d, "cgroup.procs") {
+            match self.read(d, "cgroup.procs") {
                 Ok(t) if t.trim().is_empty() => {}
                 Ok(_) => return false,
                 Err(_) => {}

@@ -232,6 +232,35 @@ pub fn open_dir(path: &std::path::Path) -> Result<OwnedFd, Errno> {
     } as libc::c_long)
 }
 
+/// An `O_PATH` descriptor of a directory, for [`open_at`]: opening files
+/// relative to it skips walking the directory's path again.
+pub fn open_path_dir(path: &std::path::Path) -> Result<OwnedFd, Errno> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: valid C string; the result is a new descriptor.
+    owned(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    } as libc::c_long)
+}
+
+/// Open `name` (a single path component) in `dir` for reading or writing.
+pub fn open_at(dir: BorrowedFd<'_>, name: &str, write: bool) -> Result<OwnedFd, Errno> {
+    let c = std::ffi::CString::new(name).map_err(|_| Errno::EINVAL)?;
+    let flags = libc::O_CLOEXEC
+        | libc::O_NOFOLLOW
+        | if write {
+            libc::O_WRONLY | libc::O_TRUNC
+        } else {
+            libc::O_RDONLY
+        };
+    // SAFETY: `dir` is a live descriptor and `c` a valid C string; the
+    // result is a new descriptor.
+    owned(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) } as libc::c_long)
+}
+
 /// Whether a process with this pid exists (`kill(pid, 0)`; EPERM counts as
 /// existing).
 pub fn pid_alive(pid: i32) -> bool {
