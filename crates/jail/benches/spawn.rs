@@ -444,6 +444,8 @@ fn main() {
     // calls. The interleaved rounds above keep the kernel's cgroup-migration
     // state warm (a v1 cgroup.procs write within about one RCU grace period
     // of the previous one does not wait); here every migration starts cold.
+    // cordon's sandboxes move themselves thread by thread (`tasks`), which
+    // does not wait; the bwrap + cgroup row's `sh` writes cgroup.procs.
     let sparse_idle = Duration::from_millis(env_num("CORDON_BENCH_SPARSE_IDLE_MS", 60) as u64);
     let sparse_runs = env_num("CORDON_BENCH_SPARSE_RUNS", 100);
     let sparse = {
@@ -608,7 +610,7 @@ fn main() {
     };
     if let (Some(j), Some(b)) = (added("Jail::run"), added("bwrap + fresh")) {
         println!(
-            "Sparse ratio of added cost, `Jail::run /bin/true` / `bwrap + cgroup + seccomp`: **{:.2}** ({j:.2} ms / {b:.2} ms). Both pay a cold v1 migration.\n",
+            "Sparse ratio of added cost, `Jail::run /bin/true` / `bwrap + cgroup + seccomp`: **{:.2}** ({j:.2} ms / {b:.2} ms). The bwrap row pays a cold v1 migration (cgroup.procs); cordon's sandbox moves itself thread by thread (tasks), which does not wait.\n",
             j / b
         );
     }
