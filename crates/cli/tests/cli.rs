@@ -938,3 +938,66 @@ fn root_without_cap_sys_admin_still_gets_a_private_network() {
         text(&o.stdout)
     );
 }
+
+#[test]
+/// A broker whose own v2 cgroup was once killed through cgroup.kill: the
+/// kernel kills every process born from it into another cgroup with
+/// CLONE_INTO_CGROUP (6.18). The broker detects it and moves its sandboxes
+/// in by themselves; without that, every call here dies with SIGKILL.
+fn broker_in_a_once_killed_cgroup_still_runs_tools() {
+    if !is_root() {
+        println!("SKIP: needs root");
+        return;
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let Some(v2) = mounts
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&"cgroup2"))
+        .and_then(|f| f.get(1).map(|m| m.to_string()))
+    else {
+        println!("SKIP: no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let own = Path::new(&v2).join(format!("cordon-killed-once-{}", std::process::id()));
+    std::fs::create_dir_all(&own).unwrap();
+    if std::fs::write(own.join("cgroup.kill"), "1").is_err() {
+        println!("SKIP: no cgroup.kill (kernel before 5.14)");
+        let _ = std::fs::remove_dir(&own);
+        return;
+    }
+    let in_own = |args: &str| {
+        Command::new("/bin/sh")
+            .args([
+                "-c",
+                &format!(
+                    "echo $$ > {}/cgroup.procs && exec {CORDON} {args}",
+                    own.display()
+                ),
+            ])
+            .env("CORDON_AUDIT", audit_file("killedonce"))
+            .output()
+            .unwrap()
+    };
+    let o = in_own("exec -- /bin/sh -c 'echo alive'");
+    let doctor = in_own("doctor");
+    // Clean up before asserting: the broker's directories under our cgroup.
+    fn rm_tree(d: &Path) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    rm_tree(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(d);
+    }
+    rm_tree(&own);
+    assert_eq!(code(&o), 0, "{}\n{}", text(&o.stdout), text(&o.stderr));
+    assert_eq!(text(&o.stdout), "alive\n");
+    assert!(
+        text(&doctor.stdout).contains("killed at birth"),
+        "{}",
+        text(&doctor.stdout)
+    );
+}

@@ -358,19 +358,22 @@ impl Slot {
         Ok((oom, pids))
     }
 
-    /// The slot's v1 `tasks` files, opened for writing, each with its
-    /// controller's name: the sandbox moves itself into them (see
-    /// `cordon_sys::spawn::ChildPlan::join_cgroups`). v2 is joined at clone
-    /// time with CLONE_INTO_CGROUP.
-    pub fn open_v1_tasks(&self) -> io::Result<Vec<(&'static str, fs::File)>> {
+    /// The files the sandbox moves itself in through, opened for writing,
+    /// each with its controller's name (see
+    /// `cordon_sys::spawn::ChildPlan::join_cgroups`): the v1 `tasks`
+    /// files, and the v2 directory's `cgroup.procs` when the sandbox is not
+    /// born there with CLONE_INTO_CGROUP (`born_in_v2` false).
+    pub fn open_join_files(&self, born_in_v2: bool) -> io::Result<Vec<(&'static str, fs::File)>> {
+        let v2 = if born_in_v2 { &None } else { &self.v2 };
         let mut out = Vec::new();
-        for (name, d) in [
-            ("memory", &self.mem_v1),
-            ("pids", &self.pids_v1),
-            ("cpu", &self.cpu_v1),
+        for (name, d, file) in [
+            ("memory", &self.mem_v1, "tasks"),
+            ("pids", &self.pids_v1, "tasks"),
+            ("cpu", &self.cpu_v1, "tasks"),
+            ("v2", v2, "cgroup.procs"),
         ] {
             if let Some(d) = d {
-                let p = d.join("tasks");
+                let p = d.join(file);
                 let f = fs::OpenOptions::new()
                     .write(true)
                     .open(&p)
@@ -539,6 +542,9 @@ pub struct Pool {
     all: Mutex<Vec<String>>,
     /// Directory of the shared slots' lock files, in shared mode.
     shared: Option<PathBuf>,
+    /// Sandboxes are born in their v2 directory (`CLONE_INTO_CGROUP`);
+    /// false when such births are killed (see [`births_survive`]).
+    born_in_v2: bool,
 }
 
 /// Shared slots per set of cgroup bases at most.
@@ -559,7 +565,14 @@ impl Pool {
     /// `cgroup.kill` is removed instead (see [`Slot::reusable`]); a marker
     /// file written before the kill tells the next claimant to replace it
     /// if this process died first.
-    pub fn new(mut layout: Layout, shared: Option<PathBuf>) -> io::Result<(Pool, Vec<String>)> {
+    ///
+    /// `born_in_v2` false: sandboxes always move themselves into their v2
+    /// directory instead of being born there.
+    pub fn new(
+        mut layout: Layout,
+        shared: Option<PathBuf>,
+        born_in_v2: bool,
+    ) -> io::Result<(Pool, Vec<String>)> {
         let mut notes = Vec::new();
         // With every controller on v1, the v2 directory only adds
         // CLONE_INTO_CGROUP and cgroup.kill: go on without it if it cannot
@@ -577,15 +590,24 @@ impl Pool {
             // The first slot's own v2 directory doubles as the probe (in
             // shared mode a shared slot's, which may exist already).
             let first = b.join(format!("{prefix}-0"));
-            let usable = fs::create_dir_all(&b).is_ok()
-                && if shared.is_some() {
-                    probe_shared_v2(&b)
-                } else {
-                    fs::create_dir(first).is_ok()
-                };
+            let probe = b.join(format!(".probe-{}", std::process::id()));
+            // In shared mode a separate probe (a shared slot's directory
+            // may exist already), removed again.
+            let dir = if shared.is_some() { &probe } else { &first };
+            let usable = fs::create_dir_all(&b).is_ok() && fs::create_dir(dir).is_ok();
+            let births = usable && births_survive(&b, dir);
+            if shared.is_some() || !births {
+                let _ = fs::remove_dir(dir);
+            }
             if !usable {
                 notes.push(format!(
                     "cgroup v2 at {} cannot be written: sandboxes are moved into their v1 cgroups only, and killed pid by pid",
+                    b.display()
+                ));
+                layout.v2_base = None;
+            } else if !births {
+                notes.push(format!(
+                    "a process born into a cgroup under {} is killed at birth (this broker's own cgroup was once killed through cgroup.kill): sandboxes are moved into their v1 cgroups only, and killed pid by pid",
                     b.display()
                 ));
                 layout.v2_base = None;
@@ -598,17 +620,37 @@ impl Pool {
         if let Some(b) = &layout.v2_base {
             enable_v2_controllers(&layout, b, &mut notes);
         }
-        let pool = Pool {
+        let mut pool = Pool {
             layout,
             prefix,
             next: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
             all: Mutex::new(Vec::new()),
             shared,
+            born_in_v2,
         };
         let first = pool.create()?;
+        // Limits in v2: the sandbox must be in its v2 directory. If it
+        // cannot be born there, it moves itself in with a write to
+        // cgroup.procs instead (which can wait an RCU grace period).
+        if v2_controllers
+            && let (Some(b), Some(d)) = (pool.layout.v2_base.clone(), first.v2.clone())
+            && !births_survive(&b, &d)
+        {
+            pool.born_in_v2 = false;
+            notes.push(format!(
+                "a process born into a cgroup under {} is killed at birth (this broker's own cgroup was once killed through cgroup.kill): sandboxes move themselves into their cgroup by a write to cgroup.procs instead, which can wait an RCU grace period",
+                b.display()
+            ));
+        }
         pool.release(first);
         Ok((pool, notes))
+    }
+
+    /// Whether sandboxes are born in their slot's v2 directory
+    /// (`CLONE_INTO_CGROUP`) or move themselves in.
+    pub fn born_in_v2(&self) -> bool {
+        self.born_in_v2
     }
 
     /// The layout in use.
@@ -765,12 +807,26 @@ impl Drop for Pool {
     }
 }
 
-/// Whether a directory can be made in the v2 base (shared mode: the
-/// probe must not leave anything behind, and a shared slot's directory
-/// may already exist).
-fn probe_shared_v2(base: &Path) -> bool {
-    let probe = base.join(format!(".probe-{}", std::process::id()));
-    fs::create_dir(&probe).is_ok() && fs::remove_dir(&probe).is_ok()
+/// Whether a process born into `dir` (under the v2 base `base`) with
+/// `CLONE_INTO_CGROUP` survives: see
+/// `cordon_sys::spawn::born_into_cgroup_survives`. Tested only when the
+/// broker's own v2 cgroup is not the root.
+fn births_survive(base: &Path, dir: &Path) -> bool {
+    // The root cgroup cannot be killed (it has no cgroup.kill): a broker
+    // there needs no test.
+    let killable = base
+        .parent()
+        .is_some_and(|own| own.join("cgroup.kill").exists());
+    if !killable {
+        return true;
+    }
+    match cordon_sys::io::open_dir(dir) {
+        Ok(fd) => {
+            use std::os::fd::AsFd;
+            cordon_sys::spawn::born_into_cgroup_survives(fd.as_fd()).unwrap_or(true)
+        }
+        Err(_) => true,
+    }
 }
 
 /// A stable key for a set of cgroup bases (FNV-1a over their paths), so

@@ -346,6 +346,11 @@ pub struct JailOptions {
     /// and removing them on drop (default false; for short-lived brokers
     /// such as a one-shot `cordon exec`; see `cgroup::Pool::new`).
     pub share_cgroup_slots: bool,
+    /// Start each sandbox in its v2 cgroup (`CLONE_INTO_CGROUP`) where the
+    /// host allows it (default true). False has it move itself in through
+    /// `cgroup.procs`, as on a host where such births are killed (see
+    /// `cgroup::Pool::new`); for tests of that path.
+    pub born_in_cgroup: bool,
 }
 
 impl Default for JailOptions {
@@ -358,6 +363,7 @@ impl Default for JailOptions {
             cgroups: true,
             pool_network_namespaces: true,
             share_cgroup_slots: false,
+            born_in_cgroup: true,
         }
     }
 }
@@ -418,7 +424,7 @@ impl Jail {
             } else {
                 None
             };
-            match cgroup::Pool::new(layout, shared) {
+            match cgroup::Pool::new(layout, shared, opts.born_in_cgroup) {
                 Ok((p, n)) => {
                     notes.extend(n);
                     pool = Some(p);

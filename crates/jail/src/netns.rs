@@ -68,7 +68,7 @@ impl NetPool {
     /// failure shows in [`NetPool::status`] and turns the pool off.
     pub(crate) fn start() -> NetPool {
         let pool = NetPool::default();
-        match cordon_sys::spawn::start_net_namespace() {
+        match cordon_sys::spawn::start_net_namespace(true) {
             Ok(h) => *pool.pending_lock() = Some(h),
             Err(e) => pool.give_up(e),
         }

@@ -70,7 +70,7 @@ fn describe(
         ChildStep::Sync => "wait for the broker".into(),
         ChildStep::CgroupNs => "unshare cgroup namespace".into(),
         ChildStep::CgroupJoin(i) => match cgroups.get(i as usize) {
-            Some(c) => format!("join the {c} cgroup (cgroup v1 tasks)"),
+            Some(c) => format!("join the {c} cgroup"),
             None => format!("join cgroup #{i}"),
         },
         ChildStep::Groups => "setgroups".into(),
@@ -267,17 +267,18 @@ where
     } else {
         NS_FLAGS
     };
-    // v1 cgroups: the child moves itself in through these (see
-    // `ChildPlan::join_cgroups`).
+    // The child moves itself into its v1 cgroups (and into v2 where it
+    // cannot be born there) through these (see `ChildPlan::join_cgroups`).
+    let born_in_v2 = jail.pool.as_ref().is_none_or(|p| p.born_in_v2());
     let v1_tasks = match slot {
         Some(s) => s
-            .open_v1_tasks()
-            .map_err(|e| broker("open the slot's cgroup v1 tasks files", e))?,
+            .open_join_files(born_in_v2)
+            .map_err(|e| broker("open the slot's cgroup files", e))?,
         None => Vec::new(),
     };
     let cgroup_names: Vec<&'static str> = v1_tasks.iter().map(|(n, _)| *n).collect();
 
-    let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()) {
+    let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()).filter(|_| born_in_v2) {
         Some(d) => Some(
             sio::open_dir(d).map_err(|e| broker(&format!("open {}", d.display()), errno_io(e)))?,
         ),

@@ -1132,6 +1132,59 @@ fn shared_cgroup_slots() {
     }
 }
 
+#[test]
+/// Sandboxes that move themselves into their v2 cgroup (the path taken
+/// where births into it are killed): the sandbox is in the slot's v2
+/// directory while it runs, a wall-clock kill ends it, and calls after it
+/// run normally.
+fn sandboxes_can_move_themselves_into_v2() {
+    if euid() != 0 {
+        println!("SKIP sandboxes_can_move_themselves_into_v2: needs root for cgroups");
+        return;
+    }
+    let facts = host::detect();
+    let Some(v2) = facts.cgroup_layout.v2_base.clone() else {
+        println!("SKIP sandboxes_can_move_themselves_into_v2: no cgroup v2 hierarchy");
+        return;
+    };
+    let j = Jail::with_options(JailOptions {
+        born_in_cgroup: false,
+        ..Default::default()
+    })
+    .expect("Jail::with_options");
+    assert!(j.uses_cgroups(), "{:?}", j.notes());
+    let marker = format!("v2mark{}", std::process::id());
+    let script = format!("sleep 0.6; echo moved # {marker}");
+    let busy = std::thread::scope(|s| {
+        let h = s.spawn(|| run_ok(&j, &sh("v2", &script), Stdin::Null));
+        std::thread::sleep(Duration::from_millis(300));
+        // v2 directories holding a process of this sandbox (its sh).
+        let busy: Vec<String> = std::fs::read_dir(&v2)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read_to_string(e.path().join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|pid| {
+                        std::fs::read(format!("/proc/{}/cmdline", pid.trim()))
+                            .map(|c| String::from_utf8_lossy(&c).contains(&marker))
+                            .unwrap_or(false)
+                    })
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(text(&h.join().unwrap().stdout), "moved\n");
+        busy
+    });
+    assert_eq!(busy.len(), 1, "sandbox not in its v2 slot: {busy:?}");
+    let mut spin = sh("spin", "while :; do :; done");
+    spin.limits.wall = Duration::from_millis(300);
+    assert_eq!(j.run(&spin, Stdin::Null).unwrap().status, Status::TimedOut);
+    let o = run_ok(&j, &sh("after", "echo after"), Stdin::Null);
+    assert_eq!(text(&o.stdout), "after\n");
+}
+
 fn stderr_is_capped_and_counted() {
     let j = jail();
     let mut spec = py(

@@ -68,7 +68,8 @@ pub enum ChildStep {
     DoorsSocket(u32),
     /// Network doors: sending the sockets to the parent.
     DoorsSend,
-    /// Moving into cgroup number N (a write to its v1 `tasks` file).
+    /// Moving into cgroup number N (a write of `0` to its `tasks` or
+    /// `cgroup.procs` file).
     CgroupJoin(u32),
     /// A code this version does not know.
     Unknown(u32),
@@ -293,9 +294,10 @@ pub struct ChildPlan {
     pub doors_sock: Option<RawFd>,
     /// `unshare(CLONE_NEWCGROUP)` after the go-ahead.
     pub cgroup_ns: bool,
-    /// cgroup v1 `tasks` files, opened by the parent for writing: the
-    /// child moves itself into each by writing `0`, first thing after
-    /// clone. Moving the calling thread alone does not take the kernel's
+    /// cgroup files, opened by the parent for writing (v1 `tasks`; a v2
+    /// `cgroup.procs` only where the child cannot be born in its v2
+    /// cgroup): the child moves itself into each by writing `0`, first
+    /// thing after clone. Moving the calling thread alone does not take the kernel's
     /// global threadgroup lock (whose first writer after a quiet spell
     /// waits for an RCU grace period, several milliseconds), which a write
     /// of a pid to `cgroup.procs` does. The child is single-threaded, so
@@ -860,15 +862,29 @@ fn open_thread_netns() -> Result<OwnedFd, Errno> {
 /// alive by the returned descriptor. Made on a short-lived thread, so the
 /// caller's own thread never leaves its namespace.
 pub fn new_net_namespace() -> Result<OwnedFd, Errno> {
-    start_net_namespace()?.join().map_err(|_| Errno::EIO)?
+    start_net_namespace(false)?.join().map_err(|_| Errno::EIO)?
 }
 
 /// [`new_net_namespace`] without waiting: the namespace is made on its own
 /// thread (about a millisecond of kernel work) while the caller goes on.
-pub fn start_net_namespace() -> Result<std::thread::JoinHandle<Result<OwnedFd, Errno>>, Errno> {
+/// With `elsewhere`, that thread first moves off the caller's CPU when
+/// another one is allowed: a new thread tends to start on its creator's
+/// CPU and run there first, which would leave nothing overlapped.
+pub fn start_net_namespace(
+    elsewhere: bool,
+) -> Result<std::thread::JoinHandle<Result<OwnedFd, Errno>>, Errno> {
+    let caller_cpu = if elsewhere {
+        // SAFETY: sched_getcpu takes no arguments.
+        unsafe { libc::sched_getcpu() }
+    } else {
+        -1
+    };
     std::thread::Builder::new()
         .name("cordon-netns".into())
-        .spawn(|| {
+        .spawn(move || {
+            if caller_cpu >= 0 {
+                avoid_cpu(caller_cpu as usize);
+            }
             // SAFETY: unshare of the network namespace affects only this
             // thread, which exits right after.
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -877,6 +893,76 @@ pub fn start_net_namespace() -> Result<std::thread::JoinHandle<Result<OwnedFd, E
             open_thread_netns()
         })
         .map_err(|_| Errno::EAGAIN)
+}
+
+/// Restrict the calling thread to its allowed CPUs other than `cpu`, if
+/// any remain (a hint only: failures are ignored).
+fn avoid_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid cpu_set_t of `size` bytes for the kernel to
+    // fill; 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return;
+    }
+    // SAFETY: CPU_ISSET/CPU_CLR/CPU_COUNT only read or write `set`, with
+    // `cpu` checked against the set's capacity first.
+    unsafe {
+        if cpu >= 8 * size || !libc::CPU_ISSET(cpu, &set) {
+            return;
+        }
+        libc::CPU_CLR(cpu, &mut set);
+        if libc::CPU_COUNT(&set) == 0 {
+            return;
+        }
+        libc::sched_setaffinity(0, size, &set);
+    }
+}
+
+/// Whether a child born with `CLONE_INTO_CGROUP` into the cgroup behind
+/// `cgroup_fd` survives its birth. On the kernels measured (6.18) the fork
+/// path kills such a child at once when the `cgroup.kill` count of the
+/// caller's cgroup differs from the target's: a broker living in a cgroup
+/// that was once killed through `cgroup.kill` would see every sandbox
+/// killed at birth. The child of this test only exits.
+pub fn born_into_cgroup_survives(cgroup_fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    // SAFETY: clone_args is plain data; all-zero is a valid start.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = libc::SIGCHLD as u64;
+    args.cgroup = cgroup_fd.as_raw_fd() as u64;
+    // SAFETY: a fork-like clone3 (no shared memory, no new stack): the
+    // child returns here with a copy of this stack and only calls
+    // exit_group, which is async-signal-safe.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: the child ends here without running anything else.
+        unsafe {
+            libc::syscall(libc::SYS_exit_group, 0);
+        }
+    }
+    if pid < 0 {
+        return Err(Errno::last());
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waits for the child just created; `status` is ours.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        if r >= 0 {
+            break;
+        }
+        if Errno::last() != Errno::EINTR {
+            return Err(Errno::last());
+        }
+    }
+    Ok(!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL))
 }
 
 fn zeroed_sigset() -> libc::sigset_t {
