@@ -7,7 +7,10 @@
 //! event counters (v1 `oom_kill` cannot be reset, so deltas are used), moves
 //! the child in, and afterwards waits until the slot is empty before
 //! putting it back. A slot left by a broker that died is removed by the next
-//! `Jail::new()` (after killing anything still in it).
+//! `Jail::new()` (after killing anything still in it). One-shot brokers use
+//! `<own>/cordon/shared-<n>` slots instead, kept between processes (see
+//! [`Pool::new`]). The sandbox moves itself into v1 directories (see
+//! `Slot::open_join_files`) and is born in the v2 one.
 
 use std::fs;
 use std::io;
