@@ -83,7 +83,7 @@ pub use host::HostFacts;
 pub struct JailSpec {
     /// Name for messages, e.g. "pdf_to_text".
     pub tool: String,
-    /// argv[0]: an absolute path inside the sandbox, or a name looked up
+    /// `argv[0]`: an absolute path inside the sandbox, or a name looked up
     /// in the `PATH` of `env` (default `/usr/local/bin:/usr/bin:/bin`).
     pub argv: Vec<String>,
     /// The complete environment.
