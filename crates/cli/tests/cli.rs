@@ -470,7 +470,7 @@ fn calls_are_audited_and_queryable() {
         b"x\n",
         &[("CORDON_AUDIT", a)],
     );
-    assert_eq!(code(&o), 0);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let o = cordon(
         As::Caller,
         &["exec", "--wall", "1", "--", "/bin/sleep", "5"],

@@ -67,47 +67,28 @@ fn case<'a>(name: &str, note: &str, f: impl FnMut() + 'a) -> Case<'a> {
 }
 
 /// Interleaved: each round takes one sample of every row, so load that
-/// comes and goes (the machine is shared) hits all rows alike.
-fn measure(mut cases: Vec<Case<'_>>, runs: usize) -> Vec<Row> {
+/// comes and goes (the machine is shared) hits all rows alike. With a
+/// non-zero `idle`, a sleep before every sample (sparse calls) and one
+/// warm-up call per row instead of five.
+fn measure(mut cases: Vec<Case<'_>>, runs: usize, idle: Duration) -> Vec<Row> {
+    let warm = if idle.is_zero() { 5 } else { 1 };
     for c in cases.iter_mut() {
-        for _ in 0..5 {
+        for _ in 0..warm {
             (c.f)();
         }
     }
     let mut samples: Vec<Vec<Duration>> = cases.iter().map(|_| Vec::with_capacity(runs)).collect();
     for round in 0..runs {
         for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
+            if !idle.is_zero() {
+                std::thread::sleep(idle);
+            }
             let t = Instant::now();
             (c.f)();
             s.push(t.elapsed());
         }
-        if round % 50 == 49 {
+        if idle.is_zero() && round % 50 == 49 {
             eprintln!("  round {}", round + 1);
-        }
-    }
-    cases
-        .into_iter()
-        .zip(samples)
-        .map(|(c, samples)| Row {
-            name: c.name,
-            samples,
-            note: c.note,
-        })
-        .collect()
-}
-
-/// Like [`measure`], with `idle` of sleep before every sample.
-fn measure_sparse(mut cases: Vec<Case<'_>>, runs: usize, idle: Duration) -> Vec<Row> {
-    for c in cases.iter_mut() {
-        (c.f)();
-    }
-    let mut samples: Vec<Vec<Duration>> = cases.iter().map(|_| Vec::with_capacity(runs)).collect();
-    for _ in 0..runs {
-        for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
-            std::thread::sleep(idle);
-            let t = Instant::now();
-            (c.f)();
-            s.push(t.elapsed());
         }
     }
     cases
@@ -438,7 +419,7 @@ fn main() {
         ));
     }
 
-    let rows = measure(cases, runs);
+    let rows = measure(cases, runs, Duration::ZERO);
 
     // Sparse calls: an idle pause before each sample, as between an agent's
     // calls. The interleaved rounds above keep the kernel's cgroup-migration
@@ -476,7 +457,7 @@ fn main() {
                 },
             ));
         }
-        measure_sparse(cases, sparse_runs, sparse_idle)
+        measure(cases, sparse_runs, sparse_idle)
     };
 
     // Throughput.

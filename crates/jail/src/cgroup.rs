@@ -189,15 +189,29 @@ impl Slot {
             .map(|(_, fd)| fd.as_fd())
     }
 
-    /// Write a file of one of the slot's directories (relative to its
-    /// descriptor when it has one).
+    /// The `O_PATH` descriptor of the v2 directory, if any.
+    pub fn v2_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.v2.as_deref().and_then(|d| self.dir_fd(d))
+    }
+
+    /// Open a file of one of the slot's directories for writing (relative
+    /// to its descriptor when it has one).
+    fn open_write(&self, dir: &Path, name: &str) -> io::Result<fs::File> {
+        let p = || dir.join(name);
+        match self.dir_fd(dir) {
+            Some(fd) => cordon_sys::io::open_at(fd, name, true)
+                .map(fs::File::from)
+                .map_err(|e| ctx("open", &p(), io::Error::from(e))),
+            None => fs::OpenOptions::new()
+                .write(true)
+                .open(p())
+                .map_err(|e| ctx("open", &p(), e)),
+        }
+    }
+
+    /// Write a file of one of the slot's directories.
     fn write(&self, dir: &Path, name: &str, value: &str) -> io::Result<()> {
-        let Some(fd) = self.dir_fd(dir) else {
-            return write_file(dir, name, value);
-        };
-        let f = cordon_sys::io::open_at(fd, name, true)
-            .map_err(|e| ctx("open", &dir.join(name), io::Error::from(e)))?;
-        let mut f = fs::File::from(f);
+        let mut f = self.open_write(dir, name)?;
         io::Write::write_all(&mut f, value.as_bytes()).map_err(|e| ctx("write", &dir.join(name), e))
     }
 
@@ -376,12 +390,7 @@ impl Slot {
             ("v2", v2, "cgroup.procs"),
         ] {
             if let Some(d) = d {
-                let p = d.join(file);
-                let f = fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .map_err(|e| ctx("open", &p, e))?;
-                out.push((name, f));
+                out.push((name, self.open_write(d, file)?));
             }
         }
         Ok(out)
@@ -590,12 +599,11 @@ impl Pool {
             JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
         );
         if !v2_controllers && let Some(b) = layout.v2_base.clone() {
-            // The first slot's own v2 directory doubles as the probe (in
-            // shared mode a shared slot's, which may exist already).
+            // The probe: the first slot's own v2 directory, or in shared
+            // mode (where a shared slot's directory may exist already) a
+            // separate one, removed again.
             let first = b.join(format!("{prefix}-0"));
             let probe = b.join(format!(".probe-{}", std::process::id()));
-            // In shared mode a separate probe (a shared slot's directory
-            // may exist already), removed again.
             let dir = if shared.is_some() { &probe } else { &first };
             let usable = fs::create_dir_all(&b).is_ok() && fs::create_dir(dir).is_ok();
             let births = usable && births_survive(&b, dir);
@@ -691,23 +699,21 @@ impl Pool {
             let mut slot = self.create_named(&name)?;
             // Left killed by a process that died before removing it, or
             // not empty (nothing should be left in an idle slot): replace.
-            if killed_marker.exists() || !slot.is_empty() {
-                slot.shared = Some(SharedClaim {
-                    _lock: lock,
-                    killed_marker: killed_marker.clone(),
-                });
+            let replace = killed_marker.exists() || !slot.is_empty();
+            slot.shared = Some(SharedClaim {
+                _lock: lock,
+                killed_marker,
+            });
+            if replace {
                 slot.kill();
                 let _ = slot.wait_empty(Duration::from_secs(1));
                 slot.remove()?;
-                let _ = fs::remove_file(&killed_marker);
                 let claim = slot.shared.take();
+                if let Some(c) = &claim {
+                    let _ = fs::remove_file(&c.killed_marker);
+                }
                 slot = self.create_named(&name)?;
                 slot.shared = claim;
-            } else {
-                slot.shared = Some(SharedClaim {
-                    _lock: lock,
-                    killed_marker,
-                });
             }
             return Ok(slot);
         }
@@ -790,20 +796,13 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         if let Ok(mut free) = self.free.lock() {
-            // Pooled slots were empty when released and nothing joins an
-            // idle slot; kill only if one will not go. Shared slots stay
-            // for the next process (the lock goes with the slot).
+            // Pooled slots were empty and reusable when released, and
+            // nothing joins an idle slot: shared ones stay for the next
+            // process (the lock goes with the slot), our own are removed,
+            // killed first only if one will not go.
             for s in free.drain(..) {
-                if s.shared.is_some() && s.reusable() {
-                    continue;
-                }
-                if s.shared.is_some() {
+                if s.shared.is_none() && s.remove_now().is_err() {
                     self.discard(s);
-                    continue;
-                }
-                if s.remove_now().is_err() {
-                    s.kill();
-                    let _ = s.remove();
                 }
             }
         }

@@ -21,8 +21,7 @@
 //! also enter, so it keeps creating one per call.
 
 use std::os::fd::OwnedFd;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use cordon_sys::Errno;
@@ -32,33 +31,60 @@ const MAX_IDLE: usize = 64;
 
 #[derive(Debug, Default)]
 pub(crate) struct NetPool {
-    idle: Mutex<Vec<OwnedFd>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    idle: Vec<OwnedFd>,
     /// The first namespace, still being made on its own thread (started
     /// with the jail, so a one-shot run overlaps it with its other setup).
-    pending: Mutex<Option<JoinHandle<Result<OwnedFd, Errno>>>>,
-    /// Set when this broker cannot make namespaces itself (root without
-    /// CAP_SYS_ADMIN, e.g. in a restricted container): sandboxes then get
-    /// a new namespace each, made inside their own user namespace.
-    unusable: AtomicBool,
-    /// Why, for `cordon doctor`.
-    why_unusable: Mutex<Option<String>>,
+    pending: Option<JoinHandle<Result<OwnedFd, Errno>>>,
+    /// Why this broker cannot make namespaces itself (root without
+    /// CAP_SYS_ADMIN, e.g. in a restricted container), for `cordon
+    /// doctor`; sandboxes then get a new namespace each, made inside their
+    /// own user namespace.
+    unusable: Option<String>,
+}
+
+impl State {
+    /// Wait for the first namespace, if it is still being made.
+    fn settle(&mut self) {
+        let Some(h) = self.pending.take() else {
+            return;
+        };
+        match h.join() {
+            Ok(Ok(fd)) => self.idle.push(fd),
+            Ok(Err(e)) => self.give_up(e),
+            Err(_) => self.give_up(Errno::EIO),
+        }
+    }
+
+    fn give_up(&mut self, e: Errno) {
+        self.unusable.get_or_insert_with(|| {
+            format!("cannot create network namespaces ({e}): each sandbox makes its own")
+        });
+    }
 }
 
 impl NetPool {
     /// An idle namespace, or a new one; `None` when this broker cannot
     /// make them (the caller then has the sandbox make its own).
     pub(crate) fn acquire(&self) -> Option<OwnedFd> {
-        self.settle();
-        if self.unusable.load(Ordering::Relaxed) {
-            return None;
-        }
-        if let Some(fd) = self.lock().pop() {
-            return Some(fd);
+        {
+            let mut st = self.lock();
+            st.settle();
+            if st.unusable.is_some() {
+                return None;
+            }
+            if let Some(fd) = st.idle.pop() {
+                return Some(fd);
+            }
         }
         match cordon_sys::spawn::new_net_namespace() {
             Ok(fd) => Some(fd),
             Err(e) => {
-                self.give_up(e);
+                self.lock().give_up(e);
                 None
             }
         }
@@ -67,65 +93,37 @@ impl NetPool {
     /// A pool whose first namespace is being made on its own thread; a
     /// failure shows in [`NetPool::status`] and turns the pool off.
     pub(crate) fn start() -> NetPool {
-        let pool = NetPool::default();
+        let mut st = State::default();
         match cordon_sys::spawn::start_net_namespace(true) {
-            Ok(h) => *pool.pending_lock() = Some(h),
-            Err(e) => pool.give_up(e),
+            Ok(h) => st.pending = Some(h),
+            Err(e) => st.give_up(e),
         }
-        pool
+        NetPool {
+            state: Mutex::new(st),
+        }
     }
 
     /// Whether this broker can make namespaces, or why not (waits for the
     /// first one).
     pub(crate) fn status(&self) -> Result<(), String> {
-        self.settle();
-        match self.why_unusable.lock() {
-            Ok(w) => w.clone().map_or(Ok(()), Err),
-            Err(p) => p.into_inner().clone().map_or(Ok(()), Err),
-        }
-    }
-
-    /// Wait for the first namespace, if it is still being made.
-    fn settle(&self) {
-        let Some(h) = self.pending_lock().take() else {
-            return;
-        };
-        match h.join() {
-            Ok(Ok(fd)) => self.release(fd),
-            Ok(Err(e)) => self.give_up(e),
-            Err(_) => self.give_up(Errno::EIO),
-        }
-    }
-
-    fn give_up(&self, e: Errno) {
-        self.unusable.store(true, Ordering::Relaxed);
-        let mut w = self.why_unusable.lock().unwrap_or_else(|p| p.into_inner());
-        if w.is_none() {
-            *w = Some(format!(
-                "cannot create network namespaces ({e}): each sandbox makes its own"
-            ));
-        }
-    }
-
-    fn pending_lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<JoinHandle<Result<OwnedFd, Errno>>>> {
-        // Poisoning only means a panic while taking or storing the handle.
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        let mut st = self.lock();
+        st.settle();
+        st.unusable.clone().map_or(Ok(()), Err)
     }
 
     /// Give a namespace back once nothing of its sandbox is left.
     pub(crate) fn release(&self, fd: OwnedFd) {
-        let mut idle = self.lock();
-        if idle.len() < MAX_IDLE {
-            idle.push(fd);
+        let mut st = self.lock();
+        if st.idle.len() < MAX_IDLE {
+            st.idle.push(fd);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnedFd>> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock only means another call panicked while pushing or
-        // popping a descriptor; the vector itself is still valid.
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        // popping a descriptor or taking the pending handle; the state
+        // itself is still valid.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

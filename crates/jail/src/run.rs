@@ -270,26 +270,31 @@ where
     // The child moves itself into its v1 cgroups (and into v2 where it
     // cannot be born there) through these (see `ChildPlan::join_cgroups`).
     let born_in_v2 = jail.pool.as_ref().is_none_or(|p| p.born_in_v2());
-    let v1_tasks = match slot {
+    let join_files = match slot {
         Some(s) => s
             .open_join_files(born_in_v2)
             .map_err(|e| broker("open the slot's cgroup files", e))?,
         None => Vec::new(),
     };
-    let cgroup_names: Vec<&'static str> = v1_tasks.iter().map(|(n, _)| *n).collect();
+    let cgroup_names: Vec<&'static str> = join_files.iter().map(|(n, _)| *n).collect();
 
-    let cgroup_fd = match slot.and_then(|s| s.v2.as_ref()).filter(|_| born_in_v2) {
-        Some(d) => Some(
-            sio::open_dir(d).map_err(|e| broker(&format!("open {}", d.display()), errno_io(e)))?,
-        ),
-        None => None,
+    // The slot's own O_PATH descriptor of its v2 directory (clone3 takes
+    // one for CLONE_INTO_CGROUP).
+    let cgroup_fd = match slot.and_then(|s| s.v2.as_ref().map(|d| (s, d))) {
+        Some((s, d)) if born_in_v2 => Some(s.v2_fd().map(|f| f.as_raw_fd()).ok_or_else(|| {
+            broker(
+                &format!("open {}", d.display()),
+                io::Error::from(io::ErrorKind::NotFound),
+            )
+        })?),
+        _ => None,
     };
 
     let child_plan = ChildPlan {
         namespaces,
         join_net,
-        join_cgroups: v1_tasks.iter().map(|(_, f)| f.as_raw_fd()).collect(),
-        cgroup_fd: cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
+        join_cgroups: join_files.iter().map(|(_, f)| f.as_raw_fd()).collect(),
+        cgroup_fd,
         stdin: in_child.as_raw_fd(),
         stdout: out_w.as_raw_fd(),
         stderr: err_w.as_raw_fd(),
@@ -343,8 +348,7 @@ where
     drop(sync_r);
     drop(fail_w);
     drop(in_child);
-    drop(cgroup_fd);
-    drop(v1_tasks);
+    drop(join_files);
     let doors_sock = doors_pair.map(|(parent, _child)| parent);
 
     // uid/gid maps. An unprivileged broker must deny setgroups first.

@@ -1018,13 +1018,19 @@ jail_test!(output_cap);
 fn calls_after_a_kill_run_normally() {
     let j = jail();
     for i in 0..3 {
-        let mut spin = sh("spin", "while :; do :; done");
-        spin.limits.wall = Duration::from_millis(300);
-        let o = j.run(&spin, Stdin::Null).unwrap();
-        assert_eq!(o.status, Status::TimedOut, "{}", o.reason);
-        let o = run_ok(&j, &sh("after", &format!("echo after-{i}")), Stdin::Null);
-        assert_eq!(text(&o.stdout), format!("after-{i}\n"));
+        kill_then_call(&j, &format!("after-{i}"));
     }
+}
+
+/// A call killed at its wall limit (through the whole cgroup), then a call
+/// that must run normally and print `tag`.
+fn kill_then_call(j: &Jail, tag: &str) {
+    let mut spin = sh("spin", "while :; do :; done");
+    spin.limits.wall = Duration::from_millis(300);
+    let o = j.run(&spin, Stdin::Null).unwrap();
+    assert_eq!(o.status, Status::TimedOut, "{}", o.reason);
+    let o = run_ok(j, &sh("after", &format!("echo {tag}")), Stdin::Null);
+    assert_eq!(text(&o.stdout), format!("{tag}\n"));
 }
 jail_test!(calls_after_a_kill_run_normally);
 
@@ -1036,21 +1042,24 @@ fn shared_jail() -> Jail {
     .expect("Jail::with_options")
 }
 
-/// `shared-<n>` slots under the memory base that hold a process now.
-fn busy_shared_slots(base: &std::path::Path) -> Vec<String> {
-    let mut busy = Vec::new();
-    for e in std::fs::read_dir(base).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("shared-")
-            && !std::fs::read_to_string(e.path().join("cgroup.procs"))
+/// Directories under `base` that hold a process whose command line
+/// contains `marker` now.
+fn dirs_holding(base: &std::path::Path, marker: &str) -> Vec<String> {
+    std::fs::read_dir(base)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("cgroup.procs"))
                 .unwrap_or_default()
-                .trim()
-                .is_empty()
-        {
-            busy.push(name);
-        }
-    }
-    busy
+                .lines()
+                .any(|pid| {
+                    std::fs::read(format!("/proc/{}/cmdline", pid.trim()))
+                        .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                        .unwrap_or(false)
+                })
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
 }
 
 #[test]
@@ -1072,29 +1081,27 @@ fn shared_cgroup_slots() {
     // Positive control and exclusivity: two jails, two calls at once.
     let (a, b) = (shared_jail(), shared_jail());
     assert!(a.uses_cgroups() && b.uses_cgroups(), "{:?}", a.notes());
+    let marker = format!("sharedmark{}", std::process::id());
+    let script = |t: &str| format!("sleep 0.6; echo {t} # {marker}");
+    let (sa, sb) = (script("a"), script("b"));
     let seen = std::thread::scope(|s| {
-        let ha = s.spawn(|| run_ok(&a, &sh("a", "sleep 0.6; echo a"), Stdin::Null));
-        let hb = s.spawn(|| run_ok(&b, &sh("b", "sleep 0.6; echo b"), Stdin::Null));
+        let ha = s.spawn(|| run_ok(&a, &sh("a", &sa), Stdin::Null));
+        let hb = s.spawn(|| run_ok(&b, &sh("b", &sb), Stdin::Null));
         std::thread::sleep(Duration::from_millis(300));
-        let seen = busy_shared_slots(&mem.base);
+        let seen = dirs_holding(&mem.base, &marker);
         assert_eq!(text(&ha.join().unwrap().stdout), "a\n");
         assert_eq!(text(&hb.join().unwrap().stdout), "b\n");
         seen
     });
-    assert!(seen.len() >= 2, "two sandboxes, one slot: {seen:?}");
+    assert_eq!(seen.len(), 2, "two sandboxes, one slot: {seen:?}");
+    assert!(seen.iter().all(|n| n.starts_with("shared-")), "{seen:?}");
     drop((a, b));
     for n in &seen {
         assert!(mem.base.join(n).exists(), "{n} removed with its jail");
     }
 
     // A killed slot is replaced within one jail.
-    let j = shared_jail();
-    let mut spin = sh("spin", "while :; do :; done");
-    spin.limits.wall = Duration::from_millis(300);
-    assert_eq!(j.run(&spin, Stdin::Null).unwrap().status, Status::TimedOut);
-    let o = run_ok(&j, &sh("after", "echo after"), Stdin::Null);
-    assert_eq!(text(&o.stdout), "after\n");
-    drop(j);
+    kill_then_call(&shared_jail(), "after");
 
     // Across processes: every idle shared slot is killed through
     // cgroup.kill and marked, as a broker that died right after the kill
@@ -1158,31 +1165,12 @@ fn sandboxes_can_move_themselves_into_v2() {
     let busy = std::thread::scope(|s| {
         let h = s.spawn(|| run_ok(&j, &sh("v2", &script), Stdin::Null));
         std::thread::sleep(Duration::from_millis(300));
-        // v2 directories holding a process of this sandbox (its sh).
-        let busy: Vec<String> = std::fs::read_dir(&v2)
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                std::fs::read_to_string(e.path().join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|pid| {
-                        std::fs::read(format!("/proc/{}/cmdline", pid.trim()))
-                            .map(|c| String::from_utf8_lossy(&c).contains(&marker))
-                            .unwrap_or(false)
-                    })
-            })
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+        let busy = dirs_holding(&v2, &marker);
         assert_eq!(text(&h.join().unwrap().stdout), "moved\n");
         busy
     });
     assert_eq!(busy.len(), 1, "sandbox not in its v2 slot: {busy:?}");
-    let mut spin = sh("spin", "while :; do :; done");
-    spin.limits.wall = Duration::from_millis(300);
-    assert_eq!(j.run(&spin, Stdin::Null).unwrap().status, Status::TimedOut);
-    let o = run_ok(&j, &sh("after", "echo after"), Stdin::Null);
-    assert_eq!(text(&o.stdout), "after\n");
+    kill_then_call(&j, "after");
 }
 
 fn stderr_is_capped_and_counted() {

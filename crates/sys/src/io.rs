@@ -221,29 +221,23 @@ pub fn kernel_release() -> String {
 /// Open a directory as an `O_PATH`-less read-only directory descriptor
 /// (what `CLONE_INTO_CGROUP` wants).
 pub fn open_dir(path: &std::path::Path) -> Result<OwnedFd, Errno> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
-    // SAFETY: valid C string; the result is a new descriptor.
-    owned(unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    } as libc::c_long)
+    open_directory(path, libc::O_RDONLY)
 }
 
 /// An `O_PATH` descriptor of a directory, for [`open_at`]: opening files
 /// relative to it skips walking the directory's path again.
 pub fn open_path_dir(path: &std::path::Path) -> Result<OwnedFd, Errno> {
+    open_directory(path, libc::O_PATH)
+}
+
+fn open_directory(path: &std::path::Path, mode: libc::c_int) -> Result<OwnedFd, Errno> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
     // SAFETY: valid C string; the result is a new descriptor.
-    owned(unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    } as libc::c_long)
+    owned(
+        unsafe { libc::open(c.as_ptr(), mode | libc::O_DIRECTORY | libc::O_CLOEXEC) }
+            as libc::c_long,
+    )
 }
 
 /// Open `name` (a single path component) in `dir` for reading or writing.

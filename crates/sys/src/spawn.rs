@@ -297,12 +297,12 @@ pub struct ChildPlan {
     /// cgroup files, opened by the parent for writing (v1 `tasks`; a v2
     /// `cgroup.procs` only where the child cannot be born in its v2
     /// cgroup): the child moves itself into each by writing `0`, first
-    /// thing after clone. Moving the calling thread alone does not take the kernel's
-    /// global threadgroup lock (whose first writer after a quiet spell
-    /// waits for an RCU grace period, several milliseconds), which a write
-    /// of a pid to `cgroup.procs` does. The child is single-threaded, so
-    /// the thread is the whole process. The kernel checks the opener's
-    /// credentials, so the child's own do not matter.
+    /// thing after clone. Moving the calling thread alone does not take
+    /// the kernel's global threadgroup lock (whose first writer after a
+    /// quiet spell waits for an RCU grace period, several milliseconds),
+    /// which a write of a pid to `cgroup.procs` does. The child is
+    /// single-threaded, so the thread is the whole process. The kernel
+    /// checks the opener's credentials, so the child's own do not matter.
     pub join_cgroups: Vec<RawFd>,
     /// Join this network namespace instead of creating one: the calling
     /// thread enters it for the `clone3` (so the child is born in it) and
@@ -784,15 +784,8 @@ pub fn spawn(plan: ChildPlan) -> Result<Child, Errno> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         args.flags = flags;
-        // SAFETY: clone3 with stack 0 behaves like fork: the child continues
-        // on a copy-on-write copy of this stack and only runs child_main.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &mut args as *mut libc::clone_args,
-                std::mem::size_of::<libc::clone_args>(),
-            )
-        };
+        // SAFETY: the child only runs child_main (see `clone3_fork`).
+        let r = unsafe { clone3_fork(&mut args) };
         if r == 0 {
             // SAFETY: we are the freshly cloned child.
             unsafe { child_main(&*shared_ptr) }
@@ -920,6 +913,24 @@ fn avoid_cpu(cpu: usize) {
     }
 }
 
+/// `clone3` without `CLONE_VM` or a new stack: like fork, the child returns
+/// here (0) on a copy-on-write copy of the caller's stack.
+///
+/// # Safety
+/// `args` must not ask for shared memory or a stack. In the child, only
+/// async-signal-safe work may follow (the broker is multi-threaded).
+unsafe fn clone3_fork(args: &mut libc::clone_args) -> libc::c_long {
+    // SAFETY: see the function contract; `args` is a valid clone_args of
+    // the size passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    }
+}
+
 /// Whether a child born with `CLONE_INTO_CGROUP` into the cgroup behind
 /// `cgroup_fd` survives its birth. On the kernels measured (6.18) the fork
 /// path kills such a child at once when the `cgroup.kill` count of the
@@ -932,16 +943,8 @@ pub fn born_into_cgroup_survives(cgroup_fd: BorrowedFd<'_>) -> Result<bool, Errn
     args.flags = CLONE_INTO_CGROUP;
     args.exit_signal = libc::SIGCHLD as u64;
     args.cgroup = cgroup_fd.as_raw_fd() as u64;
-    // SAFETY: a fork-like clone3 (no shared memory, no new stack): the
-    // child returns here with a copy of this stack and only calls
-    // exit_group, which is async-signal-safe.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
-    };
+    // SAFETY: the child only calls exit_group (see `clone3_fork`).
+    let pid = unsafe { clone3_fork(&mut args) };
     if pid == 0 {
         // SAFETY: the child ends here without running anything else.
         unsafe {
@@ -1230,8 +1233,8 @@ unsafe fn child_main(s: &Shared) -> ! {
             sc!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
         }
 
-        // 1b. Join the v1 cgroups (this thread only: see
-        //     `ChildPlan::join_cgroups`), before anything is allocated.
+        // 1b. Join the cgroups (see `ChildPlan::join_cgroups`) before
+        //     anything is allocated.
         for (i, &fd) in plan.join_cgroups.iter().enumerate() {
             let r = sc!(libc::SYS_write, fd, b"0".as_ptr(), 1usize);
             check!(plan.err_write, ChildStep::CgroupJoin(i as u32), r);
