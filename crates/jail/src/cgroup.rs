@@ -8,7 +8,7 @@
 //! the child in, and afterwards waits until the slot is empty before
 //! putting it back. A slot left by a broker that died is removed by the next
 //! `Jail::new()` (after killing anything still in it). One-shot brokers use
-//! `<own>/cordon/shared-<n>` slots instead, kept between processes (see
+//! `<own>/cordon/shared-<key>-<n>` slots instead, kept between processes (see
 //! [`Pool::new`]). The sandbox moves itself into v1 directories (see
 //! `Slot::open_join_files`) and is born in the v2 one.
 
@@ -567,9 +567,9 @@ impl Pool {
     /// and check that a slot can be made (one is created and pooled).
     ///
     /// With `shared` (a directory only the broker's uid can write), slots
-    /// are not this process's own `<pid>-<jail>-<n>` but `shared-<n>`,
-    /// kept between processes: a process claims one with an exclusive
-    /// `flock` on `<shared>/<bases hash>-<n>.lock`, uses it like its own
+    /// are not this process's own `<pid>-<jail>-<n>` but
+    /// `shared-<bases hash>-<n>`, kept between processes: a process claims
+    /// one with an exclusive `flock` on `<shared>/<bases hash>-<n>.lock`, uses it like its own
     /// (all limits written afresh, counters read at the start of each
     /// call, empty before it is let go) and leaves it in place when it
     /// exits. Short-lived brokers (a one-shot `cordon exec`) then make and
@@ -695,7 +695,9 @@ impl Pool {
                 Err(fs::TryLockError::Error(e)) => return Err(ctx("flock", &lock_path, e)),
             }
             let killed_marker = dir.join(format!("{key:016x}-{n}.killed"));
-            let name = format!("shared-{n}");
+            // Named after the same key as the lock: brokers whose bases
+            // differ in one hierarchy never share a directory in another.
+            let name = format!("shared-{key:016x}-{n}");
             let mut slot = self.create_named(&name)?;
             // Left killed by a process that died before removing it, or
             // not empty (nothing should be left in an idle slot): replace.

@@ -1117,14 +1117,11 @@ fn shared_cgroup_slots() {
         let Some(stem) = name.strip_suffix(".lock") else {
             continue;
         };
-        let Some((_, n)) = stem.rsplit_once('-') else {
-            continue;
-        };
         let f = std::fs::File::open(e.path()).unwrap();
         if f.try_lock().is_err() {
             continue; // held by a live broker
         }
-        let d = v2.join(format!("shared-{n}"));
+        let d = v2.join(format!("shared-{stem}"));
         if d.exists() {
             std::fs::write(d.join("cgroup.kill"), "1").unwrap();
             std::fs::write(locks.join(format!("{stem}.killed")), "").unwrap();
@@ -1137,6 +1134,37 @@ fn shared_cgroup_slots() {
         let o = run_ok(&j, &sh("next", &format!("echo next-{i}")), Stdin::Null);
         assert_eq!(text(&o.stdout), format!("next-{i}\n"));
     }
+}
+
+#[test]
+/// Two brokers whose sets of cgroup bases differ (here: one without the v2
+/// hierarchy, as after a failed v2 probe) but share a v1 base must never
+/// claim the same shared directory there: one would count the other's
+/// sandbox as left over and kill it.
+fn shared_slots_of_different_layouts_never_overlap() {
+    if euid() != 0 {
+        println!("SKIP shared_slots_of_different_layouts_never_overlap: needs root for cgroups");
+        return;
+    }
+    let facts = host::detect();
+    if facts.cgroup_layout.memory.is_none() || facts.cgroup_layout.v2_base.is_none() {
+        println!("SKIP shared_slots_of_different_layouts_never_overlap: needs v1 memory and v2");
+        return;
+    }
+    // The lock directory every shared jail here uses (made by one), so
+    // these pools and other tests' jails take turns like brokers would.
+    drop(shared_jail());
+    let locks = std::path::PathBuf::from("/run/cordon/slots");
+    let with_v2 = facts.cgroup_layout.clone();
+    let mut without_v2 = with_v2.clone();
+    without_v2.v2_base = None;
+    let (a, _) = cgroup::Pool::new(with_v2, Some(locks.clone()), true).unwrap();
+    let (b, _) = cgroup::Pool::new(without_v2, Some(locks), true).unwrap();
+    let (sa, sb) = (a.acquire().unwrap(), b.acquire().unwrap());
+    assert!(sa.mem_v1.is_some() && sb.mem_v1.is_some());
+    assert_ne!(sa.mem_v1, sb.mem_v1, "two brokers in one memory cgroup");
+    a.release(sa);
+    b.release(sb);
 }
 
 #[test]
