@@ -222,10 +222,7 @@ impl Slot {
         };
         let f = cordon_sys::io::open_at(fd, name, false)
             .map_err(|e| ctx("open", &dir.join(name), io::Error::from(e)))?;
-        let mut out = String::new();
-        io::Read::read_to_string(&mut fs::File::from(f), &mut out)
-            .map_err(|e| ctx("read", &dir.join(name), e))?;
-        Ok(out)
+        cordon_sys::io::read_small(f).map_err(|e| ctx("read", &dir.join(name), e))
     }
 
     /// Whether the slot may serve another sandbox. Not after `cgroup.kill`:

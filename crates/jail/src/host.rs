@@ -69,7 +69,7 @@ pub struct HostFacts {
 pub fn detect() -> HostFacts {
     let mut notes = Vec::new();
     let euid = cordon_sys::io::geteuid();
-    let user_namespaces = fs::read_to_string("/proc/sys/user/max_user_namespaces")
+    let user_namespaces = read_proc("/proc/sys/user/max_user_namespaces")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .map(|n| n > 0)
@@ -77,10 +77,8 @@ pub fn detect() -> HostFacts {
     if !user_namespaces {
         notes.push("user namespaces are disabled (user.max_user_namespaces = 0)".into());
     }
-    let seccomp = fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Seccomp:")))
-        .unwrap_or(false);
-    let cap_last_cap = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+    let seccomp = cordon_sys::io::seccomp_available();
+    let cap_last_cap = read_proc("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
@@ -131,15 +129,20 @@ pub fn detect() -> HostFacts {
 
 /// Parse /proc/self/mountinfo and /proc/self/cgroup.
 fn cgroup_hierarchies(notes: &mut Vec<String>) -> Vec<Hierarchy> {
-    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(mountinfo) = read_proc("/proc/self/mountinfo") else {
         notes.push("cannot read /proc/self/mountinfo".into());
         return Vec::new();
     };
-    let Ok(own) = fs::read_to_string("/proc/self/cgroup") else {
+    let Ok(own) = read_proc("/proc/self/cgroup") else {
         notes.push("cannot read /proc/self/cgroup".into());
         return Vec::new();
     };
     parse_hierarchies(&mountinfo, &own)
+}
+
+/// A procfs file, read in few system calls.
+fn read_proc(path: &str) -> std::io::Result<String> {
+    cordon_sys::io::read_small(fs::File::open(path)?.into())
 }
 
 /// Unescape mountinfo's octal escapes (`\040` for a space).
@@ -216,7 +219,8 @@ pub fn parse_hierarchies(mountinfo: &str, own: &str) -> Vec<Hierarchy> {
                 }
                 let Some(p) = own_v2.as_deref() else { continue };
                 let Some(dir) = rel(p) else { continue };
-                let controllers = fs::read_to_string(dir.join("cgroup.controllers"))
+                let controllers = fs::File::open(dir.join("cgroup.controllers"))
+                    .and_then(|f| cordon_sys::io::read_small(f.into()))
                     .map(|s| s.split_whitespace().map(str::to_string).collect())
                     .unwrap_or_default();
                 seen_mounts.push(mnt.clone());

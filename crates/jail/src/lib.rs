@@ -391,19 +391,19 @@ impl Jail {
 
     /// [`Jail::new`] with options.
     pub fn with_options(opts: JailOptions) -> Result<Jail, JailError> {
+        // The first pooled network namespace is made while the rest of the
+        // jail, host detection included, is prepared.
+        let net_pool = if cordon_sys::io::geteuid() == 0 && opts.pool_network_namespaces {
+            Some(netns::NetPool::start())
+        } else {
+            None
+        };
         let facts = host::detect();
         if !facts.user_namespaces {
             return Err(JailError::Host(
                 "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
             ));
         }
-        // The first pooled network namespace is made while the rest of the
-        // jail is prepared.
-        let net_pool = if facts.root && opts.pool_network_namespaces {
-            Some(netns::NetPool::start())
-        } else {
-            None
-        };
         // The new root is a tmpfs mounted (inside the sandbox's own mount
         // namespace) on this directory; it must be traversable by the
         // sandbox's uid.

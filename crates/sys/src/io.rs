@@ -189,6 +189,33 @@ pub fn landlock_abi() -> i32 {
     if v < 0 { 0 } else { v as i32 }
 }
 
+/// Whether the kernel has seccomp (`PR_GET_SECCOMP` answers; it fails
+/// with EINVAL only without CONFIG_SECCOMP), the fact `/proc/self/status`
+/// shows as its `Seccomp:` line, without generating that file.
+pub fn seccomp_available() -> bool {
+    // SAFETY: PR_GET_SECCOMP takes no further arguments and only reads the
+    // calling thread's mode.
+    unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
+}
+
+/// Read a small kernel file (procfs, cgroupfs) through `fd`: reads of up
+/// to 4 KiB until end of file, without the size probes a `File` makes
+/// (statx and lseek) for files that report size 0 anyway.
+pub fn read_small(fd: OwnedFd) -> std::io::Result<String> {
+    let mut f = std::fs::File::from(fd);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(&mut f, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Effective uid of the calling process.
 pub fn geteuid() -> u32 {
     // SAFETY: no arguments, cannot fail.
