@@ -120,6 +120,15 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // A one-shot call makes one jail: its first network namespace is
+    // started before the arguments are even parsed (see
+    // `cordon_jail::start_early`).
+    if matches!(
+        std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()),
+        Some("exec" | "run")
+    ) {
+        cordon_jail::start_early();
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Check { manifest } => check::run(&manifest.path),

@@ -596,17 +596,26 @@ impl Pool {
             JAIL_SEQ.fetch_add(1, Ordering::Relaxed)
         );
         if !v2_controllers && let Some(b) = layout.v2_base.clone() {
-            // The probe: the first slot's own v2 directory, or in shared
-            // mode (where a shared slot's directory may exist already) a
-            // separate one, removed again.
-            let first = b.join(format!("{prefix}-0"));
-            let probe = b.join(format!(".probe-{}", std::process::id()));
-            let dir = if shared.is_some() { &probe } else { &first };
-            let usable = fs::create_dir_all(&b).is_ok() && fs::create_dir(dir).is_ok();
-            let births = usable && births_survive(&b, dir);
-            if shared.is_some() || !births {
-                let _ = fs::remove_dir(dir);
-            }
+            let (usable, births) = if shared.is_some() && !own_killable(&b) {
+                // Shared slots with nothing to test about births (the
+                // broker's own cgroup cannot have been killed): whether
+                // v2 can be written shows when the first slot is claimed
+                // (below), without a probe directory made and removed.
+                (fs::create_dir_all(&b).is_ok(), true)
+            } else {
+                // The probe: the first slot's own v2 directory, or in
+                // shared mode (where a shared slot's directory may exist
+                // already) a separate one, removed again.
+                let first = b.join(format!("{prefix}-0"));
+                let probe = b.join(format!(".probe-{}", std::process::id()));
+                let dir = if shared.is_some() { &probe } else { &first };
+                let usable = fs::create_dir_all(&b).is_ok() && fs::create_dir(dir).is_ok();
+                let births = usable && births_survive(&b, dir);
+                if shared.is_some() || !births {
+                    let _ = fs::remove_dir(dir);
+                }
+                (usable, births)
+            };
             if !usable {
                 notes.push(format!(
                     "cgroup v2 at {} cannot be written: sandboxes are moved into their v1 cgroups only, and killed pid by pid",
@@ -637,7 +646,18 @@ impl Pool {
             shared,
             born_in_v2,
         };
-        let first = pool.create()?;
+        let first = match pool.create() {
+            Ok(slot) => slot,
+            Err(e) if !v2_controllers && pool.shared.is_some() && pool.layout.v2_base.is_some() => {
+                let b = pool.layout.v2_base.take().unwrap_or_default();
+                notes.push(format!(
+                    "cgroup v2 at {} cannot be written ({e}): sandboxes are moved into their v1 cgroups only, and killed pid by pid",
+                    b.display()
+                ));
+                pool.create()?
+            }
+            Err(e) => return Err(e),
+        };
         // Limits in v2: the sandbox must be in its v2 directory. If it
         // cannot be born there, it moves itself in with a write to
         // cgroup.procs instead (which can wait an RCU grace period).
@@ -815,10 +835,7 @@ impl Drop for Pool {
 fn births_survive(base: &Path, dir: &Path) -> bool {
     // The root cgroup cannot be killed (it has no cgroup.kill): a broker
     // there needs no test.
-    let killable = base
-        .parent()
-        .is_some_and(|own| own.join("cgroup.kill").exists());
-    if !killable {
+    if !own_killable(base) {
         return true;
     }
     match cordon_sys::io::open_dir(dir) {
@@ -828,6 +845,13 @@ fn births_survive(base: &Path, dir: &Path) -> bool {
         }
         Err(_) => true,
     }
+}
+
+/// Whether the broker's own v2 cgroup (the parent of the v2 base) could
+/// have been killed through `cgroup.kill`; the root cgroup has none.
+fn own_killable(base: &Path) -> bool {
+    base.parent()
+        .is_some_and(|own| own.join("cgroup.kill").exists())
 }
 
 /// A stable key for a set of cgroup bases (FNV-1a over their paths), so
@@ -1040,6 +1064,40 @@ mod tests {
         assert_eq!(rd(&t, "pids.max"), "16");
         assert_eq!(rd(&t, "cpu.cfs_quota_us"), "100000");
         assert_eq!(rd(&t, "cpu.cfs_period_us"), "100000");
+    }
+
+    #[test]
+    fn shared_slots_go_on_without_an_unwritable_v2() {
+        // A v2 base that exists but takes no new directories (procfs), and
+        // a broker cgroup that cannot have been killed: no probe is made,
+        // the first claim fails on v2 and is retried on v1 alone.
+        let v1 = tempfile::tempdir().unwrap();
+        let locks = tempfile::tempdir().unwrap();
+        let layout = Layout {
+            memory: Some(Placement {
+                version: Version::V1,
+                base: v1.path().join("cordon"),
+            }),
+            pids: None,
+            cpu: None,
+            v2_base: Some(PathBuf::from("/proc/self")),
+        };
+        let (pool, notes) = Pool::new(layout, Some(locks.path().to_path_buf()), true).unwrap();
+        assert!(pool.layout().v2_base.is_none());
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("/proc/self cannot be written")),
+            "{notes:?}"
+        );
+        let slots: Vec<String> = fs::read_dir(v1.path().join("cordon"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            slots.len() == 1 && slots[0].starts_with("shared-"),
+            "{slots:?}"
+        );
     }
 
     #[test]

@@ -368,6 +368,29 @@ impl Default for JailOptions {
     }
 }
 
+/// The network namespace pool [`start_early`] began, for the next jail.
+static EARLY: Mutex<Option<netns::NetPool>> = Mutex::new(None);
+
+/// For a process about to make one jail (a one-shot `cordon exec` or
+/// `cordon run`): start making the first network namespace now, about a
+/// millisecond of kernel work on another CPU, so that it overlaps the
+/// caller's own start-up (argument parsing, the manifest) as well as the
+/// jail's. The next [`Jail::with_options`] that pools namespaces takes it;
+/// nothing happens for an unprivileged caller, which cannot pool them.
+pub fn start_early() {
+    if cordon_sys::io::geteuid() != 0 {
+        return;
+    }
+    let mut early = EARLY.lock().unwrap_or_else(|p| p.into_inner());
+    if early.is_none() {
+        *early = Some(netns::NetPool::start());
+    }
+}
+
+fn take_early() -> Option<netns::NetPool> {
+    EARLY.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 /// The long-lived sandbox runner: host facts, the root mount point, the
 /// cgroup pool, cached seccomp programs. `run` is thread-safe.
 #[derive(Debug)]
@@ -392,9 +415,10 @@ impl Jail {
     /// [`Jail::new`] with options.
     pub fn with_options(opts: JailOptions) -> Result<Jail, JailError> {
         // The first pooled network namespace is made while the rest of the
-        // jail, host detection included, is prepared.
+        // jail, host detection included, is prepared (or was started
+        // earlier still, by `start_early`).
         let net_pool = if cordon_sys::io::geteuid() == 0 && opts.pool_network_namespaces {
-            Some(netns::NetPool::start())
+            Some(take_early().unwrap_or_else(netns::NetPool::start))
         } else {
             None
         };

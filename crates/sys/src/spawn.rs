@@ -860,46 +860,58 @@ pub fn new_net_namespace() -> Result<OwnedFd, Errno> {
 
 /// [`new_net_namespace`] without waiting: the namespace is made on its own
 /// thread (about a millisecond of kernel work) while the caller goes on.
-/// With `elsewhere`, that thread first moves off the caller's CPU when
-/// another one is allowed: a new thread tends to start on its creator's
-/// CPU and run there first, which would leave nothing overlapped.
+///
+/// With `elsewhere`, the thread is moved off the caller's CPU before it
+/// first runs, when another CPU is allowed. A new thread is queued on its
+/// creator's CPU and, measured on 6.18, waits there until the creator
+/// blocks (~0.9 ms) even while another CPU idles, which would leave nothing
+/// overlapped. Setting its affinity from here moves it while it is still
+/// only queued, and wakes the other CPU for it; the caller does not give
+/// up its own CPU.
 pub fn start_net_namespace(
     elsewhere: bool,
 ) -> Result<std::thread::JoinHandle<Result<OwnedFd, Errno>>, Errno> {
-    let caller_cpu = if elsewhere {
-        // SAFETY: sched_getcpu takes no arguments.
-        unsafe { libc::sched_getcpu() }
-    } else {
-        -1
-    };
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // The thread does not exit before the caller is done with its handle:
+    // glibc addresses the thread by its kernel tid, which is 0 (meaning the
+    // caller) or another task's once the thread is gone.
+    let released = Arc::new(AtomicBool::new(false));
+    let held = Arc::clone(&released);
     let handle = std::thread::Builder::new()
         .name("cordon-netns".into())
+        .stack_size(64 * 1024)
         .spawn(move || {
-            if caller_cpu >= 0 {
-                avoid_cpu(caller_cpu as usize);
-            }
             // SAFETY: unshare of the network namespace affects only this
             // thread, which exits right after.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(Errno::last());
+            let made = if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                Err(Errno::last())
+            } else {
+                open_thread_netns()
+            };
+            while !held.load(Ordering::Acquire) {
+                std::thread::park();
             }
-            open_thread_netns()
+            made
         })
         .map_err(|_| Errno::EAGAIN)?;
-    if caller_cpu >= 0 {
-        // A new thread starts on its parent's CPU and, measured on 6.18,
-        // waits there until the parent blocks (~0.9 ms) even when another
-        // CPU is idle: the idle one only pulls it at its next balancing
-        // tick. Giving the CPU up once lets the thread run at once and move
-        // itself, so the namespace is made in parallel with the caller.
-        std::thread::yield_now();
+    if elsewhere {
+        use std::os::unix::thread::JoinHandleExt;
+        away_from_caller(handle.as_pthread_t());
     }
+    released.store(true, Ordering::Release);
+    handle.thread().unpark();
     Ok(handle)
 }
 
-/// Restrict the calling thread to its allowed CPUs other than `cpu`, if
-/// any remain (a hint only: failures are ignored).
-fn avoid_cpu(cpu: usize) {
+/// Restrict `thread` to the caller's allowed CPUs other than the one the
+/// caller runs on, if any remain (a hint only: failures are ignored).
+fn away_from_caller(thread: libc::pthread_t) {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    let Ok(cpu) = usize::try_from(cpu) else {
+        return;
+    };
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
@@ -909,7 +921,8 @@ fn avoid_cpu(cpu: usize) {
         return;
     }
     // SAFETY: CPU_ISSET/CPU_CLR/CPU_COUNT only read or write `set`, with
-    // `cpu` checked against the set's capacity first.
+    // `cpu` checked against the set's capacity first; `thread` is alive
+    // (it waits for the caller's release before it exits).
     unsafe {
         if cpu >= 8 * size || !libc::CPU_ISSET(cpu, &set) {
             return;
@@ -918,7 +931,7 @@ fn avoid_cpu(cpu: usize) {
         if libc::CPU_COUNT(&set) == 0 {
             return;
         }
-        libc::sched_setaffinity(0, size, &set);
+        libc::pthread_setaffinity_np(thread, size, &set);
     }
 }
 
@@ -1762,5 +1775,43 @@ mod tests {
             assert_eq!(ChildStep::from_code(step.code()), step);
         }
         assert_eq!(ChildStep::from_code(0x0999), ChildStep::Unknown(0x0999));
+    }
+
+    fn own_affinity() -> Vec<usize> {
+        // SAFETY: plain data; the kernel fills `set` for this thread.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut set) }, 0);
+        (0..8 * size)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    fn netns_inode(fd: libc::c_int) -> u64 {
+        // SAFETY: plain data; fstat fills it for a live descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        st.st_ino
+    }
+
+    #[test]
+    fn a_namespace_made_elsewhere_moves_only_its_own_thread() {
+        // The thread is moved off the caller's CPU by tid; the caller must
+        // keep every CPU it had, whether the thread succeeds (root) or
+        // fails at once (unprivileged: unshare is refused).
+        let before = own_affinity();
+        let own = open_thread_netns().unwrap();
+        for _ in 0..50 {
+            let made = start_net_namespace(true).unwrap().join().unwrap();
+            assert_eq!(own_affinity(), before, "the caller's CPUs changed");
+            match made {
+                Ok(fd) => assert_ne!(
+                    netns_inode(fd.as_raw_fd()),
+                    netns_inode(own.as_raw_fd()),
+                    "not a new namespace"
+                ),
+                Err(e) => assert_eq!(e, Errno::EPERM, "unexpected failure"),
+            }
+        }
     }
 }
