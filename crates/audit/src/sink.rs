@@ -104,10 +104,18 @@ impl FileSink {
             path: path.clone(),
             source,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io_err)?;
+        // The directory is made only when the file cannot be opened for
+        // want of it (every run but the first finds it).
+        let file = match open_append(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(io_err)?;
+                }
+                open_append(&path)
+            }
+            other => other,
         }
-        let file = open_append(&path).map_err(io_err)?;
+        .map_err(io_err)?;
         let size = file.metadata().map_err(io_err)?.len();
         let rotation = Rotation {
             keep: rotation.keep.max(1),

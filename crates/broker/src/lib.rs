@@ -120,9 +120,6 @@ pub fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
     if path.as_os_str() == "-" {
         return (AuditLog::new().with_sink(StderrSink), None);
     }
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
     match FileSink::open(&path, Rotation::default()) {
         Ok(s) => (AuditLog::new().with_sink(s), None),
         Err(e) => (

@@ -631,8 +631,7 @@ impl Pool {
             }
         }
         for base in layout_bases(&layout) {
-            fs::create_dir_all(base).map_err(|e| ctx("mkdir", base, e))?;
-            notes.extend(clean_stale(base));
+            notes.extend(clean_stale(base)?);
         }
         if let Some(b) = &layout.v2_base {
             enable_v2_controllers(&layout, b, &mut notes);
@@ -882,10 +881,14 @@ fn layout_bases(l: &Layout) -> Vec<&PathBuf> {
 }
 
 /// Remove slots `<pid>-*` whose broker pid no longer exists.
-fn clean_stale(base: &Path) -> Vec<String> {
+///
+/// Creates `base` when it cannot be listed (it does not exist yet): on
+/// every start but the first, one open serves both.
+fn clean_stale(base: &Path) -> io::Result<Vec<String>> {
     let mut notes = Vec::new();
     let Ok(rd) = fs::read_dir(base) else {
-        return notes;
+        fs::create_dir_all(base).map_err(|e| ctx("mkdir", base, e))?;
+        return Ok(notes);
     };
     for ent in rd.flatten() {
         let name = ent.file_name().to_string_lossy().into_owned();
@@ -907,7 +910,7 @@ fn clean_stale(base: &Path) -> Vec<String> {
             Err(e) => notes.push(format!("could not remove stale cgroup: {e}")),
         }
     }
-    notes
+    Ok(notes)
 }
 
 /// On v2, controllers must be enabled in the subtree_control of every

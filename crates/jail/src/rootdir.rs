@@ -49,12 +49,8 @@ impl RootDir {
             return None;
         };
         let slots = root.parent()?.join("slots");
-        match fs::DirBuilder::new().mode(0o700).create(&slots) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(_) => return None,
-        }
-        check(&slots, &[euid]).ok()?;
+        let m = existing_or_new(&slots, 0o700).ok()?;
+        check_meta(&slots, &m, &[euid]).ok()?;
         Some(slots)
     }
 
@@ -83,26 +79,41 @@ fn prepare(root: &Path, euid: u32) -> io::Result<()> {
         .ok_or_else(|| refuse(cordon, "has no parent"))?;
     check(top, &[0, euid])?;
     for d in [cordon, root] {
-        match fs::DirBuilder::new().mode(0o755).create(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        check(d, &[euid])?;
+        let m = existing_or_new(d, 0o755)?;
+        check_meta(d, &m, &[euid])?;
         // A restrictive umask must not leave it untraversable for the
         // sandbox's uid.
-        let mode = fs::symlink_metadata(d)?.mode() & 0o7777;
-        if mode & 0o755 != 0o755 {
+        if m.mode() & 0o755 != 0o755 {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
         }
     }
     Ok(())
 }
 
+/// The metadata of `d` (not following a symlink), made first with `mode`
+/// if it does not exist: one system call when it does, as on every run
+/// but the first.
+fn existing_or_new(d: &Path, mode: u32) -> io::Result<fs::Metadata> {
+    match fs::symlink_metadata(d) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match fs::DirBuilder::new().mode(mode).create(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            fs::symlink_metadata(d)
+        }
+        other => other,
+    }
+}
+
 /// A real directory (not a symlink), owned by one of `owners`, writable
 /// by its owner alone.
 fn check(d: &Path, owners: &[u32]) -> io::Result<()> {
-    let m = fs::symlink_metadata(d)?;
+    check_meta(d, &fs::symlink_metadata(d)?, owners)
+}
+
+fn check_meta(d: &Path, m: &fs::Metadata, owners: &[u32]) -> io::Result<()> {
     if !m.file_type().is_dir() {
         return Err(refuse(d, "is not a directory"));
     }
