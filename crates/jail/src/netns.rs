@@ -38,7 +38,8 @@ pub(crate) struct NetPool {
 struct State {
     idle: Vec<OwnedFd>,
     /// The first namespace, still being made on its own thread (started
-    /// with the jail, so a one-shot run overlaps it with its other setup).
+    /// with the jail, or before it by `start_early`, so a one-shot run
+    /// overlaps it with its other setup).
     pending: Option<JoinHandle<Result<OwnedFd, Errno>>>,
     /// Why this broker cannot make namespaces itself (root without
     /// CAP_SYS_ADMIN, e.g. in a restricted container), for `cordon
