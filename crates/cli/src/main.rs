@@ -91,17 +91,23 @@ struct ExecOnly {
 /// tool call, are parsed by a parser of their own: building the whole
 /// command line (every subcommand and its flags) took about 0.3 ms of a
 /// one-shot call's start-up. Same flags, help and errors as through
-/// [`Cli`] (test `one_shot_parsers_match_the_full_cli`).
+/// [`Cli`] (test `one_shot_parsers_match_the_full_cli`). Such a call makes
+/// one jail, whose first network namespace is started before the
+/// arguments are even parsed (see `cordon_jail::start_early`).
 fn one_shot_command() -> Option<Cmd> {
     let mut args = std::env::args_os();
     let _cordon = args.next()?;
     let sub = args.next()?;
-    let rest = std::iter::once(sub.clone()).chain(args);
-    match sub.to_str()? {
-        "run" => Some(Cmd::Run(RunOnly::parse_from(rest).args)),
-        "exec" => Some(Cmd::Exec(ExecOnly::parse_from(rest).args)),
-        _ => None,
-    }
+    let name = sub
+        .to_str()
+        .filter(|s| matches!(*s, "run" | "exec"))?
+        .to_string();
+    cordon_jail::start_early();
+    let rest = std::iter::once(sub).chain(args);
+    Some(match name.as_str() {
+        "run" => Cmd::Run(RunOnly::parse_from(rest).args),
+        _ => Cmd::Exec(ExecOnly::parse_from(rest).args),
+    })
 }
 
 #[derive(Subcommand)]
@@ -161,15 +167,6 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    // A one-shot call makes one jail: its first network namespace is
-    // started before the arguments are even parsed (see
-    // `cordon_jail::start_early`).
-    if matches!(
-        std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()),
-        Some("exec" | "run")
-    ) {
-        cordon_jail::start_early();
-    }
     let cmd = one_shot_command().unwrap_or_else(|| Cli::parse().cmd);
     let result = match cmd {
         Cmd::Check { manifest } => check::run(&manifest.path),

@@ -269,10 +269,12 @@ impl Slot {
             if let Some(d) = &self.mem_v1 {
                 let v = want.memory.to_string();
                 // memsw must stay >= limit: lift it first, then set both.
-                let memsw = d.join("memory.memsw.limit_in_bytes").exists();
-                if memsw {
-                    self.write(d, "memory.memsw.limit_in_bytes", "-1")?;
-                }
+                // It is missing where swap is not accounted.
+                let memsw = match self.write(d, "memory.memsw.limit_in_bytes", "-1") {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                    Err(e) => return Err(e),
+                };
                 self.write(d, "memory.limit_in_bytes", &v)?;
                 if memsw {
                     self.write(d, "memory.memsw.limit_in_bytes", &v)?;
@@ -723,13 +725,8 @@ impl Pool {
                 killed_marker,
             });
             if replace {
-                slot.kill();
-                let _ = slot.wait_empty(Duration::from_secs(1));
-                slot.remove()?;
+                clear(&slot)?;
                 let claim = slot.shared.take();
-                if let Some(c) = &claim {
-                    let _ = fs::remove_file(&c.killed_marker);
-                }
                 slot = self.create_named(&name)?;
                 slot.shared = claim;
             }
@@ -801,14 +798,20 @@ impl Pool {
 
     /// A slot that would not empty: kill what is left and remove it.
     pub fn discard(&self, slot: Slot) {
-        slot.kill();
-        let _ = slot.wait_empty(Duration::from_secs(1));
-        if slot.remove().is_ok()
-            && let Some(c) = &slot.shared
-        {
-            let _ = fs::remove_file(&c.killed_marker);
-        }
+        let _ = clear(&slot);
     }
+}
+
+/// Kill what is in `slot`, remove its directories and then, for a shared
+/// slot, its killed marker (the directories it marks are gone).
+fn clear(slot: &Slot) -> io::Result<()> {
+    slot.kill();
+    let _ = slot.wait_empty(Duration::from_secs(1));
+    slot.remove()?;
+    if let Some(c) = &slot.shared {
+        let _ = fs::remove_file(&c.killed_marker);
+    }
+    Ok(())
 }
 
 impl Drop for Pool {
@@ -1067,6 +1070,19 @@ mod tests {
         assert_eq!(rd(&t, "pids.max"), "16");
         assert_eq!(rd(&t, "cpu.cfs_quota_us"), "100000");
         assert_eq!(rd(&t, "cpu.cfs_period_us"), "100000");
+    }
+
+    #[test]
+    fn v1_memory_limit_without_swap_accounting() {
+        // No memory.memsw.limit_in_bytes (swap not accounted): the limit
+        // alone is written, and the missing file is not created.
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().to_path_buf();
+        fs::write(d.join("memory.limit_in_bytes"), "").unwrap();
+        let mut slot = Slot::from_dirs(None, Some((Version::V1, d.clone())), None, None);
+        slot.apply(&limits(64 << 20, 16, None)).unwrap();
+        assert_eq!(rd(&t, "memory.limit_in_bytes"), "67108864");
+        assert!(!d.join("memory.memsw.limit_in_bytes").exists());
     }
 
     #[test]

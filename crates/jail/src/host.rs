@@ -140,8 +140,8 @@ fn cgroup_hierarchies(notes: &mut Vec<String>) -> Vec<Hierarchy> {
     parse_hierarchies(&mountinfo, &own)
 }
 
-/// A procfs file, read in few system calls.
-fn read_proc(path: &str) -> std::io::Result<String> {
+/// A procfs or cgroupfs file, read in few system calls.
+fn read_proc(path: impl AsRef<Path>) -> std::io::Result<String> {
     cordon_sys::io::read_small(fs::File::open(path)?.into())
 }
 
@@ -219,8 +219,7 @@ pub fn parse_hierarchies(mountinfo: &str, own: &str) -> Vec<Hierarchy> {
                 }
                 let Some(p) = own_v2.as_deref() else { continue };
                 let Some(dir) = rel(p) else { continue };
-                let controllers = fs::File::open(dir.join("cgroup.controllers"))
-                    .and_then(|f| cordon_sys::io::read_small(f.into()))
+                let controllers = read_proc(dir.join("cgroup.controllers"))
                     .map(|s| s.split_whitespace().map(str::to_string).collect())
                     .unwrap_or_default();
                 seen_mounts.push(mnt.clone());

@@ -1042,6 +1042,16 @@ fn shared_jail() -> Jail {
     .expect("Jail::with_options")
 }
 
+/// The host's facts for a test that needs cgroups, or `None` (with the
+/// skip printed) when not run as root.
+fn cgroup_host(test: &str) -> Option<host::HostFacts> {
+    if euid() != 0 {
+        println!("SKIP {test}: needs root for cgroups");
+        return None;
+    }
+    Some(host::detect())
+}
+
 /// Directories under `base` that hold a process whose command line
 /// contains `marker` now.
 fn dirs_holding(base: &std::path::Path, marker: &str) -> Vec<String> {
@@ -1069,11 +1079,9 @@ fn dirs_holding(base: &std::path::Path, marker: &str) -> Vec<String> {
 /// replaced by the next claimant instead of killing every sandbox born
 /// into it.
 fn shared_cgroup_slots() {
-    if euid() != 0 {
-        println!("SKIP shared_cgroup_slots: needs root for cgroups");
+    let Some(facts) = cgroup_host("shared_cgroup_slots") else {
         return;
-    }
-    let facts = host::detect();
+    };
     let Some(mem) = facts.cgroup_layout.memory.clone() else {
         println!("SKIP shared_cgroup_slots: no memory cgroup controller");
         return;
@@ -1142,11 +1150,9 @@ fn shared_cgroup_slots() {
 /// claim the same shared directory there: one would count the other's
 /// sandbox as left over and kill it.
 fn shared_slots_of_different_layouts_never_overlap() {
-    if euid() != 0 {
-        println!("SKIP shared_slots_of_different_layouts_never_overlap: needs root for cgroups");
+    let Some(facts) = cgroup_host("shared_slots_of_different_layouts_never_overlap") else {
         return;
-    }
-    let facts = host::detect();
+    };
     if facts.cgroup_layout.memory.is_none() || facts.cgroup_layout.v2_base.is_none() {
         println!("SKIP shared_slots_of_different_layouts_never_overlap: needs v1 memory and v2");
         return;
@@ -1173,11 +1179,9 @@ fn shared_slots_of_different_layouts_never_overlap() {
 /// directory while it runs, a wall-clock kill ends it, and calls after it
 /// run normally.
 fn sandboxes_can_move_themselves_into_v2() {
-    if euid() != 0 {
-        println!("SKIP sandboxes_can_move_themselves_into_v2: needs root for cgroups");
+    let Some(facts) = cgroup_host("sandboxes_can_move_themselves_into_v2") else {
         return;
-    }
-    let facts = host::detect();
+    };
     let Some(v2) = facts.cgroup_layout.v2_base.clone() else {
         println!("SKIP sandboxes_can_move_themselves_into_v2: no cgroup v2 hierarchy");
         return;
@@ -1322,11 +1326,9 @@ jail_test!(concurrent_calls);
 
 #[test]
 fn stale_cgroup_is_cleaned() {
-    if euid() != 0 {
-        println!("SKIP stale_cgroup_is_cleaned: needs root for cgroups");
+    let Some(facts) = cgroup_host("stale_cgroup_is_cleaned") else {
         return;
-    }
-    let facts = host::detect();
+    };
     let Some(mem) = facts.cgroup_layout.memory.clone() else {
         println!("SKIP stale_cgroup_is_cleaned: no memory cgroup controller");
         return;
