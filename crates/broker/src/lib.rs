@@ -4,19 +4,18 @@
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
-use cordon_egress::{DoorContext, DoorHandle, Doors, EventSink};
 
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
-use cordon_jail::{
-    Bind, DoorRequest, Jail, JailError, JailSpec, Limits, NetMode, Outcome, SeccompMode, Status,
-    Stdin,
+use cordon_policy::policy::{Profile, ToolPolicy};
+pub use cordon_runtime::{
+    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
+    Status, Use,
 };
-use cordon_policy::policy::{Exec, Network, Profile, Runtime, Seccomp, ToolPolicy};
 
 /// Exit statuses of `cordon run`/`exec`, one per failure class (README).
 pub mod exit {
@@ -38,15 +37,17 @@ pub mod exit {
     pub const SETUP_FAILED: u8 = 20;
     /// The policy refuses to run this tool here.
     pub const REFUSED: u8 = 21;
+    /// The call's audit record could not be written; its result is withheld.
+    pub const AUDIT_FAILED: u8 = 22;
 }
 
-/// Long-lived: the jail (root template, cgroup pool) and the audit log.
+/// Long-lived: the runtimes and the audit log.
 pub struct Broker {
-    jail: Jail,
+    registry: Registry,
     audit: AuditLog,
     audit_warning: Option<String>,
-    /// The runtime that serves egress doors, started on first use.
-    net: OnceLock<tokio::runtime::Runtime>,
+    /// A record that cannot be written does not fail the call.
+    audit_fail_open: bool,
     /// Compiled gates (JSON schemas compile once), keyed by their policy.
     gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
     pub session: String,
@@ -56,10 +57,16 @@ pub struct Broker {
 /// Why a call did not produce a gated result.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
+    /// The policy cannot be enforced here; nothing ran.
     #[error("{0}")]
     Refused(String),
-    #[error(transparent)]
-    Setup(#[from] JailError),
+    /// The sandbox could not be set up, or its result cannot be trusted.
+    #[error("{0}")]
+    Setup(String),
+    /// The call ran but its audit record could not be written: the result
+    /// is withheld (fail-closed audit).
+    #[error("{0}")]
+    Audit(String),
 }
 
 impl CallError {
@@ -67,6 +74,16 @@ impl CallError {
         match self {
             CallError::Refused(_) => exit::REFUSED,
             CallError::Setup(_) => exit::SETUP_FAILED,
+            CallError::Audit(_) => exit::AUDIT_FAILED,
+        }
+    }
+}
+
+impl From<RunError> for CallError {
+    fn from(e: RunError) -> CallError {
+        match e {
+            RunError::Refused(m) => CallError::Refused(m),
+            RunError::Setup(m) => CallError::Setup(m),
         }
     }
 }
@@ -83,17 +100,32 @@ pub struct CallResult {
 
 impl CallResult {
     pub fn exit_code(&self) -> u8 {
-        match self.outcome.status {
-            Status::Ok => match &self.gated {
-                Some(Err(_)) => exit::GATE_REFUSED,
-                _ => exit::OK,
-            },
-            Status::Exited => exit::TOOL_FAILED,
-            Status::TimedOut => exit::TIMED_OUT,
-            Status::MemoryLimit => exit::MEMORY_LIMIT,
-            Status::TaskLimit => exit::TASK_LIMIT,
-            Status::OutputCap => exit::OUTPUT_CAP,
-        }
+        status_exit_code(self.outcome.status, &self.gated)
+    }
+}
+
+fn status_exit_code(s: Status, gated: &Option<Result<Gated, cordon_gate::GateRefusal>>) -> u8 {
+    match s {
+        Status::Ok => match gated {
+            Some(Err(_)) => exit::GATE_REFUSED,
+            _ => exit::OK,
+        },
+        Status::Exited | Status::Killed => exit::TOOL_FAILED,
+        Status::TimedOut => exit::TIMED_OUT,
+        Status::MemoryLimit => exit::MEMORY_LIMIT,
+        Status::TaskLimit => exit::TASK_LIMIT,
+        Status::OutputCap => exit::OUTPUT_CAP,
+    }
+}
+
+/// The limit a status names, for audit records.
+pub fn limit_hit(s: Status) -> Option<&'static str> {
+    match s {
+        Status::TimedOut => Some("wall_seconds"),
+        Status::MemoryLimit => Some("memory"),
+        Status::TaskLimit => Some("tasks"),
+        Status::OutputCap => Some("output_bytes"),
+        _ => None,
     }
 }
 
@@ -114,75 +146,123 @@ pub fn default_audit_path() -> PathBuf {
 }
 
 /// The audit log at `path` (default [`default_audit_path`]; `-` for
-/// stderr), with a warning when it falls back to stderr.
-pub fn open_audit(path: Option<PathBuf>) -> (AuditLog, Option<String>) {
+/// stderr). A log that cannot be opened is an error, unless `fail_open`:
+/// then records go to stderr, with a warning.
+pub fn open_audit(
+    path: Option<PathBuf>,
+    fail_open: bool,
+) -> Result<(AuditLog, Option<String>), String> {
     let path = path.unwrap_or_else(default_audit_path);
     if path.as_os_str() == "-" {
-        return (AuditLog::new().with_sink(StderrSink), None);
+        return Ok((AuditLog::new().with_sink(StderrSink), None));
     }
     match FileSink::open(&path, Rotation::default()) {
-        Ok(s) => (AuditLog::new().with_sink(s), None),
-        Err(e) => (
+        Ok(s) => Ok((AuditLog::new().with_sink(s), None)),
+        Err(e) if fail_open => Ok((
             AuditLog::new().with_sink(StderrSink),
             Some(format!(
-                "audit log {} cannot be opened ({e}); audit records go to stderr",
+                "audit log {} cannot be opened ({e}); --audit-fail-open: audit records go to stderr",
                 path.display()
             )),
-        ),
+        )),
+        Err(e) => Err(format!(
+            "audit log {} cannot be opened ({e}); refusing to run tools unaudited (give --audit PATH, or --audit-fail-open to go on without it)",
+            path.display()
+        )),
+    }
+}
+
+/// How a broker is made.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// The audit log (default [`default_audit_path`]; `-`: stderr).
+    pub audit: Option<PathBuf>,
+    /// A record that cannot be written does not fail the call (announced).
+    pub audit_fail_open: bool,
+    /// The native runtime's options.
+    pub native: cordon_runtime::native::Options,
+}
+
+impl BrokerOptions {
+    /// For a process that makes one call (`cordon run`/`exec`): cgroup
+    /// slots shared between such processes.
+    pub fn one_shot(audit: Option<PathBuf>, audit_fail_open: bool) -> BrokerOptions {
+        BrokerOptions {
+            audit,
+            audit_fail_open,
+            native: cordon_runtime::native::Options::one_shot(),
+        }
     }
 }
 
 impl Broker {
-    pub fn new(audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
-        Broker::with_jail(Jail::new()?, audit_path)
+    /// A broker with this build's runtimes for this host.
+    pub fn new(opts: BrokerOptions) -> Result<Broker, String> {
+        let registry = Registry::for_host(opts.native.clone());
+        Broker::with_registry(registry, &opts)
     }
 
-    /// A broker for one call in a short-lived process (`cordon run`,
-    /// `cordon exec`): its jail takes cgroup slots from the set shared
-    /// between processes instead of making and removing its own.
-    pub fn one_shot(audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
-        let jail = Jail::with_options(cordon_jail::JailOptions {
-            share_cgroup_slots: true,
-            ..Default::default()
-        })?;
-        Broker::with_jail(jail, audit_path)
-    }
-
-    fn with_jail(jail: Jail, audit_path: Option<PathBuf>) -> Result<Broker, JailError> {
-        let (audit, audit_warning) = open_audit(audit_path);
+    /// A broker over an existing registry (shared with a gateway or the
+    /// probes).
+    pub fn with_registry(registry: Registry, opts: &BrokerOptions) -> Result<Broker, String> {
+        let (audit, audit_warning) = open_audit(opts.audit.clone(), opts.audit_fail_open)?;
+        let mut audit_warning = audit_warning;
+        if opts.audit_fail_open && audit_warning.is_none() {
+            audit_warning = Some(
+                "--audit-fail-open: a call whose audit record cannot be written still returns its result"
+                    .into(),
+            );
+        }
         Ok(Broker {
-            jail,
+            registry,
             audit,
             audit_warning,
-            net: OnceLock::new(),
+            audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
     }
 
-    /// Write an audit record for a call that did not go through
-    /// [`Broker::call`]: one refused before it reached the broker, or a call
-    /// forwarded to a sandboxed MCP server.
-    pub fn record(&self, rec: &AuditRecord) {
-        if let Err(e) = self.audit.record(rec) {
-            eprintln!("cordon: warning: audit record not written: {e}");
+    /// The runtimes.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Admit `policy` for `use_` here, or say why not.
+    pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
+        self.registry.admit(policy, use_)
+    }
+
+    /// Write an audit record for something that did not go through
+    /// [`Broker::call`] (a refusal before the broker, a call forwarded to a
+    /// sandboxed MCP server, a server's session). `Err` when it could not
+    /// be written and the audit log is fail-closed: the caller must then
+    /// withhold what the record was about.
+    pub fn record(&self, rec: &AuditRecord) -> Result<(), CallError> {
+        match self.audit.record(rec) {
+            Ok(()) => Ok(()),
+            Err(e) if self.audit_fail_open => {
+                eprintln!("cordon: warning: audit record not written: {e}");
+                Ok(())
+            }
+            Err(e) => Err(CallError::Audit(format!(
+                "{}: the audit record could not be written ({e}); the result is withheld",
+                rec.tool
+            ))),
         }
     }
 
-    /// Whether limits go through cgroups (false: the rlimit fallback).
-    pub fn uses_cgroups(&self) -> bool {
-        self.jail.uses_cgroups()
-    }
-
-    /// Warnings a person should see once: weakened mechanisms, audit trouble.
+    /// Warnings a person should see once: audit trouble, and runtimes that
+    /// cannot start here. (What each tool's sandbox lacks is in its
+    /// admission's warnings, and so in every call's.)
     pub fn warnings(&self) -> Vec<String> {
         let mut w: Vec<String> = self.audit_warning.iter().cloned().collect();
-        if !self.jail.uses_cgroups() {
-            w.push(
-                "cgroups unavailable here: memory is capped by RLIMIT_AS and tasks by RLIMIT_NPROC only (see `cordon doctor`)"
-                    .into(),
-            );
+        for (k, why) in self.registry.unavailable() {
+            w.push(format!(
+                "runtime {} cannot start here: {why}",
+                cordon_runtime::kind_name(*k)
+            ));
         }
         w
     }
@@ -202,23 +282,37 @@ impl Broker {
         policy: &ToolPolicy,
         input: Vec<u8>,
     ) -> Result<CallResult, CallError> {
+        let admitted = self.registry.admit(policy, Use::Call);
+        self.call_admitted(session, caller, policy, admitted, input)
+    }
+
+    /// [`Broker::call_as`] with the admission already made (a gateway
+    /// admits each tool once); a refused admission is audited as such.
+    pub fn call_admitted(
+        &self,
+        session: &str,
+        caller: &str,
+        policy: &ToolPolicy,
+        admitted: Result<Admitted, String>,
+        input: Vec<u8>,
+    ) -> Result<CallResult, CallError> {
         let started = Instant::now();
-        let mut rec = AuditRecord::new(&policy.name, format!("{:?}", policy.profile));
-        rec.runtime = format!("{:?}", policy.runtime).to_lowercase();
+        let mut rec = AuditRecord::new(&policy.name, profile_name(policy.profile));
+        rec.runtime = cordon_runtime::kind_name(policy.runtime).to_string();
         rec.session = session.to_string();
         rec.caller = caller.to_string();
         rec.input = Payload::of(&input, false);
-        let result = self.call_inner(policy, input, &mut rec);
+        let result = self.call_inner(session, policy, admitted, input, &mut rec);
         rec.duration_ms = started.elapsed().as_millis() as u64;
-        if let Err(e) = self.audit.record(&rec) {
-            eprintln!("cordon: warning: audit record not written: {e}");
-        }
+        self.record(&rec)?;
         result
     }
 
     fn call_inner(
         &self,
+        session: &str,
         policy: &ToolPolicy,
+        admitted: Result<Admitted, String>,
         input: Vec<u8>,
         rec: &mut AuditRecord,
     ) -> Result<CallResult, CallError> {
@@ -227,8 +321,8 @@ impl Broker {
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
-        let (spec, egress) = match jail_spec(policy) {
-            Ok(s) => s,
+        let admitted = match admitted {
+            Ok(a) => a,
             Err(msg) => return refuse(rec, msg),
         };
         let gate = match self.gate(policy) {
@@ -236,21 +330,31 @@ impl Broker {
             Err(msg) => return refuse(rec, msg),
         };
         let events = Arc::new(Mutex::new(Vec::new()));
-        let ran = match egress {
-            None => self.jail.run(&spec, Stdin::Bytes(input)),
-            Some(ep) => self.run_with_egress(&spec, ep, input, events.clone()),
+        let ev = events.clone();
+        let ctx = Context {
+            session: session.to_string(),
+            on_egress: Arc::new(move |e| {
+                if let Ok(mut v) = ev.lock() {
+                    v.push(e);
+                }
+            }),
         };
+        let ran = admitted.run(input, &ctx);
         let egress_events = events
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
             .unwrap_or_default();
         rec.egress = egress_events.iter().map(audit_event).collect();
+        rec.warnings = admitted.warnings.clone();
         let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
-                rec.status = cordon_audit::Status::Error;
+                rec.status = match e {
+                    RunError::Refused(_) => cordon_audit::Status::Refused,
+                    RunError::Setup(_) => cordon_audit::Status::Error,
+                };
                 rec.reason = Some(e.to_string());
-                return Err(CallError::Setup(e));
+                return Err(e.into());
             }
         };
         rec.exit_code = outcome.exit_code;
@@ -262,18 +366,13 @@ impl Broker {
             Status::Ok => cordon_audit::Status::Ok,
             Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,
             Status::Exited => cordon_audit::Status::ToolError,
+            Status::Killed => cordon_audit::Status::Killed,
             _ => cordon_audit::Status::LimitHit,
         };
         if outcome.status != Status::Ok {
             rec.reason = Some(outcome.reason.clone());
         }
-        if let Some(limit) = match outcome.status {
-            Status::TimedOut => Some("wall_seconds"),
-            Status::MemoryLimit => Some("memory"),
-            Status::TaskLimit => Some("tasks"),
-            Status::OutputCap => Some("output_bytes"),
-            _ => None,
-        } {
+        if let Some(limit) = limit_hit(outcome.status) {
             rec.limits_hit.push(limit.into());
         }
         // A tool that failed still said something: gate it the same way
@@ -304,27 +403,6 @@ impl Broker {
         })
     }
 
-    /// Run a prepared spec in the jail, with `egress` doors served when
-    /// given; returns the outcome and every egress attempt. No gate, no
-    /// audit record: for the conformance probes, which judge the raw run.
-    pub fn run_spec(
-        &self,
-        spec: &JailSpec,
-        egress: Option<EgressPolicy>,
-        input: Vec<u8>,
-    ) -> Result<(Outcome, Vec<EgressEvent>), JailError> {
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let out = match egress {
-            None => self.jail.run(spec, Stdin::Bytes(input)),
-            Some(ep) => self.run_with_egress(spec, ep, input, events.clone()),
-        }?;
-        let ev = events
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default();
-        Ok((out, ev))
-    }
-
     /// The compiled gate for a tool, compiled on its first call only.
     fn gate(&self, policy: &ToolPolicy) -> Result<Arc<Gate>, String> {
         let key = serde_json::json!([
@@ -346,93 +424,6 @@ impl Broker {
         }
         Ok(g)
     }
-
-    fn runtime(&self) -> Result<&tokio::runtime::Runtime, JailError> {
-        if let Some(rt) = self.net.get() {
-            return Ok(rt);
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cordon-egress")
-            .enable_all()
-            .build()
-            .map_err(|e| JailError::Host(format!("start the egress runtime: {e}")))?;
-        Ok(self.net.get_or_init(|| rt))
-    }
-
-    /// Run with the egress doors of `policy` served for the whole call.
-    fn run_with_egress(
-        &self,
-        spec: &JailSpec,
-        policy: EgressPolicy,
-        input: Vec<u8>,
-        events: Arc<Mutex<Vec<EgressEvent>>>,
-    ) -> Result<Outcome, JailError> {
-        let rt = self.runtime()?;
-        run_with_doors(
-            &self.jail,
-            rt.handle(),
-            &self.session,
-            spec,
-            policy,
-            Stdin::Bytes(input),
-            move |e| {
-                if let Ok(mut v) = events.lock() {
-                    v.push(e);
-                }
-            },
-        )
-    }
-}
-
-/// Run `spec` in `jail` with the egress doors of `policy` served on `rt` for
-/// the sandbox's whole life; every egress attempt goes to `on_event`. The
-/// doors are shut down once the sandbox is gone. Blocks the calling thread
-/// (which must not be one of `rt`'s workers) until the sandbox ends: a
-/// long-lived server runs it on its own thread.
-pub fn run_with_doors(
-    jail: &Jail,
-    rt: &tokio::runtime::Handle,
-    session: &str,
-    spec: &JailSpec,
-    policy: EgressPolicy,
-    stdin: Stdin,
-    on_event: impl Fn(EgressEvent) + Send + Sync + 'static,
-) -> Result<Outcome, JailError> {
-    let plan = cordon_egress::plan(&policy);
-    let n_tcp = plan.tcp.len();
-    let ctx = DoorContext {
-        tool: spec.tool.clone(),
-        session: session.to_string(),
-    };
-    let sink = EventSink::new(on_event);
-    let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
-    let policy = Arc::new(policy);
-    let out = jail.run_with_doors(spec, stdin, |fds| {
-        let mut doors = Doors::default();
-        for (i, fd) in fds.into_iter().enumerate() {
-            if i < n_tcp {
-                doors.tcp.push(std::net::TcpListener::from(fd));
-            } else {
-                doors.udp.push(std::net::UdpSocket::from(fd));
-            }
-        }
-        let served = rt
-            .block_on(cordon_egress::serve(policy, ctx, doors, sink))
-            .map_err(|e| e.to_string());
-        if let Ok(mut h) = handle.lock() {
-            *h = Some(served);
-        }
-    });
-    let served = handle.lock().ok().and_then(|mut h| h.take());
-    match served {
-        Some(Ok(h)) => rt.block_on(h.shutdown()),
-        Some(Err(e)) => {
-            return Err(JailError::Host(format!("{}: egress doors: {e}", spec.tool)));
-        }
-        None => {}
-    }
-    out
 }
 
 pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
@@ -449,54 +440,6 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
         bytes_down: e.bytes_down,
         duration_ms: e.duration_ms,
     }
-}
-
-/// The egress policy of a tool's network setting (`None` for no network).
-pub fn egress_policy(p: &ToolPolicy) -> Result<Option<EgressPolicy>, String> {
-    egress_policy_for(&p.name, &p.network)
-}
-
-/// The egress policy of a network setting, refusals naming `name`.
-pub fn egress_policy_for(name: &str, network: &Network) -> Result<Option<EgressPolicy>, String> {
-    let (mut ep, resolve, cidrs) = match network {
-        Network::None => return Ok(None),
-        Network::Host => {
-            return Err(format!("{name}: host network is never given to a sandbox"));
-        }
-        Network::Allowlist {
-            allow,
-            resolve,
-            allow_cidrs,
-        } => (
-            EgressPolicy::allowlist(name, allow).map_err(|e| format!("{name}: {e}"))?,
-            resolve,
-            allow_cidrs,
-        ),
-        Network::Proxy {
-            resolve,
-            allow_cidrs,
-        } => (EgressPolicy::public_web(name), resolve, allow_cidrs),
-    };
-    for (host, ip) in resolve {
-        let ip = ip
-            .parse()
-            .map_err(|_| format!("{name}: resolve {host}: `{ip}` is not an IP address"))?;
-        ep.resolve.insert(host.to_ascii_lowercase(), ip);
-    }
-    for c in cidrs {
-        ep.allow_cidrs.push(
-            c.parse::<ipnet::IpNet>()
-                .map_err(|_| format!("{name}: allow_cidrs: `{c}` is not a CIDR"))?,
-        );
-    }
-    if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
-        ep.upstream_dns = Some(
-            ns.parse()
-                .map_err(|_| format!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
-        );
-    }
-    ep.validate().map_err(|e| format!("{name}: {e}"))?;
-    Ok(Some(ep))
 }
 
 pub fn profile_name(p: Profile) -> &'static str {
@@ -547,103 +490,4 @@ pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
         },
     };
     Gate::new(gp).map_err(|e| format!("{}: {e}", policy.name))
-}
-
-/// The jail spec for a tool: the one place a resolved policy becomes a
-/// native sandbox. Refuses what this runtime cannot enforce.
-pub fn jail_spec(p: &ToolPolicy) -> Result<(JailSpec, Option<EgressPolicy>), String> {
-    match p.runtime {
-        Runtime::Native => {}
-        other => {
-            return Err(format!(
-                "{}: runtime {} is not available in this build of cordon; refusing to run the tool under a weaker boundary",
-                p.name,
-                format!("{other:?}").to_lowercase()
-            ));
-        }
-    }
-    if p.profile == Profile::P0 {
-        return Err(format!(
-            "{}: profile P0 has no sandbox; cordon runs only sandboxed tools",
-            p.name
-        ));
-    }
-    let argv = match &p.exec {
-        Exec::Command { argv } => argv.clone(),
-        Exec::Image { reference, .. } => {
-            return Err(format!(
-                "{}: image {reference} needs an OCI runtime, which this build does not have",
-                p.name
-            ));
-        }
-        Exec::Mcp { .. } => {
-            return Err(format!(
-                "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
-                p.name
-            ));
-        }
-        Exec::Unspecified => {
-            return Err(format!(
-                "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
-                p.name
-            ));
-        }
-    };
-    let egress = egress_policy(p)?;
-    let mut env: Vec<(String, String)> =
-        p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let network = match &egress {
-        None => NetMode::None,
-        Some(ep) => {
-            let plan = cordon_egress::plan(ep);
-            env.retain(|(k, _)| !plan.env.iter().any(|(pk, _)| pk == k));
-            env.extend(plan.env.iter().cloned());
-            NetMode::Doors(DoorRequest {
-                local_cidrs: plan
-                    .local_cidrs
-                    .iter()
-                    .map(|n| (n.addr(), n.prefix_len()))
-                    .collect(),
-                tcp: plan.tcp.clone(),
-                udp: plan.udp.clone(),
-            })
-        }
-    };
-    if !p.secrets.is_empty() {
-        return Err(format!(
-            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
-            p.name
-        ));
-    }
-    let l = p.require_limits()?;
-    let spec = JailSpec {
-        tool: p.name.clone(),
-        argv,
-        env,
-        binds: p
-            .mounts
-            .iter()
-            .map(|m| Bind {
-                src: m.src.clone().into(),
-                dst: m.dst.clone().into(),
-            })
-            .collect(),
-        limits: Limits {
-            wall: std::time::Duration::from_secs(l.wall_seconds),
-            memory_bytes: l.memory_bytes,
-            tasks: l.tasks,
-            cpu_percent: Some(l.cpu_percent),
-            output_bytes: l.output_bytes,
-            stderr_bytes: l.stderr_bytes,
-            nofile: l.nofile,
-            disk_bytes: l.disk_bytes,
-        },
-        network,
-        seccomp: match &p.seccomp {
-            Seccomp::DenyList => SeccompMode::DenyList,
-            Seccomp::AllowList { extra } => SeccompMode::AllowList(extra.clone()),
-        },
-        landlock: true,
-    };
-    Ok((spec, egress))
 }

@@ -1,4 +1,8 @@
-//! `cordon check`: validate a manifest and summarise each tool.
+//! `cordon check`: validate a manifest, summarise each tool, and admit each
+//! on this host exactly as `run` and `serve` would: a tool that would not
+//! start here (a required mechanism missing, a program, interpreter or
+//! mount source that does not exist, a runtime this build lacks) is
+//! reported with why, and makes the check fail.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -8,7 +12,7 @@ use cordon_policy::units::format_size;
 
 use crate::exit;
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path, host: bool) -> anyhow::Result<ExitCode> {
     let loaded = match cordon_policy::load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -23,13 +27,44 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
+    let mut refused = 0;
+    if host {
+        let registry = cordon_runtime::Registry::for_host(Default::default());
+        for t in loaded.policy.tools.values() {
+            if t.profile == cordon_policy::policy::Profile::P0 {
+                continue;
+            }
+            match registry.admit(t, crate::probe::use_of(t)) {
+                Ok(a) => {
+                    for w in &a.warnings {
+                        eprintln!("warning: {}: {w}", t.name);
+                    }
+                }
+                Err(why) => {
+                    refused += 1;
+                    eprintln!("would not start here: {why}");
+                }
+            }
+        }
+    }
     println!(
-        "{}: {} tools valid, {} warnings",
+        "{}: {} tools valid, {} warnings{}",
         path.display(),
         loaded.policy.tools.len(),
-        loaded.warnings.len()
+        loaded.warnings.len(),
+        if !host {
+            " (host not checked)".to_string()
+        } else if refused > 0 {
+            format!(", {refused} would not start on this host")
+        } else {
+            ", every tool would start on this host".to_string()
+        }
     );
-    Ok(ExitCode::from(exit::OK))
+    Ok(ExitCode::from(if refused > 0 {
+        exit::FINDING
+    } else {
+        exit::OK
+    }))
 }
 
 pub fn network_summary(n: &Network) -> String {

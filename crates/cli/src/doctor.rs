@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
+use cordon_jail::HostFacts;
 use cordon_jail::cgroup::Version;
-use cordon_jail::{HostFacts, Jail};
+use cordon_policy::policy::{Mechanism, Profile};
+use cordon_runtime::{MechanismState, Registry, State};
 
 use crate::exit;
 
@@ -23,17 +25,80 @@ struct Check {
 #[derive(Serialize)]
 struct ProfileVerdict {
     profile: &'static str,
-    /// full | reduced | unavailable
+    /// full | partial | unavailable
     strength: &'static str,
     missing: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct RuntimeReport {
+    runtime: &'static str,
+    mechanisms: Vec<MechanismState>,
 }
 
 #[derive(Serialize)]
 struct Report {
     host: HostFacts,
     checks: Vec<Check>,
+    runtimes: Vec<RuntimeReport>,
     profiles: Vec<ProfileVerdict>,
     notes: Vec<String>,
+}
+
+/// A profile's verdict from the mechanisms of the runtime it runs on:
+/// unavailable when a mechanism it requires by default is missing (or the
+/// runtime cannot start), full only when every mechanism is fully
+/// enforced and nothing else is missing, partial otherwise, each missing
+/// piece named.
+fn verdict(
+    profile: Profile,
+    name: &'static str,
+    mechanisms: Option<&[MechanismState]>,
+    unavailable_why: Option<String>,
+    also_missing: Vec<String>,
+) -> ProfileVerdict {
+    let Some(ms) = mechanisms else {
+        return ProfileVerdict {
+            profile: name,
+            strength: "unavailable",
+            missing: unavailable_why.into_iter().chain(also_missing).collect(),
+        };
+    };
+    let required = cordon_policy::resolve::default_requirements(profile);
+    let mut missing: Vec<String> = Vec::new();
+    let mut blocked = false;
+    for m in ms {
+        match &m.state {
+            State::Enforced => {}
+            State::Partial(_) | State::Missing(_) => {
+                let req = required.contains(&m.mechanism);
+                blocked |= req && matches!(m.state, State::Missing(_));
+                missing.push(if req {
+                    format!("{m} (required by {name} by default: tools refused unless `accept: [{}]`)", m.mechanism)
+                } else {
+                    m.to_string()
+                });
+            }
+        }
+    }
+    for m in required {
+        if !ms.iter().any(|s| s.mechanism == *m) {
+            blocked = true;
+            missing.push(format!("{m}: not provided by the runtime"));
+        }
+    }
+    missing.extend(also_missing);
+    ProfileVerdict {
+        profile: name,
+        strength: if blocked {
+            "unavailable"
+        } else if missing.is_empty() {
+            "full"
+        } else {
+            "partial"
+        },
+        missing,
+    }
 }
 
 fn which(bin: &str) -> Option<String> {
@@ -53,7 +118,16 @@ fn read_trim(p: &str) -> Option<String> {
 
 pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     let facts = cordon_jail::host::detect();
-    let jail = Jail::new();
+    let registry = Registry::for_host(Default::default());
+    let native = registry
+        .get(cordon_policy::policy::Runtime::Native, cordon_runtime::Use::Call)
+        .ok();
+    let native_facts = native.as_ref().map(|n| n.facts());
+    let native_err = registry
+        .unavailable()
+        .iter()
+        .map(|(_, why)| why.clone())
+        .next();
     let mut checks = Vec::new();
     let mut notes = Vec::new();
 
@@ -134,13 +208,20 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             hierarchies.join("; ")
         ),
     });
-    let (cg_usable, cg_detail) = match &jail {
-        Ok(j) if j.uses_cgroups() => (true, "a pool of cgroups was created and limits can be written".to_string()),
-        Ok(_) => (
-            false,
-            "cgroups cannot be created here (no delegation?): limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC), which are weaker".to_string(),
+    let cgroup_state = native_facts.as_ref().and_then(|f| {
+        f.mechanisms
+            .iter()
+            .find(|m| m.mechanism == Mechanism::Cgroup)
+            .cloned()
+    });
+    let (cg_usable, cg_detail) = match (&cgroup_state, &native_err) {
+        (Some(m), _) if m.is_enforced() => (
+            true,
+            "a pool of cgroups was created and limits can be written".to_string(),
         ),
-        Err(e) => (false, format!("the jail cannot start: {e}")),
+        (Some(m), _) => (false, m.to_string()),
+        (None, Some(e)) => (false, format!("the jail cannot start: {e}")),
+        (None, None) => (false, "no native runtime".to_string()),
     };
     checks.push(Check {
         name: "cgroup limits usable",
@@ -148,18 +229,26 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         detail: cg_detail,
         how: "created the broker's cgroup pool under its own cgroup".into(),
     });
-    if let Ok(j) = &jail {
-        checks.push(Check {
-            name: "network namespaces",
-            ok: true,
-            detail: if j.pools_network_namespaces() {
-                "sandboxes without network get an exclusive, empty namespace from a pool, owned by the broker's user namespace (the tool cannot configure it); sandboxes with egress doors get a new one".into()
-            } else {
-                "a new network namespace per sandbox, made inside its own user namespace (this broker cannot make them itself: an unprivileged broker, or root without CAP_SYS_ADMIN)".into()
-            },
-            how: "broker uid; unshare(CLONE_NEWNET) on a pool thread".into(),
-        });
-    }
+    checks.push(Check {
+        name: "mount_setattr",
+        ok: facts.mount_setattr,
+        detail: if facts.mount_setattr {
+            "read-only binds are made read-only recursively, submounts included".into()
+        } else {
+            "absent (Linux before 5.12): a read-only bind covers its top mount only".into()
+        },
+        how: "mount_setattr(-1, NULL, 0, NULL, 0): EBADF/EINVAL vs ENOSYS".into(),
+    });
+    checks.push(Check {
+        name: "close_range",
+        ok: facts.close_range,
+        detail: if facts.close_range {
+            "every descriptor but the sandbox's own is closed before exec".into()
+        } else {
+            "absent (Linux before 5.9): descriptors are closed one by one below 4096 only".into()
+        },
+        how: "close_range(~0, ~0, 0): success/EINVAL vs ENOSYS".into(),
+    });
     checks.push(Check {
         name: "seccomp",
         ok: facts.seccomp,
@@ -205,64 +294,47 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         detail: qemu.clone().unwrap_or_else(|| "not found".into()),
         how: "qemu-system-x86_64 in PATH".into(),
     });
-    if let Ok(j) = &jail {
-        notes.extend(j.notes().iter().cloned());
+    if let Some(f) = &native_facts {
+        notes.extend(f.notes.iter().cloned());
     }
-    notes.extend(facts.notes.iter().cloned());
+    for n in &facts.notes {
+        if !notes.contains(n) {
+            notes.push(n.clone());
+        }
+    }
 
-    let mut p1_missing = Vec::new();
-    if jail.is_err() {
-        p1_missing.push("the native jail cannot start".to_string());
-    }
-    if !facts.seccomp {
-        p1_missing.push("seccomp".into());
-    }
-    if !cg_usable {
-        p1_missing.push("cgroup memory/pids limits (rlimit fallback in use)".into());
-    }
-    if facts.landlock_abi == 0 {
-        p1_missing.push("Landlock second layer".into());
-    }
-    let p1 = ProfileVerdict {
-        profile: "P1",
-        strength: if jail.is_err() || !facts.seccomp {
-            "unavailable"
-        } else if p1_missing.is_empty() {
-            "full"
-        } else {
-            "reduced"
-        },
-        missing: p1_missing.clone(),
-    };
-    let mut p2_missing = p1_missing.clone();
-    p2_missing.push("credential broker (tools that declare secrets are refused)".into());
-    p2_missing.push("OCI image runtime (tools given an `image` are refused)".into());
-    let p2 = ProfileVerdict {
-        profile: "P2",
-        // Command and MCP-server tools run with their egress doors; what is
-        // missing is refused, never run weaker.
-        strength: if jail.is_err() || !facts.seccomp {
-            "unavailable"
-        } else {
-            "reduced"
-        },
-        missing: p2_missing,
-    };
-    let mut p3_missing = vec!["a gVisor or microVM runtime integration in this build".to_string()];
+    let ms = native_facts.as_ref().map(|f| f.mechanisms.as_slice());
+    let p1 = verdict(Profile::P1, "P1", ms, native_err.clone(), Vec::new());
+    let p2 = verdict(
+        Profile::P2,
+        "P2",
+        ms,
+        native_err.clone(),
+        vec![
+            "credential broker (tools that declare secrets are refused)".into(),
+            "OCI image store (tools given an `image` are refused)".into(),
+        ],
+    );
+    let mut p3_missing = vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
     if runsc.is_none() {
         p3_missing.push("runsc not installed".into());
     }
     if !kvm {
         p3_missing.push("no usable /dev/kvm for a microVM".into());
     }
-    let p3 = ProfileVerdict {
-        profile: "P3",
-        strength: "unavailable",
-        missing: p3_missing,
-    };
+    let p3 = verdict(Profile::P3, "P3", None, None, p3_missing);
+    let runtimes = registry
+        .runtimes()
+        .iter()
+        .map(|rt| RuntimeReport {
+            runtime: rt.name(),
+            mechanisms: rt.facts().mechanisms,
+        })
+        .collect();
     let report = Report {
         host: facts,
         checks,
+        runtimes,
         profiles: vec![p1, p2, p3],
         notes,
     };
@@ -288,6 +360,18 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             c.name,
             c.detail,
             c.how
+        );
+    }
+    for r in &report.runtimes {
+        println!("runtime {}:", r.runtime);
+        for m in &r.mechanisms {
+            println!("  {m}");
+        }
+    }
+    for (k, why) in registry.unavailable() {
+        println!(
+            "runtime {}: cannot start here: {why}",
+            cordon_runtime::kind_name(*k)
         );
     }
     for p in &report.profiles {

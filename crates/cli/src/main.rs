@@ -68,6 +68,10 @@ struct RunArgs {
     /// as root, else ~/.local/state/cordon/audit.jsonl.
     #[arg(long, env = "CORDON_AUDIT")]
     audit: Option<PathBuf>,
+    /// Go on when the audit record cannot be written (default: the call
+    /// fails with status 22 and its output is withheld).
+    #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
+    audit_fail_open: bool,
 }
 
 /// `cordon run` alone: parsed without building every other subcommand
@@ -112,10 +116,14 @@ fn one_shot_command() -> Option<Cmd> {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Validate a manifest: one line per tool, then the warnings. Exit 1 if invalid.
+    /// Validate a manifest and admit each tool on this host: one line per
+    /// tool, then the warnings. Exit 1 if invalid or a tool would not start here.
     Check {
         #[command(flatten)]
         manifest: ManifestArg,
+        /// Only validate the manifest: do not admit its tools on this host.
+        #[arg(long)]
+        no_host: bool,
     },
     /// Print one tool's resolved policy: every effective setting after defaults.
     Explain {
@@ -169,7 +177,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let cmd = one_shot_command().unwrap_or_else(|| Cli::parse().cmd);
     let result = match cmd {
-        Cmd::Check { manifest } => check::run(&manifest.path),
+        Cmd::Check { manifest, no_host } => check::run(&manifest.path, !no_host),
         Cmd::Explain {
             tool,
             manifest,
@@ -184,6 +192,7 @@ fn main() -> ExitCode {
             probe_first,
             label,
             audit,
+            audit_fail_open,
         }) => run::run_tool(
             &manifest.path,
             &tool,
@@ -192,6 +201,7 @@ fn main() -> ExitCode {
                 probe_first,
                 label,
                 audit,
+                audit_fail_open,
             },
         ),
         Cmd::Exec(args) => run::exec_policy(&args).and_then(|p| {
@@ -202,6 +212,7 @@ fn main() -> ExitCode {
                     probe_first: false,
                     label: run::Label::None,
                     audit: args.audit.clone(),
+                    audit_fail_open: args.audit_fail_open,
                 },
             )
         }),

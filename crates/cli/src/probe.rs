@@ -1,19 +1,24 @@
 //! `cordon probe`: run the conformance catalogue inside each tool's own
 //! sandbox (or another sandbox's command prefix) and report HELD, ESCAPED
-//! or SKIPPED per probe. Exit 1 if anything escaped or a control failed.
+//! or SKIPPED per probe. Exit 1 if anything escaped or a control failed
+//! (whatever else happened), 3 if nothing escaped but some probe or tool
+//! could not be judged, 0 if everything held.
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 
-use cordon_jail::Jail;
-use cordon_policy::policy::{Exec, Profile as PolicyProfile, Runtime, ToolPolicy};
-use cordon_probes::{Filter, Format, JailSandbox, NoSandbox, PrefixSandbox, Report, Targets};
+use cordon_policy::policy::{Exec, Profile as PolicyProfile, ToolPolicy};
+use cordon_probes::{Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets};
+use cordon_runtime::{Registry, SandboxSpec, Use};
 
 use crate::exit;
+
+/// Exit status of a probe run: nothing escaped, but a probe or a tool
+/// could not be judged.
+pub const INCONCLUSIVE: u8 = 3;
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -78,142 +83,30 @@ fn targets(a: &ProbeArgs) -> Targets {
     t
 }
 
-/// Why a tool's sandbox cannot be probed here; such tools are reported
-/// SKIPPED with this reason, never as held.
-fn unprobeable(p: &ToolPolicy) -> Option<String> {
-    if p.runtime != Runtime::Native {
-        return Some(format!(
-            "runtime {:?} is not available in this build",
-            p.runtime
-        ));
-    }
-    match &p.exec {
-        Exec::Command { .. } => None,
-        Exec::Mcp {
-            command: Some(_), ..
-        } => None,
-        Exec::Mcp { .. } | Exec::Image { .. } => {
-            Some("an `image` needs an OCI runtime, which this build does not have".into())
-        }
-        Exec::Unspecified => Some("the manifest gives nothing to run".into()),
+/// How a tool is used: a command per call, an `mcp:` server for a session.
+pub fn use_of(p: &ToolPolicy) -> Use {
+    match p.exec {
+        Exec::Command { .. } => Use::Call,
+        _ => Use::Serve,
     }
 }
 
-/// The sandbox a tool runs in. An `mcp:` server runs in the same jail a
-/// command tool of its policy would (`cordon serve` adds only a stdio
-/// prologue), so its sandbox is probed as that command's.
-fn probe_spec(
-    p: &ToolPolicy,
-) -> anyhow::Result<(cordon_jail::JailSpec, Option<cordon_egress::EgressPolicy>)> {
-    let spec = match &p.exec {
-        Exec::Mcp {
-            command: Some(argv),
-            ..
-        } => {
-            let mut q = p.clone();
-            q.exec = Exec::Command { argv: argv.clone() };
-            cordon_broker::jail_spec(&q)
-        }
-        _ => cordon_broker::jail_spec(p),
-    };
-    spec.map_err(|e| anyhow!("{e}"))
+/// The sandbox a tool runs in, admitted exactly as `run` and `serve`
+/// admit it: the probe agent then runs as its program, through the same
+/// runtime and egress doors. `Err`: it cannot be probed here (the same
+/// refusal the tool would get).
+pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
+    let admitted = registry.admit(p, use_of(p))?;
+    Ok(RuntimeSandbox::new(admitted.runtime, admitted.spec))
 }
 
-/// A tool's own sandbox, egress doors included: the agent runs through
-/// the broker exactly as the tool would.
-struct ToolSandbox {
-    broker: Arc<cordon_broker::Broker>,
-    base: cordon_jail::JailSpec,
-    egress: Option<cordon_egress::EgressPolicy>,
+fn profile_label(p: &ToolPolicy) -> String {
+    format!("{} ({})", p.name, cordon_broker::profile_name(p.profile))
 }
 
-impl cordon_probes::Sandbox for ToolSandbox {
-    fn name(&self) -> String {
-        format!(
-            "cordon jail ({}, seccomp {:?}, network {})",
-            if self.broker.uses_cgroups() {
-                "cgroups"
-            } else {
-                "rlimits"
-            },
-            self.base.seccomp,
-            if self.egress.is_some() {
-                "egress doors"
-            } else {
-                "none"
-            }
-        )
-    }
-
-    fn run(
-        &self,
-        req: &cordon_probes::ProbeRun,
-    ) -> Result<cordon_probes::RunResult, cordon_probes::SandboxError> {
-        let agent = cordon_probes::jail::AGENT_IN_JAIL;
-        let mut spec = self.base.clone();
-        spec.argv = std::iter::once(agent.to_string())
-            .chain(req.args.iter().cloned())
-            .collect();
-        spec.binds.push(cordon_jail::Bind {
-            src: req.agent.clone(),
-            dst: agent.into(),
-        });
-        let (tx, rx) = std::sync::mpsc::channel();
-        let broker = self.broker.clone();
-        let egress = self.egress.clone();
-        let stdin = req.stdin.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(broker.run_spec(&spec, egress, stdin));
-        });
-        match rx.recv_timeout(req.timeout) {
-            Ok(Ok((o, _events))) => Ok(cordon_probes::jail::run_result(&o)),
-            Ok(Err(e)) => Err(cordon_probes::SandboxError::Backend(e.to_string())),
-            Err(_) => Err(cordon_probes::SandboxError::Backend(format!(
-                "the jail did not return within {:.1} s",
-                req.timeout.as_secs_f64()
-            ))),
-        }
-    }
-}
-
-/// The limits a tool's sandbox claims, as the probes judge them.
-fn tool_profile(
-    p: &ToolPolicy,
-    spec: &cordon_jail::JailSpec,
-    jail: &Arc<Jail>,
-) -> cordon_probes::Profile {
-    JailSandbox::new(jail.clone(), spec.clone()).profile(&format!(
-        "{} ({})",
-        p.name,
-        cordon_broker::profile_name(p.profile)
-    ))
-}
-
-/// Probe one tool's own sandbox with the default targets (fail-closed
-/// checks of `run --probe-first` and `serve`). `Err` names every probe that
-/// did not hold.
-pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
-    let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
-    if let Some(why) = unprobeable(p) {
-        return Err(anyhow!("{}: cannot be probed here: {why}", p.name));
-    }
-    let (spec, egress) = probe_spec(p)?;
-    let prof = tool_profile(p, &spec, &jail);
-    let (t, f) = (Targets::default(), Filter::default());
-    let report = if egress.is_some() {
-        let broker =
-            Arc::new(cordon_broker::Broker::new(Some("-".into())).map_err(|e| anyhow!("{e}"))?);
-        let sb = ToolSandbox {
-            broker,
-            base: spec,
-            egress,
-        };
-        cordon_probes::run_suite(&sb, &agent, &prof, &t, &f)
-    } else {
-        let sb = JailSandbox::new(jail, spec);
-        cordon_probes::run_suite(&sb, &agent, &prof, &t, &f)
-    };
-    let failed: Vec<String> = report
+/// The probes that did not hold, one line each.
+fn not_held(report: &Report) -> Vec<String> {
+    report
         .results
         .iter()
         .filter(|r| {
@@ -223,7 +116,19 @@ pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
             )
         })
         .map(|r| format!("{} {:?}: {}", r.probe, r.verdict, r.evidence))
-        .collect();
+        .collect()
+}
+
+/// Probe one tool's own sandbox with the default targets (the fail-closed
+/// checks of `run --probe-first` and `serve`). `Err` names the tool and
+/// every probe that did not hold, or why it cannot be probed.
+pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
+    let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
+    let sb = tool_sandbox(p, registry)
+        .map_err(|why| anyhow!("{}: refusing to start: cannot be probed here: {why}", p.name))?;
+    let prof = sb.profile(&profile_label(p));
+    let report = cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
+    let failed = not_held(&report);
     if !failed.is_empty() {
         return Err(anyhow!(
             "{}: refusing to start: {} probe(s) of its sandbox do not hold on this host: {}",
@@ -233,6 +138,25 @@ pub fn probe_tool(p: &ToolPolicy, jail: Arc<Jail>) -> anyhow::Result<Report> {
         ));
     }
     Ok(report)
+}
+
+/// The exit status of a whole run: an escape (or a failed control) wins
+/// over everything; then anything that could not be judged.
+pub fn combined_exit(reports: &[Report], unprobed: usize) -> u8 {
+    if reports
+        .iter()
+        .any(|r| r.exit_code() == cordon_probes::report::EXIT_ESCAPED)
+    {
+        exit::FINDING
+    } else if unprobed > 0
+        || reports
+            .iter()
+            .any(|r| r.exit_code() != cordon_probes::report::EXIT_ALL_HELD)
+    {
+        INCONCLUSIVE
+    } else {
+        exit::OK
+    }
 }
 
 pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -268,7 +192,14 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 ));
             }
             "P1" => {
-                let sb = JailSandbox::with_defaults().map_err(|e| anyhow!("{e}"))?;
+                let registry = Registry::for_host(Default::default());
+                let rt = registry
+                    .get(cordon_policy::policy::Runtime::Native, Use::Call)
+                    .map_err(|e| anyhow!("{e}"))?;
+                let sb = RuntimeSandbox::new(
+                    rt,
+                    SandboxSpec::new("cordon-probe", [cordon_probes::runtime::AGENT_IN_JAIL]),
+                );
                 let prof = sb.profile("P1");
                 reports.push(cordon_probes::run_suite(
                     &sb, &agent, &prof, &targets, &filter,
@@ -286,7 +217,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
-        let jail = Arc::new(Jail::new().map_err(|e| anyhow!("{e}"))?);
+        let registry = Registry::for_host(Default::default());
         let tools: Vec<&ToolPolicy> = match &a.tool {
             Some(t) => vec![
                 loaded
@@ -296,7 +227,6 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             ],
             None => loaded.policy.tools.values().collect(),
         };
-        let mut egress_broker: Option<Arc<cordon_broker::Broker>> = None;
         for p in tools {
             if p.profile == PolicyProfile::P0 {
                 let prof = cordon_probes::Profile::unclaimed(format!("{} (P0)", p.name));
@@ -305,42 +235,18 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 ));
                 continue;
             }
-            if let Some(why) = unprobeable(p) {
-                skipped.push((p.name.clone(), why));
-                continue;
-            }
-            let (spec, egress) = probe_spec(p)?;
-            let prof = tool_profile(p, &spec, &jail);
-            if egress.is_some() {
-                let broker = match &egress_broker {
-                    Some(b) => Arc::clone(b),
-                    None => {
-                        let b = Arc::new(
-                            cordon_broker::Broker::new(Some("-".into()))
-                                .map_err(|e| anyhow!("{e}"))?,
-                        );
-                        egress_broker = Some(b.clone());
-                        b
-                    }
-                };
-                let sb = ToolSandbox {
-                    broker,
-                    base: spec,
-                    egress,
-                };
-                reports.push(cordon_probes::run_suite(
-                    &sb, &agent, &prof, &targets, &filter,
-                ));
-            } else {
-                let sb = JailSandbox::new(jail.clone(), spec);
-                reports.push(cordon_probes::run_suite(
-                    &sb, &agent, &prof, &targets, &filter,
-                ));
+            match tool_sandbox(p, &registry) {
+                Ok(sb) => {
+                    let prof = sb.profile(&profile_label(p));
+                    reports.push(cordon_probes::run_suite(
+                        &sb, &agent, &prof, &targets, &filter,
+                    ));
+                }
+                Err(why) => skipped.push((p.name.clone(), why)),
             }
         }
     }
 
-    let mut worst = 0;
     if a.json {
         let v: Vec<serde_json::Value> = reports
             .iter()
@@ -348,12 +254,12 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .collect();
         let skipped_json: Vec<serde_json::Value> = skipped
             .iter()
-            .map(|(t, why)| serde_json::json!({"tool": t, "skipped": why}))
+            .map(|(t, why)| serde_json::json!({"tool": t, "not_probed": why}))
             .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"reports": v, "skipped_tools": skipped_json})
+                &serde_json::json!({"reports": v, "not_probed_tools": skipped_json})
             )?
         );
     } else {
@@ -362,7 +268,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             println!();
         }
         for (t, why) in &skipped {
-            println!("SKIPPED tool {t}: {why}");
+            println!("NOT PROBED tool {t}: {why}");
         }
     }
     if let Some(path) = &a.junit {
@@ -373,12 +279,58 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .join("\n");
         std::fs::write(path, xml).with_context(|| format!("writing {}", path.display()))?;
     }
-    for r in &reports {
-        worst = worst.max(r.exit_code());
-    }
-    if reports.is_empty() {
+    if reports.is_empty() && skipped.is_empty() {
         eprintln!("cordon probe: nothing was probed");
         return Ok(ExitCode::from(exit::USAGE));
     }
-    Ok(ExitCode::from(u8::try_from(worst).unwrap_or(exit::FINDING)))
+    if !skipped.is_empty() {
+        eprintln!(
+            "cordon probe: {} tool(s) could not be probed here; that counts against the run",
+            skipped.len()
+        );
+    }
+    Ok(ExitCode::from(combined_exit(&reports, skipped.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cordon_probes::{Category, ProbeResult, Verdict};
+
+    fn report(verdicts: &[(&str, Verdict)]) -> Report {
+        Report {
+            sandbox: "t".into(),
+            profile: "t".into(),
+            results: verdicts
+                .iter()
+                .map(|(p, v)| ProbeResult {
+                    probe: p.to_string(),
+                    category: if *p == "control" {
+                        Category::Control
+                    } else {
+                        Category::Escape
+                    },
+                    verdict: *v,
+                    evidence: String::new(),
+                    duration: std::time::Duration::ZERO,
+                    exit_code: None,
+                    signal: None,
+                    status: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_escape_wins_over_everything_else() {
+        let held = report(&[("control", Verdict::Held), ("mount", Verdict::Held)]);
+        let escaped = report(&[("control", Verdict::Held), ("mount", Verdict::Escaped)]);
+        let error = report(&[("control", Verdict::Held), ("mount", Verdict::Error)]);
+        assert_eq!(combined_exit(std::slice::from_ref(&held), 0), exit::OK);
+        assert_eq!(combined_exit(&[held.clone(), error.clone()], 0), INCONCLUSIVE);
+        assert_eq!(combined_exit(std::slice::from_ref(&held), 1), INCONCLUSIVE);
+        assert_eq!(combined_exit(&[error.clone(), escaped.clone()], 0), exit::FINDING);
+        assert_eq!(combined_exit(&[escaped, error], 3), exit::FINDING);
+        assert_ne!(INCONCLUSIVE, exit::USAGE);
+    }
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, anyhow};
 use serde::Serialize;
 
 use cordon_policy::policy::{
-    Exec, Lifetime, Network, Output, Profile, Runtime, Seccomp, ToolPolicy,
+    Exec, Lifetime, Mechanism, Network, Output, Profile, Runtime, Seccomp, ToolPolicy,
 };
 use cordon_policy::units::{parse_cpu, parse_size_str};
 
@@ -61,14 +61,15 @@ pub struct RunOpts {
     pub probe_first: bool,
     pub label: Label,
     pub audit: Option<PathBuf>,
+    pub audit_fail_open: bool,
 }
 
 pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<ExitCode> {
     let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
-        let jail = std::sync::Arc::new(cordon_jail::Jail::new().map_err(|e| anyhow!("{e}"))?);
-        if let Err(e) = crate::probe::probe_tool(policy, jail) {
+        let registry = cordon_runtime::Registry::for_host(Default::default());
+        if let Err(e) = crate::probe::probe_tool(policy, &registry) {
             eprintln!("cordon: {e:#}");
             return Ok(ExitCode::from(exit::REFUSED));
         }
@@ -77,7 +78,16 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
 }
 
 pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<ExitCode> {
-    let broker = Broker::one_shot(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
+    let broker = match Broker::new(cordon_broker::BrokerOptions::one_shot(
+        opts.audit.clone(),
+        opts.audit_fail_open,
+    )) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return Ok(ExitCode::from(exit::AUDIT_FAILED));
+        }
+    };
     for w in broker.warnings() {
         eprintln!("cordon: warning: {w}");
     }
@@ -90,7 +100,8 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
                     tool: &policy.name,
                     status: match &e {
                         CallError::Setup(_) => "setup_failed",
-                        _ => "refused",
+                        CallError::Audit(_) => "audit_failed",
+                        CallError::Refused(_) => "refused",
                     },
                     exit_code: None,
                     signal: None,
@@ -112,13 +123,13 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
 }
 
 fn status_name(r: &CallResult) -> &'static str {
-    use cordon_jail::Status::*;
+    use cordon_broker::Status::*;
     match r.outcome.status {
         Ok => match &r.gated {
             Some(Err(_)) => "gate_refused",
             _ => "ok",
         },
-        Exited => "tool_failed",
+        Exited | Killed => "tool_failed",
         TimedOut => "timed_out",
         MemoryLimit => "memory_limit",
         TaskLimit => "task_limit",
@@ -134,7 +145,7 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
         cordon_gate::ToolMeta::new(&policy.name, cordon_broker::profile_name(policy.profile));
     let stderr = cordon_gate::gate_error(&meta, &o.stderr).content.to_text();
     let reason = match &r.gated {
-        Some(Err(refusal)) if o.status == cordon_jail::Status::Ok => {
+        Some(Err(refusal)) if o.status == cordon_broker::Status::Ok => {
             format!("{}: {refusal}", policy.name)
         }
         _ => o.reason.clone(),
@@ -286,6 +297,18 @@ pub struct ExecArgs {
     /// Audit log file (`-` for stderr).
     #[arg(long, env = "CORDON_AUDIT")]
     pub audit: Option<PathBuf>,
+    /// Go on when the audit record cannot be written (default: the call
+    /// fails with status 22 and its output is withheld).
+    #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
+    pub audit_fail_open: bool,
+    /// Also require this mechanism to be fully enforced (repeatable):
+    /// namespaces, readonly_root, descriptors, network, seccomp, landlock,
+    /// cgroup.
+    #[arg(long = "require", value_name = "MECHANISM")]
+    pub require: Vec<String>,
+    /// Accept this mechanism partial or missing (repeatable).
+    #[arg(long = "accept", value_name = "MECHANISM")]
+    pub accept: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -333,17 +356,31 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         .ro_bind
         .iter()
         .map(|b| {
-            let (src, dst) = b.split_once(':').unwrap_or((b, b));
+            let (src, dst) = match b.split(':').collect::<Vec<_>>().as_slice() {
+                [src] => (*src, *src),
+                [src, dst] => (*src, *dst),
+                _ => return Err(anyhow!("--ro-bind {b}: write SRC or SRC:DST")),
+            };
             if !src.starts_with('/') || !dst.starts_with('/') {
                 return Err(anyhow!("--ro-bind {b}: paths must be absolute"));
             }
             Ok(cordon_policy::policy::Mount {
                 src: src.into(),
                 dst: dst.into(),
+                writable: false,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let network = a.net.network()?;
+    let accept = mechanisms("--accept", &a.accept)?;
+    let mut require: Vec<Mechanism> = cordon_policy::resolve::default_requirements(Profile::P1)
+        .iter()
+        .copied()
+        .chain(mechanisms("--require", &a.require)?)
+        .filter(|m| !accept.contains(m))
+        .collect();
+    require.sort();
+    require.dedup();
     Ok(ToolPolicy {
         name: "exec".into(),
         profile: Profile::P1,
@@ -367,5 +404,23 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         output_schema: None,
         output: Output::text(),
         seccomp: Seccomp::DenyList,
+        require,
+        accept,
     })
+}
+
+/// `--require`/`--accept` values.
+fn mechanisms(flag: &str, names: &[String]) -> anyhow::Result<Vec<Mechanism>> {
+    names
+        .iter()
+        .map(|n| {
+            Mechanism::ALL
+                .into_iter()
+                .find(|m| m.name() == n)
+                .ok_or_else(|| {
+                    let all: Vec<&str> = Mechanism::ALL.iter().map(|m| m.name()).collect();
+                    anyhow!("{flag} {n}: not a mechanism (one of {})", all.join(", "))
+                })
+        })
+        .collect()
 }

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::anyhow;
-use cordon_mcp::{Gateway, GatewayOptions, HttpOptions, JailSandbox, Transport};
-use cordon_policy::policy::{Exec, Network, Runtime};
+use cordon_mcp::{Gateway, GatewayOptions, HttpOptions, Transport};
+use cordon_runtime::Registry;
 
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
@@ -27,46 +27,60 @@ pub struct ServeArgs {
     /// as root, else ~/.local/state/cordon/audit.jsonl.
     #[arg(long, env = "CORDON_AUDIT")]
     pub audit: Option<PathBuf>,
-    /// Do not run the conformance probes at start. By default a command
-    /// tool whose sandbox has a probe that does not hold is not served.
+    /// Do not run the conformance probes at start. By default every tool
+    /// (command tools and each `mcp:` server's sandbox) is probed, and one
+    /// whose probe does not hold, errs or cannot run is not served.
     #[arg(long)]
     pub no_probe: bool,
+    /// Go on when an audit record cannot be written (default: the call
+    /// fails and its result is withheld).
+    #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
+    pub audit_fail_open: bool,
 }
 
-/// Probe every command tool's sandbox, in parallel, and drop each tool
-/// with a probe that does not hold, saying which. The wall clock of a
-/// probed sandbox is shortened to 3 s so start-up stays quick; the
+/// Probe every tool's own sandbox (command tools with or without egress,
+/// and each `mcp:` server's), in parallel, and drop each tool whose probes
+/// do not all hold, that cannot be probed, or whose probe thread failed,
+/// saying which. P0 tools are never served, so never probed. The wall clock
+/// of a probed sandbox is shortened to 3 s so start-up stays quick; the
 /// mechanism under test is the same.
-fn probe_and_filter(
-    set: &mut cordon_policy::PolicySet,
-    jail: &Arc<cordon_jail::Jail>,
-) -> Vec<String> {
+pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry) -> Vec<String> {
     let probed: Vec<_> = set
         .tools
         .values()
-        .filter(|p| {
-            matches!(p.exec, Exec::Command { .. })
-                && p.runtime == Runtime::Native
-                && p.network == Network::None
-                && p.limits.is_some()
-        })
+        .filter(|p| p.profile != cordon_policy::policy::Profile::P0)
         .cloned()
         .collect();
     let results: Vec<(String, anyhow::Result<()>)> = std::thread::scope(|sc| {
         let handles: Vec<_> = probed
             .into_iter()
             .map(|mut p| {
-                let jail = jail.clone();
-                sc.spawn(move || {
+                let name = p.name.clone();
+                let h = sc.spawn(move || {
                     if let Some(l) = p.limits.as_mut() {
                         l.wall_seconds = l.wall_seconds.min(3);
                     }
-                    let r = crate::probe::probe_tool(&p, jail).map(|_| ());
-                    (p.name.clone(), r)
-                })
+                    crate::probe::probe_tool(&p, registry).map(|_| ())
+                });
+                (name, h)
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        handles
+            .into_iter()
+            .map(|(name, h)| {
+                let r = h.join().unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "no message".into());
+                    Err(anyhow!(
+                        "{name}: refusing to start: its probe run failed ({what})"
+                    ))
+                });
+                (name, r)
+            })
+            .collect()
     });
     let mut refused = Vec::new();
     for (name, r) in results {
@@ -81,26 +95,29 @@ fn probe_and_filter(
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let opts = GatewayOptions {
         audit: args.audit.clone(),
+        audit_fail_open: args.audit_fail_open,
         ..GatewayOptions::default()
     };
-    let gw = if args.no_probe {
+    let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
+    let registry = Registry::for_host(Default::default());
+    if args.no_probe {
         eprintln!(
             "cordon: warning: --no-probe: tools are served without checking that their sandboxes hold here"
         );
-        Gateway::from_manifest(&args.manifest.path, &opts).map_err(|e| anyhow!("{e}"))?
     } else {
-        let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
-        let jail = Arc::new(cordon_jail::Jail::new().map_err(|e| anyhow!("{e}"))?);
-        for refusal in probe_and_filter(&mut loaded.policy, &jail) {
+        for refusal in probe_and_filter(&mut loaded.policy, &registry) {
             eprintln!("cordon: {refusal}");
         }
-        let broker = cordon_broker::Broker::new(opts.audit.clone()).map_err(|e| anyhow!("{e}"))?;
-        let sandbox = Arc::new(
-            JailSandbox::new(jail, opts.max_server_lifetime)
-                .with_audit(Arc::new(cordon_broker::open_audit(opts.audit.clone()).0)),
-        );
-        Gateway::new(&loaded.policy, broker, sandbox).map_err(|e| anyhow!("{e}"))?
+    }
+    let bopts = cordon_broker::BrokerOptions {
+        audit: opts.audit.clone(),
+        audit_fail_open: opts.audit_fail_open,
+        ..Default::default()
     };
+    let broker =
+        cordon_broker::Broker::with_registry(registry, &bopts).map_err(|e| anyhow!("{e}"))?;
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).map_err(|e| anyhow!("{e}"))?);
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).map_err(|e| anyhow!("{e}"))?;
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
     }

@@ -61,6 +61,7 @@
 
 pub mod cgroup;
 pub mod host;
+pub mod preflight;
 mod netns;
 mod plan;
 mod rootdir;
@@ -217,6 +218,24 @@ pub enum Stdin {
     Fd(OwnedFd),
     /// /dev/null.
     Null,
+    /// A long-lived sandbox's stdio, relayed by the broker (see [`Stream`]).
+    Stream(Stream),
+}
+
+/// The stdio of a long-lived sandbox (an MCP server): the broker relays
+/// what arrives on `socket` to the sandbox's stdin pipe, and what the
+/// sandbox writes to its stdout pipe back to `socket`, counting each line
+/// (one JSON-RPC message) against `output_bytes`: a longer one kills the
+/// sandbox ([`Status::OutputCap`]). End of file on `socket` closes the
+/// sandbox's stdin; when `stop` becomes readable or its write end is
+/// closed, the sandbox is killed ([`Status::Killed`]). Nothing runs in the
+/// sandbox for this: no shell, no helper.
+#[derive(Debug)]
+pub struct Stream {
+    /// The broker's end of the caller's byte stream.
+    pub socket: OwnedFd,
+    /// The read end of a pipe whose write end the caller holds.
+    pub stop: OwnedFd,
 }
 
 /// How the call ended.
@@ -234,6 +253,8 @@ pub enum Status {
     TaskLimit,
     /// Killed for writing more than output_bytes.
     OutputCap,
+    /// Killed by the broker (a [`Stream`] sandbox that was stopped).
+    Killed,
 }
 
 /// Landlock as applied to a call.
@@ -492,6 +513,18 @@ impl Jail {
         self.pool.is_some()
     }
 
+    /// Why limits do not go through cgroups, when they do not.
+    pub fn cgroup_fallback_reason(&self) -> Option<&str> {
+        match &self.pool {
+            Some(_) => None,
+            None => Some(
+                self.no_cgroup_warning
+                    .as_deref()
+                    .unwrap_or("no cgroup pool could be made"),
+            ),
+        }
+    }
+
     /// Whether sandboxes without network get a pooled (exclusive, empty,
     /// not owned by the sandbox) network namespace rather than a new one.
     pub fn pools_network_namespaces(&self) -> bool {
@@ -536,6 +569,12 @@ impl Jail {
         }
         Ok(f)
     }
+}
+
+/// The Landlock ABI whose rights the jail handles: a kernel with an older
+/// one enforces only part of them.
+pub fn landlock_target_abi() -> i32 {
+    plan::LANDLOCK_TARGET as i32
 }
 
 /// `512M`, `1G`, `64K`, or bytes.

@@ -229,7 +229,13 @@ where
     let (sync_r, sync_w) = sio::pipe().map_err(p("create sync pipe"))?;
     let (fail_r, fail_w) = sio::pipe().map_err(p("create error pipe"))?;
     let mut stdin_bytes = None;
+    let mut relay: Option<Relay> = None;
     let (in_child, in_w): (OwnedFd, Option<OwnedFd>) = match stdin {
+        Stdin::Stream(st) => {
+            let (r, w) = sio::pipe().map_err(p("create stdin pipe"))?;
+            relay = Some(Relay::new(st, limits.output_bytes));
+            (r, Some(w))
+        }
         Stdin::Bytes(b) => {
             let (r, w) = sio::pipe().map_err(p("create stdin pipe"))?;
             stdin_bytes = Some(b);
@@ -437,11 +443,14 @@ where
     let stdin_bytes = stdin_bytes.unwrap_or_default();
     let mut in_off = 0usize;
     if let Some(w) = &in_w {
-        if stdin_bytes.is_empty() {
+        if stdin_bytes.is_empty() && relay.is_none() {
             in_w = None;
         } else {
             sio::set_nonblocking(w.as_fd(), true).map_err(p("stdin non-blocking"))?;
         }
+    }
+    if let Some(r) = &relay {
+        sio::set_nonblocking(r.socket.as_fd(), true).map_err(p("stream non-blocking"))?;
     }
     for fd in [&out_r, &err_r].into_iter().flatten() {
         sio::set_nonblocking(fd.as_fd(), true).map_err(p("pipe non-blocking"))?;
@@ -452,6 +461,14 @@ where
     loop {
         if exit.is_some() && out_r.is_none() && err_r.is_none() {
             break;
+        }
+        if let Some(r) = &mut relay
+            && killed_for.is_none()
+            && exit.is_none()
+            && r.stopped
+        {
+            killed_for = Some(Status::Killed);
+            kill_all(&child, slot);
         }
         let now = Instant::now();
         if killed_for.is_none() && now >= deadline && exit.is_none() {
@@ -468,17 +485,24 @@ where
         } else {
             deadline.saturating_duration_since(now)
         };
-        let mut fds: Vec<sio::PollFd> = Vec::with_capacity(5);
-        let mut kinds: Vec<u8> = Vec::with_capacity(5);
-        if let Some(f) = &out_r {
+        let mut fds: Vec<sio::PollFd> = Vec::with_capacity(8);
+        let mut kinds: Vec<u8> = Vec::with_capacity(8);
+        if let Some(f) = &out_r
+            && relay.as_ref().is_none_or(Relay::wants_output)
+        {
             fds.push(pfd(f.as_fd(), libc::POLLIN));
             kinds.push(b'o');
+        }
+        if let Some(r) = &relay {
+            r.poll_fds(&mut fds, &mut kinds);
         }
         if let Some(f) = &err_r {
             fds.push(pfd(f.as_fd(), libc::POLLIN));
             kinds.push(b'e');
         }
-        if let Some(f) = &in_w {
+        if let Some(f) = &in_w
+            && relay.as_ref().is_none_or(|r| !r.to_child.is_empty())
+        {
             fds.push(pfd(f.as_fd(), libc::POLLOUT));
             kinds.push(b'i');
         }
@@ -504,7 +528,11 @@ where
             match kind {
                 b'o' => {
                     if let Some(f) = &out_r {
-                        match drain(f.as_fd(), &mut buf, |chunk| io.stdout(chunk)) {
+                        let drained = match &mut relay {
+                            Some(r) => drain(f.as_fd(), &mut buf, |chunk| r.from_child(chunk)),
+                            None => drain(f.as_fd(), &mut buf, |chunk| io.stdout(chunk)),
+                        };
+                        match drained {
                             Drain::Eof => out_r = None,
                             Drain::Stop => {
                                 out_r = None;
@@ -525,6 +553,18 @@ where
                         })
                     {
                         err_r = None;
+                    }
+                }
+                b'i' if relay.is_some() => {
+                    if let (Some(w), Some(r)) = (&in_w, &mut relay)
+                        && !r.write_child(w.as_fd())
+                    {
+                        in_w = None;
+                    }
+                }
+                b's' | b'w' | b'x' => {
+                    if let Some(r) = &mut relay {
+                        r.ready(*kind, pf.revents);
                     }
                 }
                 b'i' => {
@@ -566,6 +606,14 @@ where
                 _ => {}
             }
         }
+        if let Some(r) = &relay
+            && r.stdin_done()
+        {
+            in_w = None;
+        }
+    }
+    if let Some(r) = &mut relay {
+        r.flush(Duration::from_secs(1));
     }
     drop(sync_w);
     drop(doors_sock);
@@ -603,14 +651,22 @@ where
             format_bytes(limits.memory_bytes)
         ),
         Status::TaskLimit => format!("{tool}: task limit {} reached", limits.tasks),
+        Status::OutputCap if relay.is_some() => format!(
+            "{tool}: a message over the output cap ({} bytes)",
+            limits.output_bytes
+        ),
         Status::OutputCap => format!("{tool}: output over cap ({} bytes)", limits.output_bytes),
+        Status::Killed => format!("{tool}: stopped by the broker"),
         Status::Ok | Status::Exited => match (exit_code, signal) {
             (Some(c), _) => format!("{tool}: exit {c}"),
             (None, Some(s)) => format!("{tool}: killed by signal {s}"),
             (None, None) => format!("{tool}: ended"),
         },
     };
-    let (stdout, output_bytes, stderr, stderr_total) = io.finish();
+    let (stdout, mut output_bytes, stderr, stderr_total) = io.finish();
+    if let Some(r) = &relay {
+        output_bytes = r.out_total;
+    }
     drop(guard);
     Ok(Outcome {
         status,
@@ -733,5 +789,182 @@ impl IoState {
 
     fn finish(self) -> (Vec<u8>, u64, Vec<u8>, u64) {
         (self.stdout, self.out_total, self.stderr, self.err_total)
+    }
+}
+
+/// Bytes held in either direction of a [`crate::Stream`] relay before the
+/// broker stops reading from that side (back-pressure).
+const RELAY_HIGH_WATER: usize = 256 << 10;
+
+/// The broker's side of a long-lived sandbox's stdio (see
+/// [`crate::Stream`]).
+struct Relay {
+    socket: OwnedFd,
+    stop: Option<OwnedFd>,
+    /// From the socket, for the sandbox's stdin.
+    to_child: Vec<u8>,
+    /// From the sandbox's stdout, for the socket.
+    to_sock: Vec<u8>,
+    /// The socket gave end of file (or failed): no more input.
+    sock_eof: bool,
+    /// The socket can no longer be written: nobody reads the output.
+    sock_dead: bool,
+    /// Stop requested (or nobody is left to read).
+    stopped: bool,
+    cap: u64,
+    line: u64,
+    out_total: u64,
+}
+
+impl Relay {
+    fn new(st: crate::Stream, cap: u64) -> Relay {
+        Relay {
+            socket: st.socket,
+            stop: Some(st.stop),
+            to_child: Vec::new(),
+            to_sock: Vec::new(),
+            sock_eof: false,
+            sock_dead: false,
+            stopped: false,
+            cap,
+            line: 0,
+            out_total: 0,
+        }
+    }
+
+    fn wants_output(&self) -> bool {
+        self.to_sock.len() < RELAY_HIGH_WATER
+    }
+
+    fn stdin_done(&self) -> bool {
+        self.sock_eof && self.to_child.is_empty()
+    }
+
+    fn poll_fds(&self, fds: &mut Vec<sio::PollFd>, kinds: &mut Vec<u8>) {
+        if !self.sock_eof && self.to_child.len() < RELAY_HIGH_WATER {
+            fds.push(pfd(self.socket.as_fd(), libc::POLLIN));
+            kinds.push(b's');
+        }
+        if !self.to_sock.is_empty() && !self.sock_dead {
+            fds.push(pfd(self.socket.as_fd(), libc::POLLOUT));
+            kinds.push(b'w');
+        }
+        if let Some(s) = &self.stop {
+            fds.push(pfd(s.as_fd(), libc::POLLIN));
+            kinds.push(b'x');
+        }
+    }
+
+    fn ready(&mut self, kind: u8, revents: libc::c_short) {
+        match kind {
+            b's' => {
+                let mut buf = [0u8; 64 << 10];
+                loop {
+                    match sio::read(self.socket.as_fd(), &mut buf) {
+                        Ok(0) => {
+                            self.sock_eof = true;
+                            break;
+                        }
+                        Ok(n) => {
+                            self.to_child.extend_from_slice(&buf[..n]);
+                            if self.to_child.len() >= RELAY_HIGH_WATER {
+                                break;
+                            }
+                        }
+                        Err(Errno::EINTR) => {}
+                        Err(Errno::EAGAIN) => break,
+                        Err(_) => {
+                            self.sock_eof = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            b'w' => self.write_sock(),
+            b'x' => {
+                let _ = revents;
+                self.stopped = true;
+                self.stop = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn write_sock(&mut self) {
+        while !self.to_sock.is_empty() {
+            match sio::write(self.socket.as_fd(), &self.to_sock) {
+                Ok(n) => {
+                    self.to_sock.drain(..n);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    // Nobody reads the sandbox's output any more.
+                    self.sock_dead = true;
+                    self.stopped = true;
+                    self.to_sock.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Output from the sandbox: false once a line is over the cap.
+    fn from_child(&mut self, chunk: &[u8]) -> bool {
+        self.out_total += chunk.len() as u64;
+        let mut rest = chunk;
+        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+            self.line += i as u64;
+            if self.line > self.cap {
+                return false;
+            }
+            self.line = 0;
+            rest = &rest[i + 1..];
+        }
+        self.line += rest.len() as u64;
+        if self.line > self.cap {
+            return false;
+        }
+        if !self.sock_dead {
+            self.to_sock.extend_from_slice(chunk);
+        }
+        true
+    }
+
+    /// Write what the socket accepts to the sandbox's stdin; false when
+    /// the stdin pipe is closed.
+    fn write_child(&mut self, w: BorrowedFd<'_>) -> bool {
+        while !self.to_child.is_empty() {
+            match sio::write(w, &self.to_child) {
+                Ok(n) => {
+                    self.to_child.drain(..n);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return true,
+                Err(_) => {
+                    self.to_child.clear();
+                    self.sock_eof = true;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// After the sandbox is gone: hand the socket what is left, for at most
+    /// `within`.
+    fn flush(&mut self, within: Duration) {
+        let until = Instant::now() + within;
+        while !self.to_sock.is_empty() && !self.sock_dead {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut f = [pfd(self.socket.as_fd(), libc::POLLOUT)];
+            match poll_retry(&mut f, left) {
+                Ok(n) if n > 0 => self.write_sock(),
+                _ => return,
+            }
+        }
     }
 }

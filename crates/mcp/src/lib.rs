@@ -28,8 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cordon_broker::{Broker, CallError};
-use cordon_jail::Status;
+use cordon_broker::{Admitted, Broker, CallError, Status, Use};
 use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -46,17 +45,28 @@ pub use rmcp;
 
 pub use args::{ArgError, ArgMapper, Prepared};
 pub use render::Refusal;
-pub use sandbox::{JailSandbox, ServerHandle, ServerProcess, ServerSandbox};
+pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
 use render::refusal;
+
+/// The server sandbox of a gateway: the broker's runtimes, with egress
+/// attempts audited.
+pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServers, GatewayError> {
+    let (audit, _) = cordon_broker::open_audit(opts.audit.clone(), opts.audit_fail_open)
+        .map_err(GatewayError::Sandbox)?;
+    Ok(
+        RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
+            .with_audit(Arc::new(audit)),
+    )
+}
 
 /// Why the gateway could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("{0}")]
     Manifest(String),
-    #[error("sandbox: {0}")]
-    Sandbox(#[from] cordon_jail::JailError),
+    #[error("{0}")]
+    Sandbox(String),
     #[error("{0}")]
     Tool(String),
     #[error("{what}: {source}")]
@@ -74,6 +84,8 @@ pub enum GatewayError {
 pub struct GatewayOptions {
     /// Audit log (`None`: the broker's default; `-` for stderr).
     pub audit: Option<PathBuf>,
+    /// A record that cannot be written does not fail the call (announced).
+    pub audit_fail_open: bool,
     /// Longest life of one sandboxed MCP server (a session ending or a
     /// restart stops it sooner).
     pub max_server_lifetime: Duration,
@@ -83,6 +95,7 @@ impl Default for GatewayOptions {
     fn default() -> GatewayOptions {
         GatewayOptions {
             audit: None,
+            audit_fail_open: false,
             max_server_lifetime: Duration::from_secs(8 * 3600),
         }
     }
@@ -90,6 +103,8 @@ impl Default for GatewayOptions {
 
 struct CommandTool {
     policy: Arc<ToolPolicy>,
+    /// Admitted once, at start.
+    admitted: Admitted,
     args: ArgMapper,
     tool: Tool,
 }
@@ -111,19 +126,21 @@ impl Gateway {
     pub fn from_manifest(path: &Path, opts: &GatewayOptions) -> Result<Gateway, GatewayError> {
         let loaded =
             cordon_policy::load(path).map_err(|e| GatewayError::Manifest(e.to_string()))?;
-        let broker = Broker::new(opts.audit.clone())?;
-        let jail = Arc::new(cordon_jail::Jail::new()?);
-        let sandbox = Arc::new(
-            JailSandbox::new(jail, opts.max_server_lifetime)
-                .with_audit(Arc::new(cordon_broker::open_audit(opts.audit.clone()).0)),
-        );
+        let bopts = cordon_broker::BrokerOptions {
+            audit: opts.audit.clone(),
+            audit_fail_open: opts.audit_fail_open,
+            ..Default::default()
+        };
+        let broker = Broker::new(bopts.clone()).map_err(GatewayError::Sandbox)?;
+        let sandbox = Arc::new(servers_for(&broker, opts)?);
         Gateway::new(&loaded.policy, broker, sandbox)
     }
 
-    /// A gateway over these tools. Tools cordon cannot run here (an image
-    /// without an OCI runtime, P0, host network, ...) are not served; each
-    /// gets a warning. A command tool whose input schema does not compile is
-    /// an error.
+    /// A gateway over these tools. Each is admitted once, here: a tool
+    /// cordon cannot run here (an image without an OCI runtime, P0, a
+    /// required mechanism missing, a program that does not exist...) is not
+    /// served, with a warning saying why. A command tool whose input schema
+    /// does not compile is an error.
     pub fn new(
         policy: &PolicySet,
         broker: Broker,
@@ -133,36 +150,41 @@ impl Gateway {
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
         for (name, p) in &policy.tools {
-            match &p.exec {
-                Exec::Command { .. } => {
-                    if let Err(why) = cordon_broker::jail_spec(p) {
-                        warnings.push(format!("not served: {why}"));
-                        continue;
-                    }
+            let use_ = match &p.exec {
+                Exec::Command { .. } => Use::Call,
+                _ => Use::Serve,
+            };
+            let admitted = match broker.admit(p, use_) {
+                Ok(a) => a,
+                Err(why) => {
+                    warnings.push(format!("not served: {why}"));
+                    continue;
+                }
+            };
+            for w in &admitted.warnings {
+                warnings.push(format!("{name}: {w}"));
+            }
+            match use_ {
+                Use::Call => {
                     let args = ArgMapper::new(p).map_err(GatewayError::Tool)?;
                     let tool = command_tool(p);
                     commands.insert(
                         name.clone(),
                         CommandTool {
                             policy: Arc::new(p.clone()),
+                            admitted,
                             args,
                             tool,
                         },
                     );
                 }
-                Exec::Mcp { .. } => {
+                Use::Serve => {
                     let p = Arc::new(p.clone());
                     match upstream::Upstream::new(p.clone(), sandbox.clone()) {
                         Ok(_) => servers.push((p, upstream::KnownOffers::default())),
                         Err(why) => warnings.push(format!("not served: {why}")),
                     }
                 }
-                Exec::Image { reference, .. } => warnings.push(format!(
-                    "not served: {name}: image {reference} needs an OCI runtime, which this build does not have"
-                )),
-                Exec::Unspecified => warnings.push(format!(
-                    "not served: {name}: the manifest gives nothing to run"
-                )),
             }
         }
         Ok(Gateway {
@@ -262,14 +284,15 @@ impl CallAudit {
         self
     }
 
-    /// Write the record for `result`.
+    /// Write the record for `result`; `Err` (the result must then be
+    /// withheld) when it could not be written and the log is fail-closed.
     pub(crate) fn finish(
         self,
         broker: &Broker,
         session: &str,
         caller: &str,
         result: &Result<CallToolResult, ErrorData>,
-    ) {
+    ) -> Result<(), ErrorData> {
         let outcome = result.as_ref().map(|r| {
             let text: String = r
                 .content
@@ -278,7 +301,7 @@ impl CallAudit {
                 .collect();
             (text, r.is_error == Some(true))
         });
-        self.finish_with(broker, session, caller, outcome);
+        self.finish_with(broker, session, caller, outcome)
     }
 
     /// Write the record for an outcome: the text that went back and
@@ -289,7 +312,7 @@ impl CallAudit {
         session: &str,
         caller: &str,
         outcome: Result<(String, bool), &ErrorData>,
-    ) {
+    ) -> Result<(), ErrorData> {
         use cordon_audit::{AuditRecord, Payload, Status as A};
         let mut rec = AuditRecord::new(&self.tool, &self.profile);
         rec.runtime = self.runtime.into();
@@ -334,7 +357,13 @@ impl CallAudit {
             }
         }
         rec.duration_ms = self.started.elapsed().as_millis() as u64;
-        broker.record(&rec);
+        broker.record(&rec).map_err(|e| {
+            refusal(
+                Refusal::AuditFailed,
+                e.to_string(),
+                json!({"tool": self.tool}),
+            )
+        })
     }
 }
 
@@ -402,24 +431,18 @@ impl Session {
                     &self.id,
                     &caller,
                     &r,
-                );
+                )?;
                 return r;
             }
         };
-        let policy = if prepared.argv.is_empty() {
-            t.policy.clone()
-        } else {
-            let mut p = (*t.policy).clone();
-            if let Exec::Command { argv } = &mut p.exec {
-                argv.extend(prepared.argv);
-            }
-            Arc::new(p)
-        };
+        let policy = t.policy.clone();
+        let mut admitted = t.admitted.clone();
+        admitted.spec.argv.extend(prepared.argv);
         let broker = self.gw.broker.clone();
         let session = self.id.clone();
         let pol = policy.clone();
         let ran = tokio::task::spawn_blocking(move || {
-            broker.call_as(&session, &caller, &pol, prepared.stdin)
+            broker.call_admitted(&session, &caller, &pol, Ok(admitted), prepared.stdin)
         })
         .await
         .map_err(|e| {
@@ -436,7 +459,7 @@ impl Session {
             Err(CallError::Refused(msg)) => {
                 return Err(refusal(Refusal::PolicyRefused, msg, json!({"tool": name})));
             }
-            Err(e @ CallError::Setup(_)) => {
+            Err(e @ (CallError::Setup(_) | CallError::Audit(_))) => {
                 return Err(refusal(
                     Refusal::SandboxFailed,
                     e.to_string(),
@@ -445,13 +468,7 @@ impl Session {
             }
         };
         let o = &r.outcome;
-        let limit = match o.status {
-            Status::TimedOut => Some("wall_seconds"),
-            Status::MemoryLimit => Some("memory"),
-            Status::TaskLimit => Some("tasks"),
-            Status::OutputCap => Some("output_bytes"),
-            Status::Ok | Status::Exited => None,
-        };
+        let limit = cordon_broker::limit_hit(o.status);
         if let Some(limit) = limit {
             return Err(refusal(
                 Refusal::LimitHit,
@@ -459,17 +476,20 @@ impl Session {
                 json!({"tool": name, "limit": limit}),
             ));
         }
-        if o.status == Status::Exited {
+        if matches!(o.status, Status::Exited | Status::Killed) {
             let mut msg = o.reason.clone().into_bytes();
             let stderr = String::from_utf8_lossy(&o.stderr);
             if !stderr.trim().is_empty() {
                 msg.extend_from_slice(b"\n");
                 msg.extend_from_slice(stderr.trim_end().as_bytes());
             }
-            return Ok(render::tool_error(name, profile, &msg));
+            return Ok(render::with_warnings(
+                render::tool_error(name, profile, &msg),
+                &o.warnings,
+            ));
         }
         match &r.gated {
-            Some(Ok(g)) => Ok(render::success(g)),
+            Some(Ok(g)) => Ok(render::with_warnings(render::success(g), &o.warnings)),
             Some(Err(refused)) => Err(refusal(
                 Refusal::GateRefused,
                 format!("{name}: {refused}"),
@@ -734,7 +754,7 @@ impl ServerHandler for Session {
         if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
             let audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
-            audit.finish(&self.gw.broker, &self.id, &caller, &r);
+            audit.finish(&self.gw.broker, &self.id, &caller, &r)?;
             return r.map(Into::into);
         }
         let r = Err(self.unknown(&name));
@@ -743,7 +763,7 @@ impl ServerHandler for Session {
             &self.id,
             &caller,
             &r,
-        );
+        )?;
         r.map(Into::into)
     }
 }

@@ -49,6 +49,18 @@ pub fn success(g: &Gated) -> CallToolResult {
     r
 }
 
+/// `result` with `_meta["cordon/warnings"]`: every mechanism of its
+/// sandbox that was not fully enforced (cordon's own text, not the tool's).
+pub fn with_warnings(mut result: CallToolResult, warnings: &[String]) -> CallToolResult {
+    if warnings.is_empty() {
+        return result;
+    }
+    let mut meta = result.meta.take().unwrap_or_default();
+    meta.0.insert("cordon/warnings".into(), json!(warnings));
+    result.meta = Some(meta);
+    result
+}
+
 /// A tool failure as an `isError` result: the message passed through the
 /// gate's error path (stripped, capped, wrapped as untrusted).
 pub fn tool_error(tool: &str, profile: &str, message: &[u8]) -> CallToolResult {
@@ -71,6 +83,8 @@ pub enum Refusal {
     UnknownResource,
     AmbiguousResource,
     NotOffered,
+    /// The audit record could not be written: the result is withheld.
+    AuditFailed,
 }
 
 impl Refusal {
@@ -88,6 +102,7 @@ impl Refusal {
             Refusal::UnknownResource => "unknown_resource",
             Refusal::AmbiguousResource => "ambiguous_resource",
             Refusal::NotOffered => "not_offered",
+            Refusal::AuditFailed => "audit_failed",
         }
     }
 

@@ -328,7 +328,7 @@ impl Session {
                 .join("\n");
             (text, false)
         });
-        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome);
+        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome)?;
         r
     }
 
@@ -393,7 +393,7 @@ impl Session {
                 .join("\n");
             (text, false)
         });
-        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome);
+        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome)?;
         r
     }
 

@@ -1,17 +1,16 @@
 //! Long-lived MCP servers inside their sandbox.
 //!
-//! [`ServerSandbox`] is the one seam between the gateway and the sandbox
-//! that hosts a third-party server: start a server from its resolved policy
-//! and get back a byte stream (the server's stdio) and a handle to stop it.
-//! [`JailSandbox`] implements it with the native P1/P2 jail.
+//! [`ServerSandbox`] is the gateway's side of the runtime seam: start a
+//! server from its resolved policy and get back a byte stream (the server's
+//! stdio) and a handle to stop it. [`RuntimeServers`] implements it over
+//! the runtime registry: the policy is admitted for [`Use::Serve`] (the
+//! same refusals as every other path) and the chosen runtime spawns it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use cordon_jail::{Jail, Status, Stdin};
 use cordon_policy::policy::{Exec, ToolPolicy};
+use cordon_runtime::{Context, Registry, SandboxHandle, Status, Use};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// A started server: its stdio as one byte stream, and its handle.
@@ -19,6 +18,8 @@ pub struct ServerProcess {
     pub reader: Box<dyn AsyncRead + Send + Unpin>,
     pub writer: Box<dyn AsyncWrite + Send + Unpin>,
     pub handle: Arc<dyn ServerHandle>,
+    /// Every mechanism of its sandbox that is not fully enforced here.
+    pub warnings: Vec<String>,
 }
 
 /// Control of one running sandboxed server.
@@ -38,24 +39,21 @@ pub trait ServerSandbox: Send + Sync {
     fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String>;
 }
 
-/// [`ServerSandbox`] over the native jail: the server runs in fresh
-/// namespaces with the policy's limits, and its stdin and stdout are one end
-/// of a socket pair (the jail hands the socket in as stdin; a `/bin/sh`
-/// prologue inside the sandbox points stdout at it, then execs the server).
+/// [`ServerSandbox`] over the runtime registry.
 ///
 /// The policy's `wall_seconds` bounds each call, not the server's life: the
 /// sandbox itself lives at most `max_lifetime` (the session's end or a
 /// restart stops it sooner).
-pub struct JailSandbox {
-    jail: Arc<Jail>,
+pub struct RuntimeServers {
+    registry: Registry,
     max_lifetime: Duration,
     audit: Option<Arc<cordon_audit::AuditLog>>,
 }
 
-impl JailSandbox {
-    pub fn new(jail: Arc<Jail>, max_lifetime: Duration) -> JailSandbox {
-        JailSandbox {
-            jail,
+impl RuntimeServers {
+    pub fn new(registry: Registry, max_lifetime: Duration) -> RuntimeServers {
+        RuntimeServers {
+            registry,
             max_lifetime,
             audit: None,
         }
@@ -63,176 +61,75 @@ impl JailSandbox {
 
     /// Write one audit record per egress attempt of a server (its
     /// connections are not tied to one call, so each gets its own record).
-    pub fn with_audit(mut self, audit: Arc<cordon_audit::AuditLog>) -> JailSandbox {
+    pub fn with_audit(mut self, audit: Arc<cordon_audit::AuditLog>) -> RuntimeServers {
         self.audit = Some(audit);
         self
     }
 }
 
-/// The argv that runs `server` with stdout on the stdin socket.
-pub fn stdio_wrapper(server: &[String]) -> Vec<String> {
-    let mut argv = vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        "exec \"$@\" >&0".to_string(),
-        "cordon-mcp-server".to_string(),
-    ];
-    argv.extend(server.iter().cloned());
-    argv
-}
-
 #[derive(Debug)]
-struct JailHandle {
+struct Handle {
     tool: String,
-    /// Inode of the sandbox's end of the socket pair: how its processes are
-    /// found in /proc.
-    inode: u64,
-    done: Mutex<Option<String>>,
+    inner: Arc<dyn SandboxHandle>,
 }
 
-impl ServerHandle for JailHandle {
+impl ServerHandle for Handle {
     fn kill(&self) {
-        if self.exited().is_some() {
-            return;
-        }
-        for pid in holders(self.inode) {
-            // The sandbox's first process is pid 1 of its pid namespace:
-            // killing it kills every process in the sandbox.
-            if let Err(e) = cordon_sys::io::kill_pid(pid) {
-                tracing::debug!(tool = %self.tool, pid, "kill: {e:?}");
-            }
-        }
+        self.inner.kill();
     }
 
     fn exited(&self) -> Option<String> {
-        self.done.lock().ok().and_then(|d| d.clone())
+        let r = self.inner.outcome()?;
+        Some(match r {
+            Ok(o) => {
+                let mut r = match o.status {
+                    Status::Ok => format!("{}: the server exited (status 0)", self.tool),
+                    _ => o.reason.clone(),
+                };
+                let tail = tail(&o.stderr, 2048);
+                if !tail.trim().is_empty() {
+                    r.push_str("; stderr: ");
+                    r.push_str(tail.trim());
+                }
+                r
+            }
+            Err(e) => e.to_string(),
+        })
     }
 }
 
-/// Pids of processes in a child pid namespace whose stdin is the socket
-/// with this inode (never this process).
-fn holders(inode: u64) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let want = format!("socket:[{inode}]");
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    let mut out = Vec::new();
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(link) = std::fs::read_link(format!("/proc/{pid}/fd/0")) else {
-            continue;
-        };
-        if link.as_os_str() != want.as_str() {
-            continue;
-        }
-        // Only processes of a sandbox: their NSpid line has more than one
-        // entry (a pid in each nested namespace).
-        let nested = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("NSpid:"))
-                    .map(|l| l.split_whitespace().count() > 2)
-            })
-            .unwrap_or(false);
-        if nested {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-fn socket_inode(fd: &impl AsRawFd) -> Result<u64, String> {
-    std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|m| m.ino())
-        .map_err(|e| format!("stat the server's socket: {e}"))
-}
-
-impl ServerSandbox for JailSandbox {
+impl ServerSandbox for RuntimeServers {
     fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String> {
         let mut p = policy.clone();
-        p.exec = Exec::Command {
-            argv: stdio_wrapper(argv),
-        };
-        let (mut spec, egress) = cordon_broker::jail_spec(&p)?;
-        // The doors are served on the gateway's runtime, from the thread
-        // that runs the sandbox (never one of the runtime's workers).
-        let rt = match &egress {
-            None => None,
-            Some(_) => Some(tokio::runtime::Handle::try_current().map_err(|e| {
-                format!(
-                    "{}: the server has egress, and its doors need the gateway's async runtime: {e}",
-                    policy.name
-                )
-            })?),
-        };
-        spec.limits.wall = self.max_lifetime;
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| format!("{}: socket pair for the server: {e}", policy.name))?;
-        let inode = socket_inode(&theirs)?;
-        let handle = Arc::new(JailHandle {
-            tool: policy.name.clone(),
-            inode,
-            done: Mutex::new(None),
-        });
-        let jail = self.jail.clone();
-        let audit = self.audit.clone();
+        if let Exec::Mcp { command, .. } = &mut p.exec {
+            *command = Some(argv.to_vec());
+        }
+        let mut admitted = self.registry.admit(&p, Use::Serve)?;
+        admitted.spec.limits.wall = self.max_lifetime;
+        let tool = policy.name.clone();
         let profile = cordon_broker::profile_name(policy.profile);
-        let h = handle.clone();
-        let stdin: OwnedFd = theirs.into();
-        std::thread::Builder::new()
-            .name(format!("mcp-{}", policy.name))
-            .spawn(move || {
-                let ran = match (egress, rt) {
-                    (Some(ep), Some(rt)) => {
-                        let tool = spec.tool.clone();
-                        cordon_broker::run_with_doors(
-                            &jail,
-                            &rt,
-                            "serve",
-                            &spec,
-                            ep,
-                            Stdin::Fd(stdin),
-                            move |e| log_egress(&tool, profile, audit.as_deref(), &e),
-                        )
-                    }
-                    _ => jail.run(&spec, Stdin::Fd(stdin)),
-                };
-                let report = match ran {
-                    Ok(o) => {
-                        let mut r = match o.status {
-                            Status::Ok => format!("{}: the server exited (status 0)", spec.tool),
-                            _ => o.reason.clone(),
-                        };
-                        let tail = tail(&o.stderr, 2048);
-                        if !tail.trim().is_empty() {
-                            r.push_str("; stderr: ");
-                            r.push_str(tail.trim());
-                        }
-                        r
-                    }
-                    Err(e) => e.to_string(),
-                };
-                if let Ok(mut d) = h.done.lock() {
-                    *d = Some(report);
-                }
-            })
-            .map_err(|e| format!("{}: start the server thread: {e}", policy.name))?;
-        ours.set_nonblocking(true)
-            .map_err(|e| format!("{}: server socket: {e}", policy.name))?;
-        let stream = tokio::net::UnixStream::from_std(ours)
-            .map_err(|e| format!("{}: server socket: {e}", policy.name))?;
+        let audit = self.audit.clone();
+        let t = tool.clone();
+        let ctx = Context {
+            session: "serve".into(),
+            on_egress: Arc::new(move |e| log_egress(&t, profile, audit.as_deref(), &e)),
+        };
+        let spawned = admitted.spawn(&ctx).map_err(|e| e.to_string())?;
+        spawned
+            .stream
+            .set_nonblocking(true)
+            .map_err(|e| format!("{tool}: server socket: {e}"))?;
+        let stream = tokio::net::UnixStream::from_std(spawned.stream)
+            .map_err(|e| format!("{tool}: server socket: {e}"))?;
         let (r, w) = stream.into_split();
         Ok(ServerProcess {
             reader: Box::new(r),
             writer: Box::new(w),
-            handle,
+            handle: Arc::new(Handle {
+                tool,
+                inner: spawned.handle,
+            }),
+            warnings: admitted.warnings,
         })
     }
 }

@@ -7,7 +7,9 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::policy::{Exec, Lifetime, Limits, Network, PolicySet, Runtime, Seccomp, ToolPolicy};
+use crate::policy::{
+    Exec, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, ToolPolicy,
+};
 use crate::units::format_size;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -168,18 +170,13 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
     diff_keyed(
         t,
         "mounts",
-        &o.mounts
-            .iter()
-            .map(|m| (m.dst.clone(), m.src.clone()))
-            .collect(),
-        &n.mounts
-            .iter()
-            .map(|m| (m.dst.clone(), m.src.clone()))
-            .collect(),
+        &o.mounts.iter().map(mount_entry).collect(),
+        &n.mounts.iter().map(mount_entry).collect(),
         |_, _| true,
         out,
     );
     diff_keyed(t, "env", &o.env, &n.env, |_, _| true, out);
+    diff_mechanisms(t, &o.require, &n.require, &o.accept, &n.accept, out);
     if o.lifetime != n.lifetime {
         out.push(change(
             t,
@@ -510,6 +507,41 @@ fn diff_seccomp(t: &str, o: &Seccomp, n: &Seccomp, out: &mut Vec<Change>) {
 
 /// Compare two keyed sets: an added key always weakens, a removed key never
 /// does, a changed value weakens when `changed_weakens(old, new)` says so.
+fn mount_entry(m: &crate::policy::Mount) -> (String, String) {
+    let v = if m.writable {
+        format!("{}:rw", m.src)
+    } else {
+        m.src.clone()
+    };
+    (m.dst.clone(), v)
+}
+
+/// A mechanism no longer required, or a degradation newly accepted, weakens.
+fn diff_mechanisms(
+    t: &str,
+    o_req: &[Mechanism],
+    n_req: &[Mechanism],
+    o_acc: &[Mechanism],
+    n_acc: &[Mechanism],
+    out: &mut Vec<Change>,
+) {
+    let list = |v: &[Mechanism]| {
+        if v.is_empty() {
+            ABSENT.to_string()
+        } else {
+            v.iter().map(|m| m.name()).collect::<Vec<_>>().join(",")
+        }
+    };
+    if o_req != n_req {
+        let dropped = o_req.iter().any(|m| !n_req.contains(m));
+        out.push(change(t, "require", &list(o_req), &list(n_req), dropped));
+    }
+    if o_acc != n_acc {
+        let added = n_acc.iter().any(|m| !o_acc.contains(m));
+        out.push(change(t, "accept", &list(o_acc), &list(n_acc), added));
+    }
+}
+
 fn diff_keyed(
     t: &str,
     field: &str,

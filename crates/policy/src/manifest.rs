@@ -18,9 +18,71 @@ pub struct Manifest {
     /// Manifest format version. Only 1 exists; omit it or write 1.
     #[serde(default)]
     pub version: Option<u32>,
+    /// Mechanisms every tool requires on top of its profile's defaults
+    /// (a tool whose runtime cannot fully enforce one here is refused).
+    #[serde(default)]
+    pub require: Vec<Mechanism>,
+    /// Degradations accepted for every tool: these mechanisms may be
+    /// partial or missing on the host (the call then says so).
+    #[serde(default)]
+    pub accept: Vec<Mechanism>,
     /// The tools, by name. A name is what the agent calls.
     #[schemars(with = "BTreeMap<String, Tool>")]
     pub tools: BTreeMap<String, Spanned<Tool>>,
+}
+
+/// An isolation mechanism a runtime enforces, partly enforces or lacks on
+/// a host (`cordon doctor` lists them).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// Fresh user, mount, pid, ipc, uts and cgroup namespaces.
+    Namespaces,
+    /// A read-only root, every bind read-only including its submounts.
+    ReadonlyRoot,
+    /// Only the sandbox's own descriptors cross into it.
+    Descriptors,
+    /// A network namespace with no route but the broker's doors.
+    Network,
+    /// A seccomp filter.
+    Seccomp,
+    /// Landlock file-system rules as a second layer.
+    Landlock,
+    /// Memory, task and CPU limits through cgroups (not rlimits).
+    Cgroup,
+}
+
+impl Mechanism {
+    pub const ALL: [Mechanism; 7] = [
+        Mechanism::Namespaces,
+        Mechanism::ReadonlyRoot,
+        Mechanism::Descriptors,
+        Mechanism::Network,
+        Mechanism::Seccomp,
+        Mechanism::Landlock,
+        Mechanism::Cgroup,
+    ];
+
+    /// The name used in manifests and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Namespaces => "namespaces",
+            Mechanism::ReadonlyRoot => "readonly_root",
+            Mechanism::Descriptors => "descriptors",
+            Mechanism::Network => "network",
+            Mechanism::Seccomp => "seccomp",
+            Mechanism::Landlock => "landlock",
+            Mechanism::Cgroup => "cgroup",
+        }
+    }
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One tool: its profile, what runs, and the allowances inside the profile.
@@ -72,9 +134,20 @@ pub struct Tool {
     #[serde(default)]
     #[schemars(with = "Option<Vec<Secret>>")]
     pub secrets: Option<Spanned<Vec<Secret>>>,
-    /// Extra read-only binds: `/host/path` or `/host/path:/sandbox/path`.
+    /// Extra binds: `/host/path`, `/host/path:/sandbox/path` or
+    /// `/host/path:/sandbox/path:ro` (`:rw` for read-write); read-only
+    /// unless `rw` is written.
     #[serde(default)]
-    pub mounts: Vec<Mount>,
+    #[schemars(with = "Vec<Mount>")]
+    pub mounts: Vec<Spanned<Mount>>,
+    /// Mechanisms this tool requires on top of its profile's defaults and
+    /// the manifest's `require`.
+    #[serde(default)]
+    pub require: Vec<Mechanism>,
+    /// Degradations accepted for this tool: these mechanisms may be
+    /// partial or missing on the host (the call then says so).
+    #[serde(default)]
+    pub accept: Vec<Mechanism>,
     /// The only environment variables passed in, besides PATH, HOME and LANG.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -185,12 +258,34 @@ pub struct Secret {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Mount {
-    /// `/host/path` (same path inside) or `/host/path:/sandbox/path`.
+    /// `/host/path` (same path inside), `/host/path:/sandbox/path`, or
+    /// either followed by `:ro` or `:rw`.
     Short(String),
-    Long {
-        src: String,
-        dst: Option<String>,
-    },
+    Long(MountLong),
+}
+
+/// A mount in long form.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountLong {
+    /// Host path.
+    pub src: String,
+    /// Path inside the sandbox (default: the same as `src`).
+    #[serde(default)]
+    pub dst: Option<String>,
+    /// `ro` (default) or `rw`.
+    #[serde(default)]
+    pub mode: Option<MountMode>,
+}
+
+/// How a host path is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MountMode {
+    /// Read-only (the default).
+    Ro,
+    /// Read-write: the tool can change the host's files.
+    Rw,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

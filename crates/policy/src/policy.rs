@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Encoding, InvalidUtf8, Label, Lifetime, OutputKind, Overflow, Profile, Runtime,
+    Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow, Profile,
+    Runtime,
 };
 
 /// All tools of a manifest, resolved.
@@ -37,6 +38,16 @@ pub struct ToolPolicy {
     pub output_schema: Option<serde_json::Value>,
     pub output: Output,
     pub seccomp: Seccomp,
+    /// Mechanisms the runtime must fully enforce on the host, else the
+    /// tool is refused: the profile's defaults
+    /// ([`crate::resolve::default_requirements`]) and the manifest's and
+    /// tool's `require`, less what is accepted.
+    #[serde(default)]
+    pub require: Vec<Mechanism>,
+    /// Degradations accepted: these may be partial or missing (each call
+    /// says so).
+    #[serde(default)]
+    pub accept: Vec<Mechanism>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +122,9 @@ pub struct Secret {
 pub struct Mount {
     pub src: String,
     pub dst: String,
+    /// Read-write (`:rw`); read-only otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable: bool,
 }
 
 /// How MCP arguments reach a command tool.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_saphyr::{Location, Spanned};
 
 use crate::error::{Diagnostic, ManifestError};
-use crate::manifest::{self, Egress, Manifest, Profile, Runtime, Tool};
+use crate::manifest::{self, Egress, Manifest, Mechanism, Profile, Runtime, Tool};
 use crate::policy::{self, Exec, Limits, Network, PolicySet, ToolPolicy};
 use crate::units::{parse_cpu, parse_size};
 
@@ -57,6 +57,21 @@ pub fn default_limits(profile: Profile) -> Option<Limits> {
             nofile: 4096,
             disk_bytes: 512 * M,
         }),
+    }
+}
+
+/// The mechanisms each profile requires by default: a tool whose runtime
+/// cannot fully enforce one on this host is refused unless the manifest
+/// accepts the degradation. P0 has no sandbox and requires nothing; every
+/// sandbox needs its namespaces, a read-only root, an isolated network and
+/// seccomp; P2 and P3 also need cgroup limits (a long-lived server or a
+/// build capped by rlimits alone is too weak).
+pub fn default_requirements(profile: Profile) -> &'static [Mechanism] {
+    use Mechanism::*;
+    match profile {
+        Profile::P0 => &[],
+        Profile::P1 => &[Namespaces, ReadonlyRoot, Network, Seccomp],
+        Profile::P2 | Profile::P3 => &[Namespaces, ReadonlyRoot, Network, Seccomp, Cgroup],
     }
 }
 
@@ -156,6 +171,7 @@ const RULES: &[Rule] = &[
 
 struct Ctx<'a> {
     file: &'a Path,
+    manifest: &'a Manifest,
     name: &'a str,
     tool: &'a Tool,
     at: Location,
@@ -487,28 +503,75 @@ fn rule_secrets_wellformed(c: &Ctx<'_>) -> Vec<Diagnostic> {
     out
 }
 
-fn mount_paths(m: &manifest::Mount) -> (String, String) {
-    match m {
-        manifest::Mount::Short(s) => match s.split_once(':') {
-            Some((a, b)) => (a.to_string(), b.to_string()),
-            None => (s.clone(), s.clone()),
-        },
-        manifest::Mount::Long { src, dst } => {
-            (src.clone(), dst.clone().unwrap_or_else(|| src.clone()))
+/// A mount as written: `src`, `src:dst`, `src:dst:ro` or `src:dst:rw`
+/// (or the long form). Anything else is an error.
+fn parse_mount(m: &manifest::Mount) -> Result<policy::Mount, String> {
+    let (src, dst, mode) = match m {
+        manifest::Mount::Short(s) => {
+            let parts: Vec<&str> = s.split(':').collect();
+            match parts.as_slice() {
+                [src] => (src.to_string(), src.to_string(), None),
+                [src, dst] => (src.to_string(), dst.to_string(), None),
+                [src, dst, mode] => {
+                    let mode = match *mode {
+                        "ro" => manifest::MountMode::Ro,
+                        "rw" => manifest::MountMode::Rw,
+                        other => {
+                            return Err(format!(
+                                "mount `{s}`: `{other}` is not a mode (write `ro` or `rw`)"
+                            ));
+                        }
+                    };
+                    (src.to_string(), dst.to_string(), Some(mode))
+                }
+                _ => {
+                    return Err(format!(
+                        "mount `{s}` has {} `:`-separated parts; write `src`, `src:dst` or `src:dst:ro|rw`",
+                        parts.len()
+                    ));
+                }
+            }
+        }
+        manifest::Mount::Long(l) => (
+            l.src.clone(),
+            l.dst.clone().unwrap_or_else(|| l.src.clone()),
+            l.mode,
+        ),
+    };
+    for (what, p) in [("source", &src), ("target", &dst)] {
+        if p.is_empty() {
+            return Err(format!("mount {what} is empty"));
         }
     }
+    Ok(policy::Mount {
+        src,
+        dst,
+        writable: mode == Some(manifest::MountMode::Rw),
+    })
 }
 
 const RESERVED_DSTS: &[&str] = &["/", "/proc", "/dev", "/sys", "/tmp", "/etc"];
 
 fn rule_mounts(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    for m in &c.tool.mounts {
-        let (src, dst) = mount_paths(m);
+    for sm in &c.tool.mounts {
+        let at = sm.referenced;
+        let m = match parse_mount(&sm.value) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(c.diag(
+                    at,
+                    e,
+                    Some("e.g. `/opt/data:/data:ro`; paths cannot contain `:`"),
+                ));
+                continue;
+            }
+        };
+        let (src, dst) = (m.src, m.dst);
         for (what, p) in [("source", &src), ("target", &dst)] {
             if !p.starts_with('/') || p.split('/').any(|seg| seg == "..") {
                 out.push(c.diag(
-                    c.at,
+                    at,
                     format!("mount {what} `{p}` must be an absolute path without `..`"),
                     None,
                 ));
@@ -521,7 +584,7 @@ fn rule_mounts(c: &Ctx<'_>) -> Vec<Diagnostic> {
             .any(|r| d == *r || (*r != "/" && d.starts_with(&format!("{r}/"))))
         {
             out.push(c.diag(
-                c.at,
+                at,
                 format!("mount target `{dst}` is inside a path cordon builds itself"),
                 Some("mount somewhere else, e.g. /opt/tools or /data"),
             ));
@@ -680,6 +743,7 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
     for (name, spanned) in &m.tools {
         let c = Ctx {
             file,
+            manifest: m,
             name,
             tool: &spanned.value,
             at: spanned.referenced,
@@ -719,6 +783,24 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
         errors.sort_by_key(|d| (d.line, d.column));
         Err(ManifestError::Invalid(errors))
     }
+}
+
+/// The effective requirements of a tool: the profile's defaults and every
+/// `require`, less every `accept`; and the accepted degradations (sorted).
+fn requirements(profile: Profile, m: &Manifest, t: &Tool) -> (Vec<Mechanism>, Vec<Mechanism>) {
+    if profile == Profile::P0 {
+        return (Vec::new(), Vec::new());
+    }
+    let accept: std::collections::BTreeSet<Mechanism> =
+        m.accept.iter().chain(&t.accept).copied().collect();
+    let require: std::collections::BTreeSet<Mechanism> = default_requirements(profile)
+        .iter()
+        .chain(&m.require)
+        .chain(&t.require)
+        .copied()
+        .filter(|x| !accept.contains(x))
+        .collect();
+    (require.into_iter().collect(), accept.into_iter().collect())
 }
 
 fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
@@ -834,11 +916,8 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
     let mut mounts: Vec<policy::Mount> = t
         .mounts
         .iter()
-        .map(|m| {
-            let (src, dst) = mount_paths(m);
-            policy::Mount { src, dst }
-        })
-        .collect();
+        .map(|m| parse_mount(&m.value).map_err(|e| c.diag(m.referenced, e, None)))
+        .collect::<Result<_, _>>()?;
     mounts.sort();
 
     let o = t.output.clone().unwrap_or_default();
@@ -862,6 +941,8 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         label: o.label.unwrap_or(manifest::Label::Wrapped),
         invalid_utf8: o.invalid_utf8.unwrap_or(manifest::InvalidUtf8::Replace),
     };
+
+    let (require, accept) = requirements(profile, c.manifest, t);
 
     let lifetime = t.lifetime.unwrap_or(if t.mcp.is_some() {
         manifest::Lifetime::Session
@@ -910,5 +991,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
                 extra: s.allow.clone(),
             },
         },
+        require,
+        accept,
     })
 }

@@ -8,13 +8,13 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
-pub mod jail;
 pub mod report;
+pub mod runtime;
 pub mod sandbox;
 pub mod suite;
 pub mod wire;
 
-pub use jail::JailSandbox;
+pub use runtime::RuntimeSandbox;
 pub use report::{Format, ProbeResult, Report, Verdict};
 pub use sandbox::{
     Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,

@@ -82,7 +82,7 @@ pub const EXIT_ALL_HELD: i32 = 0;
 /// Exit status: something escaped, or the control failed.
 pub const EXIT_ESCAPED: i32 = 1;
 /// Exit status: nothing escaped but some probe has no trustworthy answer.
-pub const EXIT_INCONCLUSIVE: i32 = 2;
+pub const EXIT_INCONCLUSIVE: i32 = 3;
 
 impl Report {
     /// Whether the control ran.

@@ -7,28 +7,29 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cordon_jail::{Jail, JailSpec, Limits as JailLimits};
-use cordon_probes::{Filter, JailSandbox, Verdict, jail::AGENT_IN_JAIL, run_suite};
+use cordon_probes::{Filter, RuntimeSandbox, Verdict, run_suite, runtime::AGENT_IN_JAIL};
+use cordon_runtime::native::Native;
+use cordon_runtime::{Limits, SandboxSpec};
 
-fn small_limits() -> JailLimits {
-    JailLimits {
+fn small_limits() -> Limits {
+    Limits {
         wall: Duration::from_secs(4),
         memory_bytes: 128 << 20,
         tasks: 16,
         output_bytes: 1 << 20,
         disk_bytes: 16 << 20,
         nofile: 64,
-        ..JailLimits::default()
+        ..SandboxSpec::new("x", ["x"]).limits
     }
 }
 
 #[test]
 fn jail_holds_every_probe() {
     let report = common::in_standin_netns(|targets| {
-        let jail = Arc::new(Jail::new().expect("jail"));
-        let mut spec = JailSpec::new("cordon-probe", [AGENT_IN_JAIL]);
+        let native = Arc::new(Native::new(Default::default()).expect("native runtime"));
+        let mut spec = SandboxSpec::new("cordon-probe", [AGENT_IN_JAIL]);
         spec.limits = small_limits();
-        let sb = JailSandbox::new(jail, spec);
+        let sb = RuntimeSandbox::new(native, spec);
         let profile = sb.profile("P1");
         run_suite(
             &sb,

@@ -1,46 +1,63 @@
-//! The native jail as a probe target: the agent is bound read-only at
-//! `/.cordon/agent` and run as the tool of a [`JailSpec`].
+//! A runtime as a probe target: the agent is bound read-only at
+//! `/.cordon/agent` and run as the program of a tool's own sandbox
+//! specification, through the same runtime (and egress doors) the tool
+//! gets.
 
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::thread;
 
-use cordon_jail::{Bind, Jail, JailError, JailSpec, Outcome, Status, Stdin};
+use cordon_runtime::{Context, Mount, Outcome, Runtime, SandboxSpec, Status};
 
 use crate::sandbox::{Capture, LimitKind, ProbeRun, RunResult, RunStatus, Sandbox, SandboxError};
 use crate::suite::{Limits, Profile};
 
-/// Where the agent appears inside the jail.
+/// Where the agent appears inside the sandbox.
 pub const AGENT_IN_JAIL: &str = "/.cordon/agent";
 
-/// The native P1 jail running the probe agent.
+/// A runtime running the probe agent in sandboxes shaped like `base`.
 ///
-/// The jail builds the tool's environment from the spec alone, so the
+/// The runtime builds the tool's environment from the spec alone, so the
 /// harness's environment canary (set on the launcher of other sandboxes)
 /// cannot be planted here; the env probe still checks every variable the
 /// spec gives the tool.
-#[derive(Debug, Clone)]
-pub struct JailSandbox {
-    jail: Arc<Jail>,
-    base: JailSpec,
+#[derive(Clone)]
+pub struct RuntimeSandbox {
+    runtime: Arc<dyn Runtime>,
+    base: SandboxSpec,
+    /// Mechanisms not fully enforced, for the sandbox's name.
+    degraded: Vec<String>,
 }
 
-impl JailSandbox {
-    /// Probe `jail` with calls shaped like `base` (limits, network,
-    /// seccomp, binds, environment); argv is replaced by the agent's.
-    pub fn new(jail: Arc<Jail>, base: JailSpec) -> Self {
-        JailSandbox { jail, base }
+impl std::fmt::Debug for RuntimeSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeSandbox")
+            .field("runtime", &self.runtime.name())
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl RuntimeSandbox {
+    /// Probe `runtime` with sandboxes shaped like `base` (root, limits,
+    /// network, seccomp, mounts, environment); argv is replaced by the
+    /// agent's.
+    pub fn new(runtime: Arc<dyn Runtime>, base: SandboxSpec) -> Self {
+        let degraded = runtime
+            .check(&base)
+            .mechanisms
+            .iter()
+            .filter(|m| !m.is_enforced())
+            .map(|m| m.to_string())
+            .collect();
+        RuntimeSandbox {
+            runtime,
+            base,
+            degraded,
+        }
     }
 
-    /// A fresh jail with the default P1 spec.
-    pub fn with_defaults() -> Result<Self, JailError> {
-        Ok(JailSandbox::new(
-            Arc::new(Jail::new()?),
-            JailSpec::new("cordon-probe", [AGENT_IN_JAIL]),
-        ))
-    }
-
-    /// The profile this sandbox claims: the spec's limits.
+    /// The profile this sandbox claims: the spec's limits and egress.
     pub fn profile(&self, name: &str) -> Profile {
         let l = &self.base.limits;
         Profile {
@@ -57,24 +74,25 @@ impl JailSandbox {
         }
     }
 
-    fn spec_for(&self, req: &ProbeRun) -> JailSpec {
+    fn spec_for(&self, req: &ProbeRun) -> SandboxSpec {
         let mut spec = self.base.clone();
         spec.argv = std::iter::once(AGENT_IN_JAIL.to_string())
             .chain(req.args.iter().cloned())
             .collect();
-        spec.binds.push(Bind {
+        spec.mounts.push(Mount {
             src: req.agent.clone(),
             dst: PathBuf::from(AGENT_IN_JAIL),
+            writable: false,
         });
         spec
     }
 }
 
-/// A jail outcome as a probe run result.
+/// A runtime outcome as a probe run result.
 pub fn run_result(o: &Outcome) -> RunResult {
     let status = match o.status {
-        Status::Ok | Status::Exited if o.signal.is_some() => RunStatus::Signaled,
-        Status::Ok | Status::Exited => RunStatus::Exited,
+        Status::Ok | Status::Exited | Status::Killed if o.signal.is_some() => RunStatus::Signaled,
+        Status::Ok | Status::Exited | Status::Killed => RunStatus::Exited,
         Status::TimedOut => RunStatus::Limit(LimitKind::Wall),
         Status::MemoryLimit => RunStatus::Limit(LimitKind::Memory),
         Status::TaskLimit => RunStatus::Limit(LimitKind::Tasks),
@@ -95,29 +113,34 @@ pub fn run_result(o: &Outcome) -> RunResult {
     }
 }
 
-impl Sandbox for JailSandbox {
+impl Sandbox for RuntimeSandbox {
     fn name(&self) -> String {
         format!(
-            "cordon jail ({}, seccomp {:?}, landlock {})",
-            if self.jail.uses_cgroups() {
-                "cgroups"
-            } else {
-                "rlimits"
-            },
+            "cordon {} runtime (seccomp {:?}, network {}{})",
+            self.runtime.name(),
             self.base.seccomp,
-            self.base.landlock
+            if self.base.egress().is_some() {
+                "egress doors"
+            } else {
+                "none"
+            },
+            if self.degraded.is_empty() {
+                String::new()
+            } else {
+                format!("; not fully enforced: {}", self.degraded.join("; "))
+            }
         )
     }
 
     fn run(&self, req: &ProbeRun) -> Result<RunResult, SandboxError> {
         let spec = self.spec_for(req);
-        let jail = self.jail.clone();
+        let rt = self.runtime.clone();
         let stdin = req.stdin.clone();
         let (tx, rx) = mpsc::channel();
-        // The jail enforces its own wall clock; the harness's bound is
-        // outside it, for a jail that hangs.
+        // The runtime enforces its own wall clock; the harness's bound is
+        // outside it, for a sandbox that hangs.
         thread::spawn(move || {
-            let _ = tx.send(jail.run(&spec, Stdin::Bytes(stdin)));
+            let _ = tx.send(rt.run(&spec, stdin, &Context::discard("probe")));
         });
         match rx.recv_timeout(req.timeout) {
             Ok(Ok(o)) => Ok(run_result(&o)),
@@ -127,7 +150,7 @@ impl Sandbox for JailSandbox {
                 signal: None,
                 status: RunStatus::HarnessTimeout,
                 reason: Some(format!(
-                    "the jail did not return within {:.1} s",
+                    "the sandbox did not return within {:.1} s",
                     req.timeout.as_secs_f64()
                 )),
                 duration: req.timeout,

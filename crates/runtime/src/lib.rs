@@ -1,0 +1,291 @@
+//! cordon-runtime: the one seam between a resolved policy and whatever
+//! builds its sandbox.
+//!
+//! A resolved [`ToolPolicy`] is lowered once into a neutral
+//! [`SandboxSpec`] ([`spec::lower`]); a [`Registry`] picks the runtime for
+//! the policy's `runtime` and use ([`Use::Call`] for one call,
+//! [`Use::Serve`] for a long-lived MCP server), asks it which mechanisms it
+//! enforces for that spec on this host and whether the host can start it at
+//! all ([`Runtime::check`]), and holds the answer against the policy's
+//! `require`/`accept` ([`mechanism::hold`]). That is [`Registry::admit`]:
+//! the only place a refusal is decided. `cordon run`, `cordon serve`, the
+//! gateway, `cordon probe`, `cordon check` and `cordon doctor` all ask it.
+//!
+//! Adding a runtime: one module implementing [`Runtime`] (check, run,
+//! spawn, facts) and one line in [`Registry::for_host`].
+#![forbid(unsafe_code)]
+
+pub mod mechanism;
+pub mod native;
+pub mod outcome;
+pub mod spec;
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
+use cordon_policy::ToolPolicy;
+use cordon_policy::policy::Runtime as RuntimeKind;
+pub use mechanism::{Mechanism, MechanismState, State};
+pub use outcome::{Outcome, RunError, Status};
+use serde::Serialize;
+pub use spec::{Limits, Mount, Network, Root, SandboxSpec, Seccomp, Use};
+
+/// Where a sandbox's egress attempts go.
+pub type EgressSink = Arc<dyn Fn(EgressEvent) + Send + Sync>;
+
+/// Who a sandbox runs for: carried into its egress events.
+#[derive(Clone)]
+pub struct Context {
+    /// The agent session.
+    pub session: String,
+    /// Every egress attempt, allowed or refused.
+    pub on_egress: EgressSink,
+}
+
+impl Context {
+    /// A context whose egress events are dropped.
+    pub fn discard(session: &str) -> Context {
+        Context {
+            session: session.to_string(),
+            on_egress: Arc::new(|_| {}),
+        }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A runtime's answer for one spec on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// How each mechanism holds for this spec.
+    pub mechanisms: Vec<MechanismState>,
+    /// Why it would not start here (a missing program, interpreter or
+    /// mount source, an unsupported setting); empty: it would.
+    pub problems: Vec<String>,
+}
+
+/// What a runtime can do on this host, for `cordon doctor`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Facts {
+    /// The runtime's name.
+    pub runtime: &'static str,
+    /// How each mechanism holds for a sandbox without network, and with
+    /// egress doors where that differs.
+    pub mechanisms: Vec<MechanismState>,
+    /// Things worth knowing (fallbacks taken, leftovers removed).
+    pub notes: Vec<String>,
+}
+
+/// A long-lived sandbox: one byte stream (its stdin and stdout), and its
+/// handle.
+pub struct Spawned {
+    /// The broker's end: what is written here is the sandbox's stdin, and
+    /// what the sandbox writes to its stdout arrives here.
+    pub stream: UnixStream,
+    /// Kill and wait.
+    pub handle: Arc<dyn SandboxHandle>,
+}
+
+/// Control of one spawned sandbox.
+pub trait SandboxHandle: Send + Sync + std::fmt::Debug {
+    /// Kill the sandbox, every process in it. Idempotent.
+    fn kill(&self);
+    /// How it ended, once it has: `None` while it runs.
+    fn outcome(&self) -> Option<Result<Outcome, RunError>>;
+    /// Block until it has ended.
+    fn wait(&self) -> Result<Outcome, RunError>;
+}
+
+/// A sandbox builder: the native jail, and later image roots, gVisor,
+/// microVMs, Wasm.
+pub trait Runtime: Send + Sync {
+    /// Its name in messages, audit records and `cordon doctor`.
+    fn name(&self) -> &'static str;
+    /// The mechanisms this runtime enforces for `spec` on this host, and
+    /// every reason the host could not start it. Runs nothing.
+    fn check(&self, spec: &SandboxSpec) -> Check;
+    /// One call: `input` on stdin, the output collected. Blocks until the
+    /// sandbox is gone.
+    fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError>;
+    /// A long-lived sandbox with one bidirectional byte stream.
+    fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError>;
+    /// What it can do on this host.
+    fn facts(&self) -> Facts;
+}
+
+/// A policy admitted to run: its spec, the runtime that builds it, and how
+/// each mechanism holds.
+#[derive(Clone)]
+pub struct Admitted {
+    /// The runtime.
+    pub runtime: Arc<dyn Runtime>,
+    /// The neutral specification.
+    pub spec: SandboxSpec,
+    /// How each mechanism holds here.
+    pub mechanisms: Vec<MechanismState>,
+    /// One sentence per mechanism that is not fully enforced (allowed,
+    /// because not required or accepted): for every call's audit record,
+    /// the client and `cordon doctor`.
+    pub warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("runtime", &self.runtime.name())
+            .field("spec", &self.spec)
+            .field("mechanisms", &self.mechanisms)
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
+
+impl Admitted {
+    /// Run one call.
+    pub fn run(&self, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        let mut o = self.runtime.run(&self.spec, input, ctx)?;
+        merge_warnings(&mut o.warnings, &self.warnings);
+        Ok(o)
+    }
+
+    /// Start a long-lived sandbox.
+    pub fn spawn(&self, ctx: &Context) -> Result<Spawned, RunError> {
+        self.runtime.spawn(&self.spec, ctx)
+    }
+}
+
+/// Put the admission's warnings first, each once.
+fn merge_warnings(out: &mut Vec<String>, first: &[String]) {
+    let mut all: Vec<String> = first.to_vec();
+    for w in out.drain(..) {
+        if !all.contains(&w) {
+            all.push(w);
+        }
+    }
+    *out = all;
+}
+
+/// The runtimes of this build, keyed by the policy's runtime and use.
+#[derive(Clone)]
+pub struct Registry {
+    entries: Vec<(RuntimeKind, Use, Arc<dyn Runtime>)>,
+    /// Why a runtime of this build could not start here, by kind.
+    unavailable: Vec<(RuntimeKind, String)>,
+}
+
+impl Registry {
+    /// No runtimes: everything is refused.
+    pub fn empty() -> Registry {
+        Registry {
+            entries: Vec::new(),
+            unavailable: Vec::new(),
+        }
+    }
+
+    /// Register `rt` for policies of `kind` used as `use_`.
+    pub fn with(mut self, kind: RuntimeKind, use_: Use, rt: Arc<dyn Runtime>) -> Registry {
+        self.entries.push((kind, use_, rt));
+        self
+    }
+
+    /// Every runtime this build has that can start on this host. A runtime
+    /// that cannot is recorded with why, and its tools are refused with it.
+    pub fn for_host(opts: native::Options) -> Registry {
+        let mut r = Registry::empty();
+        match native::Native::new(opts) {
+            Ok(n) => {
+                let n: Arc<dyn Runtime> = Arc::new(n);
+                r = r
+                    .with(RuntimeKind::Native, Use::Call, n.clone())
+                    .with(RuntimeKind::Native, Use::Serve, n);
+            }
+            Err(e) => r.unavailable.push((RuntimeKind::Native, e.to_string())),
+        }
+        r
+    }
+
+    /// The runtime for `kind` and `use_`, if this build has one here.
+    pub fn get(&self, kind: RuntimeKind, use_: Use) -> Result<Arc<dyn Runtime>, String> {
+        if let Some((_, _, rt)) = self.entries.iter().find(|(k, u, _)| *k == kind && *u == use_) {
+            return Ok(rt.clone());
+        }
+        let name = kind_name(kind);
+        if let Some((_, why)) = self.unavailable.iter().find(|(k, _)| *k == kind) {
+            return Err(format!("runtime {name} cannot start on this host: {why}"));
+        }
+        Err(format!("runtime {name} is not available in this build of cordon"))
+    }
+
+    /// Every distinct runtime, with the kinds it serves (for `doctor`).
+    pub fn runtimes(&self) -> Vec<Arc<dyn Runtime>> {
+        let mut out: Vec<Arc<dyn Runtime>> = Vec::new();
+        for (_, _, rt) in &self.entries {
+            if !out.iter().any(|o| Arc::ptr_eq(o, rt)) {
+                out.push(rt.clone());
+            }
+        }
+        out
+    }
+
+    /// Why runtimes of this build cannot start here.
+    pub fn unavailable(&self) -> &[(RuntimeKind, String)] {
+        &self.unavailable
+    }
+
+    /// Admit `policy` for `use_` on this host, or refuse it with every
+    /// reason: nothing this build or host cannot enforce ever runs weaker.
+    pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
+        let spec = spec::lower(policy, use_)?;
+        let runtime = self.get(policy.runtime, use_).map_err(|why| {
+            format!("{}: {why}; refusing to run the tool under a weaker boundary", policy.name)
+        })?;
+        self.admit_spec(policy, runtime, spec)
+    }
+
+    /// [`Registry::admit`] for a spec already lowered (and perhaps changed,
+    /// as the probes do) from `policy`.
+    pub fn admit_spec(
+        &self,
+        policy: &ToolPolicy,
+        runtime: Arc<dyn Runtime>,
+        spec: SandboxSpec,
+    ) -> Result<Admitted, String> {
+        let check = runtime.check(&spec);
+        if !check.problems.is_empty() {
+            return Err(format!(
+                "{}: would not start on this host: {}",
+                policy.name,
+                check.problems.join("; ")
+            ));
+        }
+        let warnings = mechanism::hold(
+            &policy.name,
+            runtime.name(),
+            &policy.require,
+            &policy.accept,
+            &check.mechanisms,
+        )?;
+        Ok(Admitted {
+            runtime,
+            spec,
+            mechanisms: check.mechanisms,
+            warnings,
+        })
+    }
+}
+
+/// A runtime kind's manifest name.
+pub fn kind_name(k: RuntimeKind) -> &'static str {
+    match k {
+        RuntimeKind::Native => "native",
+        RuntimeKind::Gvisor => "gvisor",
+        RuntimeKind::Microvm => "microvm",
+    }
+}

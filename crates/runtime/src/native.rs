@@ -1,0 +1,443 @@
+//! The native runtime: cordon's own jail (namespaces, a read-only root of
+//! host binds, seccomp, Landlock, cgroups) with the egress doors served by
+//! the broker. See `cordon-jail` for the mechanism itself.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use cordon_egress::{DoorContext, DoorHandle, Doors, EgressPolicy, EventSink};
+use cordon_jail::{Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, Stdin};
+
+use crate::mechanism::{Mechanism, MechanismState};
+use crate::outcome::{Outcome, RunError, Status};
+use crate::spec::{Network, Root, SandboxSpec, Seccomp};
+use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
+
+/// Options of the native runtime.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The jail's options (cgroup slot sharing for one-shot brokers, ...).
+    pub jail: JailOptions,
+}
+
+impl Options {
+    /// For a process that makes one call and exits (`cordon run`/`exec`).
+    pub fn one_shot() -> Options {
+        Options {
+            jail: JailOptions {
+                share_cgroup_slots: true,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// The native runtime.
+pub struct Native {
+    jail: Arc<Jail>,
+    /// Serves egress doors; started on first use.
+    net: OnceLock<tokio::runtime::Runtime>,
+}
+
+impl Drop for Native {
+    fn drop(&mut self) {
+        // Never block: the last owner may be a task on another runtime.
+        if let Some(rt) = self.net.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Native {
+    /// Detect the host and prepare the jail.
+    pub fn new(opts: Options) -> Result<Native, JailError> {
+        Ok(Native::from_jail(Arc::new(Jail::with_options(opts.jail)?)))
+    }
+
+    /// Over an existing jail.
+    pub fn from_jail(jail: Arc<Jail>) -> Native {
+        Native {
+            jail,
+            net: OnceLock::new(),
+        }
+    }
+
+    /// The jail underneath (host facts, notes).
+    pub fn jail(&self) -> &Arc<Jail> {
+        &self.jail
+    }
+
+    fn net(&self) -> Result<&tokio::runtime::Runtime, RunError> {
+        if let Some(rt) = self.net.get() {
+            return Ok(rt);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cordon-egress")
+            .enable_all()
+            .build()
+            .map_err(|e| RunError::Setup(format!("start the egress runtime: {e}")))?;
+        Ok(self.net.get_or_init(|| rt))
+    }
+
+    /// How each mechanism holds for a sandbox of `spec` here.
+    pub fn mechanisms(&self, spec: &SandboxSpec) -> Vec<MechanismState> {
+        let f = self.jail.host();
+        let mut out = vec![MechanismState::enforced(Mechanism::Namespaces)];
+        out.push(if f.mount_setattr {
+            MechanismState::enforced(Mechanism::ReadonlyRoot)
+        } else {
+            MechanismState::partial(
+                Mechanism::ReadonlyRoot,
+                "no mount_setattr (Linux before 5.12): a read-only bind covers its top mount only, not the mounts below it",
+            )
+        });
+        out.push(if f.close_range {
+            MechanismState::enforced(Mechanism::Descriptors)
+        } else {
+            MechanismState::partial(
+                Mechanism::Descriptors,
+                "no close_range (Linux before 5.9): descriptors are closed one by one below 4096 only",
+            )
+        });
+        out.push(MechanismState::enforced(Mechanism::Network));
+        out.push(if f.seccomp {
+            MechanismState::enforced(Mechanism::Seccomp)
+        } else {
+            MechanismState::missing(Mechanism::Seccomp, "the kernel has no seccomp filter mode")
+        });
+        let target = cordon_jail::landlock_target_abi();
+        out.push(if !spec.landlock {
+            MechanismState::missing(Mechanism::Landlock, "turned off for this sandbox")
+        } else if f.landlock_abi <= 0 {
+            MechanismState::missing(Mechanism::Landlock, "the kernel has no Landlock")
+        } else if f.landlock_abi < target {
+            MechanismState::partial(
+                Mechanism::Landlock,
+                format!(
+                    "Landlock ABI {} is older than {target}: the newer rights are not enforced",
+                    f.landlock_abi
+                ),
+            )
+        } else {
+            MechanismState::enforced(Mechanism::Landlock)
+        });
+        out.push(match self.jail.cgroup_fallback_reason() {
+            Some(why) => MechanismState::missing(
+                Mechanism::Cgroup,
+                format!(
+                    "{why}: memory capped by RLIMIT_AS and tasks by RLIMIT_NPROC, no CPU quota, no OOM or task-limit detection"
+                ),
+            ),
+            None => {
+                let l = &f.cgroup_layout;
+                let absent: Vec<&str> = [
+                    ("memory", l.memory.is_some()),
+                    ("pids", l.pids.is_some()),
+                    ("cpu", l.cpu.is_some() || spec.limits.cpu_percent.is_none()),
+                ]
+                .into_iter()
+                .filter(|(_, ok)| !ok)
+                .map(|(n, _)| n)
+                .collect();
+                if absent.is_empty() {
+                    MechanismState::enforced(Mechanism::Cgroup)
+                } else {
+                    MechanismState::partial(
+                        Mechanism::Cgroup,
+                        format!("no {} controller here", absent.join(", ")),
+                    )
+                }
+            }
+        });
+        out
+    }
+
+    /// The jail's spec for `spec`, and its egress policy.
+    fn jail_spec(spec: &SandboxSpec) -> Result<(JailSpec, Option<EgressPolicy>), String> {
+        match spec.root {
+            Root::HostBinds => {}
+        }
+        if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
+            return Err(format!(
+                "mount {}:{}:rw: the native runtime binds host paths read-only only",
+                m.src.display(),
+                m.dst.display()
+            ));
+        }
+        let mut env = spec.env.clone();
+        let (network, egress) = match &spec.network {
+            Network::None => (NetMode::None, None),
+            Network::Doors(ep) => {
+                let plan = cordon_egress::plan(ep);
+                env.retain(|(k, _)| !plan.env.iter().any(|(pk, _)| pk == k));
+                env.extend(plan.env.iter().cloned());
+                (
+                    NetMode::Doors(DoorRequest {
+                        local_cidrs: plan
+                            .local_cidrs
+                            .iter()
+                            .map(|n| (n.addr(), n.prefix_len()))
+                            .collect(),
+                        tcp: plan.tcp.clone(),
+                        udp: plan.udp.clone(),
+                    }),
+                    Some((**ep).clone()),
+                )
+            }
+        };
+        let l = &spec.limits;
+        Ok((
+            JailSpec {
+                tool: spec.tool.clone(),
+                argv: spec.argv.clone(),
+                env,
+                binds: spec
+                    .mounts
+                    .iter()
+                    .map(|m| Bind {
+                        src: m.src.clone(),
+                        dst: m.dst.clone(),
+                    })
+                    .collect(),
+                limits: cordon_jail::Limits {
+                    wall: l.wall,
+                    memory_bytes: l.memory_bytes,
+                    tasks: l.tasks,
+                    cpu_percent: l.cpu_percent,
+                    output_bytes: l.output_bytes,
+                    stderr_bytes: l.stderr_bytes,
+                    nofile: l.nofile,
+                    disk_bytes: l.disk_bytes,
+                },
+                network,
+                seccomp: match &spec.seccomp {
+                    Seccomp::DenyList => cordon_jail::SeccompMode::DenyList,
+                    Seccomp::AllowList(x) => cordon_jail::SeccompMode::AllowList(x.clone()),
+                },
+                landlock: spec.landlock,
+            },
+            egress,
+        ))
+    }
+
+    /// Run `spec` with its doors (if any) served for the sandbox's life.
+    fn run_jail(
+        &self,
+        spec: &JailSpec,
+        egress: Option<EgressPolicy>,
+        stdin: Stdin,
+        ctx: &Context,
+    ) -> Result<cordon_jail::Outcome, RunError> {
+        let net = match &egress {
+            Some(_) => Some(self.net()?.handle().clone()),
+            None => None,
+        };
+        run_jail(&self.jail, net.as_ref(), spec, egress, stdin, ctx)
+    }
+}
+
+fn setup(e: JailError) -> RunError {
+    RunError::Setup(e.to_string())
+}
+
+/// A jail outcome in the seam's terms.
+pub fn outcome(o: cordon_jail::Outcome) -> Outcome {
+    use cordon_jail::Status as J;
+    Outcome {
+        status: match o.status {
+            J::Ok => Status::Ok,
+            J::Exited => Status::Exited,
+            J::TimedOut => Status::TimedOut,
+            J::MemoryLimit => Status::MemoryLimit,
+            J::TaskLimit => Status::TaskLimit,
+            J::OutputCap => Status::OutputCap,
+            J::Killed => Status::Killed,
+        },
+        exit_code: o.exit_code,
+        signal: o.signal,
+        duration: o.duration,
+        peak_memory_bytes: o.peak_memory_bytes,
+        stdout: o.stdout,
+        output_bytes: o.output_bytes,
+        stderr: o.stderr,
+        stderr_total: o.stderr_total,
+        reason: o.reason,
+        // The jail's warnings (the rlimit fallback, an older Landlock) are
+        // the states `Native::mechanisms` derives from the same facts; the
+        // admission's sentences stand for them, once.
+        warnings: Vec::new(),
+    }
+}
+
+impl Runtime for Native {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    fn check(&self, spec: &SandboxSpec) -> Check {
+        let mechanisms = self.mechanisms(spec);
+        let problems = match Native::jail_spec(spec) {
+            Err(e) => vec![e],
+            Ok((js, _)) => cordon_jail::preflight::preflight(&js),
+        };
+        Check {
+            mechanisms,
+            problems,
+        }
+    }
+
+    fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        let (js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        self.run_jail(&js, egress, Stdin::Bytes(input), ctx)
+            .map(outcome)
+    }
+
+    fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
+        let (js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        let tool = spec.tool.clone();
+        let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
+        let (ours, theirs) = UnixStream::pair().map_err(|e| io("socket pair", e))?;
+        let (stop_r, stop_w) = std::io::pipe().map_err(|e| io("stop pipe", e))?;
+        let stream = cordon_jail::Stream {
+            socket: OwnedFd::from(theirs),
+            stop: OwnedFd::from(stop_r),
+        };
+        let handle = Arc::new(NativeHandle {
+            tool: tool.clone(),
+            stop: Mutex::new(Some(OwnedFd::from(stop_w))),
+            done: Mutex::new(None),
+            ended: Condvar::new(),
+        });
+        // The jail blocks its thread for the sandbox's life; the doors are
+        // served on this runtime's own workers.
+        let jail = self.jail.clone();
+        let net = match &egress {
+            Some(_) => Some(self.net()?.handle().clone()),
+            None => None,
+        };
+        let h = handle.clone();
+        let ctx = ctx.clone();
+        std::thread::Builder::new()
+            .name(format!("sandbox-{tool}"))
+            .spawn(move || {
+                let r = run_jail(&jail, net.as_ref(), &js, egress, Stdin::Stream(stream), &ctx);
+                h.finish(r.map(outcome));
+            })
+            .map_err(|e| io("start the sandbox thread", e))?;
+        Ok(Spawned {
+            stream: ours,
+            handle,
+        })
+    }
+
+    fn facts(&self) -> Facts {
+        let spec = SandboxSpec::new("doctor", ["/bin/true"]);
+        let mut notes = vec![if self.jail.pools_network_namespaces() {
+            "network: sandboxes without network get an exclusive, empty namespace from a pool, owned by the broker's user namespace (the tool cannot configure it); sandboxes with egress doors get a new one".to_string()
+        } else {
+            "network: a new network namespace per sandbox, made inside its own user namespace (this broker cannot make them itself: an unprivileged broker, or root without CAP_SYS_ADMIN)".to_string()
+        }];
+        notes.extend(self.jail.notes());
+        Facts {
+            runtime: "native",
+            mechanisms: self.mechanisms(&spec),
+            notes,
+        }
+    }
+}
+
+/// Run `spec` in `jail`; with `egress`, its doors are served on `rt` for
+/// the sandbox's whole life and shut down once it is gone. Blocks the
+/// calling thread, which must not be one of `rt`'s workers.
+fn run_jail(
+    jail: &Jail,
+    rt: Option<&tokio::runtime::Handle>,
+    spec: &JailSpec,
+    egress: Option<EgressPolicy>,
+    stdin: Stdin,
+    ctx: &Context,
+) -> Result<cordon_jail::Outcome, RunError> {
+    let (Some(rt), Some(policy)) = (rt, egress) else {
+        return jail.run(spec, stdin).map_err(setup);
+    };
+    let plan = cordon_egress::plan(&policy);
+    let n_tcp = plan.tcp.len();
+    let dctx = DoorContext {
+        tool: spec.tool.clone(),
+        session: ctx.session.clone(),
+    };
+    let on = ctx.on_egress.clone();
+    let sink = EventSink::new(move |e| on(e));
+    let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
+    let policy = Arc::new(policy);
+    let out = jail.run_with_doors(spec, stdin, |fds| {
+        let mut doors = Doors::default();
+        for (i, fd) in fds.into_iter().enumerate() {
+            if i < n_tcp {
+                doors.tcp.push(std::net::TcpListener::from(fd));
+            } else {
+                doors.udp.push(std::net::UdpSocket::from(fd));
+            }
+        }
+        let served = rt
+            .block_on(cordon_egress::serve(policy, dctx, doors, sink))
+            .map_err(|e| e.to_string());
+        if let Ok(mut h) = handle.lock() {
+            *h = Some(served);
+        }
+    });
+    let served = handle.lock().ok().and_then(|mut h| h.take());
+    match served {
+        Some(Ok(h)) => rt.block_on(h.shutdown()),
+        Some(Err(e)) => {
+            return Err(RunError::Setup(format!("{}: egress doors: {e}", spec.tool)));
+        }
+        None => {}
+    }
+    out.map_err(setup)
+}
+
+#[derive(Debug)]
+struct NativeHandle {
+    tool: String,
+    /// Dropping it stops the sandbox.
+    stop: Mutex<Option<OwnedFd>>,
+    done: Mutex<Option<Result<Outcome, RunError>>>,
+    ended: Condvar,
+}
+
+impl NativeHandle {
+    fn finish(&self, r: Result<Outcome, RunError>) {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *d = Some(r);
+        self.ended.notify_all();
+    }
+}
+
+impl SandboxHandle for NativeHandle {
+    fn kill(&self) {
+        let mut s = self.stop.lock().unwrap_or_else(|p| p.into_inner());
+        if s.take().is_some() {
+            tracing::debug!(tool = %self.tool, "stopping the sandbox");
+        }
+    }
+
+    fn outcome(&self) -> Option<Result<Outcome, RunError>> {
+        self.done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn wait(&self) -> Result<Outcome, RunError> {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = d.as_ref() {
+                return r.clone();
+            }
+            d = self.ended.wait(d).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}

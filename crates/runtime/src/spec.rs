@@ -1,0 +1,303 @@
+//! The neutral sandbox specification: what every runtime is asked to
+//! build, lowered once from a resolved policy ([`lower`]). It names no
+//! mechanism of any one runtime.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cordon_egress::EgressPolicy;
+use cordon_policy::policy::{Exec, Network as PolicyNetwork, Profile, Seccomp as PolicySeccomp};
+use cordon_policy::{ToolPolicy, policy};
+use serde::Serialize;
+
+/// One sandbox: root, program, mounts, limits, network.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxSpec {
+    /// The tool's name, for messages and audit records.
+    pub tool: String,
+    /// The profile the policy claims.
+    pub profile: Profile,
+    /// What the sandbox's `/` is made of.
+    pub root: Root,
+    /// `argv[0]`: an absolute path inside the sandbox, or a name looked up
+    /// in the `PATH` of `env`.
+    pub argv: Vec<String>,
+    /// The complete environment (the network doors may add to it).
+    pub env: Vec<(String, String)>,
+    /// Binds of host paths.
+    pub mounts: Vec<Mount>,
+    /// Resource limits of the whole sandbox.
+    pub limits: Limits,
+    /// Network.
+    pub network: Network,
+    /// System-call filter.
+    pub seccomp: Seccomp,
+    /// Landlock (or the runtime's file-access layer) as a second layer.
+    pub landlock: bool,
+}
+
+/// The sandbox's root file system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Root {
+    /// Read-only binds of the host's system directories (`/usr`, `/bin`,
+    /// `/lib`...) on an empty tmpfs, with a written `/etc` and `/dev`.
+    HostBinds,
+}
+
+/// A bind of a host path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// Host path.
+    pub src: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub dst: PathBuf,
+    /// Read-write; read-only otherwise.
+    pub writable: bool,
+}
+
+/// Limits of the whole sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Wall clock (one call; for a spawned sandbox, its whole life).
+    pub wall: Duration,
+    /// Memory, no swap.
+    pub memory_bytes: u64,
+    /// Processes and threads.
+    pub tasks: u64,
+    /// CPU quota in percent of one core; `None`: none.
+    pub cpu_percent: Option<u32>,
+    /// Output cap: a call's whole stdout; for a spawned sandbox, each
+    /// message (line) it writes.
+    pub output_bytes: u64,
+    /// Stderr kept.
+    pub stderr_bytes: u64,
+    /// Open descriptors.
+    pub nofile: u64,
+    /// Size of the writable `/tmp`.
+    pub disk_bytes: u64,
+}
+
+/// The sandbox's network.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// No route anywhere.
+    None,
+    /// Only the broker's doors, serving this egress policy.
+    Doors(#[serde(skip)] Box<EgressPolicy>),
+}
+
+/// The system-call filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Seccomp {
+    /// Default allow with cordon's deny table.
+    DenyList,
+    /// Default deny: the base set plus these names.
+    AllowList(Vec<String>),
+}
+
+/// What the sandbox is for: one call, or a long-lived server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// One call: input in, output out (`cordon run`, a command tool over MCP).
+    Call,
+    /// A long-lived server speaking on its stdio (an `mcp:` tool).
+    Serve,
+}
+
+/// Lower a resolved policy into the neutral specification, or say why it
+/// cannot be (nothing to run, P0, the wrong use of an MCP server). Which
+/// runtime builds it, and whether it can here, is decided by admission.
+pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
+    if p.profile == Profile::P0 {
+        return Err(format!(
+            "{}: profile P0 has no sandbox; cordon runs only sandboxed tools",
+            p.name
+        ));
+    }
+    let argv = match (&p.exec, use_) {
+        (Exec::Command { argv }, Use::Call) => argv.clone(),
+        (Exec::Command { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: a command tool runs once per call, not as a server",
+                p.name
+            ));
+        }
+        (
+            Exec::Mcp {
+                command: Some(argv),
+                ..
+            },
+            Use::Serve,
+        ) => argv.clone(),
+        (Exec::Mcp { .. }, Use::Call) => {
+            return Err(format!(
+                "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
+                p.name
+            ));
+        }
+        (Exec::Image { reference, .. }, _) | (Exec::Mcp { image: Some(reference), .. }, _) => {
+            return Err(format!(
+                "{}: image {reference} needs the OCI image store, which this build does not have",
+                p.name
+            ));
+        }
+        (Exec::Mcp { .. }, Use::Serve) | (Exec::Unspecified, _) => {
+            return Err(format!(
+                "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
+                p.name
+            ));
+        }
+    };
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err(format!("{}: the command is empty", p.name));
+    }
+    if !p.secrets.is_empty() {
+        return Err(format!(
+            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+            p.name
+        ));
+    }
+    let l = p.require_limits()?;
+    let network = match egress_policy_for(&p.name, &p.network)? {
+        None => Network::None,
+        Some(ep) => Network::Doors(Box::new(ep)),
+    };
+    Ok(SandboxSpec {
+        tool: p.name.clone(),
+        profile: p.profile,
+        root: Root::HostBinds,
+        argv,
+        env: p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        mounts: p
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                src: m.src.clone().into(),
+                dst: m.dst.clone().into(),
+                writable: m.writable,
+            })
+            .collect(),
+        limits: Limits {
+            wall: Duration::from_secs(l.wall_seconds),
+            memory_bytes: l.memory_bytes,
+            tasks: l.tasks,
+            cpu_percent: Some(l.cpu_percent),
+            output_bytes: l.output_bytes,
+            stderr_bytes: l.stderr_bytes,
+            nofile: l.nofile,
+            disk_bytes: l.disk_bytes,
+        },
+        network,
+        seccomp: match &p.seccomp {
+            PolicySeccomp::DenyList => Seccomp::DenyList,
+            PolicySeccomp::AllowList { extra } => Seccomp::AllowList(extra.clone()),
+        },
+        landlock: true,
+    })
+}
+
+/// The egress policy of a network setting (`None`: no network), refusals
+/// naming `name`.
+pub fn egress_policy_for(
+    name: &str,
+    network: &PolicyNetwork,
+) -> Result<Option<EgressPolicy>, String> {
+    let (mut ep, resolve, cidrs): (EgressPolicy, &BTreeMap<String, String>, &Vec<String>) =
+        match network {
+            PolicyNetwork::None => return Ok(None),
+            PolicyNetwork::Host => {
+                return Err(format!("{name}: host network is never given to a sandbox"));
+            }
+            PolicyNetwork::Allowlist {
+                allow,
+                resolve,
+                allow_cidrs,
+            } => (
+                EgressPolicy::allowlist(name, allow).map_err(|e| format!("{name}: {e}"))?,
+                resolve,
+                allow_cidrs,
+            ),
+            PolicyNetwork::Proxy {
+                resolve,
+                allow_cidrs,
+            } => (EgressPolicy::public_web(name), resolve, allow_cidrs),
+        };
+    for (host, ip) in resolve {
+        let ip = ip
+            .parse()
+            .map_err(|_| format!("{name}: resolve {host}: `{ip}` is not an IP address"))?;
+        ep.resolve.insert(host.to_ascii_lowercase(), ip);
+    }
+    for c in cidrs {
+        ep.allow_cidrs.push(
+            c.parse::<ipnet::IpNet>()
+                .map_err(|_| format!("{name}: allow_cidrs: `{c}` is not a CIDR"))?,
+        );
+    }
+    if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
+        ep.upstream_dns = Some(
+            ns.parse()
+                .map_err(|_| format!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
+        );
+    }
+    ep.validate().map_err(|e| format!("{name}: {e}"))?;
+    Ok(Some(ep))
+}
+
+impl SandboxSpec {
+    /// A spec with the P1 defaults running `argv` (tests, `cordon exec`,
+    /// probes of a bare profile).
+    pub fn new<I, S>(tool: &str, argv: I) -> SandboxSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let l = cordon_policy::resolve::default_limits(Profile::P1).unwrap_or(policy::Limits {
+            wall_seconds: 20,
+            memory_bytes: 512 << 20,
+            tasks: 32,
+            cpu_percent: 100,
+            output_bytes: 2_000_000,
+            stderr_bytes: 64 << 10,
+            nofile: 256,
+            disk_bytes: 64 << 20,
+        });
+        SandboxSpec {
+            tool: tool.to_string(),
+            profile: Profile::P1,
+            root: Root::HostBinds,
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: vec![
+                ("PATH".into(), cordon_policy::resolve::SANDBOX_PATH.into()),
+                ("HOME".into(), "/tmp".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+            ],
+            mounts: Vec::new(),
+            limits: Limits {
+                wall: Duration::from_secs(l.wall_seconds),
+                memory_bytes: l.memory_bytes,
+                tasks: l.tasks,
+                cpu_percent: Some(l.cpu_percent),
+                output_bytes: l.output_bytes,
+                stderr_bytes: l.stderr_bytes,
+                nofile: l.nofile,
+                disk_bytes: l.disk_bytes,
+            },
+            network: Network::None,
+            seccomp: Seccomp::DenyList,
+            landlock: true,
+        }
+    }
+
+    /// The egress policy, when the sandbox has doors.
+    pub fn egress(&self) -> Option<&EgressPolicy> {
+        match &self.network {
+            Network::None => None,
+            Network::Doors(ep) => Some(ep),
+        }
+    }
+}
