@@ -25,8 +25,12 @@ pub fn pipe() -> Result<(OwnedFd, OwnedFd), Errno> {
         return Err(Errno::last());
     }
     let [r, w] = fds;
-    // SAFETY: both are new descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(r), OwnedFd::from_raw_fd(w)) })
+    // SAFETY: pipe2 just returned `r` as a new descriptor owned by nobody
+    // else.
+    let r = unsafe { OwnedFd::from_raw_fd(r) };
+    // SAFETY: likewise for `w`.
+    let w = unsafe { OwnedFd::from_raw_fd(w) };
+    Ok((r, w))
 }
 
 /// A close-on-exec `AF_UNIX` `SOCK_SEQPACKET` socket pair.
@@ -45,8 +49,12 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
         return Err(Errno::last());
     }
     let [a, b] = fds;
-    // SAFETY: both are new descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(a), OwnedFd::from_raw_fd(b)) })
+    // SAFETY: socketpair just returned `a` as a new descriptor owned by
+    // nobody else.
+    let a = unsafe { OwnedFd::from_raw_fd(a) };
+    // SAFETY: likewise for `b`.
+    let b = unsafe { OwnedFd::from_raw_fd(b) };
+    Ok((a, b))
 }
 
 /// Set or clear `O_NONBLOCK`.
@@ -60,7 +68,8 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
         flags & !libc::O_NONBLOCK
     };
     if new != flags {
-        // SAFETY: as above.
+        // SAFETY: fcntl(F_SETFL) takes an int, on a descriptor the caller
+        // borrows.
         cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) } as libc::c_long)?;
     }
     Ok(())
@@ -160,12 +169,14 @@ pub fn wait_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> Result<Option<ExitStatu
             }
             return Err(e);
         }
-        // SAFETY: after a successful waitid the pid/status fields are set
-        // (pid 0 with WNOHANG means no state change).
-        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        // SAFETY: after a successful waitid the pid field is set (0 with
+        // WNOHANG means no state change).
+        let pid = unsafe { info.si_pid() };
         if pid == 0 {
             return Ok(None);
         }
+        // SAFETY: waitid reported a child, so the status field is set.
+        let status = unsafe { info.si_status() };
         return Ok(Some(match info.si_code {
             libc::CLD_EXITED => ExitStatus::Exited(status),
             _ => ExitStatus::Signaled(status),

@@ -1,6 +1,17 @@
 //! cordon-sys: every raw system call cordon makes, and so every `unsafe`
 //! block in the project, lives in this crate. Each block carries a
-//! `// SAFETY:` comment. Other crates are `#![forbid(unsafe_code)]`.
+//! `// SAFETY:` comment and covers one unsafe operation (clippy's
+//! `undocumented_unsafe_blocks` and `multiple_unsafe_ops_per_block`, denied
+//! for this crate). Other crates are `#![forbid(unsafe_code)]`.
+//!
+//! - `io`: parent-side descriptor and process helpers (pipes, poll,
+//!   pidfds, small kernel files, feature probes).
+//! - `probe`: the raw calls of the conformance probe agent.
+//! - `spawn`: starting a sandboxed process; its module docs describe the
+//!   files, parent side and child side.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(clippy::multiple_unsafe_ops_per_block)]
+
 pub mod io;
 pub mod probe;
 pub mod spawn;
