@@ -99,7 +99,9 @@ impl Upstream {
             })
             .await?;
         match r {
-            rmcp::model::GetPromptResponse::Complete(r) => self.gate_prompt(name, r),
+            rmcp::model::GetPromptResponse::Complete(r) => {
+                gate::prompt_result(&self.policy, name, r)
+            }
             _ => Err(self.failed(
                 name,
                 "prompts/get: the server asked the client for input, which cordon does not forward"

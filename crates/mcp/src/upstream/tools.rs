@@ -279,7 +279,7 @@ impl Upstream {
             }
         };
         self.after_call(conn.generation).await;
-        self.gate(name, result)
+        gate::tool_result(&self.policy, name, result)
     }
 }
 
