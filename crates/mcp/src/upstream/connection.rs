@@ -1,0 +1,383 @@
+//! The connection to one sandboxed server: started through the
+//! [`ServerSandbox`](crate::sandbox::ServerSandbox) seam, spoken to with
+//! the rmcp client (which forwards the server's notifications to the
+//! agent), restarted after a crash or a hang, and stopped at the end of its
+//! lifetime (the session, or each call for `lifetime: call`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_policy::policy::Lifetime;
+use rmcp::model::{
+    ClientCapabilities, Implementation, InitializeRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, RoleServer, ServiceError, ServiceExt};
+use serde_json::json;
+
+use super::{Offers, State, Upstream, gate};
+use crate::render::{self, Refusal};
+use crate::sandbox::ServerHandle;
+
+/// Routes progress notifications of upstream calls to the agent that made
+/// the call (the downstream progress token is passed upstream as is).
+#[derive(Default)]
+pub(crate) struct ProgressRoutes {
+    pub(super) routes: Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>,
+    /// Progress notifications being forwarded right now.
+    pub(super) in_flight: AtomicUsize,
+}
+
+/// Resource subscriptions of one agent session to one server: the URIs,
+/// and the agent to tell when the server says one changed.
+#[derive(Default)]
+pub(crate) struct Subscriptions {
+    pub(super) agent: Option<Peer<RoleServer>>,
+    pub(super) uris: BTreeSet<String>,
+}
+
+/// The client side of the connection to a sandboxed server.
+#[derive(Clone)]
+pub(super) struct Forwarder {
+    routes: Arc<ProgressRoutes>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
+}
+
+impl Forwarder {
+    fn agent(&self) -> Option<Peer<RoleServer>> {
+        self.subscriptions.lock().ok().and_then(|s| s.agent.clone())
+    }
+}
+
+impl ClientHandler for Forwarder {
+    /// The agent re-lists through cordon, which asks the server again.
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_resource_list_changed().await;
+        }
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_prompt_list_changed().await;
+        }
+    }
+
+    /// Only updates of URIs the agent subscribed to are passed on (a
+    /// server cannot flood the agent with others).
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let agent = self.subscriptions.lock().ok().and_then(|s| {
+            s.uris
+                .contains(&params.uri)
+                .then(|| s.agent.clone())
+                .flatten()
+        });
+        if let Some(peer) = agent {
+            let _ = peer
+                .notify_resource_updated(rmcp::model::ResourceUpdatedNotificationParam::new(
+                    params.uri,
+                ))
+                .await;
+        }
+    }
+
+    async fn on_progress(
+        &self,
+        mut params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let route = self
+            .routes
+            .routes
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&params.progress_token).cloned());
+        if let Some((peer, token)) = route {
+            use std::sync::atomic::Ordering;
+            self.routes.in_flight.fetch_add(1, Ordering::SeqCst);
+            params.progress_token = token;
+            // The message is the server's text: strip it like any output.
+            params.message = params.message.map(|m| gate::strip_text(&m));
+            let _ = peer.notify_progress(params).await;
+            self.routes.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn get_info(&self) -> InitializeRequestParams {
+        let mut info = InitializeRequestParams::new(
+            ClientCapabilities::default(),
+            Implementation::new("cordon", env!("CARGO_PKG_VERSION")),
+        );
+        // Third-party servers speak the initialize handshake.
+        info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
+        info
+    }
+}
+
+/// The running server of one generation; dropping it kills the sandbox.
+pub(super) struct Live {
+    generation: u64,
+    service: RunningService<RoleClient, Forwarder>,
+    handle: Arc<dyn ServerHandle>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.handle.kill();
+    }
+}
+
+/// A connection to use for one call.
+pub(super) struct Conn {
+    pub(super) generation: u64,
+    pub(super) peer: Peer<RoleClient>,
+    pub(super) handle: Arc<dyn ServerHandle>,
+}
+
+impl Upstream {
+    /// The agent to pass the server's notifications to.
+    pub fn set_agent(&self, agent: &Peer<RoleServer>) {
+        if let Ok(mut s) = self.subscriptions.lock() {
+            s.agent = Some(agent.clone());
+        }
+    }
+
+    /// What the server offers, if it has been started once by any session.
+    pub fn known_offers(&self) -> Option<Offers> {
+        self.offers.lock().ok().and_then(|o| *o)
+    }
+
+    /// What the server offers, starting it to find out if no session has.
+    pub async fn offers(&self) -> Result<Offers, ErrorData> {
+        if let Some(o) = self.known_offers() {
+            return Ok(o);
+        }
+        let conn = self.conn().await?;
+        self.after_call(conn.generation).await;
+        Ok(self.known_offers().unwrap_or_default())
+    }
+
+    /// Start the server in its sandbox and list its tools.
+    async fn start(&self, st: &mut State) -> Result<Conn, ErrorData> {
+        let name = &self.policy.name;
+        let proc = self
+            .sandbox
+            .start(&self.policy, &self.argv)
+            .map_err(|e| render::refusal(Refusal::SandboxFailed, e, json!({"tool": name})))?;
+        let handle = proc.handle.clone();
+        let fwd = Forwarder {
+            routes: self.routes.clone(),
+            subscriptions: self.subscriptions.clone(),
+        };
+        let started = tokio::time::timeout(self.wall, fwd.serve((proc.reader, proc.writer))).await;
+        let service = match started {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                handle.kill();
+                let why = self.exit_report(&handle).await;
+                return Err(self.failed(name, format!("the server did not initialize ({e}){why}")));
+            }
+            Err(_) => {
+                handle.kill();
+                return Err(render::refusal(
+                    Refusal::LimitHit,
+                    format!(
+                        "{name}: the server did not initialize within {}; it was stopped",
+                        cordon_jail::format_duration(self.wall)
+                    ),
+                    json!({"tool": name, "limit": "wall_seconds"}),
+                ));
+            }
+        };
+        let listed = tokio::time::timeout(self.wall, service.peer().list_all_tools()).await;
+        let tools = match listed {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                handle.kill();
+                let why = self.exit_report(&handle).await;
+                return Err(self.failed(name, format!("tools/list failed ({e}){why}")));
+            }
+            Err(_) => {
+                handle.kill();
+                return Err(render::refusal(
+                    Refusal::LimitHit,
+                    format!(
+                        "{name}: tools/list timed out after {}; the server was stopped",
+                        cordon_jail::format_duration(self.wall)
+                    ),
+                    json!({"tool": name, "limit": "wall_seconds"}),
+                ));
+            }
+        };
+        let exposed = self.expose(tools);
+        if let Some(info) = service.peer().peer_info() {
+            let c = &info.capabilities;
+            let o = Offers {
+                resources: c.resources.is_some(),
+                prompts: c.prompts.is_some(),
+                completions: c.completions.is_some(),
+                subscribe: c.resources.as_ref().and_then(|r| r.subscribe) == Some(true),
+                resources_list_changed: c.resources.as_ref().and_then(|r| r.list_changed)
+                    == Some(true),
+                prompts_list_changed: c.prompts.as_ref().and_then(|p| p.list_changed) == Some(true),
+            };
+            if let Ok(mut known) = self.offers.lock() {
+                *known = Some(o);
+            }
+        }
+        st.resources = None;
+        st.templates = None;
+        st.prompts = None;
+        st.generation += 1;
+        let conn = Conn {
+            generation: st.generation,
+            peer: service.peer().clone(),
+            handle: handle.clone(),
+        };
+        st.tools = Some(exposed);
+        st.live = Some(Live {
+            generation: st.generation,
+            service,
+            handle,
+        });
+        Ok(conn)
+    }
+
+    /// A failure of the server as an MCP error; `msg` (which can carry the
+    /// server's stderr) goes through the gate's error path.
+    pub(super) fn failed(&self, tool: &str, msg: String) -> ErrorData {
+        let text = gate::server_message(&self.policy, &msg);
+        render::refusal(
+            Refusal::ServerFailed,
+            format!("{tool}: {text}"),
+            json!({"tool": tool, "server": self.policy.name}),
+        )
+    }
+
+    /// How the sandbox ended, once it has (waits up to 2 s for the reaper).
+    pub(super) async fn exit_report(&self, handle: &Arc<dyn ServerHandle>) -> String {
+        for _ in 0..40 {
+            if let Some(r) = handle.exited() {
+                return format!("; {r}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        String::new()
+    }
+
+    /// A live connection, starting the server if there is none.
+    pub(super) async fn conn(&self) -> Result<Conn, ErrorData> {
+        let mut st = self.state.lock().await;
+        if let Some(l) = &st.live {
+            if l.handle.exited().is_none() && !l.service.is_closed() {
+                return Ok(Conn {
+                    generation: l.generation,
+                    peer: l.service.peer().clone(),
+                    handle: l.handle.clone(),
+                });
+            }
+            st.live = None;
+        }
+        self.start(&mut st).await
+    }
+
+    /// Drop the connection of this generation (killing its sandbox).
+    pub(super) async fn reset(&self, generation: u64) {
+        let mut st = self.state.lock().await;
+        if st.live.as_ref().is_some_and(|l| l.generation == generation) {
+            st.live = None;
+        }
+    }
+
+    /// Stop the server now (session end).
+    pub fn shutdown(&self) {
+        if let Ok(mut st) = self.state.try_lock() {
+            st.live = None;
+        } else {
+            // A call holds the lock: the Live is dropped (and killed) with
+            // the session's last reference.
+        }
+    }
+
+    pub(super) async fn after_call(&self, generation: u64) {
+        if self.policy.lifetime == Lifetime::Call {
+            self.reset(generation).await;
+        }
+    }
+
+    /// One request on a live connection (starting the server if needed),
+    /// bounded by `wall_seconds` and cancelled when the agent cancels.
+    pub(super) async fn timed<T, F>(
+        &self,
+        what: &str,
+        ct: Option<&tokio_util::sync::CancellationToken>,
+        f: impl FnOnce(Peer<RoleClient>) -> F,
+    ) -> Result<T, ErrorData>
+    where
+        F: std::future::Future<Output = Result<T, ServiceError>>,
+    {
+        let name = self.policy.name.as_str();
+        let conn = self.conn().await?;
+        let never = tokio_util::sync::CancellationToken::new();
+        let ct = ct.unwrap_or(&never);
+        // Dropping the request future (timeout, cancellation) sends
+        // `notifications/cancelled` to the server.
+        let r = tokio::select! {
+            r = tokio::time::timeout(self.wall, f(conn.peer.clone())) => Some(r),
+            _ = ct.cancelled() => None,
+        };
+        match r {
+            None => {
+                self.after_call(conn.generation).await;
+                Err(render::refusal(
+                    Refusal::ServerFailed,
+                    format!("{name}: {what} cancelled by the client"),
+                    json!({"tool": name}),
+                ))
+            }
+            Some(Err(_)) => {
+                conn.handle.kill();
+                self.reset(conn.generation).await;
+                Err(render::refusal(
+                    Refusal::LimitHit,
+                    format!(
+                        "{name}: {what} timed out after {}; the server was stopped and the next request starts a new one",
+                        cordon_jail::format_duration(self.wall)
+                    ),
+                    json!({"tool": name, "limit": "wall_seconds"}),
+                ))
+            }
+            Some(Ok(Ok(v))) => {
+                self.after_call(conn.generation).await;
+                Ok(v)
+            }
+            Some(Ok(Err(ServiceError::McpError(e)))) => {
+                self.after_call(conn.generation).await;
+                let text = gate::server_message(&self.policy, &e.message);
+                Err(ErrorData::new(
+                    e.code,
+                    format!("{name}: the server refused {what}: {text}"),
+                    Some(json!({"cordon/status": "server_error", "tool": name})),
+                ))
+            }
+            Some(Ok(Err(e))) => {
+                conn.handle.kill();
+                let why = self.exit_report(&conn.handle).await;
+                self.reset(conn.generation).await;
+                Err(self.failed(
+                    name,
+                    format!(
+                        "the server failed during {what} ({e}){why}; the next request starts a new one"
+                    ),
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! `mcp:` tools: a third-party MCP server run inside its sandbox, its tools
+//! exposed under the manifest tool's name as a prefix (`<tool>.<name>`),
+//! filtered by `allow`, renamed by `rename`, and refused when a description
+//! differs from the one pinned in `descriptions`. One sandbox per agent
+//! session (`lifetime: session`) or per call (`lifetime: call`); a server
+//! that crashes or hangs gives a typed error and the next call starts a new
+//! one.
+//!
+//! - [`connection`]: starting the server through the [`ServerSandbox`]
+//!   seam, the rmcp client, restarts and lifetime;
+//! - [`tools`]: listing, `allow`/`rename`, pinned descriptions, calls;
+//! - [`resources`]: resources and resource templates, reads, subscriptions;
+//! - [`prompts`]: prompts and completions;
+//! - [`gate`]: the one path by which anything the server produces reaches
+//!   the agent (the output gate, labels, the summary `_meta`).
+
+mod connection;
+mod gate;
+mod prompts;
+mod resources;
+mod tools;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_policy::policy::{Exec, ToolPolicy};
+use rmcp::ErrorData;
+use rmcp::model::{Prompt, Resource, ResourceTemplate};
+use serde_json::json;
+
+use crate::render::{self, Refusal};
+use crate::sandbox::ServerSandbox;
+use connection::{Live, ProgressRoutes, Subscriptions};
+pub(crate) use resources::Exposure;
+use tools::Exposed;
+
+#[derive(Default)]
+struct State {
+    live: Option<Live>,
+    tools: Option<Vec<Exposed>>,
+    generation: u64,
+    /// What the server listed last (after the manifest's allowlists):
+    /// the only resources, templates and prompts an agent may reach.
+    resources: Option<Vec<Resource>>,
+    templates: Option<Vec<(ResourceTemplate, crate::resources::Template)>>,
+    prompts: Option<Vec<Prompt>>,
+}
+
+/// What a server offers besides tools, learnt from its `initialize`
+/// answer and shared by the sessions of one gateway (the capabilities are
+/// advertised before any session has started the server).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Offers {
+    pub resources: bool,
+    pub prompts: bool,
+    pub completions: bool,
+    pub subscribe: bool,
+    /// The server sends `list_changed` for resources / prompts.
+    pub resources_list_changed: bool,
+    pub prompts_list_changed: bool,
+}
+
+/// The gateway's record of each server's [`Offers`] (`None`: not started yet).
+pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
+
+/// One `mcp:` tool of the manifest within one agent session.
+pub(crate) struct Upstream {
+    policy: Arc<ToolPolicy>,
+    argv: Vec<String>,
+    allow: Option<Vec<String>>,
+    rename: BTreeMap<String, String>,
+    pins: BTreeMap<String, String>,
+    sandbox: Arc<dyn ServerSandbox>,
+    routes: Arc<ProgressRoutes>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
+    state: tokio::sync::Mutex<State>,
+    wall: Duration,
+    resource_allow: Option<Vec<String>>,
+    prompt_allow: Option<Vec<String>>,
+    offers: KnownOffers,
+}
+
+impl Upstream {
+    /// An error when the policy is not an `mcp:` tool with a command.
+    pub fn new(
+        policy: Arc<ToolPolicy>,
+        sandbox: Arc<dyn ServerSandbox>,
+    ) -> Result<Upstream, String> {
+        let Exec::Mcp {
+            command,
+            image,
+            allow,
+            rename,
+            descriptions,
+            resources,
+            prompts,
+        } = &policy.exec
+        else {
+            return Err(format!("{}: not an MCP server tool", policy.name));
+        };
+        let argv = match (command, image) {
+            (Some(c), _) if !c.is_empty() => c.clone(),
+            (_, Some(i)) => {
+                return Err(format!(
+                    "{}: MCP server image {i} needs an OCI runtime, which this build does not have",
+                    policy.name
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{}: the `mcp` block gives no command to start the server",
+                    policy.name
+                ));
+            }
+        };
+        let wall = Duration::from_secs(policy.require_limits()?.wall_seconds);
+        Ok(Upstream {
+            argv,
+            allow: allow.clone(),
+            rename: rename.clone(),
+            pins: descriptions.clone(),
+            sandbox,
+            routes: Arc::new(ProgressRoutes::default()),
+            subscriptions: Arc::default(),
+            state: tokio::sync::Mutex::new(State::default()),
+            wall,
+            resource_allow: resources.clone(),
+            prompt_allow: prompts.clone(),
+            offers: KnownOffers::default(),
+            policy,
+        })
+    }
+
+    /// Share the gateway's record of what this server offers.
+    pub fn with_offers(mut self, offers: KnownOffers) -> Upstream {
+        self.offers = offers;
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.policy.name
+    }
+
+    pub fn profile(&self) -> &'static str {
+        cordon_broker::profile_name(self.policy.profile)
+    }
+
+    fn refuse_unoffered(&self, what: &str) -> ErrorData {
+        render::refusal(
+            Refusal::NotOffered,
+            format!("{}: the server offers no {what}", self.policy.name),
+            json!({"tool": self.policy.name}),
+        )
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

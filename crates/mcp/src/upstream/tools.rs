@@ -1,0 +1,323 @@
+//! The server's tools: listed at start, filtered by `allow`, renamed by
+//! `rename`, refused when a description differs from its pin, and called
+//! (arguments checked against the server's schema, progress routed,
+//! cancellation forwarded, the result through [`gate`](super::gate)).
+
+use std::time::Duration;
+
+use cordon_policy::policy::Lifetime;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
+    CancelledNotificationParam, ClientRequest, JsonObject, ServerResult, Tool,
+};
+use rmcp::service::{PeerRequestOptions, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServiceError};
+use serde_json::{Value, json};
+
+use super::{Upstream, gate};
+use crate::render::{self, Refusal};
+
+/// One server tool as the agent sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Exposed {
+    /// `<tool>.<exposed name>`.
+    pub name: String,
+    /// The name the server knows it by.
+    pub server_name: String,
+    /// What `tools/list` shows (renamed, description stripped).
+    pub tool: Tool,
+    /// Set when the tool is refused (its description differs from the pin).
+    pub refused: Option<String>,
+}
+
+impl Upstream {
+    /// allow, rename, pins; descriptions of unpinned tools pass the gate's
+    /// stripping (invisible and bidi characters, escapes).
+    pub(super) fn expose(&self, tools: Vec<Tool>) -> Vec<Exposed> {
+        let mut out = Vec::new();
+        for t in tools {
+            let server_name = t.name.to_string();
+            if let Some(allow) = &self.allow
+                && !allow.iter().any(|a| a == &server_name)
+            {
+                continue;
+            }
+            let exposed = self.rename.get(&server_name).unwrap_or(&server_name);
+            let full = format!("{}.{}", self.policy.name, exposed);
+            let desc = t.description.as_deref().unwrap_or("").to_owned();
+            let refused = match self.pins.get(&server_name) {
+                Some(pin) if pin.trim() != desc.trim() => Some(format!(
+                    "{full}: the server describes `{server_name}` differently from the description pinned in the manifest; the tool is refused (a changed description can carry instructions to the model)"
+                )),
+                _ => None,
+            };
+            if let Some(r) = &refused {
+                eprintln!("cordon: warning: {r}");
+            }
+            let clean = if self.pins.contains_key(&server_name) {
+                desc
+            } else {
+                gate::strip_text(&desc)
+            };
+            let mut tool = t.clone();
+            tool.name = full.clone().into();
+            tool.description = Some(clean.into());
+            let mut meta = rmcp::model::MetaObject::default();
+            meta.insert("cordon/profile".into(), json!(self.profile()));
+            meta.insert("cordon/server".into(), json!(self.policy.name));
+            meta.insert("cordon/server_tool".into(), json!(server_name));
+            meta.insert(
+                "cordon/description_pinned".into(),
+                json!(self.pins.contains_key(&server_name)),
+            );
+            tool.meta = Some(meta);
+            out.push(Exposed {
+                name: full,
+                server_name,
+                tool,
+                refused,
+            });
+        }
+        out
+    }
+
+    /// The exposed tools, starting the server to list them if needed.
+    pub async fn tools(&self) -> Result<Vec<Exposed>, ErrorData> {
+        {
+            let st = self.state.lock().await;
+            if let Some(t) = &st.tools {
+                return Ok(t.clone());
+            }
+        }
+        let conn = self.conn().await?;
+        let tools = self.state.lock().await.tools.clone().unwrap_or_default();
+        if self.policy.lifetime == Lifetime::Call {
+            self.reset(conn.generation).await;
+        }
+        Ok(tools)
+    }
+
+    /// The exposed tool names of the last listing, if there was one.
+    pub fn listed_tool_names(&self) -> Option<Vec<String>> {
+        let st = self.state.try_lock().ok()?;
+        st.tools.as_ref().map(|t| {
+            t.iter()
+                .filter(|e| e.refused.is_none())
+                .map(|e| e.name.clone())
+                .collect()
+        })
+    }
+
+    /// Whether `name` belongs to this server (`<tool>.` prefix).
+    pub fn owns(&self, name: &str) -> bool {
+        name.strip_prefix(self.policy.name.as_str())
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// Forward one call.
+    pub async fn call(
+        &self,
+        name: &str,
+        args: Option<JsonObject>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let tools = self.tools().await?;
+        let Some(exposed) = tools.iter().find(|e| e.name == name) else {
+            return Err(render::refusal(
+                Refusal::UnknownTool,
+                format!(
+                    "unknown tool `{name}`; server {} exposes: {}",
+                    self.policy.name,
+                    tools
+                        .iter()
+                        .filter(|e| e.refused.is_none())
+                        .map(|e| e.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                json!({"tool": name}),
+            ));
+        };
+        if let Some(r) = &exposed.refused {
+            return Err(render::refusal(
+                Refusal::DescriptionChanged,
+                r.clone(),
+                json!({"tool": name}),
+            ));
+        }
+        check_args(name, &exposed.tool, args.as_ref())?;
+        let conn = self.conn().await?;
+        // The server may have been restarted with other tools: look again.
+        let current = self.state.lock().await.tools.clone().unwrap_or_default();
+        match current.iter().find(|e| e.name == name) {
+            Some(e) if e.refused.is_none() => {}
+            Some(e) => {
+                return Err(render::refusal(
+                    Refusal::DescriptionChanged,
+                    e.refused.clone().unwrap_or_default(),
+                    json!({"tool": name}),
+                ));
+            }
+            None => {
+                return Err(render::refusal(
+                    Refusal::UnknownTool,
+                    format!("unknown tool `{name}`: the restarted server no longer has it"),
+                    json!({"tool": name}),
+                ));
+            }
+        }
+        let mut params = CallToolRequestParams::new(exposed.server_name.clone());
+        params.arguments = args;
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match conn
+            .peer
+            .send_request_with_option(request, PeerRequestOptions::with_timeout(self.wall))
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                conn.handle.kill();
+                let why = self.exit_report(&conn.handle).await;
+                self.reset(conn.generation).await;
+                return Err(self.failed(
+                    name,
+                    format!("the server is gone ({e}){why}; the next call starts a new one"),
+                ));
+            }
+        };
+        // rmcp gives each upstream request its own progress token: route
+        // that token's notifications to this agent under the agent's token.
+        let upstream_token = handle.progress_token.clone();
+        let (request_id, upstream_peer) = (handle.id.clone(), handle.peer.clone());
+        let mut routed = false;
+        if let Some(t) = ctx.meta.get_progress_token()
+            && let Ok(mut r) = self.routes.routes.lock()
+        {
+            r.insert(upstream_token.clone(), (ctx.peer.clone(), t));
+            routed = true;
+        }
+        let outcome = tokio::select! {
+            r = handle.await_response() => Some(r),
+            _ = ctx.ct.cancelled() => None,
+        };
+        if routed {
+            // rmcp hands each notification to its own task but resolves the
+            // response directly: progress the server sent before its result
+            // may still be on its way. Let it reach the agent before the
+            // result does.
+            use std::sync::atomic::Ordering;
+            for _ in 0..100 {
+                for _ in 0..8 {
+                    tokio::task::yield_now().await;
+                }
+                if self.routes.in_flight.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        if let Ok(mut r) = self.routes.routes.lock() {
+            r.remove(&upstream_token);
+        }
+        let result = match outcome {
+            None => {
+                let note = CancelledNotification::new(CancelledNotificationParam::new(
+                    Some(request_id),
+                    Some("cancelled by the agent".into()),
+                ));
+                let _ = upstream_peer.send_notification(note.into()).await;
+                self.after_call(conn.generation).await;
+                return Err(render::refusal(
+                    Refusal::ServerFailed,
+                    format!("{name}: cancelled by the client"),
+                    json!({"tool": name}),
+                ));
+            }
+            Some(Err(ServiceError::Timeout { .. })) => {
+                conn.handle.kill();
+                self.reset(conn.generation).await;
+                return Err(render::refusal(
+                    Refusal::LimitHit,
+                    format!(
+                        "{name}: timed out after {}; the server was stopped and the next call starts a new one",
+                        cordon_jail::format_duration(self.wall)
+                    ),
+                    json!({"tool": name, "limit": "wall_seconds"}),
+                ));
+            }
+            Some(Err(ServiceError::McpError(e))) => {
+                // The server's own error text is untrusted: gate it.
+                let text = gate::server_message(&self.policy, &e.message);
+                self.after_call(conn.generation).await;
+                return Err(ErrorData::new(
+                    e.code,
+                    format!("{name}: the server refused the call: {text}"),
+                    Some(json!({"cordon/status": "server_error", "tool": name})),
+                ));
+            }
+            Some(Err(e)) => {
+                conn.handle.kill();
+                let why = self.exit_report(&conn.handle).await;
+                self.reset(conn.generation).await;
+                return Err(self.failed(
+                    name,
+                    format!(
+                    "the server failed during the call ({e}){why}; the next call starts a new one"
+                ),
+                ));
+            }
+            Some(Ok(ServerResult::CallToolResult(r))) => r,
+            Some(Ok(other)) => {
+                self.after_call(conn.generation).await;
+                return Err(self.failed(
+                    name,
+                    format!(
+                        "the server answered tools/call with another kind of result ({})",
+                        result_kind(&other)
+                    ),
+                ));
+            }
+        };
+        self.after_call(conn.generation).await;
+        gate::tool_result(&self.policy, name, result)
+    }
+}
+
+/// Check arguments against the server's declared input schema before the
+/// call leaves cordon.
+fn check_args(name: &str, tool: &Tool, args: Option<&JsonObject>) -> Result<(), ErrorData> {
+    let schema = Value::Object((*tool.input_schema).clone());
+    let Ok(v) = jsonschema::options()
+        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .build(&schema)
+    else {
+        // A schema cordon cannot compile is left to the server to enforce.
+        return Ok(());
+    };
+    let instance = Value::Object(args.cloned().unwrap_or_default());
+    let mut errors = v.iter_errors(&instance);
+    if let Some(first) = errors.next() {
+        let path = first.instance_path().as_str().to_owned();
+        let path = if path.is_empty() { "/".into() } else { path };
+        let detail: String = first.to_string().chars().take(200).collect();
+        return Err(render::refusal(
+            Refusal::InvalidArguments,
+            format!(
+                "{name}: arguments refused by the server's input schema at {path}: {detail} (keyword `{}`)",
+                first.kind().keyword()
+            ),
+            json!({"tool": name, "path": path}),
+        ));
+    }
+    Ok(())
+}
+
+fn result_kind(r: &ServerResult) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
+        })
+        .unwrap_or_default()
+}
