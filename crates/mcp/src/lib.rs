@@ -244,6 +244,8 @@ pub(crate) struct CallAudit {
     /// only its size and hash.
     pub record_input: bool,
     pub started: std::time::Instant,
+    /// Mechanisms of the sandbox not fully enforced.
+    pub warnings: Vec<String>,
 }
 
 impl CallAudit {
@@ -275,6 +277,7 @@ impl CallAudit {
             input,
             record_input: false,
             started: std::time::Instant::now(),
+            warnings: Vec::new(),
         }
     }
 
@@ -319,6 +322,7 @@ impl CallAudit {
         rec.session = session.into();
         rec.caller = caller.into();
         rec.input = Payload::of(&self.input, self.record_input);
+        rec.warnings = self.warnings;
         match outcome {
             Ok((text, is_error)) => {
                 rec.output = Payload::of(text.as_bytes(), false);
@@ -752,8 +756,10 @@ impl ServerHandler for Session {
                 .map(Into::into);
         }
         if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
-            let audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            let mut audit =
+                CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
+            audit.warnings = u.warnings();
             audit.finish(&self.gw.broker, &self.id, &caller, &r)?;
             return r.map(Into::into);
         }

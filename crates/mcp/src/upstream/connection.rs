@@ -172,6 +172,12 @@ impl Upstream {
             .start(&self.policy, &self.argv)
             .map_err(|e| render::refusal(Refusal::SandboxFailed, e, json!({"tool": name})))?;
         let handle = proc.handle.clone();
+        if let Ok(mut w) = self.warnings.lock() {
+            w.clone_from(&proc.warnings);
+        }
+        for w in &proc.warnings {
+            tracing::warn!(tool = %name, "{w}");
+        }
         let fwd = Forwarder {
             routes: self.routes.clone(),
             subscriptions: self.subscriptions.clone(),

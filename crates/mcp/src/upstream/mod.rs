@@ -79,6 +79,9 @@ pub(crate) struct Upstream {
     resource_allow: Option<Vec<String>>,
     prompt_allow: Option<Vec<String>>,
     offers: KnownOffers,
+    /// Every mechanism of the running sandbox that is not fully enforced
+    /// here (from its last start).
+    warnings: Mutex<Vec<String>>,
 }
 
 impl Upstream {
@@ -128,8 +131,16 @@ impl Upstream {
             resource_allow: resources.clone(),
             prompt_allow: prompts.clone(),
             offers: KnownOffers::default(),
+            warnings: Mutex::new(Vec::new()),
             policy,
         })
+    }
+
+    /// Every mechanism of the server's sandbox that is not fully enforced
+    /// here, as known from its last start: for each call's result and
+    /// audit record.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.lock().map(|w| w.clone()).unwrap_or_default()
     }
 
     /// Share the gateway's record of what this server offers.

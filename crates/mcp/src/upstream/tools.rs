@@ -280,6 +280,7 @@ impl Upstream {
         };
         self.after_call(conn.generation).await;
         gate::tool_result(&self.policy, name, result)
+            .map(|r| crate::render::with_warnings(r, &self.warnings()))
     }
 }
 
