@@ -1360,6 +1360,8 @@ fn host_facts_serialize() {
     let json = serde_json::to_value(&facts).unwrap();
     assert!(json["kernel"].as_str().unwrap().len() > 1);
     assert!(json["landlock_abi"].as_i64().unwrap() >= 0);
+    assert!(json["mount_setattr"].is_boolean());
+    assert!(json["close_range"].is_boolean());
     assert!(
         facts
             .system_dirs
