@@ -92,6 +92,33 @@ pub fn detect() -> HostFacts {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
+    let (system_dirs, merged_usr) = system_dirs();
+    let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
+    let cgroup_layout = layout(&cgroup_hierarchies);
+    HostFacts {
+        kernel: cordon_sys::io::kernel_release(),
+        arch: std::env::consts::ARCH.to_string(),
+        euid,
+        egid: cordon_sys::io::getegid(),
+        root: euid == 0,
+        user_namespaces,
+        landlock_abi: cordon_sys::io::landlock_abi(),
+        seccomp,
+        cap_last_cap,
+        mount_setattr: cordon_sys::io::mount_setattr_available(),
+        close_range: cordon_sys::io::close_range_available(),
+        merged_usr,
+        system_dirs,
+        cgroup_hierarchies,
+        cgroup_layout,
+        notes,
+    }
+}
+
+/// The top-level system directories the sandbox gets besides /usr, as the
+/// host has them, and whether /usr is merged (`/bin` and `/lib` are
+/// symlinks into it).
+pub fn system_dirs() -> (Vec<SystemDir>, bool) {
     let mut system_dirs = Vec::new();
     let mut merged_usr = true;
     for d in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
@@ -117,26 +144,7 @@ pub fn detect() -> HostFacts {
             _ => {}
         }
     }
-    let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
-    let cgroup_layout = layout(&cgroup_hierarchies);
-    HostFacts {
-        kernel: cordon_sys::io::kernel_release(),
-        arch: std::env::consts::ARCH.to_string(),
-        euid,
-        egid: cordon_sys::io::getegid(),
-        root: euid == 0,
-        user_namespaces,
-        landlock_abi: cordon_sys::io::landlock_abi(),
-        seccomp,
-        cap_last_cap,
-        mount_setattr: cordon_sys::io::mount_setattr_available(),
-        close_range: cordon_sys::io::close_range_available(),
-        merged_usr,
-        system_dirs,
-        cgroup_hierarchies,
-        cgroup_layout,
-        notes,
-    }
+    (system_dirs, merged_usr)
 }
 
 /// Parse /proc/self/mountinfo and /proc/self/cgroup.

@@ -154,7 +154,7 @@ where
     let (uid, gid) = (jail.opts.inner_uid, jail.opts.inner_gid);
 
     // Everything the child needs, built now.
-    let program = plan::program(jail.root_dir.path(), facts, spec, uid, gid)?;
+    let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;
     let exec_paths = plan::exec_paths(spec)?;
     let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
     let (landlock, landlock_status) = if spec.landlock {
