@@ -53,6 +53,16 @@ pub struct HostFacts {
     pub seccomp: bool,
     /// `/proc/sys/kernel/cap_last_cap`.
     pub cap_last_cap: u32,
+    /// The kernel has `mount_setattr(2)` (Linux 5.12+), which makes a bind
+    /// and every mount below it read-only. When false, read-only binds
+    /// fall back to a bind remount, which covers only the top mount of a
+    /// bind: mounts below a bound host directory stay as the host has them
+    /// (writable, if they are).
+    pub mount_setattr: bool,
+    /// The kernel has `close_range(2)` (Linux 5.9+). When false, the
+    /// sandbox closes inherited descriptors one by one, up to descriptor
+    /// 4095 (one above that stays open unless it is close-on-exec).
+    pub close_range: bool,
     /// `/bin`, `/lib`... are symlinks into /usr.
     pub merged_usr: bool,
     /// The system directories bound into the sandbox besides /usr.
@@ -82,6 +92,33 @@ pub fn detect() -> HostFacts {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
+    let (system_dirs, merged_usr) = system_dirs();
+    let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
+    let cgroup_layout = layout(&cgroup_hierarchies);
+    HostFacts {
+        kernel: cordon_sys::io::kernel_release(),
+        arch: std::env::consts::ARCH.to_string(),
+        euid,
+        egid: cordon_sys::io::getegid(),
+        root: euid == 0,
+        user_namespaces,
+        landlock_abi: cordon_sys::io::landlock_abi(),
+        seccomp,
+        cap_last_cap,
+        mount_setattr: cordon_sys::io::mount_setattr_available(),
+        close_range: cordon_sys::io::close_range_available(),
+        merged_usr,
+        system_dirs,
+        cgroup_hierarchies,
+        cgroup_layout,
+        notes,
+    }
+}
+
+/// The top-level system directories the sandbox gets besides /usr, as the
+/// host has them, and whether /usr is merged (`/bin` and `/lib` are
+/// symlinks into it).
+pub fn system_dirs() -> (Vec<SystemDir>, bool) {
     let mut system_dirs = Vec::new();
     let mut merged_usr = true;
     for d in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
@@ -107,24 +144,7 @@ pub fn detect() -> HostFacts {
             _ => {}
         }
     }
-    let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
-    let cgroup_layout = layout(&cgroup_hierarchies);
-    HostFacts {
-        kernel: cordon_sys::io::kernel_release(),
-        arch: std::env::consts::ARCH.to_string(),
-        euid,
-        egid: cordon_sys::io::getegid(),
-        root: euid == 0,
-        user_namespaces,
-        landlock_abi: cordon_sys::io::landlock_abi(),
-        seccomp,
-        cap_last_cap,
-        merged_usr,
-        system_dirs,
-        cgroup_hierarchies,
-        cgroup_layout,
-        notes,
-    }
+    (system_dirs, merged_usr)
 }
 
 /// Parse /proc/self/mountinfo and /proc/self/cgroup.

@@ -41,6 +41,10 @@
 //! 7. status from the exit and the cgroup counters (`oom_kill`, pids
 //!    `max` events), the slot waits until empty and goes back to the pool.
 //!
+//! [`preflight::preflight`] tells, without starting anything, why a spec
+//! would not start on this host (a missing program or bind source, an
+//! interpreter or loader the sandbox does not see...).
+//!
 //! The tool is pid 1 of its pid namespace (as with `unshare --fork` or
 //! `bwrap --as-pid-1`): when it exits, the kernel kills everything else
 //! in the sandbox, so a double-forked daemon cannot outlive the call. Like
@@ -61,9 +65,9 @@
 
 pub mod cgroup;
 pub mod host;
-pub mod preflight;
 mod netns;
 mod plan;
+pub mod preflight;
 mod rootdir;
 mod run;
 pub mod seccomp;

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
 use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
 
+use crate::host::SystemDir;
 use crate::{DoorRequest, JailError, JailSpec, LandlockStatus};
 
 /// The Landlock ABI whose rights we ask for.
@@ -154,10 +155,11 @@ fn proc_masks() -> &'static (Vec<&'static str>, Vec<&'static str>, Vec<&'static 
 }
 
 /// Mounts and files of the sandbox root (see the crate docs for the
-/// layout). `root` is the host directory the new root's tmpfs is mounted on.
+/// layout). `root` is the host directory the new root's tmpfs is mounted on;
+/// `system_dirs` are the host's (`HostFacts::system_dirs`).
 pub fn program(
     root: &Path,
-    facts: &crate::HostFacts,
+    system_dirs: &[SystemDir],
     spec: &JailSpec,
     uid: u32,
     gid: u32,
@@ -206,7 +208,7 @@ pub fn program(
             flags: ro,
         },
     );
-    for d in &facts.system_dirs {
+    for d in system_dirs {
         let rel = d.path.to_string_lossy();
         match &d.symlink {
             Some(target) => p.push(
@@ -527,6 +529,24 @@ pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, Landlock
     )
 }
 
+/// The `PATH` a bare argv[0] is looked up in: the spec environment's, or
+/// `/usr/local/bin:/usr/bin:/bin`.
+pub fn search_path(spec: &JailSpec) -> &str {
+    spec.env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+}
+
+/// Where `name` is looked for in `path`, in order (absolute entries only).
+pub fn path_candidates(path: &str, name: &str) -> Vec<String> {
+    path.split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|dir| format!("{}/{name}", dir.trim_end_matches('/')))
+        .collect()
+}
+
 /// Exec candidates for argv[0].
 pub fn exec_paths(spec: &JailSpec) -> Result<Vec<CString>, JailError> {
     let Some(arg0) = spec.argv.first() else {
@@ -543,16 +563,10 @@ pub fn exec_paths(spec: &JailSpec) -> Result<Vec<CString>, JailError> {
         }
         return Ok(vec![c(arg0)?]);
     }
-    let path = spec
-        .env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    let mut out = Vec::new();
-    for dir in path.split(':').filter(|d| d.starts_with('/')) {
-        out.push(c(format!("{}/{arg0}", dir.trim_end_matches('/')))?);
-    }
+    let out = path_candidates(search_path(spec), arg0)
+        .into_iter()
+        .map(c)
+        .collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         return Err(JailError::Spec(format!(
             "no absolute PATH entry to look up {arg0:?}"

@@ -9,7 +9,7 @@ use cordon_sys::Errno;
 use cordon_sys::io as sio;
 use cordon_sys::spawn::{Child, ChildFailure, ChildPlan, ChildStep};
 
-use crate::cgroup::Slot;
+use crate::cgroup::{Slot, Stats};
 use crate::{
     Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, format_bytes,
     format_duration, plan,
@@ -22,10 +22,12 @@ const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as u64;
 
-/// Returns a cgroup slot to the pool when the call ends (also on error).
+/// Returns a cgroup slot to the pool when the call ends (also on error),
+/// or discards it (`discard`, or when it will not empty or was killed).
 struct SlotGuard<'a> {
     jail: &'a Jail,
     slot: Option<Slot>,
+    discard: bool,
 }
 
 impl SlotGuard<'_> {
@@ -37,7 +39,7 @@ impl SlotGuard<'_> {
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         if let (Some(pool), Some(slot)) = (&self.jail.pool, self.slot.take()) {
-            if slot.wait_empty(Duration::from_secs(2)) && slot.reusable() {
+            if !self.discard && slot.wait_empty(Duration::from_secs(2)) && slot.reusable() {
                 pool.release(slot);
             } else {
                 pool.discard(slot);
@@ -152,7 +154,7 @@ where
     let (uid, gid) = (jail.opts.inner_uid, jail.opts.inner_gid);
 
     // Everything the child needs, built now.
-    let program = plan::program(jail.root_dir.path(), facts, spec, uid, gid)?;
+    let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;
     let exec_paths = plan::exec_paths(spec)?;
     let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
     let (landlock, landlock_status) = if spec.landlock {
@@ -164,7 +166,11 @@ where
     let n_doors = doors.as_ref().map(|d| d.sockets.len()).unwrap_or(0);
 
     let mut warnings = Vec::new();
-    let mut guard = SlotGuard { jail, slot: None };
+    let mut guard = SlotGuard {
+        jail,
+        slot: None,
+        discard: false,
+    };
     if let Some(pool) = &jail.pool {
         let mut slot = pool.acquire().map_err(|e| broker("create cgroup", e))?;
         let prep = slot.apply(limits).and_then(|()| slot.begin());
@@ -624,26 +630,25 @@ where
             io::Error::other("sandbox did not exit"),
         ));
     };
-    // A child that died before exec without reporting (killed at the wall
-    // limit during setup is the usual case) still ends up here.
-    let stats = slot.and_then(|s| s.stats().ok()).unwrap_or_default();
-    let duration = start.elapsed();
     let (exit_code, signal) = match exit {
         sio::ExitStatus::Exited(c) => (Some(c), None),
         sio::ExitStatus::Signaled(s) => (None, Some(s)),
     };
-    let failed = exit_code != Some(0);
-    let status = if let Some(k) = killed_for {
-        k
-    } else if stats.oom_kills > 0 {
-        Status::MemoryLimit
-    } else if stats.pids_max_events > 0 && failed {
-        Status::TaskLimit
-    } else if failed {
-        Status::Exited
-    } else {
-        Status::Ok
+    // A child that died before exec without reporting (killed at the wall
+    // limit during setup is the usual case) still ends up here.
+    let (status, stats) = match verdict(killed_for, exit_code, slot.map(Slot::stats)) {
+        Ok(v) => v,
+        Err(e) => {
+            // Without the counters an OOM or task-limit kill would pass for
+            // a plain exit. The child is reaped; the slot, whose files
+            // could not be read, is removed rather than reused.
+            guard.discard = true;
+            drop(child);
+            drop(guard);
+            return Err(broker("read the sandbox's cgroup statistics", e));
+        }
     };
+    let duration = start.elapsed();
     let reason = match status {
         Status::TimedOut => format!("{tool}: timed out after {}", format_duration(limits.wall)),
         Status::MemoryLimit => format!(
@@ -682,6 +687,31 @@ where
         warnings,
         landlock: landlock_status,
     })
+}
+
+/// How a call ended, from the kill we made (if any), the exit code and
+/// the slot's counters (`None`: no slot). A failed read of the counters is
+/// an error, whatever else happened: zero counters would pass an OOM or
+/// task-limit kill off as a plain exit.
+fn verdict(
+    killed_for: Option<Status>,
+    exit_code: Option<i32>,
+    stats: Option<io::Result<Stats>>,
+) -> io::Result<(Status, Stats)> {
+    let stats = stats.transpose()?.unwrap_or_default();
+    let failed = exit_code != Some(0);
+    let status = if let Some(k) = killed_for {
+        k
+    } else if stats.oom_kills > 0 {
+        Status::MemoryLimit
+    } else if stats.pids_max_events > 0 && failed {
+        Status::TaskLimit
+    } else if failed {
+        Status::Exited
+    } else {
+        Status::Ok
+    };
+    Ok((status, stats))
 }
 
 fn kill_all(child: &Child, slot: Option<&Slot>) {
@@ -966,5 +996,63 @@ impl Relay {
                 _ => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts() {
+        let oom = Stats {
+            oom_kills: 1,
+            ..Stats::default()
+        };
+        let pids = Stats {
+            pids_max_events: 2,
+            ..Stats::default()
+        };
+        let v = |k, c, s| verdict(k, c, s).map(|(st, _)| st).ok();
+        assert_eq!(v(None, Some(0), None), Some(Status::Ok));
+        assert_eq!(v(None, Some(1), None), Some(Status::Exited));
+        assert_eq!(v(None, None, Some(Ok(oom))), Some(Status::MemoryLimit));
+        assert_eq!(v(None, Some(1), Some(Ok(pids))), Some(Status::TaskLimit));
+        // Refused forks the tool recovered from.
+        assert_eq!(v(None, Some(0), Some(Ok(pids))), Some(Status::Ok));
+        assert_eq!(
+            v(Some(Status::TimedOut), None, Some(Ok(oom))),
+            Some(Status::TimedOut)
+        );
+        assert_eq!(verdict(None, None, Some(Ok(oom))).unwrap().1.oom_kills, 1);
+    }
+
+    #[test]
+    fn unreadable_counters_are_an_error() {
+        let gone = || Err(io::Error::from(io::ErrorKind::NotFound));
+        // A SIGKILL that may have been the OOM killer's.
+        assert!(verdict(None, None, Some(gone())).is_err());
+        assert!(verdict(None, Some(0), Some(gone())).is_err());
+        assert!(verdict(Some(Status::TimedOut), None, Some(gone())).is_err());
+    }
+
+    #[test]
+    fn counters_of_a_slot_whose_files_are_gone() {
+        // A slot over a removed v2 directory: its counters cannot be read.
+        let d = tempfile::tempdir().unwrap();
+        let v2 = d.path().join("slot");
+        std::fs::create_dir(&v2).unwrap();
+        std::fs::write(v2.join("memory.events"), "oom_kill 0\n").unwrap();
+        std::fs::write(v2.join("pids.events"), "max 0\n").unwrap();
+        let slot = Slot::from_dirs(
+            Some(v2.clone()),
+            Some((crate::cgroup::Version::V2, v2.clone())),
+            Some((crate::cgroup::Version::V2, v2.clone())),
+            None,
+        );
+        assert!(verdict(None, Some(0), Some(slot.stats())).is_ok());
+        std::fs::remove_file(v2.join("memory.events")).unwrap();
+        let e = verdict(None, None, Some(slot.stats())).unwrap_err();
+        assert!(e.to_string().contains("memory.events"), "{e}");
     }
 }

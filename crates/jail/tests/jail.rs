@@ -491,6 +491,166 @@ fn setup_errors_are_precise() {
 }
 jail_test!(setup_errors_are_precise);
 
+/// A directory under /tmp the sandbox's uid can enter, with executable
+/// files written into it.
+fn tool_dir(files: &[(&str, &[u8], u32)]) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("cordon-preflight")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, body, mode) in files {
+        let p = d.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    d
+}
+
+fn with_bind(mut spec: JailSpec, src: &std::path::Path, dst: &str) -> JailSpec {
+    spec.binds.push(Bind {
+        src: src.to_path_buf(),
+        dst: dst.into(),
+    });
+    spec
+}
+
+/// A copy of /bin/true whose PT_INTERP names a loader that is nowhere:
+/// the first NUL-terminated absolute path naming an `ld` in its first
+/// 4 KiB (where `.interp` lives), overwritten in place.
+fn true_with_missing_loader() -> Option<Vec<u8>> {
+    let mut b = std::fs::read("/bin/true").ok()?;
+    let head = b.len().min(4096);
+    let mut i = 0;
+    while i < head {
+        if b[i] == b'/' && (i == 0 || b[i - 1] == 0) {
+            let len = b[i..head].iter().position(|&c| c == 0)?;
+            let s = &b[i..i + len];
+            if s.windows(3).any(|w| w == b"/ld") && len >= 12 {
+                let new = b"/nope/ld.so";
+                b[i..i + new.len()].copy_from_slice(new);
+                b[i + new.len()..i + len].fill(0);
+                return Some(b);
+            }
+            i += len;
+        }
+        i += 1;
+    }
+    None
+}
+
+fn setup_error(r: Result<Outcome, JailError>) -> (String, Errno) {
+    match r {
+        Err(JailError::Setup { step, errno, .. }) => (step, errno),
+        Ok(o) => panic!("ran: {}", o.reason),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn preflight_agrees_with_the_jail() {
+    use cordon_jail::preflight::preflight;
+    let j = jail();
+    // Positive controls: programs, a bound script, a symlinked interpreter
+    // whose target is bound too.
+    let target = tool_dir(&[("python3", b"#!/bin/sh\necho interp \"$@\"\n", 0o755)]);
+    let d = tool_dir(&[
+        ("ok.sh", b"#!/bin/sh\necho ok\n", 0o755),
+        ("via-env", b"#!/usr/bin/env sh\necho env\n", 0o755),
+        ("run.py", b"#!/opt/tool/python\nprint()\n", 0o755),
+        ("no-interp", b"#!/opt/nope/python\n", 0o755),
+        ("no-env-prog", b"#!/usr/bin/env nosuchprog\n", 0o755),
+        ("data", b"#!/bin/sh\n", 0o644),
+    ]);
+    std::os::unix::fs::symlink(target.path().join("python3"), d.path().join("python")).unwrap();
+    let bound = |argv: &[&str]| {
+        with_bind(
+            JailSpec::new("t", argv.iter().copied()),
+            d.path(),
+            "/opt/tool",
+        )
+    };
+    for spec in [
+        JailSpec::new("t", ["/bin/true"]),
+        JailSpec::new("t", ["true"]),
+        bound(&["/opt/tool/ok.sh"]),
+        bound(&["/opt/tool/via-env"]),
+        with_bind(
+            bound(&["/opt/tool/run.py"]),
+            target.path(),
+            &target.path().to_string_lossy(),
+        ),
+    ] {
+        assert_eq!(preflight(&spec), Vec::<String>::new(), "{:?}", spec.argv);
+        let o = run_ok(&j, &spec, Stdin::Null);
+        assert_eq!(o.status, Status::Ok, "{:?}", spec.argv);
+    }
+    // Refused by preflight, and by the sandbox's exec.
+    let exec_refusals = [
+        (JailSpec::new("t", ["nosuch-cordon-command"]), Errno::ENOENT),
+        (bound(&["/opt/tool/no-interp"]), Errno::ENOENT),
+        // The interpreter's symlink points outside everything bound.
+        (bound(&["/opt/tool/run.py"]), Errno::ENOENT),
+        (bound(&["/opt/tool/data"]), Errno::EACCES),
+    ];
+    for (spec, errno) in exec_refusals {
+        let p = preflight(&spec);
+        assert_eq!(p.len(), 1, "{:?}: {p:?}", spec.argv);
+        let (step, e) = setup_error(j.run(&spec, Stdin::Null));
+        assert!(step.starts_with("execve "), "{step}");
+        assert_eq!(e, errno, "{:?}", spec.argv);
+    }
+    if let Some(elf) = true_with_missing_loader() {
+        let e = tool_dir(&[("true", &elf, 0o755)]);
+        let spec = with_bind(
+            JailSpec::new("t", ["/opt/tool/true"]),
+            e.path(),
+            "/opt/tool",
+        );
+        assert_eq!(
+            preflight(&spec),
+            [
+                "t: dynamic loader /nope/ld.so of /opt/tool/true does not exist inside the sandbox (not bound)"
+            ]
+        );
+        assert_eq!(
+            setup_error(j.run(&spec, Stdin::Null)),
+            ("execve /opt/tool/true".to_string(), Errno::ENOENT)
+        );
+    } else {
+        println!("SKIP preflight ELF case: no loader path found in /bin/true");
+    }
+    // `env` runs but does not find its program: exit 127.
+    let spec = bound(&["/opt/tool/no-env-prog"]);
+    assert_eq!(preflight(&spec).len(), 1);
+    assert_eq!(j.run(&spec, Stdin::Null).unwrap().exit_code, Some(127));
+    // Setup steps.
+    let spec = with_bind(
+        JailSpec::new("t", ["/bin/true"]),
+        &d.path().join("data"),
+        "/etc/passwd",
+    );
+    assert_eq!(
+        preflight(&spec),
+        ["t: sandbox setup would fail: create /etc/passwd: /etc/passwd already exists"]
+    );
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("create /etc/passwd".to_string(), Errno::EEXIST)
+    );
+    let spec = with_bind(
+        JailSpec::new("t", ["/bin/true"]),
+        d.path(),
+        "/usr/cordon-nonexistent/x",
+    );
+    assert_eq!(preflight(&spec).len(), 1);
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("mkdir /usr/cordon-nonexistent".to_string(), Errno::EROFS)
+    );
+}
+jail_test!(preflight_agrees_with_the_jail);
+
 // ------------------------------------------------------- processes, ids
 
 fn proc_shows_only_the_sandbox() {
@@ -1360,6 +1520,8 @@ fn host_facts_serialize() {
     let json = serde_json::to_value(&facts).unwrap();
     assert!(json["kernel"].as_str().unwrap().len() > 1);
     assert!(json["landlock_abi"].as_i64().unwrap() >= 0);
+    assert!(json["mount_setattr"].is_boolean());
+    assert!(json["close_range"].is_boolean());
     assert!(
         facts
             .system_dirs

@@ -209,6 +209,47 @@ pub fn seccomp_available() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
+/// Whether the kernel has `mount_setattr(2)` (Linux 5.12+). Asked with
+/// arguments it must refuse (an invalid descriptor, no path, unknown flags,
+/// a zero-sized attribute): a kernel that has it answers EINVAL or EBADF
+/// without looking at anything, one without it ENOSYS. Any answer but
+/// ENOSYS counts as present, as for the sandbox's read-only binds, which
+/// fall back to a bind remount on ENOSYS only.
+pub fn mount_setattr_available() -> bool {
+    // SAFETY: the path and attribute pointers are NULL and the size is 0;
+    // the kernel rejects the flags (and the size) before it reads either,
+    // and nothing is changed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            -1 as libc::c_int,
+            std::ptr::null::<libc::c_char>(),
+            libc::c_uint::MAX,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+        )
+    };
+    !(rc < 0 && Errno::last() == Errno::ENOSYS)
+}
+
+/// Whether the kernel has `close_range(2)` (Linux 5.9+). Asked for the
+/// empty range from `u32::MAX` down to 0, which a kernel that has it
+/// refuses with EINVAL (first above last) without closing anything; one
+/// without it answers ENOSYS. Any answer but ENOSYS counts as present.
+pub fn close_range_available() -> bool {
+    // SAFETY: integer arguments only; with first > last no descriptor is
+    // closed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    };
+    !(rc < 0 && Errno::last() == Errno::ENOSYS)
+}
+
 /// Read a small kernel file (procfs, cgroupfs) through `fd`: reads of up
 /// to 4 KiB until end of file, without the size probes a `File` makes
 /// (statx and lseek) for files that report size 0 anyway.
@@ -308,5 +349,42 @@ pub fn kill_pid(pid: i32) -> Result<(), Errno> {
         Err(Errno::last())
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// `(major, minor)` of the running kernel.
+    fn kernel() -> (u32, u32) {
+        let r = kernel_release();
+        let mut it = r.split(|c: char| !c.is_ascii_digit());
+        let major = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let minor = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        (major, minor)
+    }
+
+    #[test]
+    fn feature_probes_match_the_kernel_version() {
+        let k = kernel();
+        if k >= (5, 12) {
+            assert!(mount_setattr_available(), "kernel {k:?}");
+        }
+        if k >= (5, 9) {
+            assert!(close_range_available(), "kernel {k:?}");
+        }
+    }
+
+    #[test]
+    fn close_range_probe_closes_nothing() {
+        let (r, w) = pipe().unwrap();
+        let _ = close_range_available();
+        // Both ends are still open: a write reaches the read end.
+        assert_eq!(write(w.as_fd(), b"x"), Ok(1));
+        let mut b = [0u8; 1];
+        assert_eq!(read(r.as_fd(), &mut b), Ok(1));
     }
 }
