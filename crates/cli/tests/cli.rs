@@ -436,6 +436,12 @@ fn the_jail_hides_host_secrets_files_and_processes() {
         );
         let e = text(&o.stderr);
         assert!(e.contains("/etc/shadow: No such file"), "{who:?}: {e}");
+        // The control: the host has /root.
+        assert!(Path::new("/root").is_dir());
+        assert!(
+            e.contains("ls: cannot access '/root': No such file"),
+            "{who:?}: {e}"
+        );
         // Only the sandbox's own processes (sh and ls, maybe grep).
         let n: usize = out
             .lines()
@@ -625,14 +631,17 @@ fn exec_egress_reaches_only_the_allowlist() {
             "{who:?}: {}",
             text(&o.stderr)
         );
-        // No network at all without a grant.
+        // No network at all without a grant: curl cannot connect (its exit
+        // 7, cordon's status 10 for a failed tool), and what refuses is
+        // seccomp, at the IP socket itself (EPERM); with a grant the same
+        // socket is made (the control).
         let o = cordon(
             who,
             &[
                 "exec",
                 "--",
                 "/usr/bin/curl",
-                "-s",
+                "-sS",
                 "--max-time",
                 "5",
                 &format!("http://127.0.0.1:{port}/"),
@@ -640,11 +649,27 @@ fn exec_egress_reaches_only_the_allowlist() {
             b"",
             &[],
         );
-        assert_ne!(
-            text(&o.stdout),
-            "hello",
-            "{who:?}: reached host loopback without a grant"
+        let e = text(&o.stderr);
+        assert_eq!(code(&o), 10, "{who:?}: {e}");
+        assert!(o.stdout.is_empty(), "{who:?}: {}", text(&o.stdout));
+        assert!(
+            e.contains(&format!(
+                "curl: (7) Failed to connect to 127.0.0.1 port {port}"
+            )) && e.contains("exec: exit 7"),
+            "{who:?}: {e}"
         );
+        let socket = "import errno, socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
+        let o = cordon(
+            who,
+            &["exec", "--", "/usr/bin/python3", "-c", socket],
+            b"",
+            &[],
+        );
+        assert_eq!(text(&o.stdout), "EPERM\n", "{who:?}: {}", text(&o.stderr));
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(["/usr/bin/python3", "-c", socket]);
+        let o = cordon(who, &args, b"", &[]);
+        assert_eq!(text(&o.stdout), "ok\n", "{who:?}: {}", text(&o.stderr));
     }
 }
 

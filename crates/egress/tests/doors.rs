@@ -549,12 +549,19 @@ fn transparent_door_with_curl_noproxy() {
         }
     }
 
-    // The allowed name on another port: nothing listens there inside the sandbox.
+    // The allowed name on another port: nothing listens there inside the sandbox
+    // (curl -v names the errno).
     let c = r.curl(
         false,
-        &["--noproxy", "*", &format!("http://{ALLOWED}:{o}/")],
+        &["--noproxy", "*", "-v", &format!("http://{ALLOWED}:{o}/")],
     );
     assert_eq!(c.code, 7, "{}", c.stderr);
+    assert!(
+        c.stderr
+            .contains(&format!("port {o} failed: Connection refused")),
+        "{}",
+        c.stderr
+    );
     let (conn, _dns) = r.settle(0);
     assert!(conn.is_empty());
 
@@ -593,10 +600,15 @@ fn transparent_door_with_curl_noproxy() {
         "http://93.184.216.34/",
         "http://[2606:4700::1111]/",
     ] {
-        let c = r.curl(false, &["--noproxy", "*", "--connect-timeout", "5", url]);
+        let c = r.curl(
+            false,
+            &["--noproxy", "*", "--connect-timeout", "5", "-v", url],
+        );
         assert_eq!(c.code, 7, "{url}: {}", c.stderr);
+        // ENETUNREACH, not a refusal or a timeout: there is no route at all.
         assert!(
-            c.stderr.contains("Network is unreachable") || c.stderr.contains("Couldn't connect"),
+            c.stderr.contains("Immediate connect fail for ")
+                && c.stderr.contains(": Network is unreachable"),
             "{url}: {}",
             c.stderr
         );
