@@ -3,7 +3,7 @@
 # Debian machine with only the Rust toolchain. Idempotent.
 set -euo pipefail
 need=()
-for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file; do
+for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -19,18 +19,39 @@ fi
 
 # The MCP end-to-end tests: the Python MCP SDK client, and the reference MCP
 # servers that run inside their sandboxes (read-only mounted from here).
+# Tests whose prerequisite is missing fail (unless CORDON_TEST_ALLOW_SKIP=1):
+# under CI (CI=true) a failed install fails setup, elsewhere it is a warning.
+missing() {
+  if [ "${CI:-}" = "true" ]; then
+    echo "setup: $*" >&2
+    exit 1
+  fi
+  echo "setup: warning: $*" >&2
+}
 if ! python3 -c 'import mcp' 2>/dev/null; then
   echo "setup: pip install mcp"
-  python3 -m pip install -q mcp >/dev/null || echo "setup: pip install mcp failed; the Python client e2e test will say SKIP"
+  python3 -m pip install -q mcp >/dev/null || true
+  python3 -c 'import mcp' 2>/dev/null ||
+    missing "pip install mcp failed; the Python client e2e tests will fail"
 fi
 npm_dir=${CORDON_E2E_NPM:-/var/cache/cordon-e2e/npm}
-if command -v npm >/dev/null 2>&1 &&
-   [ ! -f "$npm_dir/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ]; then
-  echo "setup: npm install the reference MCP servers into $npm_dir"
-  mkdir -p "$npm_dir"
-  (cd "$npm_dir" && npm install --no-audit --no-fund --silent \
-      @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem >/dev/null) ||
-    echo "setup: npm install failed; the third-party server e2e test will say SKIP"
+servers="server-everything server-filesystem"
+servers_installed() {
+  for s in $servers; do
+    [ -f "$npm_dir/node_modules/@modelcontextprotocol/$s/dist/index.js" ] || return 1
+  done
+}
+if ! servers_installed; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "setup: npm install the reference MCP servers into $npm_dir"
+    mkdir -p "$npm_dir"
+    (cd "$npm_dir" && npm install --no-audit --no-fund --silent \
+        @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem >/dev/null) || true
+    servers_installed ||
+      missing "npm install of the reference MCP servers failed; the tests that run them will fail"
+  else
+    missing "npm not found: the reference MCP servers cannot be installed; the tests that run them will fail"
+  fi
 fi
 [ -d "$npm_dir" ] && chmod -R a+rX "$npm_dir" || true
 # mcp-server-fetch (PyPI) for the system python3 that runs it inside its sandbox.
@@ -39,7 +60,8 @@ if [ ! -d "$py_dir/mcp_server_fetch" ]; then
   echo "setup: pip install mcp-server-fetch into $py_dir"
   mkdir -p "$py_dir"
   /usr/bin/python3 -m pip install -q --target "$py_dir" mcp-server-fetch >/dev/null 2>&1 ||
-    python3 -m pip install -q --target "$py_dir" mcp-server-fetch >/dev/null 2>&1 ||
-    echo "setup: pip install mcp-server-fetch failed; its e2e check will say SKIP"
+    python3 -m pip install -q --target "$py_dir" mcp-server-fetch >/dev/null 2>&1 || true
+  [ -d "$py_dir/mcp_server_fetch" ] ||
+    missing "pip install mcp-server-fetch failed; the e2e test that runs it will fail"
 fi
 [ -d "$py_dir" ] && chmod -R a+rX "$py_dir" || true

@@ -159,20 +159,31 @@ async def third_party_checks(cordon, manifest, http, audit):
         r = await s.call_tool("files.read_text_file", {"path": "/data/note.txt"})
         check(f"{tag}: files.read_text_file", wrapped_body(text_of(r)) == "hello from a file", text_of(r))
         r = await s.call_tool("files.write_file", {"path": "/data/new.txt", "content": "x"})
-        check(f"{tag}: the read-only mount refuses writes", bool(getattr(r, "is_error", getattr(r, "isError", False))), text_of(r))
+        err = bool(getattr(r, "is_error", getattr(r, "isError", False)))
+        check(f"{tag}: the read-only mount refuses writes (EROFS)",
+              err and "EROFS: read-only file system, open '/data/new.txt'" in text_of(r), text_of(r))
 
         progress = []
 
         async def on_progress(p, total, message):
             progress.append(p)
 
+        if UPSTREAM_PORT:
+            check(f"{tag}: both mcp-server-fetch tools listed",
+                  {"fetch.fetch", "webfetch.fetch"} <= names, sorted(names))
         if "fetch.fetch" in names:
-            # mcp-server-fetch runs with `network: none`: the cloud metadata
-            # address gives an error result, gated and wrapped.
-            r = await s.call_tool("fetch.fetch", {"url": "http://169.254.169.254/latest/meta-data/"})
+            # mcp-server-fetch runs with `network: none` and without its own
+            # check of private addresses: only cordon stops it. It cannot
+            # connect to the loopback upstream that webfetch, the same server
+            # with egress, reaches (the control below). Only loopback: were
+            # the sandbox open, nothing would leave this machine.
+            url = f"http://127.0.0.1:{UPSTREAM_PORT}/page"
+            r = await s.call_tool("fetch.fetch", {"url": url, "raw": True})
             err = bool(getattr(r, "is_error", getattr(r, "isError", False)))
-            check(f"{tag}: fetch of the metadata address is an error result",
-                  err and 'error="true"' in text_of(r), text_of(r))
+            check(f"{tag}: mcp-server-fetch with no network cannot connect",
+                  err and 'error="true"' in text_of(r)
+                  and f"Failed to fetch {url}: ConnectError" in text_of(r)
+                  and "marker-cordon-egress-ok" not in text_of(r), text_of(r))
 
         if "webfetch.fetch" in names and UPSTREAM_PORT:
             # The same server with egress to one loopback upstream through
@@ -253,7 +264,8 @@ tools:
     mounts: ["{py_dir}:/srv/py"]
     env: {{PYTHONPATH: /srv/py}}
     mcp:
-      command: ["/usr/bin/python3", "-m", "mcp_server_fetch"]
+      # Its own check of private addresses off: the sandbox is what refuses.
+      command: ["/usr/bin/python3", "-m", "mcp_server_fetch", "--ignore-robots-txt", "--allow-private-ips"]
   webfetch:
     profile: P2
     description: mcp-server-fetch, with egress to one loopback test upstream only.

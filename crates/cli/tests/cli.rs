@@ -6,6 +6,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+use skip::{skip_or_fail, this_test};
+
 const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
 
 fn repo() -> PathBuf {
@@ -39,7 +43,10 @@ fn modes() -> Vec<As> {
     if is_root() && Path::new("/usr/bin/setpriv").exists() {
         vec![As::Caller, As::Nobody]
     } else {
-        eprintln!("not root or no setpriv: testing as the calling user only");
+        skip_or_fail(
+            &this_test(),
+            "the runs as uid 65534 need root and /usr/bin/setpriv",
+        );
         vec![As::Caller]
     }
 }
@@ -242,6 +249,15 @@ fn run_example_tools_in_both_privilege_modes() {
     let m = m.to_str().unwrap();
     let pdf = std::fs::read(repo().join("examples/data/report.pdf")).unwrap();
     let png = std::fs::read(repo().join("examples/data/screenshot.png")).unwrap();
+    let test = "run_example_tools_in_both_privilege_modes";
+    let pdftotext = Path::new("/usr/bin/pdftotext").exists();
+    if !pdftotext {
+        skip_or_fail(test, "pdf_to_text: poppler-utils not installed");
+    }
+    let convert = Path::new("/usr/bin/convert-im6.q16").exists();
+    if !convert {
+        skip_or_fail(test, "thumbnail: imagemagick not installed");
+    }
     for who in modes() {
         let o = cordon(
             who,
@@ -255,14 +271,12 @@ fn run_example_tools_in_both_privilege_modes() {
             ["1", "3", "14"]
         );
 
-        if Path::new("/usr/bin/pdftotext").exists() {
+        if pdftotext {
             let o = cordon(who, &["run", "pdf_to_text", "-m", m], &pdf, &[]);
             assert_eq!(code(&o), 0, "{who:?}: {}", text(&o.stderr));
             assert!(text(&o.stdout).contains("Quarterly report: revenue up 12 percent."));
-        } else {
-            eprintln!("SKIP pdf_to_text: poppler-utils not installed");
         }
-        if Path::new("/usr/bin/convert-im6.q16").exists() {
+        if convert {
             let o = cordon(who, &["run", "thumbnail", "-m", m], &png, &[]);
             assert_eq!(code(&o), 0, "{who:?}: {}", text(&o.stderr));
             assert_eq!(
@@ -270,8 +284,6 @@ fn run_example_tools_in_both_privilege_modes() {
                 b"\x89PNG\r\n\x1a\n",
                 "binary output is passed unaltered"
             );
-        } else {
-            eprintln!("SKIP thumbnail: imagemagick not installed");
         }
     }
 }
@@ -424,6 +436,12 @@ fn the_jail_hides_host_secrets_files_and_processes() {
         );
         let e = text(&o.stderr);
         assert!(e.contains("/etc/shadow: No such file"), "{who:?}: {e}");
+        // The control: the host has /root.
+        assert!(Path::new("/root").is_dir());
+        assert!(
+            e.contains("ls: cannot access '/root': No such file"),
+            "{who:?}: {e}"
+        );
         // Only the sandbox's own processes (sh and ls, maybe grep).
         let n: usize = out
             .lines()
@@ -509,7 +527,10 @@ fn calls_are_audited_and_queryable() {
 #[test]
 fn exec_egress_reaches_only_the_allowlist() {
     if !Path::new("/usr/bin/curl").exists() {
-        eprintln!("SKIP: curl not installed");
+        skip_or_fail(
+            "exec_egress_reaches_only_the_allowlist",
+            "curl not installed",
+        );
         return;
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -610,14 +631,17 @@ fn exec_egress_reaches_only_the_allowlist() {
             "{who:?}: {}",
             text(&o.stderr)
         );
-        // No network at all without a grant.
+        // No network at all without a grant: curl cannot connect (its exit
+        // 7, cordon's status 10 for a failed tool), and what refuses is
+        // seccomp, at the IP socket itself (EPERM); with a grant the same
+        // socket is made (the control).
         let o = cordon(
             who,
             &[
                 "exec",
                 "--",
                 "/usr/bin/curl",
-                "-s",
+                "-sS",
                 "--max-time",
                 "5",
                 &format!("http://127.0.0.1:{port}/"),
@@ -625,11 +649,27 @@ fn exec_egress_reaches_only_the_allowlist() {
             b"",
             &[],
         );
-        assert_ne!(
-            text(&o.stdout),
-            "hello",
-            "{who:?}: reached host loopback without a grant"
+        let e = text(&o.stderr);
+        assert_eq!(code(&o), 10, "{who:?}: {e}");
+        assert!(o.stdout.is_empty(), "{who:?}: {}", text(&o.stdout));
+        assert!(
+            e.contains(&format!(
+                "curl: (7) Failed to connect to 127.0.0.1 port {port}"
+            )) && e.contains("exec: exit 7"),
+            "{who:?}: {e}"
         );
+        let socket = "import errno, socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
+        let o = cordon(
+            who,
+            &["exec", "--", "/usr/bin/python3", "-c", socket],
+            b"",
+            &[],
+        );
+        assert_eq!(text(&o.stdout), "EPERM\n", "{who:?}: {}", text(&o.stderr));
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(["/usr/bin/python3", "-c", socket]);
+        let o = cordon(who, &args, b"", &[]);
+        assert_eq!(text(&o.stdout), "ok\n", "{who:?}: {}", text(&o.stderr));
     }
 }
 
@@ -638,7 +678,10 @@ fn exec_egress_reaches_only_the_allowlist() {
 #[test]
 fn probe_first_refuses_a_tool_whose_boundary_leaks() {
     if !Path::new("/home").is_dir() {
-        eprintln!("SKIP: no /home on this host");
+        skip_or_fail(
+            "probe_first_refuses_a_tool_whose_boundary_leaks",
+            "no /home on this host",
+        );
         return;
     }
     let m = manifest("pf", LEAKY);
@@ -681,7 +724,10 @@ fn probe_first_refuses_a_tool_whose_boundary_leaks() {
 fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
     use std::io::{BufRead, BufReader};
     if !Path::new("/home").is_dir() {
-        eprintln!("SKIP: no /home on this host");
+        skip_or_fail(
+            "serve_does_not_serve_a_tool_whose_boundary_leaks",
+            "no /home on this host",
+        );
         return;
     }
     let m = manifest("serve-pf", LEAKY);
@@ -741,7 +787,10 @@ fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
 #[test]
 fn probe_covers_a_tool_with_egress_doors() {
     if !is_root() {
-        eprintln!("SKIP: the stand-in network namespace needs root");
+        skip_or_fail(
+            "probe_covers_a_tool_with_egress_doors",
+            "the stand-in network namespace needs root",
+        );
         return;
     }
     let m = manifest(
@@ -885,7 +934,10 @@ fn proxy_serves_the_door_on_a_host_address() {
 #[test]
 fn root_without_cap_sys_admin_still_gets_a_private_network() {
     if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        println!("SKIP: needs root and setpriv");
+        skip_or_fail(
+            "root_without_cap_sys_admin_still_gets_a_private_network",
+            "needs root and /usr/bin/setpriv",
+        );
         return;
     }
     let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
@@ -946,7 +998,10 @@ fn root_without_cap_sys_admin_still_gets_a_private_network() {
 /// in by themselves; without that, every call here dies with SIGKILL.
 fn broker_in_a_once_killed_cgroup_still_runs_tools() {
     if !is_root() {
-        println!("SKIP: needs root");
+        skip_or_fail(
+            "broker_in_a_once_killed_cgroup_still_runs_tools",
+            "needs root",
+        );
         return;
     }
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -956,13 +1011,19 @@ fn broker_in_a_once_killed_cgroup_still_runs_tools() {
         .find(|f| f.get(2) == Some(&"cgroup2"))
         .and_then(|f| f.get(1).map(|m| m.to_string()))
     else {
-        println!("SKIP: no cgroup v2 hierarchy mounted");
+        skip_or_fail(
+            "broker_in_a_once_killed_cgroup_still_runs_tools",
+            "no cgroup v2 hierarchy mounted",
+        );
         return;
     };
     let own = Path::new(&v2).join(format!("cordon-killed-once-{}", std::process::id()));
     std::fs::create_dir_all(&own).unwrap();
     if std::fs::write(own.join("cgroup.kill"), "1").is_err() {
-        println!("SKIP: no cgroup.kill (kernel before 5.14)");
+        skip_or_fail(
+            "broker_in_a_once_killed_cgroup_still_runs_tools",
+            "no cgroup.kill (kernel before 5.14)",
+        );
         let _ = std::fs::remove_dir(&own);
         return;
     }

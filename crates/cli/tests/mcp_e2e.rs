@@ -1,8 +1,9 @@
 //! `cordon serve` against clients and servers cordon did not write: the
-//! official Python MCP SDK client (tests/e2e/mcp_python_client.py) and, when
-//! installed, the reference servers server-everything and server-filesystem
-//! inside their sandboxes. Each part is skipped, with the reason printed,
-//! when its prerequisite is missing (tests/e2e/run.sh installs them).
+//! official Python MCP SDK client (tests/e2e/mcp_python_client.py) and the
+//! reference servers server-everything, server-filesystem and
+//! mcp-server-fetch inside their sandboxes. A missing prerequisite fails the test
+//! (scripts/setup.sh and tests/e2e/run.sh install them) unless skipping is
+//! allowed (`skip_or_fail`).
 
 mod common;
 use common::*;
@@ -17,14 +18,24 @@ fn repo() -> PathBuf {
 fn python_mcp() -> Result<(), String> {
     match Command::new("python3").args(["-c", "import mcp"]).output() {
         Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+        // The last line of the traceback names the missing module.
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_owned()),
         Err(e) => Err(format!("python3: {e}")),
     }
 }
 
 fn run(http: bool) {
+    let test = this_test();
     if let Err(why) = python_mcp() {
-        eprintln!("SKIP: the Python mcp SDK is not importable ({why}); run tests/e2e/run.sh");
+        skip_or_fail(
+            &test,
+            &format!("the Python mcp SDK is not importable ({why}); run scripts/setup.sh"),
+        );
         return;
     }
     let mut cmd = Command::new("python3");
@@ -37,8 +48,9 @@ fn run(http: bool) {
         Some(d) => {
             cmd.arg("--npm-dir").arg(d);
         }
-        None => eprintln!(
-            "SKIP third-party servers: server-everything is not installed under $CORDON_E2E_NPM or /var/cache/cordon-e2e/npm; run tests/e2e/run.sh"
+        None => skip_or_fail(
+            &test,
+            "third-party servers: server-everything is not installed under $CORDON_E2E_NPM or /var/cache/cordon-e2e/npm; run scripts/setup.sh",
         ),
     }
     let py = std::env::var_os("CORDON_E2E_PY")
@@ -47,8 +59,9 @@ fn run(http: bool) {
     if npm_dir().is_some() && py.join("mcp_server_fetch").is_dir() {
         cmd.arg("--py-dir").arg(py);
     } else {
-        eprintln!(
-            "SKIP mcp-server-fetch: not installed under $CORDON_E2E_PY or /var/cache/cordon-e2e/py"
+        skip_or_fail(
+            &test,
+            "mcp-server-fetch: not installed under $CORDON_E2E_PY or /var/cache/cordon-e2e/py; run scripts/setup.sh",
         );
     }
     let out = cmd.output().expect("run the Python client");

@@ -1,8 +1,9 @@
 //! Resources and prompts of sandboxed MCP servers behind `cordon serve`:
 //! the reference server `@modelcontextprotocol/server-everything` (it has
 //! resources, resource templates and prompts) next to the Python fixture
-//! server (tools only), driven by the rmcp client. Skipped, with the reason,
-//! when server-everything is not installed (scripts/setup.sh installs it).
+//! server (tools only), driven by the rmcp client. Fails when
+//! server-everything is not installed (scripts/setup.sh installs it) unless
+//! skipping is allowed (`skip_or_fail`).
 
 mod common;
 use common::*;
@@ -149,7 +150,10 @@ fn b64decode(s: &str) -> Vec<u8> {
 #[allow(deprecated)] // resources/subscribe: the servers speak revisions that have it
 async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_audited() {
     let Some(npm) = npm_dir() else {
-        eprintln!("SKIP: server-everything is not installed; run scripts/setup.sh");
+        skip_or_fail(
+            "resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_audited",
+            "server-everything is not installed; run scripts/setup.sh",
+        );
         return;
     };
     let dir = tempdir();
@@ -399,7 +403,10 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read() {
     let Some(npm) = npm_dir() else {
-        eprintln!("SKIP: server-everything is not installed; run scripts/setup.sh");
+        skip_or_fail(
+            "the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read",
+            "server-everything is not installed; run scripts/setup.sh",
+        );
         return;
     };
     let dir = tempdir();

@@ -135,7 +135,10 @@ async fn stdio_lists_the_example_tools_and_calls_word_count() {
             "scratch.write_file",
         ]);
     } else {
-        println!("NOTE: server-filesystem not installed; the example's scratch tools are not listed");
+        common::skip_or_fail(
+            "stdio_lists_the_example_tools_and_calls_word_count",
+            "the example's scratch tools: server-filesystem is not installed; run scripts/setup.sh",
+        );
     }
     want.sort();
     assert_eq!(names, want);

@@ -3,7 +3,7 @@
 //! serves the doors from tokio worker threads in the host namespace. Upstreams are loopback
 //! servers of this test: an HTTP server and a DNS server that counts queries.
 //!
-//! Needs root (network namespaces); each test prints SKIP and passes otherwise.
+//! Needs root (network namespaces); each test fails otherwise (see `skip_or_fail`).
 
 mod common;
 
@@ -94,7 +94,7 @@ impl Rig {
         let ns = match Netns::new(&cidrs) {
             Ok(ns) => ns,
             Err(why) => {
-                eprintln!("SKIP: {why}");
+                skip_or_fail(&this_test(), &why);
                 return None;
             }
         };
@@ -549,12 +549,19 @@ fn transparent_door_with_curl_noproxy() {
         }
     }
 
-    // The allowed name on another port: nothing listens there inside the sandbox.
+    // The allowed name on another port: nothing listens there inside the sandbox
+    // (curl -v names the errno).
     let c = r.curl(
         false,
-        &["--noproxy", "*", &format!("http://{ALLOWED}:{o}/")],
+        &["--noproxy", "*", "-v", &format!("http://{ALLOWED}:{o}/")],
     );
     assert_eq!(c.code, 7, "{}", c.stderr);
+    assert!(
+        c.stderr
+            .contains(&format!("port {o} failed: Connection refused")),
+        "{}",
+        c.stderr
+    );
     let (conn, _dns) = r.settle(0);
     assert!(conn.is_empty());
 
@@ -593,10 +600,15 @@ fn transparent_door_with_curl_noproxy() {
         "http://93.184.216.34/",
         "http://[2606:4700::1111]/",
     ] {
-        let c = r.curl(false, &["--noproxy", "*", "--connect-timeout", "5", url]);
+        let c = r.curl(
+            false,
+            &["--noproxy", "*", "--connect-timeout", "5", "-v", url],
+        );
         assert_eq!(c.code, 7, "{url}: {}", c.stderr);
+        // ENETUNREACH, not a refusal or a timeout: there is no route at all.
         assert!(
-            c.stderr.contains("Network is unreachable") || c.stderr.contains("Couldn't connect"),
+            c.stderr.contains("Immediate connect fail for ")
+                && c.stderr.contains(": Network is unreachable"),
             "{url}: {}",
             c.stderr
         );
@@ -875,7 +887,10 @@ fn proxy_mode_allows_public_web_ports_only() {
     let web = std::net::Ipv4Addr::new(127, 0, 0, 80);
     let probe = std::net::TcpListener::bind((web, 80));
     let Ok(probe) = probe else {
-        eprintln!("SKIP: cannot bind {web}:80 for the proxy-mode upstream");
+        skip_or_fail(
+            "proxy_mode_allows_public_web_ports_only",
+            &format!("cannot bind {web}:80 for the proxy-mode upstream"),
+        );
         return;
     };
     drop(probe);
@@ -962,16 +977,17 @@ struct TlsUpstream {
 }
 
 impl TlsUpstream {
-    fn start() -> Option<TlsUpstream> {
+    /// `Err(reason)` when openssl or python3 cannot provide it.
+    fn start() -> Result<TlsUpstream, String> {
         use std::io::BufRead;
         let dir = std::env::temp_dir().join(format!(
             "cordon-egress-tls-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
-        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         let (key, ca) = (dir.join("key.pem"), dir.join("cert.pem"));
-        let ok = std::process::Command::new("openssl")
+        let out = std::process::Command::new("openssl")
             .args([
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
             ])
@@ -986,11 +1002,12 @@ impl TlsUpstream {
                 &format!("subjectAltName=DNS:{ALLOWED}"),
             ])
             .output()
-            .ok()?
-            .status
-            .success();
-        if !ok {
-            return None;
+            .map_err(|e| format!("openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "openssl req: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/tls_server.py");
         let mut child = std::process::Command::new("/usr/bin/python3")
@@ -999,13 +1016,17 @@ impl TlsUpstream {
             .arg(&key)
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .ok()?;
+            .map_err(|e| format!("/usr/bin/python3: {e}"))?;
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take()?)
-            .read_line(&mut line)
-            .ok()?;
-        let port = line.trim().parse().ok()?;
-        Some(TlsUpstream {
+        if let Some(out) = child.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        let Ok(port) = line.trim().parse() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{script} printed no port: {line:?}"));
+        };
+        Ok(TlsUpstream {
             child,
             port,
             ca,
@@ -1024,9 +1045,15 @@ impl Drop for TlsUpstream {
 
 #[test]
 fn https_through_connect_and_the_transparent_door() {
-    let Some(tls) = TlsUpstream::start() else {
-        eprintln!("SKIP: cannot start the HTTPS upstream (openssl or python3 missing)");
-        return;
+    let tls = match TlsUpstream::start() {
+        Ok(tls) => tls,
+        Err(why) => {
+            skip_or_fail(
+                "https_through_connect_and_the_transparent_door",
+                &format!("cannot start the HTTPS upstream: {why}"),
+            );
+            return;
+        }
     };
     let t = tls.port;
     let Some(mut r) = Rig::new(|p| {

@@ -8,6 +8,9 @@ use cordon_egress::parse_ipv4_literal;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 const ORACLE: &str = r#"
 import json, socket, sys
 out = []
@@ -51,7 +54,7 @@ fn check(inputs: Vec<String>) -> Result<(), TestCaseError> {
 #[test]
 fn agrees_with_libc_inet_aton() {
     if !std::path::Path::new("/usr/bin/python3").exists() {
-        eprintln!("SKIP: /usr/bin/python3 not found");
+        skip::skip_or_fail("agrees_with_libc_inet_aton", "/usr/bin/python3 not found");
         return;
     }
     // Fixed cases first: the encodings of the metadata address and the edge cases.

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use cordon_jail::*;
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+use skip::skip_or_fail;
+
 const CHILD_ENV: &str = "CORDON_JAIL_TEST_CHILD";
 const SECRET_ENV: &str = "HOST_SECRET_TOKEN";
 const SECRET: &str = "s3cr3t-value-that-must-not-leak";
@@ -57,7 +61,8 @@ fn reexec(test: &str, unprivileged: bool) {
 
 fn as_root(test: &str) {
     if euid() != 0 {
-        println!("SKIP {test} as root: the test runs as uid {}", euid());
+        let name = format!("{}::as_root", test.trim_end_matches("::body"));
+        skip_or_fail(&name, &format!("the tests run as uid {}, not root", euid()));
         return;
     }
     reexec(test, false);
@@ -1202,11 +1207,11 @@ fn shared_jail() -> Jail {
     .expect("Jail::with_options")
 }
 
-/// The host's facts for a test that needs cgroups, or `None` (with the
-/// skip printed) when not run as root.
+/// The host's facts for a test that needs cgroups, or `None` (when
+/// skipping is allowed) when not run as root.
 fn cgroup_host(test: &str) -> Option<host::HostFacts> {
     if euid() != 0 {
-        println!("SKIP {test}: needs root for cgroups");
+        skip_or_fail(test, "needs root for cgroups");
         return None;
     }
     Some(host::detect())
@@ -1243,7 +1248,7 @@ fn shared_cgroup_slots() {
         return;
     };
     let Some(mem) = facts.cgroup_layout.memory.clone() else {
-        println!("SKIP shared_cgroup_slots: no memory cgroup controller");
+        skip_or_fail("shared_cgroup_slots", "no memory cgroup controller");
         return;
     };
     // Positive control and exclusivity: two jails, two calls at once.
@@ -1275,7 +1280,10 @@ fn shared_cgroup_slots() {
     // cgroup.kill and marked, as a broker that died right after the kill
     // would leave it. The next jail must still run its calls.
     let Some(v2) = facts.cgroup_layout.v2_base.clone() else {
-        println!("SKIP shared_cgroup_slots (kill marker part): no cgroup v2 hierarchy");
+        skip_or_fail(
+            "shared_cgroup_slots",
+            "the kill marker part: no cgroup v2 hierarchy",
+        );
         return;
     };
     let locks = std::path::Path::new("/run/cordon/slots");
@@ -1314,7 +1322,10 @@ fn shared_slots_of_different_layouts_never_overlap() {
         return;
     };
     if facts.cgroup_layout.memory.is_none() || facts.cgroup_layout.v2_base.is_none() {
-        println!("SKIP shared_slots_of_different_layouts_never_overlap: needs v1 memory and v2");
+        skip_or_fail(
+            "shared_slots_of_different_layouts_never_overlap",
+            "needs v1 memory and v2",
+        );
         return;
     }
     // The lock directory every shared jail here uses (made by one), so
@@ -1343,7 +1354,10 @@ fn sandboxes_can_move_themselves_into_v2() {
         return;
     };
     let Some(v2) = facts.cgroup_layout.v2_base.clone() else {
-        println!("SKIP sandboxes_can_move_themselves_into_v2: no cgroup v2 hierarchy");
+        skip_or_fail(
+            "sandboxes_can_move_themselves_into_v2",
+            "no cgroup v2 hierarchy",
+        );
         return;
     };
     let j = Jail::with_options(JailOptions {
@@ -1490,7 +1504,7 @@ fn stale_cgroup_is_cleaned() {
         return;
     };
     let Some(mem) = facts.cgroup_layout.memory.clone() else {
-        println!("SKIP stale_cgroup_is_cleaned: no memory cgroup controller");
+        skip_or_fail("stale_cgroup_is_cleaned", "no memory cgroup controller");
         return;
     };
     let g = NEW_JAIL.write().unwrap_or_else(|e| e.into_inner());

@@ -8,6 +8,11 @@ use cordon_mcp::rmcp::model::CallToolResult;
 use cordon_mcp::rmcp::service::ServiceError;
 use serde_json::Value;
 
+#[path = "../../../../tests/support/skip.rs"]
+pub mod skip;
+#[allow(unused_imports)] // not every test binary skips
+pub use skip::{skip_or_fail, this_test};
+
 /// The fixture MCP server's directory (`crates/mcp/tests/fixtures`).
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

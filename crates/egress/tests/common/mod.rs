@@ -15,6 +15,11 @@ use hickory_resolver::proto::rr::rdata::{A, AAAA};
 use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "../../../../tests/support/skip.rs"]
+pub mod skip;
+#[allow(unused_imports)] // not every test binary skips
+pub use skip::{skip_or_fail, this_test};
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// A thread that lives in its own network namespace, with `lo` up and 198.18.0.0/15 on it.
@@ -25,7 +30,7 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// `Err(reason)` when this machine cannot do it (not root, no namespaces): skip the test.
+    /// `Err(reason)` when this machine cannot do it (not root, no namespaces).
     pub fn new(local_cidrs: &[String]) -> Result<Netns, String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("not root: cannot create a network namespace".into());
