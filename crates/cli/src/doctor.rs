@@ -74,7 +74,10 @@ fn verdict(
                 let req = required.contains(&m.mechanism);
                 blocked |= req && matches!(m.state, State::Missing(_));
                 missing.push(if req {
-                    format!("{m} (required by {name} by default: tools refused unless `accept: [{}]`)", m.mechanism)
+                    format!(
+                        "{m} (required by {name} by default: tools refused unless `accept: [{}]`)",
+                        m.mechanism
+                    )
                 } else {
                     m.to_string()
                 });
@@ -120,7 +123,10 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     let facts = cordon_jail::host::detect();
     let registry = Registry::for_host(Default::default());
     let native = registry
-        .get(cordon_policy::policy::Runtime::Native, cordon_runtime::Use::Call)
+        .get(
+            cordon_policy::policy::Runtime::Native,
+            cordon_runtime::Use::Call,
+        )
         .ok();
     let native_facts = native.as_ref().map(|n| n.facts());
     let native_err = registry
@@ -315,7 +321,8 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             "OCI image store (tools given an `image` are refused)".into(),
         ],
     );
-    let mut p3_missing = vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
+    let mut p3_missing =
+        vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
     if runsc.is_none() {
         p3_missing.push("runsc not installed".into());
     }
@@ -390,4 +397,62 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         println!("note: {n}");
     }
     Ok(ExitCode::from(exit::OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_enforced() -> Vec<MechanismState> {
+        Mechanism::ALL
+            .iter()
+            .map(|m| MechanismState::enforced(*m))
+            .collect()
+    }
+
+    #[test]
+    fn full_only_when_everything_is_enforced() {
+        let ms = all_enforced();
+        let v = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
+        assert_eq!((v.strength, v.missing.len()), ("full", 0));
+        // An older Landlock: partial, and named.
+        let mut ms = all_enforced();
+        ms[5] = MechanismState::partial(Mechanism::Landlock, "ABI 3 is older than 6");
+        let v = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
+        assert_eq!(v.strength, "partial");
+        assert_eq!(v.missing, vec!["landlock: partial (ABI 3 is older than 6)"]);
+        // No cgroups: P1 runs on rlimits (partial), P2 requires them.
+        let mut ms = all_enforced();
+        ms[6] = MechanismState::missing(Mechanism::Cgroup, "no delegation");
+        let p1 = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
+        assert_eq!(p1.strength, "partial");
+        let p2 = verdict(Profile::P2, "P2", Some(&ms), None, vec![]);
+        assert_eq!(p2.strength, "unavailable");
+        assert!(
+            p2.missing[0].contains("accept: [cgroup]"),
+            "{:?}",
+            p2.missing
+        );
+        // A missing piece of the profile itself.
+        let v = verdict(
+            Profile::P2,
+            "P2",
+            Some(&all_enforced()),
+            None,
+            vec!["x".into()],
+        );
+        assert_eq!(
+            (v.strength, v.missing.as_slice()),
+            ("partial", &["x".to_string()][..])
+        );
+        // No runtime at all.
+        let v = verdict(
+            Profile::P1,
+            "P1",
+            None,
+            Some("no user namespaces".into()),
+            vec![],
+        );
+        assert_eq!(v.strength, "unavailable");
+    }
 }

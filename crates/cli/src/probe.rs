@@ -124,10 +124,15 @@ fn not_held(report: &Report) -> Vec<String> {
 /// every probe that did not hold, or why it cannot be probed.
 pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
     let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
-    let sb = tool_sandbox(p, registry)
-        .map_err(|why| anyhow!("{}: refusing to start: cannot be probed here: {why}", p.name))?;
+    let sb = tool_sandbox(p, registry).map_err(|why| {
+        anyhow!(
+            "{}: refusing to start: cannot be probed here: {why}",
+            p.name
+        )
+    })?;
     let prof = sb.profile(&profile_label(p));
-    let report = cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
+    let report =
+        cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
     let failed = not_held(&report);
     if !failed.is_empty() {
         return Err(anyhow!(
@@ -327,9 +332,15 @@ mod tests {
         let escaped = report(&[("control", Verdict::Held), ("mount", Verdict::Escaped)]);
         let error = report(&[("control", Verdict::Held), ("mount", Verdict::Error)]);
         assert_eq!(combined_exit(std::slice::from_ref(&held), 0), exit::OK);
-        assert_eq!(combined_exit(&[held.clone(), error.clone()], 0), INCONCLUSIVE);
+        assert_eq!(
+            combined_exit(&[held.clone(), error.clone()], 0),
+            INCONCLUSIVE
+        );
         assert_eq!(combined_exit(std::slice::from_ref(&held), 1), INCONCLUSIVE);
-        assert_eq!(combined_exit(&[error.clone(), escaped.clone()], 0), exit::FINDING);
+        assert_eq!(
+            combined_exit(&[error.clone(), escaped.clone()], 0),
+            exit::FINDING
+        );
         assert_eq!(combined_exit(&[escaped, error], 3), exit::FINDING);
         assert_ne!(INCONCLUSIVE, exit::USAGE);
     }

@@ -535,7 +535,7 @@ where
                 b'o' => {
                     if let Some(f) = &out_r {
                         let drained = match &mut relay {
-                            Some(r) => drain(f.as_fd(), &mut buf, |chunk| r.from_child(chunk)),
+                            Some(r) => drain(f.as_fd(), &mut buf, |chunk| r.child_wrote(chunk)),
                             None => drain(f.as_fd(), &mut buf, |chunk| io.stdout(chunk)),
                         };
                         match drained {
@@ -940,7 +940,7 @@ impl Relay {
     }
 
     /// Output from the sandbox: false once a line is over the cap.
-    fn from_child(&mut self, chunk: &[u8]) -> bool {
+    fn child_wrote(&mut self, chunk: &[u8]) -> bool {
         self.out_total += chunk.len() as u64;
         let mut rest = chunk;
         while let Some(i) = rest.iter().position(|&b| b == b'\n') {

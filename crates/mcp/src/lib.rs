@@ -756,8 +756,7 @@ impl ServerHandler for Session {
                 .map(Into::into);
         }
         if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
-            let mut audit =
-                CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
             audit.finish(&self.gw.broker, &self.id, &caller, &r)?;

@@ -185,3 +185,33 @@ fn turning_off_a_gate_class_or_the_label_weakens() {
         );
     }
 }
+
+#[test]
+fn accepting_a_degradation_or_dropping_a_requirement_weakens() {
+    // P2 requires cgroup by default; accepting it drops the requirement.
+    let c = changes(&format!("accept: [cgroup]\n{BASE}"));
+    let j: Vec<_> = c.iter().filter(|c| c.tool == "j").collect();
+    assert!(
+        j.iter()
+            .any(|c| c.field == "accept" && c.weakens && c.new == "cgroup"),
+        "{c:#?}"
+    );
+    assert!(
+        j.iter().any(|c| c.field == "require" && c.weakens),
+        "{c:#?}"
+    );
+    // Requiring more does not weaken.
+    let c = changes(&format!("require: [landlock]\n{BASE}"));
+    assert!(!c.is_empty() && c.iter().all(|c| !c.weakens), "{c:#?}");
+}
+
+#[test]
+fn a_mount_made_writable_weakens() {
+    let base =
+        "tools:\n  t:\n    profile: P1\n    command: [/bin/true]\n    mounts: [\"/srv/a:/data\"]\n";
+    let a = load_str(Path::new("a.yaml"), base).unwrap();
+    let b = load_str(Path::new("b.yaml"), &base.replace("/data\"", "/data:rw\"")).unwrap();
+    let c = diff(&a.policy, &b.policy);
+    assert_eq!(c.len(), 1, "{c:#?}");
+    assert!(c[0].weakens && c[0].new.ends_with(":rw"), "{}", c[0]);
+}

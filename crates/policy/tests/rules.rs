@@ -214,12 +214,12 @@ fn two_programs_are_refused() {
 fn mounts_and_env_are_checked() {
     assert_one(
         "tools:\n  a:\n    profile: P1\n    command: [x]\n    mounts: [\"relative:/data\"]\n",
-        3,
+        5,
         "mount source `relative` must be an absolute path",
     );
     assert_one(
         "tools:\n  a:\n    profile: P1\n    command: [x]\n    mounts: [\"/srv/x:/proc/x\"]\n",
-        3,
+        5,
         "inside a path cordon builds itself",
     );
     assert_one(
@@ -278,5 +278,64 @@ fn the_committed_schema_is_current() {
     assert!(
         committed == now,
         "schema/cordon.schema.json is stale: run `cordon schema > schema/cordon.schema.json`"
+    );
+}
+
+#[test]
+fn requirements_resolve_from_profile_manifest_and_tool() {
+    use cordon_policy::policy::Mechanism::*;
+    let l = load_str(
+        Path::new("m.yaml"),
+        "require: [landlock]\ntools:\n  a:\n    profile: P1\n    command: [/bin/true]\n  b:\n    profile: P2\n    network: none\n    command: [/bin/true]\n    accept: [cgroup]\n    require: [descriptors]\n  c:\n    profile: P2\n    network: none\n    command: [/bin/true]\n",
+    )
+    .unwrap();
+    let t = &l.policy.tools;
+    assert_eq!(
+        t["a"].require,
+        vec![Namespaces, ReadonlyRoot, Network, Seccomp, Landlock]
+    );
+    assert!(t["a"].accept.is_empty());
+    assert_eq!(
+        t["b"].require,
+        vec![
+            Namespaces,
+            ReadonlyRoot,
+            Descriptors,
+            Network,
+            Seccomp,
+            Landlock
+        ]
+    );
+    assert_eq!(t["b"].accept, vec![Cgroup]);
+    assert!(t["c"].require.contains(&Cgroup));
+}
+
+#[test]
+fn an_unknown_mechanism_is_an_error() {
+    let e =
+        errors("tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    require: [magic]\n");
+    assert!(e[0].message.contains("magic"), "{}", e[0]);
+}
+
+#[test]
+fn mount_syntax_is_exact_and_errors_point_at_the_mount() {
+    let ok = load_str(
+        Path::new("m.yaml"),
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    mounts: [\"/srv/x:/data:ro\", {src: /srv/y, dst: /y, mode: rw}]\n",
+    )
+    .unwrap();
+    let m = &ok.policy.tools["a"].mounts;
+    assert_eq!((m[0].dst.as_str(), m[0].writable), ("/data", false));
+    assert_eq!((m[1].dst.as_str(), m[1].writable), ("/y", true));
+    // `src:/dst:ro` was once a bind to the path `/dst:ro`.
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    mounts:\n      - /srv/x:/data\n      - /srv/x:/data:ro:extra\n",
+        7,
+        "has 4 `:`-separated parts",
+    );
+    assert_one(
+        "tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    mounts:\n      - /srv/x:/data:rx\n",
+        6,
+        "`rx` is not a mode",
     );
 }

@@ -14,8 +14,8 @@ pub mod sandbox;
 pub mod suite;
 pub mod wire;
 
-pub use runtime::RuntimeSandbox;
 pub use report::{Format, ProbeResult, Report, Verdict};
+pub use runtime::RuntimeSandbox;
 pub use sandbox::{
     Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,
     SandboxError,

@@ -202,9 +202,11 @@ impl Registry {
         match native::Native::new(opts) {
             Ok(n) => {
                 let n: Arc<dyn Runtime> = Arc::new(n);
-                r = r
-                    .with(RuntimeKind::Native, Use::Call, n.clone())
-                    .with(RuntimeKind::Native, Use::Serve, n);
+                r = r.with(RuntimeKind::Native, Use::Call, n.clone()).with(
+                    RuntimeKind::Native,
+                    Use::Serve,
+                    n,
+                );
             }
             Err(e) => r.unavailable.push((RuntimeKind::Native, e.to_string())),
         }
@@ -213,14 +215,20 @@ impl Registry {
 
     /// The runtime for `kind` and `use_`, if this build has one here.
     pub fn get(&self, kind: RuntimeKind, use_: Use) -> Result<Arc<dyn Runtime>, String> {
-        if let Some((_, _, rt)) = self.entries.iter().find(|(k, u, _)| *k == kind && *u == use_) {
+        if let Some((_, _, rt)) = self
+            .entries
+            .iter()
+            .find(|(k, u, _)| *k == kind && *u == use_)
+        {
             return Ok(rt.clone());
         }
         let name = kind_name(kind);
         if let Some((_, why)) = self.unavailable.iter().find(|(k, _)| *k == kind) {
             return Err(format!("runtime {name} cannot start on this host: {why}"));
         }
-        Err(format!("runtime {name} is not available in this build of cordon"))
+        Err(format!(
+            "runtime {name} is not available in this build of cordon"
+        ))
     }
 
     /// Every distinct runtime, with the kinds it serves (for `doctor`).
@@ -244,7 +252,10 @@ impl Registry {
     pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
         let spec = spec::lower(policy, use_)?;
         let runtime = self.get(policy.runtime, use_).map_err(|why| {
-            format!("{}: {why}; refusing to run the tool under a weaker boundary", policy.name)
+            format!(
+                "{}: {why}; refusing to run the tool under a weaker boundary",
+                policy.name
+            )
         })?;
         self.admit_spec(policy, runtime, spec)
     }

@@ -86,7 +86,9 @@ pub fn hold(
         match mechanisms.iter().find(|s| s.mechanism == *m) {
             Some(s) if s.is_enforced() => {}
             Some(s) => refused.push(s.to_string()),
-            None => refused.push(format!("{m}: missing (the {runtime} runtime has no such mechanism)")),
+            None => refused.push(format!(
+                "{m}: missing (the {runtime} runtime has no such mechanism)"
+            )),
         }
     }
     if !refused.is_empty() {
@@ -128,14 +130,29 @@ mod tests {
             MechanismState::enforced(Mechanism::Seccomp),
             MechanismState::missing(Mechanism::Cgroup, "no delegation; rlimits instead"),
         ];
-        let e = hold("t", "native", &[Mechanism::Seccomp, Mechanism::Cgroup], &[], &ms)
-            .expect_err("cgroup is required");
+        let e = hold(
+            "t",
+            "native",
+            &[Mechanism::Seccomp, Mechanism::Cgroup],
+            &[],
+            &ms,
+        )
+        .expect_err("cgroup is required");
         assert!(e.contains("cgroup: missing (no delegation"), "{e}");
         assert!(e.contains("accept: [cgroup]"), "{e}");
         // Positive control: accepted, it runs with a warning.
-        let w = hold("t", "native", &[Mechanism::Seccomp], &[Mechanism::Cgroup], &ms)
-            .expect("accepted");
-        assert_eq!(w, vec!["cgroup: missing (no delegation; rlimits instead) [accepted]"]);
+        let w = hold(
+            "t",
+            "native",
+            &[Mechanism::Seccomp],
+            &[Mechanism::Cgroup],
+            &ms,
+        )
+        .expect("accepted");
+        assert_eq!(
+            w,
+            vec!["cgroup: missing (no delegation; rlimits instead) [accepted]"]
+        );
     }
 
     #[test]

@@ -322,7 +322,14 @@ impl Runtime for Native {
         std::thread::Builder::new()
             .name(format!("sandbox-{tool}"))
             .spawn(move || {
-                let r = run_jail(&jail, net.as_ref(), &js, egress, Stdin::Stream(stream), &ctx);
+                let r = run_jail(
+                    &jail,
+                    net.as_ref(),
+                    &js,
+                    egress,
+                    Stdin::Stream(stream),
+                    &ctx,
+                );
                 h.finish(r.map(outcome));
             })
             .map_err(|e| io("start the sandbox thread", e))?;
@@ -425,10 +432,7 @@ impl SandboxHandle for NativeHandle {
     }
 
     fn outcome(&self) -> Option<Result<Outcome, RunError>> {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn wait(&self) -> Result<Outcome, RunError> {

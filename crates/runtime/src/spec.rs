@@ -139,7 +139,14 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
                 p.name
             ));
         }
-        (Exec::Image { reference, .. }, _) | (Exec::Mcp { image: Some(reference), .. }, _) => {
+        (Exec::Image { reference, .. }, _)
+        | (
+            Exec::Mcp {
+                image: Some(reference),
+                ..
+            },
+            _,
+        ) => {
             return Err(format!(
                 "{}: image {reference} needs the OCI image store, which this build does not have",
                 p.name

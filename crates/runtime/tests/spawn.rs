@@ -1,0 +1,84 @@
+//! The native runtime's `spawn`: a long-lived sandbox with one byte stream
+//! as its stdin and stdout, no shell in between, every limit in force.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::time::Duration;
+
+use cordon_runtime::native::Native;
+use cordon_runtime::{Context, Runtime, SandboxSpec, Status};
+
+fn native() -> Native {
+    Native::new(Default::default()).expect("native runtime")
+}
+
+fn cat(output_bytes: u64) -> SandboxSpec {
+    // /bin/cat itself is the sandbox's first process: no /bin/sh prologue.
+    let mut spec = SandboxSpec::new("cat", ["/bin/cat"]);
+    spec.limits.output_bytes = output_bytes;
+    spec.limits.wall = Duration::from_secs(20);
+    spec
+}
+
+#[test]
+fn a_spawned_sandbox_talks_over_one_stream_and_ends_at_eof() {
+    let rt = native();
+    let s = rt.spawn(&cat(1024), &Context::discard("t")).expect("spawn");
+    let mut w = s.stream.try_clone().unwrap();
+    let mut r = BufReader::new(s.stream);
+    w.write_all(b"{\"jsonrpc\":\"2.0\"}\n").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line, "{\"jsonrpc\":\"2.0\"}\n");
+    assert!(s.handle.outcome().is_none(), "still running");
+    // End of input: cat exits 0.
+    w.shutdown(std::net::Shutdown::Write).unwrap();
+    let o = s.handle.wait().expect("outcome");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.output_bytes, 18);
+}
+
+#[test]
+fn a_message_over_the_output_cap_kills_the_sandbox() {
+    let rt = native();
+    let s = rt.spawn(&cat(1024), &Context::discard("t")).expect("spawn");
+    let mut w = s.stream.try_clone().unwrap();
+    // Positive control: many messages under the cap pass, in total far
+    // more than the cap.
+    let mut r = BufReader::new(s.stream.try_clone().unwrap());
+    for _ in 0..8 {
+        w.write_all(&[b'a'; 1000]).unwrap();
+        w.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line.len(), 1001);
+    }
+    // One message (line) over the cap.
+    let _ = w.write_all(&[b'b'; 4096]);
+    let o = s.handle.wait().expect("outcome");
+    assert_eq!(o.status, Status::OutputCap, "{o:?}");
+    assert!(
+        o.reason
+            .contains("a message over the output cap (1024 bytes)"),
+        "{}",
+        o.reason
+    );
+    // The over-long message never reached the stream.
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(!rest.contains(&b'b'), "{} bytes leaked", rest.len());
+}
+
+#[test]
+fn kill_stops_the_sandbox() {
+    let rt = native();
+    let s = rt.spawn(&cat(1024), &Context::discard("t")).expect("spawn");
+    assert!(s.handle.outcome().is_none());
+    s.handle.kill();
+    let o = s.handle.wait().expect("outcome");
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    assert_eq!(o.signal, Some(9));
+    // The stream is closed once the sandbox is gone.
+    let mut buf = [0u8; 1];
+    let mut st = s.stream;
+    assert_eq!(st.read(&mut buf).unwrap(), 0);
+}
