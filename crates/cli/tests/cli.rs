@@ -92,7 +92,9 @@ fn cordon(who: As, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Output 
         cmd.env(k, v);
     }
     if !env.iter().any(|(k, _)| *k == "CORDON_AUDIT") {
-        cmd.env("CORDON_AUDIT", audit_file("default"));
+        // One log per identity: the audit log is fail-closed, and a file
+        // one identity made (mode 0600) the other cannot open.
+        cmd.env("CORDON_AUDIT", audit_file(&format!("default-{who:?}")));
     }
     let mut child = cmd.spawn().expect("spawn cordon");
     let mut sin = child.stdin.take().unwrap();
@@ -238,7 +240,18 @@ fn schema_and_doctor_print_json() {
         assert_eq!(p1["profile"], "P1");
         // As root the cgroup pool works here; as nobody it falls back and says so.
         if matches!(who, As::Nobody) {
-            assert_eq!(p1["strength"], "reduced", "{p1}");
+            assert_eq!(p1["strength"], "partial", "{p1}");
+            assert!(
+                p1["missing"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("cgroup: missing"),
+                "{p1}"
+            );
+            // P2 requires cgroup limits by default.
+            assert_eq!(profiles[1]["strength"], "unavailable", "{}", profiles[1]);
+        } else {
+            assert_eq!(p1["strength"], "full", "{p1}");
         }
     }
 }
@@ -371,8 +384,8 @@ fn every_failure_class_has_its_status_and_reason() {
         ),
         (
             &["exec", "--", "/nonexistent/tool"],
-            20,
-            "execve /nonexistent/tool: ENOENT",
+            21,
+            "exec: program /nonexistent/tool does not exist inside the sandbox",
         ),
     ];
     for who in modes() {
@@ -400,7 +413,8 @@ fn unprivileged_fallback_is_announced() {
     assert_eq!(code(&o), 0);
     let e = text(&o.stderr);
     assert!(
-        e.contains("cgroups unavailable here"),
+        e.contains("cordon: warning: cgroup: missing (")
+            && e.contains("memory capped by RLIMIT_AS and tasks by RLIMIT_NPROC"),
         "no warning about the weaker mechanism: {e}"
     );
 }
