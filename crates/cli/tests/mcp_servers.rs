@@ -165,7 +165,9 @@ async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
     assert_eq!(facts["root_visible"], false, "{facts}");
     assert_eq!(
         facts["env_keys"],
-        json!(["HOME", "LANG", "PATH", "PWD"]),
+        // Only the policy's environment: the server is the sandbox's first
+        // process, with no shell before it to add PWD.
+        json!(["HOME", "LANG", "PATH"]),
         "{facts}"
     );
 

@@ -842,7 +842,9 @@ struct Relay {
     /// Stop requested (or nobody is left to read).
     stopped: bool,
     cap: u64,
+    /// Bytes of the line being written, held in `partial` until its end.
     line: u64,
+    partial: Vec<u8>,
     out_total: u64,
 }
 
@@ -858,6 +860,7 @@ impl Relay {
             stopped: false,
             cap,
             line: 0,
+            partial: Vec::new(),
             out_total: 0,
         }
     }
@@ -939,25 +942,31 @@ impl Relay {
         }
     }
 
-    /// Output from the sandbox: false once a line is over the cap.
+    /// Output from the sandbox: false once a line is over the cap. Only
+    /// whole lines go on to the socket, so a message over the cap never
+    /// reaches the caller, not even in part.
     fn child_wrote(&mut self, chunk: &[u8]) -> bool {
         self.out_total += chunk.len() as u64;
         let mut rest = chunk;
         while let Some(i) = rest.iter().position(|&b| b == b'\n') {
-            self.line += i as u64;
-            if self.line > self.cap {
+            if self.line + i as u64 > self.cap {
+                self.partial.clear();
                 return false;
             }
+            if !self.sock_dead {
+                self.to_sock.extend_from_slice(&self.partial);
+                self.to_sock.extend_from_slice(&rest[..=i]);
+            }
+            self.partial.clear();
             self.line = 0;
             rest = &rest[i + 1..];
         }
         self.line += rest.len() as u64;
         if self.line > self.cap {
+            self.partial.clear();
             return false;
         }
-        if !self.sock_dead {
-            self.to_sock.extend_from_slice(chunk);
-        }
+        self.partial.extend_from_slice(rest);
         true
     }
 
@@ -984,6 +993,11 @@ impl Relay {
     /// After the sandbox is gone: hand the socket what is left, for at most
     /// `within`.
     fn flush(&mut self, within: Duration) {
+        // A last message without its newline still goes out whole.
+        if !self.sock_dead {
+            let last = std::mem::take(&mut self.partial);
+            self.to_sock.extend_from_slice(&last);
+        }
         let until = Instant::now() + within;
         while !self.to_sock.is_empty() && !self.sock_dead {
             let left = until.saturating_duration_since(Instant::now());

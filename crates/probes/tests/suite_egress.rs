@@ -101,7 +101,8 @@ fn a_grant_that_does_not_work_is_an_error_not_a_pass() {
         "{}",
         e.evidence
     );
-    assert_eq!(r2.exit_code(), 2);
+    assert_eq!(r2.exit_code(), cordon_probes::report::EXIT_INCONCLUSIVE);
+    assert_eq!(r2.exit_code(), 3);
 }
 
 #[test]

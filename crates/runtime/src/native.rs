@@ -295,7 +295,8 @@ impl Runtime for Native {
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
-        let (js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
         let tool = spec.tool.clone();
         let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
         let (ours, theirs) = UnixStream::pair().map_err(|e| io("socket pair", e))?;

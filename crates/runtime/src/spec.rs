@@ -68,8 +68,9 @@ pub struct Limits {
     pub tasks: u64,
     /// CPU quota in percent of one core; `None`: none.
     pub cpu_percent: Option<u32>,
-    /// Output cap: a call's whole stdout; for a spawned sandbox, each
-    /// message (line) it writes.
+    /// Output cap: a call's whole stdout. For a spawned sandbox it is the
+    /// cap of each result (the gate's), and each message (line) the sandbox
+    /// writes may be at most [`message_cap`] of it.
     pub output_bytes: u64,
     /// Stderr kept.
     pub stderr_bytes: u64,
@@ -77,6 +78,14 @@ pub struct Limits {
     pub nofile: u64,
     /// Size of the writable `/tmp`.
     pub disk_bytes: u64,
+}
+
+/// The longest message a spawned sandbox may write when its results are
+/// capped at `output_bytes`: room for a result within the cap after JSON
+/// escaping (at most six bytes per byte) and framing. A longer message
+/// could never carry a result the gate would pass: the sandbox is killed.
+pub fn message_cap(output_bytes: u64) -> u64 {
+    output_bytes.saturating_mul(6).saturating_add(64 << 10)
 }
 
 /// The sandbox's network.

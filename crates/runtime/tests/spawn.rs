@@ -46,26 +46,31 @@ fn a_message_over_the_output_cap_kills_the_sandbox() {
     // more than the cap.
     let mut r = BufReader::new(s.stream.try_clone().unwrap());
     for _ in 0..8 {
-        w.write_all(&[b'a'; 1000]).unwrap();
+        w.write_all(&[b'a'; 70000]).unwrap();
         w.write_all(b"\n").unwrap();
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
-        assert_eq!(line.len(), 1001);
+        assert_eq!(line.len(), 70001);
     }
     // One message (line) over the cap.
-    let _ = w.write_all(&[b'b'; 4096]);
+    let _ = w.write_all(&[b'b'; 80000]);
     let o = s.handle.wait().expect("outcome");
     assert_eq!(o.status, Status::OutputCap, "{o:?}");
     assert!(
         o.reason
-            .contains("a message over the output cap (1024 bytes)"),
+            .contains("a message over the output cap (71680 bytes)"),
         "{}",
         o.reason
     );
     // The over-long message never reached the stream.
     let mut rest = Vec::new();
     let _ = r.read_to_end(&mut rest);
-    assert!(!rest.contains(&b'b'), "{} bytes leaked", rest.len());
+    assert!(
+        !rest.contains(&b'b'),
+        "{} bytes leaked: {:?}",
+        rest.len(),
+        String::from_utf8_lossy(&rest[..rest.len().min(80)])
+    );
 }
 
 #[test]
