@@ -1,0 +1,1 @@
+//! Safe layer unpacking (see the crate docs).
