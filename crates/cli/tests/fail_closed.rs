@@ -393,3 +393,98 @@ fn probe_counts_an_unprobeable_tool() {
     );
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
 }
+
+/// Over MCP, every mechanism a sandbox does not fully enforce reaches the
+/// client in the result's `_meta` and the call's audit record: as uid
+/// 65534 here (no cgroups) with `accept: [cgroup]`, for a command tool and
+/// for an `mcp:` server. As root, where everything is enforced, there are
+/// none (the positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_results_carry_the_sandbox_warnings() {
+    use cordon_mcp::rmcp::ServiceExt;
+    use cordon_mcp::rmcp::model::CallToolRequestParams;
+    use cordon_mcp::rmcp::transport::TokioChildProcess;
+    if !need_root("mcp_results_carry_the_sandbox_warnings") {
+        return;
+    }
+    let d = dir("mcp-warn");
+    let fx = fixtures();
+    let m = write(
+        &d,
+        "m.yaml",
+        &format!(
+            r#"accept: [cgroup]
+tools:
+  count:
+    profile: P1
+    command: [/usr/bin/wc, -c]
+    input: {{stdin: text}}
+    input_schema: {{type: object, properties: {{text: {{type: string}}}}, required: [text]}}
+  fx:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 10, memory: 256M}}
+    mounts: ["{fx}:/srv/fx"]
+    mcp: {{command: [/usr/bin/python3, /srv/fx/fixture_server.py], tools: {{allow: [echo]}}}}
+"#,
+            fx = fx.display()
+        ),
+    );
+    for nobody in [false, true] {
+        let audit = d.join(format!("audit-{nobody}.jsonl"));
+        let mut cmd = if nobody {
+            let mut c = tokio::process::Command::new("/usr/bin/setpriv");
+            c.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+                CORDON,
+            ]);
+            c
+        } else {
+            tokio::process::Command::new(CORDON)
+        };
+        cmd.args(["serve", "-m", m.to_str().unwrap()])
+            .env("CORDON_AUDIT", &audit)
+            .env("HOME", "/tmp");
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn cordon serve");
+        let c = ().serve(transport).await.expect("initialize");
+        for (tool, arg) in [("count", "text"), ("fx.echo", "text")] {
+            let mut p = CallToolRequestParams::new(tool.to_owned());
+            p.arguments = serde_json::json!({ arg: "abc" }).as_object().cloned();
+            let r = c.peer().call_tool(p).await.expect(tool);
+            let w = r
+                .meta
+                .as_ref()
+                .and_then(|m| m.0.get("cordon/warnings").cloned());
+            if nobody {
+                let w = w.unwrap_or_else(|| panic!("{tool}: no warnings in {:?}", r.meta));
+                assert!(
+                    w.to_string().contains("cgroup: missing")
+                        && w.to_string().contains("[accepted]"),
+                    "{tool}: {w}"
+                );
+            } else {
+                assert!(w.is_none(), "{tool}: {w:?}");
+            }
+        }
+        let _ = c.cancel().await;
+        let log = std::fs::read_to_string(&audit).unwrap();
+        for tool in ["count", "fx.echo"] {
+            let rec = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|r| r["tool"] == tool)
+                .unwrap_or_else(|| panic!("no record of {tool}: {log}"));
+            assert_eq!(
+                rec["warnings"].to_string().contains("cgroup: missing"),
+                nobody,
+                "{tool}: {rec}"
+            );
+        }
+    }
+}
