@@ -310,10 +310,12 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
             Exec::Image {
                 reference: r1,
                 digest: d1,
+                command: c1,
             },
             Exec::Image {
                 reference: r2,
                 digest: d2,
+                command: c2,
             },
         ) => {
             if r1 != r2 {
@@ -321,6 +323,14 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
             }
             if d1 != d2 {
                 out.push(change(t, "image.digest", d1, d2, true));
+            }
+            if c1 != c2 {
+                let show = |c: &Option<Vec<String>>| {
+                    c.as_ref()
+                        .map(|v| v.join(" "))
+                        .unwrap_or_else(|| "(the image's)".into())
+                };
+                out.push(change(t, "command", &show(c1), &show(c2), true));
             }
         }
         (Exec::Command { argv: a }, Exec::Command { argv: b }) => {

@@ -56,9 +56,13 @@ pub enum Exec {
     Command {
         argv: Vec<String>,
     },
+    /// An OCI image pinned by digest; `command` (when given) replaces the
+    /// image's `Entrypoint` and `Cmd`.
     Image {
         reference: String,
         digest: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        command: Option<Vec<String>>,
     },
     Mcp {
         command: Option<Vec<String>>,

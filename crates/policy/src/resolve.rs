@@ -220,15 +220,20 @@ impl Ctx<'_> {
 
 fn rule_one_exec(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let t = c.tool;
-    let n = [t.command.is_some(), t.image.is_some(), t.mcp.is_some()]
-        .iter()
-        .filter(|b| **b)
-        .count();
+    // `command` with `image` replaces the image's Entrypoint and Cmd.
+    let n = [
+        t.command.is_some() && t.image.is_none(),
+        t.image.is_some(),
+        t.mcp.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
     let mut out = Vec::new();
-    if n > 1 {
+    if n > 1 || (t.mcp.is_some() && t.command.is_some()) {
         out.push(c.diag(
             c.at,
-            format!("declares {n} of `command`, `image` and `mcp`; exactly one says what runs"),
+            "declares more than one of `command`, `image` and `mcp`; one says what runs (`command` beside `image` replaces the image's entrypoint)".into(),
             Some("write `command: [\"/path/to/tool\", \"arg\"]`, `image: name@sha256:<digest>`, or `mcp: {command: [...]}`"),
         ));
     }
@@ -242,14 +247,10 @@ fn rule_one_exec(c: &Ctx<'_>) -> Vec<Diagnostic> {
         ));
     }
     if let Some(m) = &t.mcp {
-        let k = [m.command.is_some(), m.image.is_some()]
-            .iter()
-            .filter(|b| **b)
-            .count();
-        if k != 1 {
+        if m.command.is_none() && m.image.is_none() {
             out.push(c.diag(
                 c.at,
-                "`mcp` needs exactly one of `command` and `image`".into(),
+                "`mcp` needs `command` or `image` (with `image`, `command` replaces the image's entrypoint)".into(),
                 None,
             ));
         }
@@ -862,12 +863,16 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         ));
     }
 
-    let exec = if let Some(cmd) = &t.command {
-        Exec::Command { argv: cmd.clone() }
-    } else if let Some(img) = &t.image {
+    let exec = if let Some(img) = &t.image {
         let (reference, digest) =
             split_digest(&img.value).map_err(|m| c.diag(img.referenced, m, None))?;
-        Exec::Image { reference, digest }
+        Exec::Image {
+            reference,
+            digest,
+            command: t.command.clone(),
+        }
+    } else if let Some(cmd) = &t.command {
+        Exec::Command { argv: cmd.clone() }
     } else if let Some(mcp) = &t.mcp {
         let tools = mcp.tools.clone();
         Exec::Mcp {

@@ -204,10 +204,31 @@ fn profile_must_be_written() {
 #[test]
 fn two_programs_are_refused() {
     assert_one(
-        "tools:\n  a:\n    profile: P1\n    command: [x]\n    image: r@sha256:abcd\n",
+        "tools:\n  a:\n    profile: P2\n    network: none\n    image: r@sha256:abcd\n    mcp: {command: [x]}\n",
         3,
-        "declares 2 of `command`, `image` and `mcp`",
+        "declares more than one of `command`, `image` and `mcp`",
     );
+    assert_one(
+        "tools:\n  a:\n    profile: P2\n    network: none\n    command: [x]\n    mcp: {command: [x]}\n",
+        3,
+        "declares more than one of `command`, `image` and `mcp`",
+    );
+}
+
+#[test]
+fn a_command_beside_an_image_replaces_its_entrypoint() {
+    let l = load_str(
+        Path::new("m.yaml"),
+        "tools:\n  a:\n    profile: P2\n    network: none\n    image: r@sha256:abcd\n    command: [/bin/tool, -x]\n",
+    )
+    .unwrap();
+    match &l.policy.tools["a"].exec {
+        Exec::Image { reference, command, .. } => {
+            assert_eq!(reference, "r");
+            assert_eq!(command.as_deref(), Some(&["/bin/tool".to_string(), "-x".to_string()][..]));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
