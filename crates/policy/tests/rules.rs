@@ -223,9 +223,14 @@ fn a_command_beside_an_image_replaces_its_entrypoint() {
     )
     .unwrap();
     match &l.policy.tools["a"].exec {
-        Exec::Image { reference, command, .. } => {
+        Exec::Image {
+            reference, command, ..
+        } => {
             assert_eq!(reference, "r");
-            assert_eq!(command.as_deref(), Some(&["/bin/tool".to_string(), "-x".to_string()][..]));
+            assert_eq!(
+                command.as_deref(),
+                Some(&["/bin/tool".to_string(), "-x".to_string()][..])
+            );
         }
         other => panic!("{other:?}"),
     }

@@ -15,6 +15,7 @@
 //! spawn, facts) and one line in [`Registry::for_host`].
 #![forbid(unsafe_code)]
 
+pub mod images;
 pub mod mechanism;
 pub mod native;
 pub mod outcome;
