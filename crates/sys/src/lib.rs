@@ -4,6 +4,8 @@
 //! `undocumented_unsafe_blocks` and `multiple_unsafe_ops_per_block`, denied
 //! for this crate). Other crates are `#![forbid(unsafe_code)]`.
 //!
+//! - `fsat`: descriptor-relative file system calls that never leave a
+//!   directory tree (the image unpacker's).
 //! - `io`: parent-side descriptor and process helpers (pipes, poll,
 //!   pidfds, small kernel files, feature probes).
 //! - `probe`: the raw calls of the conformance probe agent.
@@ -12,6 +14,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 
+pub mod fsat;
 pub mod io;
 pub mod probe;
 pub mod spawn;
