@@ -3,7 +3,7 @@
 # Debian machine with only the Rust toolchain. Idempotent.
 set -euo pipefail
 need=()
-for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl; do
+for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl busybox-static; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -19,18 +19,22 @@
 //!    (with `CLONE_VM` on its own stack on x86_64, like `posix_spawn`); the
 //!    child resets signal dispositions, keeps only its stdio and control
 //!    descriptors, and waits;
-//! 4. the broker writes `uid_map`/`gid_map` (inside 1000 → the broker's uid,
-//!    or 65534 when the broker is root: the tool never runs as host root),
+//! 4. the broker writes `uid_map`/`gid_map` (inside 1000, or the spec's
+//!    `user`, → the broker's uid, or 65534 when the broker is root: the
+//!    tool never runs as host root),
 //!    moves the child into the v1 cgroups (v2: `CLONE_INTO_CGROUP`), and
 //!    releases it;
 //! 5. the child: `unshare(CLONE_NEWCGROUP)`, setgroups/setresgid/setresuid,
-//!    `PR_SET_PDEATHSIG(SIGKILL)`, private mounts, tmpfs root with
-//!    read-only binds of /usr (and /bin, /lib... as the host has them:
-//!    symlinks when /usr is merged), written /etc (passwd, group,
-//!    nsswitch.conf, hosts; plus read-only ld.so.cache and alternatives),
-//!    /dev (null, zero, full, random, urandom), a fresh /proc with the OCI
-//!    masks, tmpfs /tmp of `disk_bytes`, the spec's read-only binds,
-//!    `pivot_root`, old root detached, / remounted read-only, cwd /tmp;
+//!    `PR_SET_PDEATHSIG(SIGKILL)`, private mounts, tmpfs root with, for the
+//!    host root ([`RootFs::Host`]), read-only binds of /usr (and /bin,
+//!    /lib... as the host has them: symlinks when /usr is merged) and a
+//!    written /etc (passwd, group, nsswitch.conf, hosts; plus read-only
+//!    ld.so.cache and alternatives), or, for an image root
+//!    ([`RootFs::Image`]), the image's top-level entries bound read-only
+//!    and its own /etc (see `plan.rs`); then /dev (null, zero, full,
+//!    random, urandom), a fresh /proc with the OCI masks, tmpfs /tmp of
+//!    `disk_bytes`, the spec's read-only binds, `pivot_root`, old root
+//!    detached, / remounted read-only, cwd /tmp (or the spec's `cwd`);
 //!    then doors, rlimits (NOFILE, FSIZE, CORE=0; AS and NPROC without
 //!    cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
 //!    seccomp last, execve. A failure is reported as (step, errno) on a
@@ -103,11 +107,46 @@ pub struct JailSpec {
     pub seccomp: SeccompMode,
     /// Landlock as a second layer when the kernel has it (default true).
     pub landlock: bool,
+    /// What the sandbox's `/` is made of (default: the host's system
+    /// directories).
+    pub root: RootFs,
+    /// The working directory, an absolute path inside the sandbox, entered
+    /// after `pivot_root` (default `None`: `/tmp`).
+    pub cwd: Option<PathBuf>,
+    /// uid and gid inside the sandbox's user namespace (default `None`:
+    /// [`JailOptions::inner_uid`] and [`JailOptions::inner_gid`], 1000).
+    /// Whatever they are, they map to the same unprivileged host uid and
+    /// gid, and the tool has no capabilities: uid 0 is allowed, and is root
+    /// only of the sandbox's own user namespace, without any capability
+    /// in it after the drop before exec.
+    pub user: Option<(u32, u32)>,
+}
+
+/// The sandbox's root file system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum RootFs {
+    /// Read-only binds of the host's `/usr` (and `/bin`, `/lib`... as the
+    /// host has them) on an empty tmpfs, with an `/etc` written by the jail.
+    #[default]
+    Host,
+    /// An unpacked image: every top-level entry of this host directory
+    /// (an absolute path the sandbox's host uid can search) appears at
+    /// `/`, read-only (directories and files bound recursively, nosuid and
+    /// nodev; symlinks made again, never followed on the host), with the
+    /// jail's own `/proc`, `/dev` and `/tmp` whether the image has them or
+    /// not, and nothing of the host but the spec's binds. The image's own
+    /// `/etc` is used as it is; nothing is written into the directory. A
+    /// bind destination through a symlink of the image is refused.
+    Image {
+        /// The image's root file system on the host.
+        rootfs: PathBuf,
+    },
 }
 
 impl JailSpec {
     /// A spec with default limits, no network, the deny-list seccomp
-    /// filter, Landlock, and the environment
+    /// filter, Landlock, the host root, working directory `/tmp`, the
+    /// jail's inner uid and gid, and the environment
     /// `PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8`.
     pub fn new<I, S>(tool: &str, argv: I) -> JailSpec
     where
@@ -127,6 +166,9 @@ impl JailSpec {
             network: NetMode::None,
             seccomp: SeccompMode::DenyList,
             landlock: true,
+            root: RootFs::Host,
+            cwd: None,
+            user: None,
         }
     }
 }
@@ -351,9 +393,10 @@ impl JailError {
 /// Options of a [`Jail`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JailOptions {
-    /// uid the tool has inside its user namespace (default 1000).
+    /// uid the tool has inside its user namespace unless its spec names
+    /// one ([`JailSpec::user`]) (default 1000).
     pub inner_uid: u32,
-    /// gid inside (default 1000).
+    /// gid inside, likewise (default 1000).
     pub inner_gid: u32,
     /// Host uid the tool maps to when the broker is root (default 65534).
     /// An unprivileged broker can only map its own uid.

@@ -1,5 +1,41 @@
 //! Build the child's setup program (mounts, files, Landlock, rlimits,
 //! exec candidates) from a spec, in the broker, before clone.
+//!
+//! # The root
+//!
+//! Every sandbox's root is a small tmpfs of the jail's own, mounted on the
+//! jail's root mount point inside the sandbox's mount namespace, filled,
+//! then made the root with `pivot_root` and remounted read-only.
+//!
+//! - [`RootFs::Host`]: read-only binds of the host's `/usr` and the other
+//!   system directories (symlinks where the host has them), and an `/etc`
+//!   the jail writes (passwd, group, nsswitch.conf, hosts, hostname, plus
+//!   the host's ld.so.cache and alternatives, read-only).
+//! - [`RootFs::Image`]: the tmpfs mirrors the image's top level. Each
+//!   directory of the rootfs is bound read-only (recursively, nosuid,
+//!   nodev) at its own name, each regular file likewise; each symlink is
+//!   made again with the same target, so it is never followed on the host
+//!   and resolves inside the sandbox; anything else (a device node, FIFO
+//!   or socket) is left out. Nothing of the host's system directories and
+//!   no written `/etc`: the image's `/etc` is used as it is. The rootfs is
+//!   only read, never written.
+//!
+//! Then, for both: `/dev` (five device binds and the fd symlinks), a fresh
+//! `/proc` with the OCI masks and an empty tmpfs `/tmp` of `disk_bytes`,
+//! always the jail's own whatever an image has at those names (so an image
+//! without them gets them too), and the spec's binds. `ls /` in an image
+//! sandbox shows the image's entries plus `dev`, `proc`, `tmp` and the
+//! first component of each bind (`.cordon` for the probe agent).
+//!
+//! Why a mirror rather than the rootfs bound as the root itself: that bind
+//! would need `/proc`, `/dev` and `/tmp` mount points inside the image,
+//! which a read-only image without them cannot get short of writing into
+//! the store or stacking an overlay. One bind per top-level entry (a
+//! dozen or two in a usual image) needs neither.
+//!
+//! The setup program resolves its paths before `pivot_root`, where an
+//! absolute symlink would lead to the host: so a bind destination that
+//! passes through a symlink of the image is refused ([`JailError::Spec`]).
 
 use std::ffi::CString;
 use std::net::{IpAddr, SocketAddr};
@@ -11,7 +47,7 @@ use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
 use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
 
 use crate::host::SystemDir;
-use crate::{DoorRequest, JailError, JailSpec, LandlockStatus};
+use crate::{DoorRequest, JailError, JailSpec, LandlockStatus, RootFs};
 
 /// The Landlock ABI whose rights we ask for.
 pub const LANDLOCK_TARGET: ABI = ABI::V6;
@@ -154,9 +190,11 @@ fn proc_masks() -> &'static (Vec<&'static str>, Vec<&'static str>, Vec<&'static 
     })
 }
 
-/// Mounts and files of the sandbox root (see the crate docs for the
+/// Mounts and files of the sandbox root (see the module docs for the
 /// layout). `root` is the host directory the new root's tmpfs is mounted on;
-/// `system_dirs` are the host's (`HostFacts::system_dirs`).
+/// `system_dirs` are the host's (`HostFacts::system_dirs`, used for the
+/// host root only); `uid` and `gid` go into the written `/etc` of the host
+/// root.
 pub fn program(
     root: &Path,
     system_dirs: &[SystemDir],
@@ -168,9 +206,6 @@ pub fn program(
         steps: Vec::with_capacity(64),
         names: Vec::with_capacity(64),
     };
-    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
-    let ro = libc::MS_NOSUID | libc::MS_NODEV;
-
     p.push("hostname".into(), Op::Hostname { name: c("cordon")? });
     p.push(
         "make every mount private".into(),
@@ -192,6 +227,24 @@ pub fn program(
             data: Some(c("mode=0755,size=1m,nr_inodes=4096")?),
         },
     );
+    match &spec.root {
+        RootFs::Host => host_root(&mut p, root, system_dirs, uid, gid)?,
+        RootFs::Image { rootfs } => image_root(&mut p, root, rootfs)?,
+    }
+    jail_dirs(&mut p, root, spec)?;
+    Ok(p)
+}
+
+/// The host's system directories and a written `/etc`.
+fn host_root(
+    p: &mut Program,
+    root: &Path,
+    system_dirs: &[SystemDir],
+    uid: u32,
+    gid: u32,
+) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    let ro = libc::MS_NOSUID | libc::MS_NODEV;
     // /usr and the other system directories.
     p.push(
         "mkdir /usr".into(),
@@ -292,6 +345,119 @@ pub fn program(
             },
         );
     }
+    Ok(())
+}
+
+/// Names at the top of the root that are always the jail's own.
+const JAIL_DIRS: [&str; 3] = ["dev", "proc", "tmp"];
+
+/// The top level of an image's rootfs, mirrored on the root's tmpfs (see
+/// the module docs).
+fn image_root(p: &mut Program, root: &Path, rootfs: &Path) -> Result<(), JailError> {
+    if !rootfs.is_absolute() {
+        return Err(JailError::Spec(format!(
+            "image root {} is not an absolute path",
+            rootfs.display()
+        )));
+    }
+    let read = |e: std::io::Error| JailError::Spec(format!("image root {}: {e}", rootfs.display()));
+    let mut entries = Vec::new();
+    for e in std::fs::read_dir(rootfs).map_err(read)? {
+        let e = e.map_err(read)?;
+        // The entry itself, never what a symlink points to.
+        let ty = e.file_type().map_err(read)?;
+        entries.push((e.file_name(), ty));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let ro = libc::MS_NOSUID | libc::MS_NODEV;
+    for (name, ty) in entries {
+        if JAIL_DIRS.iter().any(|d| name.as_bytes() == d.as_bytes()) {
+            continue;
+        }
+        let shown = name.to_string_lossy();
+        let src = rootfs.join(&name);
+        let target = cp(&root.join(&name))?;
+        if ty.is_symlink() {
+            let to = std::fs::read_link(&src).map_err(read)?;
+            p.push(
+                format!("symlink /{shown}"),
+                Op::Symlink {
+                    target: cp(&to)?,
+                    link: target,
+                },
+            );
+            continue;
+        }
+        if ty.is_dir() {
+            p.push(
+                format!("mkdir /{shown}"),
+                Op::Mkdir {
+                    path: target.clone(),
+                    mode: 0o755,
+                },
+            );
+        } else if ty.is_file() {
+            p.push(
+                format!("create /{shown}"),
+                Op::WriteFile {
+                    path: target.clone(),
+                    mode: 0o644,
+                    contents: Vec::new(),
+                },
+            );
+        } else {
+            // A device node, FIFO or socket of the image: left out.
+            continue;
+        }
+        p.push(
+            format!("mount the image's /{shown} read-only"),
+            Op::BindReadOnly {
+                src: cp(&src)?,
+                target,
+                flags: ro,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// A bind destination in an image root must not pass through a symlink
+/// of the image: the setup program resolves it before `pivot_root`.
+fn check_image_dst(rootfs: &Path, dst: &Path) -> Result<(), JailError> {
+    let mut cur = rootfs.to_path_buf();
+    for (i, comp) in dst.components().skip(1).enumerate() {
+        if i == 0
+            && JAIL_DIRS
+                .iter()
+                .any(|d| comp.as_os_str().as_bytes() == d.as_bytes())
+        {
+            // The jail's own directory, not the image's.
+            return Ok(());
+        }
+        cur.push(comp);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let inside = Path::new("/").join(cur.strip_prefix(rootfs).unwrap_or(&cur));
+                return Err(JailError::Spec(format!(
+                    "bind destination {} passes through {}, a symlink in the image",
+                    dst.display(),
+                    inside.display()
+                )));
+            }
+            Ok(m) if m.is_dir() => {}
+            // A file, or nothing: the setup goes no further through the
+            // image (it fails there, or makes the rest on the tmpfs).
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// `/dev`, `/proc`, `/tmp`, the spec's binds, `pivot_root`, the read-only
+/// remount and the working directory.
+fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    let ro = libc::MS_NOSUID | libc::MS_NODEV;
     // /dev: five device binds and the fd symlinks.
     p.push(
         "mkdir /dev".into(),
@@ -416,6 +582,9 @@ pub fn program(
     // The tool's binds.
     for b in &spec.binds {
         check_dst(&b.dst)?;
+        if let RootFs::Image { rootfs } = &spec.root {
+            check_image_dst(rootfs, &b.dst)?;
+        }
         let meta = std::fs::metadata(&b.src)
             .map_err(|e| JailError::Spec(format!("bind source {}: {e}", b.src.display())))?;
         let mut cur = PathBuf::from("/");
@@ -465,13 +634,25 @@ pub fn program(
             flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
         },
     );
-    p.push("chdir /tmp".into(), Op::Chdir { path: c("/tmp")? });
-    Ok(p)
+    let cwd = spec.cwd.as_deref().unwrap_or(Path::new("/tmp"));
+    if !cwd.is_absolute() {
+        return Err(JailError::Spec(format!(
+            "working directory {} is not an absolute path",
+            cwd.display()
+        )));
+    }
+    p.push(
+        format!("chdir {}", cwd.display()),
+        Op::Chdir { path: cp(cwd)? },
+    );
+    Ok(())
 }
 
 /// Landlock: read+execute everywhere, write under /tmp, device files
 /// under /dev; TCP bind/connect refused without doors; abstract unix
-/// sockets and signals scoped to the sandbox.
+/// sockets and signals scoped to the sandbox. The rules name paths of the
+/// new root, which has `/tmp` and `/dev` of the jail's own whatever the
+/// root is made of, so they hold for an image root as for the host's.
 pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, LandlockStatus) {
     if kernel_abi <= 0 {
         return (None, LandlockStatus::NotEnforced);
@@ -677,6 +858,78 @@ mod tests {
         assert!(check_dst(Path::new("/tmp")).is_err());
         assert!(check_dst(Path::new("/proc/x")).is_err());
         assert!(check_dst(Path::new("/opt/../etc")).is_err());
+    }
+
+    #[test]
+    fn image_root_mirrors_the_top_level() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path();
+        std::fs::create_dir_all(img.join("usr/bin")).unwrap();
+        std::fs::create_dir(img.join("etc")).unwrap();
+        std::fs::create_dir(img.join("tmp")).unwrap();
+        std::fs::write(img.join("proc"), "").unwrap();
+        std::fs::write(img.join(".dockerenv"), "").unwrap();
+        symlink("usr/bin", img.join("bin")).unwrap();
+        symlink("/usr/lib", img.join("lib")).unwrap();
+        let mut spec = JailSpec::new("t", ["/bin/sh"]);
+        spec.root = RootFs::Image {
+            rootfs: img.to_path_buf(),
+        };
+        spec.cwd = Some("/usr".into());
+        let p = program(Path::new("/root-mp"), &[], &spec, 0, 0).unwrap();
+        let image: Vec<&str> = p
+            .names
+            .iter()
+            .map(String::as_str)
+            .skip_while(|n| *n != "mount tmpfs on the new root")
+            .skip(1)
+            .take_while(|n| *n != "mkdir /dev")
+            .collect();
+        assert_eq!(
+            image,
+            [
+                "create /.dockerenv",
+                "mount the image's /.dockerenv read-only",
+                "symlink /bin",
+                "mkdir /etc",
+                "mount the image's /etc read-only",
+                "symlink /lib",
+                "mkdir /usr",
+                "mount the image's /usr read-only",
+            ]
+        );
+        // The image's own /etc; no host directory; the jail's /tmp and /proc.
+        assert!(!p.names.iter().any(|n| n.starts_with("write /etc")));
+        assert!(!p.names.iter().any(|n| n == "mount /usr read-only"));
+        assert!(p.names.iter().any(|n| n == "mount tmpfs on /tmp"));
+        assert!(p.names.iter().any(|n| n == "mount /proc"));
+        assert_eq!(p.names.last().map(String::as_str), Some("chdir /usr"));
+        // Symlinks are made again, never followed on the host.
+        let link = p.steps.iter().find_map(|s| match &s.op {
+            Op::Symlink { target, link } if link.as_bytes() == b"/root-mp/lib" => Some(target),
+            _ => None,
+        });
+        assert_eq!(link.map(|t| t.as_bytes()), Some(&b"/usr/lib"[..]));
+        // A bind through a symlink of the image is refused; one into the
+        // jail's /tmp or a new directory is fine.
+        for (dst, ok) in [
+            ("/lib/x", false),
+            ("/bin/tool", false),
+            ("/usr/bin/tool", true),
+            ("/tmp/x/y", true),
+            ("/.cordon/agent", true),
+        ] {
+            let mut spec = spec.clone();
+            spec.binds.push(crate::Bind {
+                src: img.join("etc"),
+                dst: dst.into(),
+            });
+            let r = program(Path::new("/root-mp"), &[], &spec, 0, 0);
+            assert_eq!(r.is_ok(), ok, "{dst}");
+        }
+        spec.cwd = Some("relative".into());
+        assert!(program(Path::new("/root-mp"), &[], &spec, 0, 0).is_err());
     }
 
     #[test]

@@ -11,7 +11,14 @@
 //! `#!/usr/bin/env NAME`) and an ELF program's `PT_INTERP` loader the same
 //! way. Permissions are checked for the identity the tool has on the host
 //! with the default [`JailOptions`](crate::JailOptions): uid and gid 65534
-//! without groups when the broker is root, else the broker's own.
+//! without groups when the broker is root, else the broker's own (the
+//! spec's inner `user` maps to the same).
+//!
+//! An image root ([`RootFs::Image`]) is read the same way: the setup
+//! program binds the image's top-level entries, so the lookups go into
+//! the image's rootfs on the host, and its symlinks (an image's
+//! `/bin/sh -> busybox`, an absolute `/lib64/ld-linux-x86-64.so.2 ->
+//! /lib/...`) are followed inside it, never on the host.
 //!
 //! What is not looked at: mount flags of the host (a `noexec` host mount
 //! still refuses exec inside), ACLs, binfmt_misc, and the contents of the
@@ -27,7 +34,7 @@ use std::path::{Component, Path, PathBuf};
 
 use cordon_sys::spawn::Op;
 
-use crate::{JailError, JailOptions, JailSpec, host, plan};
+use crate::{JailError, JailOptions, JailSpec, RootFs, host, plan};
 
 /// Where the setup program is built to mount the root: a prefix stripped
 /// from its paths, never touched.
@@ -37,8 +44,8 @@ const MAX_LINKS: usize = 40;
 /// `#!` levels below the program (the kernel rewrites an exec at most
 /// this often before ELOOP).
 const MAX_DEPTH: usize = 5;
-/// The sandbox's working directory, against which relative interpreter
-/// paths are resolved.
+/// The sandbox's working directory unless the spec names one; relative
+/// interpreter paths are resolved against it.
 const CWD: &str = "/tmp";
 const EXEC: u32 = 0o1;
 const READ: u32 = 0o4;
@@ -72,22 +79,30 @@ pub fn preflight(spec: &JailSpec) -> Vec<String> {
             )),
         }
     }
+    let image = match &spec.root {
+        RootFs::Host => false,
+        RootFs::Image { rootfs } => {
+            // Its entries are bound one by one: the rootfs itself must be
+            // searchable too.
+            if let Err(why) = id.reach(rootfs).and_then(|()| id.search(rootfs)) {
+                out.push(format!("{tool}: image root {} {why}", rootfs.display()));
+                return out;
+            }
+            true
+        }
+    };
     let (system_dirs, _) = host::system_dirs();
     let opts = JailOptions::default();
-    let program = match plan::program(
-        Path::new(ROOT),
-        &system_dirs,
-        &usable,
-        opts.inner_uid,
-        opts.inner_gid,
-    ) {
+    let (uid, gid) = spec.user.unwrap_or((opts.inner_uid, opts.inner_gid));
+    let program = match plan::program(Path::new(ROOT), &system_dirs, &usable, uid, gid) {
         Ok(p) => p,
         Err(e) => {
             out.push(format!("{tool}: {}", spec_message(e)));
             return out;
         }
     };
-    let (view, setup) = View::build(&program, id);
+    let cwd = spec.cwd.clone().unwrap_or_else(|| PathBuf::from(CWD));
+    let (view, setup) = View::build(&program, id, cwd);
     for (step, why) in setup {
         out.push(format!("{tool}: sandbox setup would fail: {step}: {why}"));
     }
@@ -95,6 +110,7 @@ pub fn preflight(spec: &JailSpec) -> Vec<String> {
         view: &view,
         tool,
         search: plan::search_path(spec),
+        image,
     };
     out.extend(checker.argv(spec));
     out
@@ -188,6 +204,22 @@ impl Identity {
             }
         }
         Ok(())
+    }
+
+    /// A host directory can be searched by this identity.
+    fn search(&self, dir: &Path) -> Result<(), String> {
+        let m = fs::metadata(dir)
+            .map(|m| Perm::of(&m))
+            .map_err(|e| format!("cannot be checked ({}: {e})", dir.display()))?;
+        if self.allows(&m, EXEC) {
+            Ok(())
+        } else {
+            Err(format!(
+                "cannot be searched by the sandbox's uid {} (mode {:04o})",
+                self.uid,
+                m.mode & 0o7777
+            ))
+        }
     }
 }
 
@@ -310,15 +342,6 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-/// A path the sandbox resolves: relative ones from its working directory.
-fn in_sandbox(p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        Path::new(CWD).join(p)
-    }
-}
-
 fn host_entry(path: &Path, meta: io::Result<fs::Metadata>) -> Entry {
     match meta {
         Ok(m) if m.is_dir() => Entry::Dir(Some(Perm::of(&m))),
@@ -340,6 +363,8 @@ fn host_entry(path: &Path, meta: io::Result<fs::Metadata>) -> Entry {
 struct View {
     nodes: BTreeMap<PathBuf, Node>,
     id: Identity,
+    /// The working directory.
+    cwd: PathBuf,
 }
 
 impl View {
@@ -347,10 +372,11 @@ impl View {
     /// that would fail, by name, with why. A failing step is taken as done
     /// (the directory made, the file mounted on) so that one mistake is
     /// reported once.
-    fn build(program: &plan::Program, id: Identity) -> (View, Vec<(String, String)>) {
+    fn build(program: &plan::Program, id: Identity, cwd: PathBuf) -> (View, Vec<(String, String)>) {
         let mut view = View {
             nodes: BTreeMap::from([(PathBuf::from("/"), Node::Dir)]),
             id,
+            cwd,
         };
         let mut failed = Vec::new();
         for (step, name) in program.steps.iter().zip(&program.names) {
@@ -395,6 +421,8 @@ impl View {
                         _ => Ok(()),
                     },
                 },
+                // After pivot_root: a sandbox path.
+                Op::Chdir { path } => view.enter(&cpath(path)),
                 _ => Ok(()),
             };
             if let Err(why) = r
@@ -404,6 +432,33 @@ impl View {
             }
         }
         (view, failed)
+    }
+
+    /// A path the sandbox resolves: relative ones from its working
+    /// directory.
+    fn in_sandbox(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cwd.join(p)
+        }
+    }
+
+    /// The `chdir` into `dir` after `pivot_root`.
+    fn enter(&self, dir: &Path) -> Result<(), String> {
+        match self.resolve(dir, true).end {
+            End::Found(_, Entry::Dir(m)) => match m {
+                Some(m) if !self.id.allows(&m, EXEC) => Err(format!(
+                    "{} is not searchable by uid {} (mode {:04o})",
+                    dir.display(),
+                    self.id.uid,
+                    m.mode & 0o7777
+                )),
+                _ => Ok(()),
+            },
+            End::Unknown => Ok(()),
+            other => Err(self.unusable(dir, other)),
+        }
     }
 
     /// What `p` (whose parent is canonical) is.
@@ -447,7 +502,7 @@ impl View {
     /// following symlinks (the last one only with `follow_last`).
     fn resolve(&self, path: &Path, follow_last: bool) -> Resolved {
         let mut stack = Vec::new();
-        push_parts(&mut stack, &in_sandbox(path));
+        push_parts(&mut stack, &self.in_sandbox(path));
         let mut cur = PathBuf::from("/");
         let mut cur_meta: Option<Perm> = None;
         let mut links = Vec::new();
@@ -816,17 +871,29 @@ struct Checker<'a> {
     view: &'a View,
     tool: &'a str,
     search: &'a str,
-}
-
-fn absent(unbound: bool) -> &'static str {
-    if unbound {
-        "does not exist inside the sandbox (not bound)"
-    } else {
-        "does not exist inside the sandbox"
-    }
+    /// The root is an image's: a path outside every bind is one the image
+    /// does not have.
+    image: bool,
 }
 
 impl Checker<'_> {
+    /// Why a path outside everything bound is not there.
+    fn not_bound(&self) -> &'static str {
+        if self.image {
+            "not in the image"
+        } else {
+            "not bound"
+        }
+    }
+
+    fn absent(&self, unbound: bool) -> String {
+        if unbound {
+            format!("does not exist inside the sandbox ({})", self.not_bound())
+        } else {
+            "does not exist inside the sandbox".to_string()
+        }
+    }
+
     /// `what` (with the symlinks its last component led through) `why`.
     fn say(&self, what: &str, links: &[PathBuf], why: &str) -> String {
         if links.is_empty() {
@@ -864,7 +931,7 @@ impl Checker<'_> {
     fn must(&self, v: Verdict, what: &str) -> Vec<String> {
         match v {
             Verdict::Ok => Vec::new(),
-            Verdict::Absent { unbound } => vec![self.say(what, &[], absent(unbound))],
+            Verdict::Absent { unbound } => vec![self.say(what, &[], &self.absent(unbound))],
             Verdict::Refused(m) | Verdict::Fatal(m) => m,
         }
     }
@@ -915,7 +982,7 @@ impl Checker<'_> {
                 return Verdict::Absent { unbound };
             }
             End::Missing { unbound: true, .. } => {
-                return refuse("the sandbox does not see (not bound)");
+                return refuse(&format!("the sandbox does not see ({})", self.not_bound()));
             }
             End::Missing { .. } => return refuse("does not exist inside the sandbox"),
             End::NotDir(ref at) => {
@@ -966,7 +1033,7 @@ impl Checker<'_> {
                 if depth >= MAX_DEPTH {
                     return fatal("has too many levels of #! interpreters");
                 }
-                let ip = in_sandbox(&interp);
+                let ip = self.view.in_sandbox(&interp);
                 let label = format!("interpreter {} of {}", interp.display(), path.display());
                 match self.exec(&ip, &label, depth + 1, true) {
                     Verdict::Ok => {}
@@ -986,7 +1053,12 @@ impl Checker<'_> {
                 );
                 let m = if name.contains('/') {
                     let what = format!("program {name} {run_by}");
-                    let v = self.exec(&in_sandbox(Path::new(name)), &what, depth + 1, true);
+                    let v = self.exec(
+                        &self.view.in_sandbox(Path::new(name)),
+                        &what,
+                        depth + 1,
+                        true,
+                    );
                     self.must(v, &what)
                 } else {
                     let candidates: Vec<PathBuf> = plan::path_candidates(self.search, name)
@@ -1017,7 +1089,7 @@ impl Checker<'_> {
             }
             Format::Elf(Some(loader)) => {
                 let label = format!("dynamic loader {} of {}", loader.display(), path.display());
-                match self.exec(&in_sandbox(&loader), &label, depth, false) {
+                match self.exec(&self.view.in_sandbox(&loader), &label, depth, false) {
                     Verdict::Ok => Verdict::Ok,
                     Verdict::Fatal(m) => Verdict::Fatal(m),
                     v => Verdict::Refused(self.must(v, &label)),
@@ -1403,6 +1475,139 @@ mod tests {
                  directory {} on /opt/x",
                 d.path().display(),
                 d.path().display()
+            )]
+        );
+    }
+
+    fn image(argv: &[&str], rootfs: &Path) -> JailSpec {
+        let mut spec = JailSpec::new("t", argv.iter().copied());
+        spec.root = RootFs::Image {
+            rootfs: rootfs.to_path_buf(),
+        };
+        spec.env[0].1 = "/bin".into();
+        spec
+    }
+
+    #[test]
+    fn image_roots() {
+        let d = dir();
+        let img = d.path();
+        for sub in ["bin", "etc", "lib"] {
+            fs::create_dir(img.join(sub)).unwrap();
+            fs::set_permissions(img.join(sub), fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        file(&img.join("bin/busybox"), b"not a script", 0o755);
+        file(&img.join("lib/ld.so"), b"loader", 0o755);
+        file(&img.join("bin/dyn"), &elf_with_interp("/lib/ld.so"), 0o755);
+        file(
+            &img.join("bin/hostdyn"),
+            &elf_with_interp("/usr/lib/ld.so.1"),
+            0o755,
+        );
+        file(&img.join("bin/script"), b"#!/bin/sh\n", 0o755);
+        file(&img.join("bin/pyscript"), b"#!/usr/bin/python3\n", 0o755);
+        symlink("busybox", img.join("bin/sh")).unwrap();
+        // Absolute targets resolve inside the image.
+        symlink("/bin/busybox", img.join("bin/abs")).unwrap();
+        symlink("/usr/bin/env", img.join("bin/hostenv")).unwrap();
+        symlink("/etc", img.join("etclink")).unwrap();
+        for argv in [
+            &["/bin/sh"][..],
+            &["sh", "-c", "true"],
+            &["/bin/abs"],
+            &["/bin/dyn"],
+            &["/bin/script"],
+            &["/etclink/../bin/sh"],
+        ] {
+            assert_eq!(
+                preflight(&image(argv, img)),
+                Vec::<String>::new(),
+                "{argv:?}"
+            );
+        }
+        let cases: [(&[&str], &str); 7] = [
+            (
+                &["/usr/bin/env"],
+                "t: program /usr/bin/env does not exist inside the sandbox (not in the image)",
+            ),
+            (
+                &["/bin/nosuch"],
+                "t: program /bin/nosuch does not exist inside the sandbox",
+            ),
+            (
+                &["env"],
+                "t: program env is not found in PATH (/bin) inside the sandbox",
+            ),
+            (
+                &["/bin/hostenv"],
+                "t: program /bin/hostenv is a symlink to /usr/bin/env, which the sandbox \
+                 does not see (not in the image)",
+            ),
+            (
+                &["/bin/hostdyn"],
+                "t: dynamic loader /usr/lib/ld.so.1 of /bin/hostdyn does not exist inside \
+                 the sandbox (not in the image)",
+            ),
+            (
+                &["/bin/pyscript"],
+                "t: interpreter /usr/bin/python3 of /bin/pyscript does not exist inside the \
+                 sandbox (not in the image)",
+            ),
+            (&["/etc"], "t: program /etc is a directory"),
+        ];
+        for (argv, msg) in cases {
+            assert_eq!(preflight(&image(argv, img)), [msg], "{argv:?}");
+        }
+        // The working directory, and relative interpreters from it.
+        let mut spec = image(&["/bin/sh"], img);
+        spec.cwd = Some("/bin".into());
+        assert_eq!(preflight(&spec), Vec::<String>::new());
+        file(&img.join("bin/rel"), b"#!busybox\n", 0o755);
+        spec.argv = vec!["/bin/rel".into()];
+        assert_eq!(preflight(&spec), Vec::<String>::new());
+        spec.cwd = None;
+        assert_eq!(
+            preflight(&spec),
+            [
+                "t: interpreter busybox of /bin/rel does not exist inside the sandbox (not in the image)"
+            ]
+        );
+        spec.cwd = Some("/nope".into());
+        spec.argv = vec!["/bin/sh".into()];
+        assert_eq!(
+            preflight(&spec),
+            ["t: sandbox setup would fail: chdir /nope: /nope does not exist"]
+        );
+        // A bind through a symlink of the image.
+        let spec = bound(&["/bin/sh"], img, "/etclink/x");
+        let spec = JailSpec {
+            root: image(&[], img).root,
+            ..spec
+        };
+        assert_eq!(
+            preflight(&spec),
+            ["t: bind destination /etclink/x passes through /etclink, a symlink in the image"]
+        );
+        // A rootfs the sandbox's uid cannot enter (a root broker's
+        // sandbox is uid 65534; an unprivileged one owns the directory).
+        if cordon_sys::io::geteuid() == 0 {
+            fs::set_permissions(img, fs::Permissions::from_mode(0o700)).unwrap();
+            assert_eq!(
+                preflight(&image(&["/bin/sh"], img)),
+                [format!(
+                    "t: image root {} cannot be searched by the sandbox's uid 65534 (mode 0700)",
+                    img.display()
+                )]
+            );
+            fs::set_permissions(img, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        // A rootfs that is not there.
+        let spec = image(&["/bin/sh"], &img.join("nonexistent"));
+        assert_eq!(
+            preflight(&spec),
+            [format!(
+                "t: image root {}/nonexistent does not exist on the host",
+                img.display()
             )]
         );
     }

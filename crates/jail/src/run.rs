@@ -151,7 +151,9 @@ where
     } else {
         (facts.euid, facts.egid)
     };
-    let (uid, gid) = (jail.opts.inner_uid, jail.opts.inner_gid);
+    let (uid, gid) = spec
+        .user
+        .unwrap_or((jail.opts.inner_uid, jail.opts.inner_gid));
 
     // Everything the child needs, built now.
     let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;

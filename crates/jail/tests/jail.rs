@@ -16,6 +16,8 @@ use cordon_jail::*;
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
 use skip::skip_or_fail;
+#[path = "../../../tests/support/image.rs"]
+mod image;
 
 const CHILD_ENV: &str = "CORDON_JAIL_TEST_CHILD";
 const SECRET_ENV: &str = "HOST_SECRET_TOKEN";
@@ -1495,6 +1497,540 @@ fn concurrent_calls() {
     });
 }
 jail_test!(concurrent_calls);
+
+// ------------------------------------------------------------ image roots
+
+/// A busybox image (see `tests/support/image.rs`), or None after a skip.
+fn busybox_image() -> Option<tempfile::TempDir> {
+    if let Some(why) = image::missing() {
+        skip_or_fail(&skip::this_test(), &why);
+        return None;
+    }
+    Some(image::busybox())
+}
+
+/// `argv` with `rootfs` as the sandbox's root and `PATH=/bin`.
+fn image_spec(rootfs: &std::path::Path, argv: &[&str]) -> JailSpec {
+    let mut spec = JailSpec::new("img", argv.iter().copied());
+    spec.root = RootFs::Image {
+        rootfs: rootfs.to_path_buf(),
+    };
+    spec.env[0].1 = "/bin".into();
+    spec
+}
+
+fn image_sh(rootfs: &std::path::Path, script: &str) -> JailSpec {
+    image_spec(rootfs, &["/bin/sh", "-c", script])
+}
+
+/// The names in a host directory, sorted.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn image_root_is_what_the_sandbox_sees() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    let o = run_ok(
+        &j,
+        &image_sh(
+            img.path(),
+            "ls /; echo --; cat /etc/passwd; echo --; ls /bin; echo --; \
+             for p in /proc/[0-9]*; do echo ${p#/proc/}; done; echo --; \
+             ls /dev; echo --; pwd",
+        ),
+        Stdin::Null,
+    );
+    let out = text(&o.stdout);
+    let parts: Vec<&str> = out.split("--\n").collect();
+    assert_eq!(parts.len(), 6, "{out}");
+    // The image's entries plus the jail's mount points, nothing else.
+    assert_eq!(parts[0], "bin\ndev\netc\nproc\ntmp\n", "{out}");
+    // The image's /etc, not the host's.
+    assert_eq!(parts[1], image::PASSWD);
+    let host_passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let host_first = host_passwd.lines().next().unwrap();
+    assert!(!out.contains(host_first), "{out}");
+    assert_eq!(parts[2], "busybox\ncat\nid\nls\nsh\n");
+    // A fresh /proc of the sandbox's pid namespace, the jail's /dev.
+    assert_eq!(parts[3], "1\n");
+    for dev in ["null", "zero", "full", "random", "urandom"] {
+        assert!(parts[4].lines().any(|l| l == dev), "/dev/{dev}: {out}");
+    }
+    assert_eq!(parts[5], "/tmp\n");
+    // Nothing of the host's system directories.
+    let o = j
+        .run(
+            &image_sh(
+                img.path(),
+                "ls /usr/lib/x86_64-linux-gnu; ls /usr; ls /lib; ls /etc/shadow",
+            ),
+            Stdin::Null,
+        )
+        .unwrap();
+    assert_eq!(o.status, Status::Exited, "{}", o.reason);
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    assert_eq!(
+        text(&o.stderr).matches("No such file or directory").count(),
+        4,
+        "{}",
+        text(&o.stderr)
+    );
+    // Read-only: the image's files, the root, the image's /etc.
+    let o = run_ok(
+        &j,
+        &image_sh(
+            img.path(),
+            "for p in /bin/x /x /etc/x /bin/busybox; do \
+               if echo x > $p; then echo $p written; fi; done 2>&1; \
+             echo data > /tmp/ok && cat /tmp/ok",
+        ),
+        Stdin::Null,
+    );
+    let out = text(&o.stdout);
+    assert_eq!(out.matches("Read-only file system").count(), 4, "{out}");
+    assert!(!out.contains("written"), "{out}");
+    assert!(out.ends_with("data\n"), "{out}");
+    // /tmp is capped at disk_bytes.
+    let mut spec = image_sh(
+        img.path(),
+        "/bin/busybox dd if=/dev/zero of=/tmp/big bs=1048576 count=64 2>&1; \
+         echo size $(/bin/busybox stat -c %s /tmp/big)",
+    );
+    spec.limits.disk_bytes = 8 << 20;
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert!(out.contains("No space left on device"), "{out}");
+    let size: u64 = field(&out, "size").parse().unwrap();
+    assert!(size > 0 && size <= 8 << 20, "{out}");
+    // Nothing was written into the rootfs on the host.
+    assert_eq!(names(img.path()), ["bin", "etc"]);
+    assert_eq!(
+        names(&img.path().join("bin")),
+        ["busybox", "cat", "id", "ls", "sh"]
+    );
+}
+jail_test!(image_root_is_what_the_sandbox_sees);
+
+fn image_cwd_and_user() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    // The default: uid 1000, /tmp.
+    let o = run_ok(&j, &image_sh(img.path(), "pwd; id -u; id -g"), Stdin::Null);
+    assert_eq!(text(&o.stdout), "/tmp\n1000\n1000\n");
+    // The image's WorkingDir and User.
+    let mut spec = image_sh(img.path(), "pwd; id -un");
+    spec.cwd = Some("/etc".into());
+    spec.user = Some((4242, 4242));
+    let o = run_ok(&j, &spec, Stdin::Null);
+    assert_eq!(text(&o.stdout), "/etc\nimageuser\n");
+    // uid 0 inside, an unprivileged uid without capabilities outside.
+    let marker = format!("imguidmarker{}", std::process::id());
+    let (r, mut w) = std::io::pipe().unwrap();
+    let mut spec = image_sh(
+        img.path(),
+        &format!("read x; pwd; id -u; id -g; id -un; : {marker}"),
+    );
+    spec.cwd = Some("/bin".into());
+    spec.user = Some((0, 0));
+    std::thread::scope(|s| {
+        let h = s.spawn(|| j.run(&spec, Stdin::Fd(OwnedFd::from(r))));
+        let pids = wait_for_marker(&marker);
+        for pid in pids {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            for key in ["Uid:", "Gid:"] {
+                let line = st.lines().find(|l| l.starts_with(key)).unwrap();
+                let ids: Vec<u32> = line
+                    .split_whitespace()
+                    .skip(1)
+                    .map(|x| x.parse().unwrap())
+                    .collect();
+                assert!(
+                    ids.iter().all(|&u| u == 65534),
+                    "host-side {key} of the tool: {ids:?}"
+                );
+            }
+            for key in ["CapEff:", "CapPrm:", "CapBnd:"] {
+                let cap = st.lines().find(|l| l.starts_with(key)).unwrap();
+                assert!(cap.ends_with("0000000000000000"), "{cap}");
+            }
+        }
+        w.write_all(b"go\n").unwrap();
+        drop(w);
+        let o = h.join().unwrap().unwrap();
+        assert_eq!(text(&o.stdout), "/bin\n0\n0\nroot\n");
+    });
+    // Root inside is root of nothing: the image stays read-only, and
+    // what needs a capability is refused.
+    let mut spec = image_sh(
+        img.path(),
+        "echo x > /bin/x 2>&1; /bin/busybox chown 1000 /bin/busybox 2>&1; \
+         /bin/busybox hostname evil 2>&1; echo done",
+    );
+    spec.user = Some((0, 0));
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(!out.contains("evil"), "{out}");
+    assert!(out.ends_with("done\n"), "{out}");
+    let o = run_ok(
+        &j,
+        &image_sh(img.path(), "cat /proc/sys/kernel/hostname"),
+        Stdin::Null,
+    );
+    assert_eq!(text(&o.stdout), "cordon\n");
+    // A working directory the image lacks is a setup error naming it, and
+    // preflight says so first.
+    let mut spec = image_sh(img.path(), "pwd");
+    spec.cwd = Some("/nonexistent".into());
+    assert_eq!(
+        preflight::preflight(&spec),
+        ["img: sandbox setup would fail: chdir /nonexistent: /nonexistent does not exist"]
+    );
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("chdir /nonexistent".to_string(), Errno::ENOENT)
+    );
+    // The host root takes a working directory too.
+    let mut spec = sh("cwd", "pwd");
+    spec.cwd = Some("/usr".into());
+    assert_eq!(text(&run_ok(&j, &spec, Stdin::Null).stdout), "/usr\n");
+}
+jail_test!(image_cwd_and_user);
+
+fn distroless_image_runs_its_program_directly() {
+    if let Some(why) = image::missing() {
+        skip_or_fail(&skip::this_test(), &why);
+        return;
+    }
+    let img = image::distroless();
+    let j = jail();
+    let spec = image_spec(img.path(), &["/app/busybox", "echo", "distroless"]);
+    assert_eq!(preflight::preflight(&spec), Vec::<String>::new());
+    let o = run_ok(&j, &spec, Stdin::Null);
+    assert_eq!(text(&o.stdout), "distroless\n");
+    // Looked up in PATH, too.
+    let mut spec = image_spec(img.path(), &["busybox", "ls", "/"]);
+    spec.env[0].1 = "/app".into();
+    assert_eq!(preflight::preflight(&spec), Vec::<String>::new());
+    let o = run_ok(&j, &spec, Stdin::Null);
+    assert_eq!(text(&o.stdout), "app\ndev\nproc\ntmp\n");
+    // No shell in the image, and none of the host's: refused by preflight
+    // and by the sandbox's exec alike.
+    for (argv, msg) in [
+        (
+            &["/bin/sh", "-c", "true"][..],
+            "img: program /bin/sh does not exist inside the sandbox (not in the image)",
+        ),
+        (
+            &["/app/sh"],
+            "img: program /app/sh does not exist inside the sandbox",
+        ),
+    ] {
+        let spec = image_spec(img.path(), argv);
+        assert_eq!(preflight::preflight(&spec), [msg]);
+        assert_eq!(
+            setup_error(j.run(&spec, Stdin::Null)),
+            (format!("execve {}", argv[0]), Errno::ENOENT)
+        );
+    }
+}
+jail_test!(distroless_image_runs_its_program_directly);
+
+fn preflight_looks_inside_the_image() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    // Symlinks resolved inside the image: /bin/sh -> busybox.
+    for argv in [
+        &["/bin/sh", "-c", "true"][..],
+        &["sh", "-c", "true"],
+        &["/bin/ls"],
+    ] {
+        let spec = image_spec(img.path(), argv);
+        assert_eq!(
+            preflight::preflight(&spec),
+            Vec::<String>::new(),
+            "{argv:?}"
+        );
+        run_ok(&j, &spec, Stdin::Null);
+    }
+    // Programs of the host the image does not have.
+    let spec = image_spec(img.path(), &["/usr/bin/env"]);
+    assert_eq!(
+        preflight::preflight(&spec),
+        ["img: program /usr/bin/env does not exist inside the sandbox (not in the image)"]
+    );
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("execve /usr/bin/env".to_string(), Errno::ENOENT)
+    );
+    let spec = image_spec(img.path(), &["python3"]);
+    assert_eq!(
+        preflight::preflight(&spec),
+        ["img: program python3 is not found in PATH (/bin) inside the sandbox"]
+    );
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("execve python3".to_string(), Errno::ENOENT)
+    );
+    // A script of the image whose interpreter the image lacks.
+    let d = tool_dir(&[
+        ("ok.sh", b"#!/bin/sh\necho bound script\n", 0o755),
+        ("py", b"#!/usr/bin/python3\n", 0o755),
+    ]);
+    let spec = with_bind(
+        image_spec(img.path(), &["/opt/tool/ok.sh"]),
+        d.path(),
+        "/opt/tool",
+    );
+    assert_eq!(preflight::preflight(&spec), Vec::<String>::new());
+    assert_eq!(
+        text(&run_ok(&j, &spec, Stdin::Null).stdout),
+        "bound script\n"
+    );
+    let spec = with_bind(
+        image_spec(img.path(), &["/opt/tool/py"]),
+        d.path(),
+        "/opt/tool",
+    );
+    assert_eq!(
+        preflight::preflight(&spec),
+        [
+            "img: interpreter /usr/bin/python3 of /opt/tool/py does not exist inside the sandbox (not in the image)"
+        ]
+    );
+    assert_eq!(
+        setup_error(j.run(&spec, Stdin::Null)),
+        ("execve /opt/tool/py".to_string(), Errno::ENOENT)
+    );
+}
+jail_test!(preflight_looks_inside_the_image);
+
+fn image_limits_hold() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    // Memory: a shell variable doubled until the cap; control: 512 KiB.
+    let grow = |n: &str| {
+        format!("x=aaaaaaaa; i=0; while [ $i -lt {n} ]; do x=$x$x; i=$((i+1)); done; echo ${{#x}}")
+    };
+    let mut spec = image_sh(img.path(), &grow("16"));
+    spec.limits.memory_bytes = 64 << 20;
+    assert_eq!(text(&run_ok(&j, &spec, Stdin::Null).stdout), "524288\n");
+    let mut spec = image_sh(img.path(), &grow("40"));
+    spec.limits.memory_bytes = 64 << 20;
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    within_wall(&o, spec.limits.wall);
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    if privileged(&j) {
+        assert_eq!(
+            o.status,
+            Status::MemoryLimit,
+            "{} {}",
+            o.reason,
+            text(&o.stderr)
+        );
+    } else {
+        assert_eq!(o.status, Status::Exited, "{} {}", o.reason, text(&o.stderr));
+        assert!(
+            o.warnings.iter().any(|w| w.contains("RLIMIT_AS")),
+            "{:?}",
+            o.warnings
+        );
+    }
+    // Tasks: control with a few, then a fork bomb.
+    let sleepers = |n: u32, secs: u32| {
+        format!(
+            "i=0; while [ $i -lt {n} ]; do /bin/busybox sleep {secs} & i=$((i+1)); done; wait; echo waited"
+        )
+    };
+    let mut spec = image_sh(img.path(), &sleepers(4, 0));
+    spec.limits.tasks = 16;
+    assert_eq!(text(&run_ok(&j, &spec, Stdin::Null).stdout), "waited\n");
+    let mut spec = image_sh(img.path(), &sleepers(200, 30));
+    spec.limits.tasks = 16;
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    within_wall(&o, spec.limits.wall);
+    assert!(text(&o.stderr).contains("fork"), "{}", text(&o.stderr));
+    if privileged(&j) {
+        assert_eq!(
+            o.status,
+            Status::TaskLimit,
+            "{} {}",
+            o.reason,
+            text(&o.stderr)
+        );
+    } else {
+        assert!(
+            o.warnings.iter().any(|w| w.contains("RLIMIT_NPROC")),
+            "{:?}",
+            o.warnings
+        );
+    }
+    // Wall clock.
+    let mut spec = image_sh(img.path(), "while :; do :; done");
+    spec.limits.wall = Duration::from_secs(1);
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    assert_eq!(o.status, Status::TimedOut, "{}", o.reason);
+    within_wall(&o, spec.limits.wall);
+    // Output: exactly the cap passes, more is cut.
+    let mut spec = image_spec(
+        img.path(),
+        &["/bin/busybox", "head", "-c", "1000", "/dev/zero"],
+    );
+    spec.limits.output_bytes = 1000;
+    assert_eq!(run_ok(&j, &spec, Stdin::Null).stdout.len(), 1000);
+    let mut spec = image_spec(img.path(), &["/bin/busybox", "yes"]);
+    spec.limits.output_bytes = 1000;
+    let o = j.run(&spec, Stdin::Null).unwrap();
+    assert_eq!(o.status, Status::OutputCap, "{}", o.reason);
+    assert_eq!(o.stdout.len(), 1000);
+}
+jail_test!(image_limits_hold);
+
+fn image_network() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let nc = |addr: &str| format!("/bin/busybox nc -w 5 {addr} </dev/null 2>&1; echo rc=$?");
+    // No network: no IP socket at all, the host's loopback out of reach.
+    let spec = image_sh(
+        img.path(),
+        &format!("{}; {}", nc(&format!("127.0.0.1 {port}")), nc("1.1.1.1 80")),
+    );
+    let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+    assert_eq!(out.matches("rc=1").count(), 2, "{out}");
+    assert_eq!(out.matches("Operation not permitted").count(), 2, "{out}");
+    // Doors: the door answers (the positive control inside the image),
+    // nothing else does.
+    let door = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), 8080);
+    let mut spec = image_sh(
+        img.path(),
+        &format!(
+            "{}; {}; {}",
+            nc("198.18.0.1 8080"),
+            nc(&format!("127.0.0.1 {port}")),
+            nc("1.1.1.1 80")
+        ),
+    );
+    spec.network = NetMode::Doors(DoorRequest {
+        local_cidrs: vec![(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 15)],
+        tcp: vec![door],
+        udp: vec![],
+    });
+    let mut handles = Vec::new();
+    let o = j
+        .run_with_doors(&spec, Stdin::Null, |fds| {
+            let l = TcpListener::from(fds.into_iter().next().unwrap());
+            handles.push(std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                c.write_all(b"door-ok\n").unwrap();
+            }));
+        })
+        .unwrap();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(o.status, Status::Ok, "{} {}", o.reason, text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "door-ok", "{out}");
+    assert_eq!(lines[1], "rc=0", "{out}");
+    assert!(out.contains("Connection refused"), "{out}");
+    assert!(out.contains("Network is unreachable"), "{out}");
+    // Control: the host's listener is really there.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+}
+jail_test!(image_network);
+
+fn image_bind_destinations() {
+    let Some(img) = busybox_image() else {
+        return;
+    };
+    let j = jail();
+    // An absolute symlink in the image: in the sandbox it resolves inside
+    // the image; a bind through it would have set up on the host.
+    std::os::unix::fs::symlink("/etc", img.path().join("lnk")).unwrap();
+    let d = tool_dir(&[("data", b"bound\n", 0o644)]);
+    let spec = with_bind(image_sh(img.path(), "cat /lnk/passwd"), d.path(), "/lnk/x");
+    let why = "bind destination /lnk/x passes through /lnk, a symlink in the image";
+    assert_eq!(preflight::preflight(&spec), [format!("img: {why}")]);
+    match j.run(&spec, Stdin::Null) {
+        Err(JailError::Spec(m)) => assert_eq!(m, why),
+        other => panic!("{other:?}"),
+    }
+    // Control: without the bind the link works, inside the image.
+    let o = run_ok(
+        &j,
+        &image_sh(img.path(), "cat /lnk/passwd; ls /"),
+        Stdin::Null,
+    );
+    assert_eq!(
+        text(&o.stdout),
+        format!("{}bin\ndev\netc\nlnk\nproc\ntmp\n", image::PASSWD)
+    );
+    // A file bound at a new top-level directory, as the probe agent is.
+    let spec = with_bind(
+        image_spec(img.path(), &["/bin/cat", "/.cordon/data"]),
+        &d.path().join("data"),
+        "/.cordon/data",
+    );
+    assert_eq!(preflight::preflight(&spec), Vec::<String>::new());
+    assert_eq!(text(&run_ok(&j, &spec, Stdin::Null).stdout), "bound\n");
+    // A rootfs the sandbox's uid cannot enter: preflight says so, and the
+    // setup fails at its first bind.
+    if privileged(&j) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(img.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let spec = image_sh(img.path(), "true");
+        assert_eq!(
+            preflight::preflight(&spec),
+            [format!(
+                "img: image root {} cannot be searched by the sandbox's uid 65534 (mode 0700)",
+                img.path().display()
+            )]
+        );
+        assert_eq!(
+            setup_error(j.run(&spec, Stdin::Null)),
+            (
+                "mount the image's /bin read-only".to_string(),
+                Errno::EACCES
+            )
+        );
+        std::fs::set_permissions(img.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // A missing or relative rootfs is a spec error.
+    let mut spec = image_sh(img.path(), "true");
+    spec.root = RootFs::Image {
+        rootfs: img.path().join("nonexistent"),
+    };
+    assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
+    assert_eq!(
+        preflight::preflight(&spec),
+        [format!(
+            "img: image root {}/nonexistent does not exist on the host",
+            img.path().display()
+        )]
+    );
+    spec.root = RootFs::Image {
+        rootfs: "relative/rootfs".into(),
+    };
+    assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
+}
+jail_test!(image_bind_destinations);
 
 // ---------------------------------------------------------------- cgroups
 

@@ -2,18 +2,32 @@
 //! `/.cordon/agent` and run as the program of a tool's own sandbox
 //! specification, through the same runtime (and egress doors) the tool
 //! gets.
+//!
+//! In an image root ([`Root::Image`]) the host's libraries are not there.
+//! A static agent runs as it is; a dynamically linked one gets its ELF
+//! loader and the shared libraries it needs (found on the host as the
+//! loader would find them) bound read-only, one file each, under
+//! [`AGENT_LIB_DIR`], and is run through that loader:
+//! `/.cordon/lib/ld-linux-x86-64.so.2 --library-path /.cordon/lib
+//! /.cordon/agent __probe-agent ...`. Nothing else of the host is added,
+//! and the image's own files are not touched. The agent, seeing itself run
+//! by a loader, starts its helpers the same way.
 
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::thread;
 
-use cordon_runtime::{Context, Mount, Outcome, Runtime, SandboxSpec, Status};
+use cordon_runtime::{Context, Mount, Outcome, Root, Runtime, SandboxSpec, Status};
 
 use crate::sandbox::{Capture, LimitKind, ProbeRun, RunResult, RunStatus, Sandbox, SandboxError};
 use crate::suite::{Limits, Profile};
 
 /// Where the agent appears inside the sandbox.
 pub const AGENT_IN_JAIL: &str = "/.cordon/agent";
+
+/// Where a dynamically linked agent's loader and libraries appear inside
+/// an image root.
+pub const AGENT_LIB_DIR: &str = "/.cordon/lib";
 
 /// A runtime running the probe agent in sandboxes shaped like `base`.
 ///
@@ -74,17 +88,51 @@ impl RuntimeSandbox {
         }
     }
 
-    fn spec_for(&self, req: &ProbeRun) -> SandboxSpec {
+    /// The sandbox for one run of the agent: the base spec running the
+    /// agent (through its own loader in an image root, see the module
+    /// docs).
+    fn spec_for(&self, req: &ProbeRun) -> Result<SandboxSpec, SandboxError> {
         let mut spec = self.base.clone();
-        spec.argv = std::iter::once(AGENT_IN_JAIL.to_string())
-            .chain(req.args.iter().cloned())
-            .collect();
         spec.mounts.push(Mount {
             src: req.agent.clone(),
             dst: PathBuf::from(AGENT_IN_JAIL),
             writable: false,
         });
-        spec
+        let mut argv = Vec::new();
+        if let Root::Image { .. } = spec.root {
+            let c = crate::elf::closure(&req.agent).map_err(|e| {
+                SandboxError::Backend(format!("the probe agent in an image root: {e}"))
+            })?;
+            if let Some(loader) = c.loader {
+                let name = loader
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .ok_or_else(|| {
+                        SandboxError::Backend(format!(
+                            "the probe agent's loader {} has no file name",
+                            loader.display()
+                        ))
+                    })?;
+                let inside = format!("{AGENT_LIB_DIR}/{name}");
+                spec.mounts.push(Mount {
+                    src: loader,
+                    dst: PathBuf::from(&inside),
+                    writable: false,
+                });
+                for (lib, host) in c.libs {
+                    spec.mounts.push(Mount {
+                        src: host,
+                        dst: PathBuf::from(format!("{AGENT_LIB_DIR}/{lib}")),
+                        writable: false,
+                    });
+                }
+                argv.extend([inside, "--library-path".into(), AGENT_LIB_DIR.into()]);
+            }
+        }
+        argv.push(AGENT_IN_JAIL.to_string());
+        argv.extend(req.args.iter().cloned());
+        spec.argv = argv;
+        Ok(spec)
     }
 }
 
@@ -133,7 +181,7 @@ impl Sandbox for RuntimeSandbox {
     }
 
     fn run(&self, req: &ProbeRun) -> Result<RunResult, SandboxError> {
-        let spec = self.spec_for(req);
+        let spec = self.spec_for(req)?;
         let rt = self.runtime.clone();
         let stdin = req.stdin.clone();
         let (tx, rx) = mpsc::channel();

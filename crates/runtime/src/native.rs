@@ -1,13 +1,17 @@
 //! The native runtime: cordon's own jail (namespaces, a read-only root of
-//! host binds, seccomp, Landlock, cgroups) with the egress doors served by
-//! the broker. See `cordon-jail` for the mechanism itself.
+//! host binds or of an unpacked image, seccomp, Landlock, cgroups) with the
+//! egress doors served by the broker. See `cordon-jail` for the mechanism
+//! itself.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cordon_egress::{DoorContext, DoorHandle, Doors, EgressPolicy, EventSink};
-use cordon_jail::{Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, Stdin};
+use cordon_jail::{
+    Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, RootFs, Stdin,
+};
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::outcome::{Outcome, RunError, Status};
@@ -156,9 +160,12 @@ impl Native {
 
     /// The jail's spec for `spec`, and its egress policy.
     fn jail_spec(spec: &SandboxSpec) -> Result<(JailSpec, Option<EgressPolicy>), String> {
-        match spec.root {
-            Root::HostBinds => {}
-        }
+        let root = match &spec.root {
+            Root::HostBinds => RootFs::Host,
+            Root::Image { rootfs, .. } => RootFs::Image {
+                rootfs: rootfs.clone(),
+            },
+        };
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
             return Err(format!(
                 "mount {}:{}:rw: the native runtime binds host paths read-only only",
@@ -217,6 +224,9 @@ impl Native {
                     Seccomp::AllowList(x) => cordon_jail::SeccompMode::AllowList(x.clone()),
                 },
                 landlock: spec.landlock,
+                root,
+                cwd: spec.cwd.as_ref().map(PathBuf::from),
+                user: spec.user,
             },
             egress,
         ))

@@ -35,6 +35,15 @@ pub struct SandboxSpec {
     pub seccomp: Seccomp,
     /// Landlock (or the runtime's file-access layer) as a second layer.
     pub landlock: bool,
+    /// The working directory, an absolute path inside the sandbox (an
+    /// image's `WorkingDir`); `None`: the runtime's default (`/tmp` for
+    /// the native runtime).
+    pub cwd: Option<String>,
+    /// uid and gid inside the sandbox (an image's `User`); `None`: the
+    /// runtime's default (1000 for the native runtime). Whatever they are,
+    /// the tool has an unprivileged identity on the host and no
+    /// capabilities: uid 0 is root of the sandbox's own namespace only.
+    pub user: Option<(u32, u32)>,
 }
 
 /// The sandbox's root file system.
@@ -44,6 +53,16 @@ pub enum Root {
     /// Read-only binds of the host's system directories (`/usr`, `/bin`,
     /// `/lib`...) on an empty tmpfs, with a written `/etc` and `/dev`.
     HostBinds,
+    /// An unpacked image, read-only: its root file system and nothing of
+    /// the host's but the spec's mounts, with a fresh `/proc`, a minimal
+    /// `/dev` and an empty `/tmp`; the image's own `/etc`.
+    Image {
+        /// The unpacked root file system on the host.
+        rootfs: PathBuf,
+        /// The image's manifest digest (`sha256:HEX`), for messages and
+        /// audit records.
+        digest: String,
+    },
 }
 
 /// A bind of a host path.
@@ -213,6 +232,8 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
             PolicySeccomp::AllowList { extra } => Seccomp::AllowList(extra.clone()),
         },
         landlock: true,
+        cwd: None,
+        user: None,
     })
 }
 
@@ -306,6 +327,8 @@ impl SandboxSpec {
             network: Network::None,
             seccomp: Seccomp::DenyList,
             landlock: true,
+            cwd: None,
+            user: None,
         }
     }
 

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use super::{CANARY_NAME, CANARY_PREFIX, Finding, Opts, Verdict, errname, own_exe, unique};
 
 /// Positive control: the agent runs, prints (the start line already did),
-/// writes to /tmp and reads /usr. If this fails every other result of the
-/// same sandbox is void.
+/// writes to /tmp and reads /usr (the root, in an image without /usr). If
+/// this fails every other result of the same sandbox is void.
 pub(super) fn control() -> Verdict {
     let path = PathBuf::from(format!("/tmp/.cordon-control-{}", unique()));
     let body = format!("cordon control {}", std::process::id());
@@ -30,19 +30,26 @@ pub(super) fn control() -> Verdict {
         let _ = fs::remove_file(&path);
         return Verdict::error(format!("write {}: {}", path.display(), errname(&e)));
     }
-    match fs::read_dir("/usr") {
+    // The root's programs: /usr, or the root itself in an image that has
+    // no /usr (a busybox or distroless image).
+    let dir = match fs::symlink_metadata("/usr") {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Path::new("/"),
+        _ => Path::new("/usr"),
+    };
+    match fs::read_dir(dir) {
         Ok(rd) => {
             let n = rd.count();
             if n == 0 {
-                return Verdict::error("/usr is empty");
+                return Verdict::error(format!("{} is empty", dir.display()));
             }
             Verdict::held(format!(
-                "ran as pid {}, wrote and read back {}, /usr has {n} entries",
+                "ran as pid {}, wrote and read back {}, {} has {n} entries",
                 std::process::id(),
-                path.display()
+                path.display(),
+                dir.display()
             ))
         }
-        Err(e) => Verdict::error(format!("read /usr: {}", errname(&e))),
+        Err(e) => Verdict::error(format!("read {}: {}", dir.display(), errname(&e))),
     }
 }
 

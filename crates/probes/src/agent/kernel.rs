@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
@@ -12,7 +12,7 @@ use nix::unistd::{Pid, getpid, getppid};
 
 use cordon_sys::probe::{Keyring, bpf_map_create_array, io_uring_setup, keyctl_get_keyring_id};
 
-use super::{AGENT_SUBCOMMAND, Finding, Verdict, errname, own_exe, unique};
+use super::{Finding, Verdict, agent_command, errname, unique};
 
 /// Mount a tmpfs on a fresh directory (then unmount it).
 pub(super) fn mount() -> Verdict {
@@ -74,10 +74,9 @@ fn comm_of(pid: i32) -> String {
 /// of pid 1. A seize does not stop the tracee, and our exit detaches it.
 pub(super) fn ptrace() -> Verdict {
     let mut f = Vec::new();
-    match own_exe() {
-        Ok(exe) => {
-            let st = Command::new(&exe)
-                .args([AGENT_SUBCOMMAND, "_traceme"])
+    match agent_command(&["_traceme"]) {
+        Ok(mut cmd) => {
+            let st = cmd
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

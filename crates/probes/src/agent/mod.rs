@@ -324,9 +324,12 @@ pub(crate) fn unique() -> String {
     format!("{}-{nanos:x}", std::process::id())
 }
 
-/// This agent's own executable, for spawning helpers and checking whether
-/// it can be overwritten.
+/// This agent's own executable file, for checking whether it can be
+/// overwritten (the agent's, not its loader's, when a loader runs it).
 pub(crate) fn own_exe() -> io::Result<std::path::PathBuf> {
+    if let Some((_, agent)) = run_by_loader() {
+        return Ok(agent);
+    }
     std::env::current_exe().or_else(|e| {
         std::env::args_os()
             .next()
@@ -334,6 +337,36 @@ pub(crate) fn own_exe() -> io::Result<std::path::PathBuf> {
             .filter(|p| p.is_absolute())
             .ok_or(e)
     })
+}
+
+/// When this agent was started through its ELF loader
+/// (`LOADER --library-path DIR AGENT ...`, as in an image root that lacks
+/// the host's libraries: see [`crate::runtime`]): the loader, which is the
+/// process's executable, and the agent, which is its `argv[0]`.
+fn run_by_loader() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let exe = std::env::current_exe().ok()?;
+    let arg0 = std::path::PathBuf::from(std::env::args_os().next()?);
+    let name = exe.file_name()?.to_string_lossy().into_owned();
+    let loader = name.starts_with("ld-") || name.starts_with("ld.so");
+    (loader && arg0.is_absolute() && arg0 != exe).then_some((exe, arg0))
+}
+
+/// A command that starts another copy of this agent with `args` after
+/// [`AGENT_SUBCOMMAND`]: through the same loader, with the libraries of
+/// the loader's directory, when a loader runs this one.
+pub(crate) fn agent_command(args: &[&str]) -> io::Result<std::process::Command> {
+    let mut c = match run_by_loader() {
+        Some((loader, agent)) => {
+            let mut c = std::process::Command::new(&loader);
+            c.arg("--library-path")
+                .arg(loader.parent().unwrap_or(std::path::Path::new("/")))
+                .arg(agent);
+            c
+        }
+        None => std::process::Command::new(own_exe()?),
+    };
+    c.arg(AGENT_SUBCOMMAND).args(args);
+    Ok(c)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
-use super::{AGENT_SUBCOMMAND, Opts, Out, Verdict, errname, errno_of, own_exe, unique};
+use super::{Opts, Out, Verdict, agent_command, errname, errno_of, unique};
 
 const MIB: usize = 1 << 20;
 
@@ -50,10 +50,7 @@ pub(super) fn memory(opts: &Opts, out: &mut Out) -> Verdict {
 }
 
 fn spawn_helper(args: &[&str]) -> io::Result<Command> {
-    let exe = own_exe()?;
-    let mut c = Command::new(exe);
-    c.arg(AGENT_SUBCOMMAND).args(args);
-    Ok(c)
+    agent_command(args)
 }
 
 /// Bounded fork bomb: start sleeping children until refused or `--max`
