@@ -343,6 +343,15 @@ fn main() {
             run_quiet(&mut Command::new("/bin/true"));
         },
     ));
+    let pre = true_spec();
+    let dirs = jail.host().system_dirs.clone();
+    cases.push(case(
+        "preflight of the /bin/true spec",
+        "admission's host check (program, loader, binds), done once per one-shot call",
+        move || {
+            assert!(cordon_jail::preflight::preflight_on(&pre, &dirs).is_empty());
+        },
+    ));
     let spec = true_spec();
     let jail_ref = &jail;
     cases.push(case("Jail::run /bin/true", "broker path", move || {

@@ -60,6 +60,12 @@ const READ: u32 = 0o4;
 /// a script's `#!` interpreter (and for `#!/usr/bin/env NAME`, NAME in
 /// `PATH`) and an ELF program's dynamic loader pass the same checks.
 pub fn preflight(spec: &JailSpec) -> Vec<String> {
+    preflight_on(spec, &host::system_dirs().0)
+}
+
+/// [`preflight`] with the host's system directories already detected
+/// (`HostFacts::system_dirs`), as a jail has them.
+pub fn preflight_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<String> {
     let tool = spec.tool.as_str();
     let id = Identity::of_sandbox();
     let mut out = Vec::new();
@@ -91,10 +97,9 @@ pub fn preflight(spec: &JailSpec) -> Vec<String> {
             true
         }
     };
-    let (system_dirs, _) = host::system_dirs();
     let opts = JailOptions::default();
     let (uid, gid) = spec.user.unwrap_or((opts.inner_uid, opts.inner_gid));
-    let program = match plan::program(Path::new(ROOT), &system_dirs, &usable, uid, gid) {
+    let program = match plan::program(Path::new(ROOT), system_dirs, &usable, uid, gid) {
         Ok(p) => p,
         Err(e) => {
             out.push(format!("{tool}: {}", spec_message(e)));

@@ -290,7 +290,7 @@ impl Runtime for Native {
         let mechanisms = self.mechanisms(spec);
         let problems = match Native::jail_spec(spec) {
             Err(e) => vec![e],
-            Ok((js, _)) => cordon_jail::preflight::preflight(&js),
+            Ok((js, _)) => cordon_jail::preflight::preflight_on(&js, &self.jail.host().system_dirs),
         };
         Check {
             mechanisms,
