@@ -246,14 +246,15 @@ fn rule_one_exec(c: &Ctx<'_>) -> Vec<Diagnostic> {
             Some("give the program and its arguments, e.g. [\"/usr/bin/pdftotext\", \"-\", \"-\"]"),
         ));
     }
-    if let Some(m) = &t.mcp {
-        if m.command.is_none() && m.image.is_none() {
-            out.push(c.diag(
-                c.at,
-                "`mcp` needs `command` or `image` (with `image`, `command` replaces the image's entrypoint)".into(),
-                None,
-            ));
-        }
+    if let Some(m) = &t.mcp
+        && m.command.is_none()
+        && m.image.is_none()
+    {
+        out.push(c.diag(
+            c.at,
+            "`mcp` needs `command` or `image` (with `image`, `command` replaces the image's entrypoint)".into(),
+            None,
+        ));
     }
     out
 }

@@ -73,7 +73,7 @@ pub fn image_user(rootfs: &Path, user: Option<&str>) -> Result<(u32, u32), Strin
     Ok((uid, gid))
 }
 
-fn lookup<'a>(table: &'a str, pick: impl Fn(&[&str]) -> bool) -> Option<Vec<&'a str>> {
+fn lookup(table: &str, pick: impl Fn(&[&str]) -> bool) -> Option<Vec<&str>> {
     table
         .lines()
         .map(|l| l.split(':').collect::<Vec<_>>())

@@ -177,6 +177,8 @@ fn merge_warnings(out: &mut Vec<String>, first: &[String]) {
 #[derive(Clone)]
 pub struct Registry {
     entries: Vec<(RuntimeKind, Use, Arc<dyn Runtime>)>,
+    /// Where image references are resolved (`None`: image tools refused).
+    images: Option<Arc<dyn images::Images>>,
     /// Why a runtime of this build could not start here, by kind.
     unavailable: Vec<(RuntimeKind, String)>,
 }
@@ -186,6 +188,7 @@ impl Registry {
     pub fn empty() -> Registry {
         Registry {
             entries: Vec::new(),
+            images: None,
             unavailable: Vec::new(),
         }
     }
@@ -193,6 +196,12 @@ impl Registry {
     /// Register `rt` for policies of `kind` used as `use_`.
     pub fn with(mut self, kind: RuntimeKind, use_: Use, rt: Arc<dyn Runtime>) -> Registry {
         self.entries.push((kind, use_, rt));
+        self
+    }
+
+    /// Resolve image references through `images`.
+    pub fn with_images(mut self, images: Arc<dyn images::Images>) -> Registry {
+        self.images = Some(images);
         self
     }
 
@@ -251,7 +260,7 @@ impl Registry {
     /// Admit `policy` for `use_` on this host, or refuse it with every
     /// reason: nothing this build or host cannot enforce ever runs weaker.
     pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
-        let spec = spec::lower(policy, use_)?;
+        let spec = spec::lower(policy, use_, self.images.as_deref())?;
         let runtime = self.get(policy.runtime, use_).map_err(|why| {
             format!(
                 "{}: {why}; refusing to run the tool under a weaker boundary",

@@ -107,6 +107,21 @@ pub fn message_cap(output_bytes: u64) -> u64 {
     output_bytes.saturating_mul(6).saturating_add(64 << 10)
 }
 
+impl From<policy::Limits> for Limits {
+    fn from(l: policy::Limits) -> Limits {
+        Limits {
+            wall: Duration::from_secs(l.wall_seconds),
+            memory_bytes: l.memory_bytes,
+            tasks: l.tasks,
+            cpu_percent: Some(l.cpu_percent),
+            output_bytes: l.output_bytes,
+            stderr_bytes: l.stderr_bytes,
+            nofile: l.nofile,
+            disk_bytes: l.disk_bytes,
+        }
+    }
+}
+
 /// The sandbox's network.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -139,13 +154,57 @@ pub enum Use {
 /// Lower a resolved policy into the neutral specification, or say why it
 /// cannot be (nothing to run, P0, the wrong use of an MCP server). Which
 /// runtime builds it, and whether it can here, is decided by admission.
-pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
+pub fn lower(
+    p: &ToolPolicy,
+    use_: Use,
+    images: Option<&dyn crate::images::Images>,
+) -> Result<SandboxSpec, String> {
     if p.profile == Profile::P0 {
         return Err(format!(
             "{}: profile P0 has no sandbox; cordon runs only sandboxed tools",
             p.name
         ));
     }
+    // An image: its rootfs is the root; its config gives the program,
+    // environment, working directory and user unless the manifest says.
+    let image_ref = match (&p.exec, use_) {
+        (
+            Exec::Image {
+                reference, digest, ..
+            },
+            Use::Call,
+        ) => Some(format!("{reference}@{digest}")),
+        (Exec::Image { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: an image tool runs once per call, not as a server (use `mcp: {{image: ...}}`)",
+                p.name
+            ));
+        }
+        (
+            Exec::Mcp {
+                image: Some(reference),
+                ..
+            },
+            Use::Serve,
+        ) => Some(reference.clone()),
+        _ => None,
+    };
+    let image = match &image_ref {
+        None => None,
+        Some(r) => {
+            let Some(images) = images else {
+                return Err(format!(
+                    "{}: image {r} needs the image store, which this broker was not given",
+                    p.name
+                ));
+            };
+            Some(
+                images
+                    .resolve(r)
+                    .map_err(|e| format!("{}: image {r}: {e}", p.name))?,
+            )
+        }
+    };
     let argv = match (&p.exec, use_) {
         (Exec::Command { argv }, Use::Call) => argv.clone(),
         (Exec::Command { .. }, Use::Serve) => {
@@ -161,26 +220,28 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
             },
             Use::Serve,
         ) => argv.clone(),
+        (
+            Exec::Image {
+                command: Some(argv),
+                ..
+            },
+            Use::Call,
+        ) => argv.clone(),
+        (Exec::Image { .. }, Use::Call) | (Exec::Mcp { image: Some(_), .. }, Use::Serve) => {
+            let img = image
+                .as_ref()
+                .ok_or_else(|| format!("{}: no image", p.name))?;
+            img.entrypoint.iter().chain(&img.cmd).cloned().collect()
+        }
         (Exec::Mcp { .. }, Use::Call) => {
             return Err(format!(
                 "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
                 p.name
             ));
         }
-        (Exec::Image { reference, .. }, _)
-        | (
-            Exec::Mcp {
-                image: Some(reference),
-                ..
-            },
-            _,
-        ) => {
-            return Err(format!(
-                "{}: image {reference} needs the OCI image store, which this build does not have",
-                p.name
-            ));
-        }
-        (Exec::Mcp { .. }, Use::Serve) | (Exec::Unspecified, _) => {
+        (Exec::Mcp { .. }, Use::Serve)
+        | (Exec::Unspecified, _)
+        | (Exec::Image { .. }, Use::Serve) => {
             return Err(format!(
                 "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
                 p.name
@@ -188,7 +249,13 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
         }
     };
     if argv.is_empty() || argv[0].is_empty() {
-        return Err(format!("{}: the command is empty", p.name));
+        return Err(match &image_ref {
+            Some(r) => format!(
+                "{}: image {r} names no program (no Entrypoint or Cmd); give `command`",
+                p.name
+            ),
+            None => format!("{}: the command is empty", p.name),
+        });
     }
     if !p.secrets.is_empty() {
         return Err(format!(
@@ -201,12 +268,33 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
         None => Network::None,
         Some(ep) => Network::Doors(Box::new(ep)),
     };
+    let (root, env, cwd, user) = match image {
+        None => (
+            Root::HostBinds,
+            p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            None,
+            None,
+        ),
+        Some(img) => {
+            let user = crate::images::image_user(&img.rootfs, img.user.as_deref())
+                .map_err(|e| format!("{}: {e}", p.name))?;
+            (
+                Root::Image {
+                    rootfs: img.rootfs.clone(),
+                    digest: img.digest.clone(),
+                },
+                image_env(&img.env, &p.env),
+                img.working_dir.clone().filter(|d| !d.is_empty()),
+                Some(user),
+            )
+        }
+    };
     Ok(SandboxSpec {
         tool: p.name.clone(),
         profile: p.profile,
-        root: Root::HostBinds,
+        root,
         argv,
-        env: p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env,
         mounts: p
             .mounts
             .iter()
@@ -216,25 +304,36 @@ pub fn lower(p: &ToolPolicy, use_: Use) -> Result<SandboxSpec, String> {
                 writable: m.writable,
             })
             .collect(),
-        limits: Limits {
-            wall: Duration::from_secs(l.wall_seconds),
-            memory_bytes: l.memory_bytes,
-            tasks: l.tasks,
-            cpu_percent: Some(l.cpu_percent),
-            output_bytes: l.output_bytes,
-            stderr_bytes: l.stderr_bytes,
-            nofile: l.nofile,
-            disk_bytes: l.disk_bytes,
-        },
+        limits: Limits::from(l),
         network,
         seccomp: match &p.seccomp {
             PolicySeccomp::DenyList => Seccomp::DenyList,
             PolicySeccomp::AllowList { extra } => Seccomp::AllowList(extra.clone()),
         },
         landlock: true,
-        cwd: None,
-        user: None,
+        cwd,
+        user,
     })
+}
+
+/// An image tool's environment: the image's `Env`, then the policy's,
+/// except cordon's default `PATH`, which yields to the image's own (the
+/// image knows where its programs are); a `PATH` the manifest sets wins.
+fn image_env(image: &[String], policy: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = image
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let image_has_path = env.iter().any(|(k, _)| k == "PATH");
+    for (k, v) in policy {
+        if k == "PATH" && v == cordon_policy::resolve::SANDBOX_PATH && image_has_path {
+            continue;
+        }
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    env
 }
 
 /// The egress policy of a network setting (`None`: no network), refusals
