@@ -46,6 +46,11 @@ impl Digest {
         Ok(Digest(out))
     }
 
+    /// A digest from the 32 bytes of a sha256 hash.
+    pub fn from_bytes(bytes: [u8; 32]) -> Digest {
+        Digest(bytes)
+    }
+
     /// The 64 lower-case hex digits, without the algorithm.
     pub fn hex(&self) -> String {
         hex::encode(self.0)

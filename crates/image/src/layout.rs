@@ -70,11 +70,13 @@ pub fn import(
     name: Option<&str>,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Vec<Loaded>, StoreError> {
-    if let Some(n) = name
-        && name_of(n).is_none()
-    {
-        return Err(source(format!("`{n}` is not a valid image name")));
-    }
+    let name = match name {
+        Some(n) => {
+            Some(name_of(n).ok_or_else(|| source(format!("`{n}` is not a valid image name")))?)
+        }
+        None => None,
+    };
+    let name = name.as_deref();
     let meta = std::fs::metadata(path).map_err(io_err(format!("stat {}", path.display())))?;
     if meta.is_dir() {
         import_dir(store, path, name, progress)

@@ -26,11 +26,12 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures_util::StreamExt as _;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
+use oci_client::errors::{DigestError, OciDistributionError};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
+use crate::digest::{Digest, VerifyError};
 use crate::manifest::media;
 use crate::reference::{DEFAULT_REGISTRY, ImageRef};
 use crate::store::{Fetcher, Ingested, Progress, Store, StoreError, Want, io_err};
@@ -150,20 +151,21 @@ struct RegistryFetcher<'a> {
     conn: Option<Connection>,
 }
 
-fn client(registry: &str, plain: bool) -> Client {
+fn client(registry: &str, plain: bool) -> Result<Client, StoreError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let protocol = if plain {
         ClientProtocol::HttpsExcept(vec![registry.to_string()])
     } else {
         ClientProtocol::Https
     };
-    Client::new(ClientConfig {
+    Client::try_from(ClientConfig {
         protocol,
         connect_timeout: Some(Duration::from_secs(30)),
         read_timeout: Some(Duration::from_secs(120)),
         platform_resolver: None,
         ..ClientConfig::default()
     })
+    .map_err(|e| registry_err(registry, format!("cannot set up the client: {e}")))
 }
 
 impl RegistryFetcher<'_> {
@@ -181,7 +183,7 @@ impl RegistryFetcher<'_> {
             None => credentials(&self.image.registry, self.opts)?,
         };
         let reference = self.reference(&self.image.digest.to_string());
-        let client = client(reference.resolve_registry(), plain);
+        let client = client(reference.resolve_registry(), plain)?;
         self.rt
             .block_on(client.store_auth_if_needed(reference.resolve_registry(), &auth));
         self.conn = Some(Connection {
@@ -228,8 +230,19 @@ impl RegistryFetcher<'_> {
             ))));
         }
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk
-                .map_err(|e| Failure::Store(io_err(format!("receive blob {}", want.digest))(e)))?;
+            let chunk = chunk.map_err(|e| {
+                let verify = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<DigestError>())
+                    .and_then(|d| as_verify(want, d));
+                Failure::Store(match verify {
+                    Some(v) => StoreError::Verify(v),
+                    None => registry_err(
+                        reference.registry(),
+                        format!("receiving blob {}: {e}", want.digest),
+                    ),
+                })
+            })?;
             out.write_all(&chunk)
                 .map_err(|e| Failure::Store(io_err(format!("write blob {}", want.digest))(e)))?;
         }
@@ -272,13 +285,31 @@ impl Fetcher for RegistryFetcher<'_> {
     }
 }
 
+/// oci-client's digest mismatch as the store's.
+fn as_verify(want: &Want, e: &DigestError) -> Option<VerifyError> {
+    match e {
+        DigestError::VerificationError { actual, .. } => actual
+            .parse::<Digest>()
+            .ok()
+            .filter(|a| *a != want.digest)
+            .map(|actual| VerifyError::WrongDigest {
+                expected: want.digest,
+                actual,
+            }),
+        _ => None,
+    }
+}
+
 fn describe(registry: &str, want: &Want, e: OciDistributionError) -> StoreError {
     let what = if want.is_manifest { "manifest" } else { "blob" };
     match e {
-        OciDistributionError::DigestError(d) => StoreError::Source(format!(
-            "registry {registry}: {what} {} does not match its digest: {d}",
-            want.digest
-        )),
+        OciDistributionError::DigestError(d) => match as_verify(want, &d) {
+            Some(v) => StoreError::Verify(v),
+            None => StoreError::Source(format!(
+                "registry {registry}: {what} {} does not match its digest: {d}",
+                want.digest
+            )),
+        },
         OciDistributionError::UnauthorizedError { .. }
         | OciDistributionError::AuthenticationFailure(_) => StoreError::Source(format!(
             "registry {registry}: not authorized to pull {what} {} (check the credentials in Docker's config.json): {e}",

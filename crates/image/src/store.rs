@@ -413,8 +413,7 @@ impl BlobWriter<'_> {
                 seen: _,
                 max: _,
             }) => {
-                let actual = Digest::from_hex(&hex::encode(hasher.finalize()))
-                    .map_err(|e| StoreError::Source(e.to_string()))?;
+                let actual = Digest::from_bytes(hasher.finalize().into());
                 if actual != digest {
                     return Err(VerifyError::WrongDigest {
                         expected: digest,
@@ -424,10 +423,7 @@ impl BlobWriter<'_> {
                 }
                 digest
             }
-            Some(Check::Unnamed { hasher, .. }) => {
-                Digest::from_hex(&hex::encode(hasher.finalize()))
-                    .map_err(|e| StoreError::Source(e.to_string()))?
-            }
+            Some(Check::Unnamed { hasher, .. }) => Digest::from_bytes(hasher.finalize().into()),
             None => return Err(StoreError::Source("blob writer used twice".into())),
         };
         let file = self
@@ -653,6 +649,9 @@ impl Store {
     }
 
     /// Write a blob of known digest and size from `reader`, verifying it.
+    /// A caller that writes blobs for an image it has not recorded yet
+    /// holds the shared store lock ([`Store::lock`]) until it has, so
+    /// [`Store::gc`] cannot take them.
     pub fn write_blob(
         &self,
         digest: &Digest,
@@ -1214,9 +1213,13 @@ impl Store {
             let mut reader = self.open_blob(&digest, layer.blob.size)?;
             let applied = unpack::apply_layer(&root, &mut reader, compression, &mut budget);
             // The blob must verify to its end whatever the unpacker read of it.
-            let rest = io::copy(&mut reader, &mut io::sink());
-            if let Err(e) = rest {
-                return Err(io_err(format!("read layer {digest}"))(e));
+            if let Err(e) = io::copy(&mut reader, &mut io::sink()) {
+                let e = io_err(format!("read layer {digest}"))(e);
+                if matches!(e, StoreError::Verify(_)) {
+                    // Damaged in the store: the next pull fetches it again.
+                    let _ = fs::remove_file(self.blob_path(&digest));
+                }
+                return Err(e);
             }
             let actual = applied.map_err(unpack_err)?;
             let actual = actual

@@ -385,6 +385,12 @@ fn a_layer_changed_in_the_store_is_not_unpacked() {
             .count(),
         0
     );
+    // The damaged blob is dropped, so the image is incomplete and the next
+    // import fetches it again.
+    assert!(!path.exists());
+    let again = layout::import(&store, &t.path().join("layout"), None, &mut no_progress()).unwrap();
+    assert!(again[0].fetched);
+    assert!(store.unpack(&b.manifest).unwrap().fresh);
 }
 
 fn set_old(path: &Path) {
@@ -641,15 +647,19 @@ fn spawn_child(job: &str) -> std::process::Child {
         .unwrap()
 }
 
-/// Wait until `cond`, or panic after a while.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+/// Wait until `cond` while `child` runs, or panic.
+fn wait_for(child: &mut std::process::Child, what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child ended before {what}"
+        );
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "timed out: {what}"
         );
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -684,7 +694,7 @@ fn kill_9_during_import_then_import_again() {
     );
     let mut child = spawn_child(&job);
     let layer_tmp = format!(".tmp-{}-", b.layers[0].hex());
-    wait_for("the layer's temporary file", || {
+    wait_for(&mut child, "the layer's temporary file", || {
         std::fs::read_dir(store_dir.join("blobs/sha256"))
             .unwrap()
             .flatten()
@@ -728,7 +738,7 @@ fn kill_9_during_unpack_then_unpack_again() {
     layout::import(&store, &t.path().join("layout"), None, &mut no_progress()).unwrap();
     let mut child = spawn_child(&format!("unpack:{}:{}", store_dir.display(), b.manifest));
     let tmp = store_dir.join(format!("rootfs/.tmp-{}/root/d0", b.manifest.hex()));
-    wait_for("the unpack's temporary tree", || tmp.is_dir());
+    wait_for(&mut child, "the unpack's temporary tree", || tmp.is_dir());
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(store.inspect(&b.manifest).unwrap().rootfs.is_none());
@@ -738,4 +748,67 @@ fn kill_9_during_unpack_then_unpack_again() {
     let count = std::fs::read_dir(u.path.join("d0")).unwrap().count();
     assert_eq!(count, 100);
     assert!(temporaries(&store_dir).is_empty());
+}
+
+const DEFAULT_DIR_CHILD: &str = "CORDON_IMAGE_TEST_DEFAULT_DIR";
+
+/// Run inside a child process by `default_store_dir`: prints the default.
+#[test]
+fn default_dir_entry() {
+    if std::env::var_os(DEFAULT_DIR_CHILD).is_some() {
+        println!("DIR={}", Store::default_dir().unwrap().display());
+    }
+}
+
+fn default_dir_with(env: &[(&str, &str)], as_nobody: bool) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = if as_nobody {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    cmd.args([
+        "--exact",
+        "default_dir_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env_remove("CORDON_STORE")
+    .env_remove("XDG_DATA_HOME")
+    .env(DEFAULT_DIR_CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.split_once("DIR=").map(|(_, d)| d))
+        .unwrap_or_else(|| panic!("no answer: {text} {}", String::from_utf8_lossy(&out.stderr)))
+        .to_string()
+}
+
+#[test]
+fn default_store_dir() {
+    assert_eq!(
+        default_dir_with(&[("CORDON_STORE", "/srv/images")], false),
+        "/srv/images"
+    );
+    if nix::unistd::geteuid().is_root() {
+        assert_eq!(default_dir_with(&[], false), "/var/lib/cordon");
+        assert_eq!(
+            default_dir_with(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "/x/data")], true),
+            "/x/data/cordon"
+        );
+        assert_eq!(
+            default_dir_with(&[("HOME", "/home/u")], true),
+            "/home/u/.local/share/cordon"
+        );
+        assert_eq!(
+            default_dir_with(&[("HOME", "/home/u"), ("CORDON_STORE", "/s")], true),
+            "/s"
+        );
+    }
 }
