@@ -2,7 +2,7 @@
 //!
 //! - [`digest`]: `sha256:HEX` digests and a reader that verifies a blob's
 //!   size and digest as it is read.
-//! - [`reference`]: `NAME@sha256:HEX` references (a tag alone is refused).
+//! - [`reference`](mod@reference): `NAME@sha256:HEX` references (a tag alone is refused).
 //! - [`manifest`]: OCI and Docker schema 2 indexes, manifests and configs;
 //!   an index resolves to the host's platform.
 //! - [`store`]: the content-addressed store: verified blobs, image records,

@@ -20,10 +20,12 @@
 //!   one image do the work once; `lock`: the store lock, shared by pulls,
 //!   imports and unpacks, exclusive for [`Store::gc`].
 //!
-//! A writer killed at any point leaves temporary names only (never a
-//! record, a blob under its digest that was not verified, or a tree with
-//! its marker); the next pull of the image reuses the verified blobs and
-//! fetches the rest, and temporary files no live writer holds are removed.
+//! A writer killed at any point leaves no record of an incomplete image,
+//! no unverified blob under a digest's name and no tree with a marker, only
+//! temporary names: the next pull of the image reuses the verified blobs
+//! and fetches the rest, removing the temporary files no live writer holds
+//! (each writer holds an `flock` on its own), and the next unpack removes
+//! the partial tree; [`Store::gc`] removes every temporary name.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
