@@ -3,7 +3,11 @@
 # Debian machine with only the Rust toolchain. Idempotent.
 set -euo pipefail
 need=()
-for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl busybox-static; do
+# docker-registry, skopeo, umoci and apache2-utils (htpasswd): the image
+# tests' loopback registry, pushes and image builds; busybox-static: the
+# small image roots the tests build.
+for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl \
+    busybox-static docker-registry skopeo umoci apache2-utils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
