@@ -7,6 +7,7 @@ mod check;
 mod doctor;
 mod exit;
 mod explain;
+mod image;
 mod probe;
 mod proxy;
 mod run;
@@ -157,6 +158,8 @@ enum Cmd {
     /// Run the conformance probes inside each tool's sandbox: HELD, ESCAPED or SKIPPED per probe.
     /// Exit 1 if anything escaped or a positive control failed.
     Probe(probe::ProbeArgs),
+    /// The image store: pull, load, ls, inspect, rm, gc.
+    Image(image::ImageArgs),
     /// Serve the egress proxy door on a host address, with the same checks and audit records.
     Proxy(proxy::ProxyArgs),
     /// Serve the manifest's tools as one MCP server (stdio, or streamable HTTP with --http).
@@ -218,6 +221,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Doctor { json } => doctor::run(json),
         Cmd::Probe(args) => probe::run(args),
+        Cmd::Image(args) => image::run(args),
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Serve(args) => serve::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),

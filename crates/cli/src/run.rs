@@ -310,7 +310,11 @@ pub struct ExecArgs {
     #[arg(long = "accept", value_name = "MECHANISM")]
     pub accept: Vec<String>,
     /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    /// Run in an image from the store (NAME@sha256:HEX) instead of on the
+    /// host's root; without a command after `--`, the image's entrypoint.
+    #[arg(long, value_name = "NAME@sha256:HEX")]
+    pub image: Option<String>,
+    #[arg(last = true, required_unless_present = "image")]
     pub cmd: Vec<String>,
 }
 
@@ -386,8 +390,19 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         profile: Profile::P1,
         description: String::new(),
         runtime: Runtime::Native,
-        exec: Exec::Command {
-            argv: a.cmd.clone(),
+        exec: match &a.image {
+            None => Exec::Command {
+                argv: a.cmd.clone(),
+            },
+            Some(i) => {
+                let (reference, digest) =
+                    cordon_policy::resolve::split_digest(i).map_err(|e| anyhow!("--image: {e}"))?;
+                Exec::Image {
+                    reference,
+                    digest,
+                    command: (!a.cmd.is_empty()).then(|| a.cmd.clone()),
+                }
+            }
         },
         limits: Some(l),
         network,

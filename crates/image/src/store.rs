@@ -498,7 +498,8 @@ struct Marker {
 }
 
 impl Store {
-    /// Open the store at `dir`, creating it (mode 0700) as needed.
+    /// Open the store at `dir`, creating it as needed (0700 but for the
+    /// store itself and `rootfs/`, 0711: see below).
     pub fn open(dir: impl Into<PathBuf>) -> Result<Store, StoreError> {
         let store = Store { dir: dir.into() };
         if let Some(parent) = store.dir.parent()
@@ -513,6 +514,14 @@ impl Store {
         mkdir_private(&store.dir)?;
         for sub in ["blobs", "blobs/sha256", "images", "rootfs", "locks"] {
             mkdir_private(&store.dir.join(sub))?;
+        }
+        // A sandbox runs as another uid than the broker (65534 when the
+        // broker is root) and must reach its image's tree: the store and
+        // `rootfs/` are traversable by others (0711), never listable; every
+        // other part stays 0700.
+        for d in [store.dir.clone(), store.rootfs_dir()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o711))
+                .map_err(io_err(format!("chmod 0711 {}", d.display())))?;
         }
         Ok(store)
     }
@@ -1192,6 +1201,8 @@ impl Store {
 
     fn unpack_into(&self, record: &ImageRecord, tmp: &Path) -> Result<(), StoreError> {
         mkdir_private(tmp)?;
+        fs::set_permissions(tmp, fs::Permissions::from_mode(0o711))
+            .map_err(io_err(format!("chmod 0711 {}", tmp.display())))?;
         let root = tmp.join("root");
         fs::DirBuilder::new()
             .mode(0o755)

@@ -114,3 +114,49 @@ mod tests {
         d
     }
 }
+
+/// [`Images`] over cordon's image store (`cordon-image`): a reference
+/// resolves only to an image already pulled or loaded (`cordon image pull`
+/// / `load`), verified, and unpacked on first use. The store is opened on
+/// the first resolve, so a broker that runs no image tool never touches it.
+#[derive(Debug, Default)]
+pub struct StoreImages {
+    dir: Option<PathBuf>,
+}
+
+impl StoreImages {
+    /// The store at `dir`, or the default one (`$CORDON_STORE`,
+    /// `/var/lib/cordon` as root, else `~/.local/share/cordon`).
+    pub fn new(dir: Option<PathBuf>) -> StoreImages {
+        StoreImages { dir }
+    }
+}
+
+impl Images for StoreImages {
+    fn resolve(&self, reference: &str) -> Result<ResolvedImage, String> {
+        let r: cordon_image::reference::ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
+        let dir = match &self.dir {
+            Some(d) => d.clone(),
+            None => cordon_image::store::Store::default_dir().map_err(|e| e.to_string())?,
+        };
+        let store = cordon_image::store::Store::open(&dir).map_err(|e| e.to_string())?;
+        if store.find(&r.digest).map_err(|e| e.to_string())?.is_none() {
+            return Err(format!(
+                "not in the image store {} (run `cordon image pull {reference}`, or `cordon image load` an archive of it)",
+                dir.display()
+            ));
+        }
+        let rootfs = store.unpacked(&r.digest).map_err(|e| e.to_string())?;
+        let info = store.inspect(&r.digest).map_err(|e| e.to_string())?;
+        let c = info.config;
+        Ok(ResolvedImage {
+            rootfs,
+            digest: info.record.manifest.to_string(),
+            entrypoint: c.entrypoint.unwrap_or_default(),
+            cmd: c.cmd.unwrap_or_default(),
+            env: c.env,
+            working_dir: c.working_dir,
+            user: c.user,
+        })
+    }
+}

@@ -208,7 +208,7 @@ impl Registry {
     /// Every runtime this build has that can start on this host. A runtime
     /// that cannot is recorded with why, and its tools are refused with it.
     pub fn for_host(opts: native::Options) -> Registry {
-        let mut r = Registry::empty();
+        let mut r = Registry::empty().with_images(Arc::new(images::StoreImages::new(None)));
         match native::Native::new(opts) {
             Ok(n) => {
                 let n: Arc<dyn Runtime> = Arc::new(n);

@@ -1,0 +1,197 @@
+//! `cordon image`: the content-addressed image store. Images are always
+//! named by digest (`NAME@sha256:HEX`); every blob is verified while it is
+//! read, and a rootfs is unpacked once, safely, on first use.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, anyhow};
+use cordon_image::digest::Digest;
+use cordon_image::reference::ImageRef;
+use cordon_image::store::{Progress, Store};
+
+use crate::exit;
+
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// The store (default: /var/lib/cordon as root, else
+    /// ~/.local/share/cordon).
+    #[arg(long, env = "CORDON_STORE", global = true)]
+    pub store: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: ImageCmd,
+}
+
+#[derive(clap::Subcommand)]
+pub enum ImageCmd {
+    /// Pull NAME@sha256:HEX from its registry (HTTPS; Docker's config.json
+    /// credentials) into the store; a tag alone is refused.
+    Pull {
+        reference: String,
+        /// A registry (host or host:port) that may be reached over plain
+        /// HTTP (loopback registries always may). Repeatable.
+        #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+        insecure: Vec<String>,
+    },
+    /// Import every image of an OCI layout directory, an OCI archive or a
+    /// `docker save` archive; prints the pinned reference of each.
+    Load {
+        path: PathBuf,
+        /// Name them all NAME (default: the names the source gives).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// The images in the store.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One image's record and config.
+    Inspect { reference: String },
+    /// Remove an image's record (its blobs go at the next `gc`).
+    Rm { reference: String },
+    /// Remove what no record references, nor any image the named manifests
+    /// use, and every temporary left by an interrupted pull.
+    Gc {
+        /// Keep the images this manifest names. Repeatable.
+        #[arg(short = 'm', long = "manifest")]
+        manifests: Vec<PathBuf>,
+    },
+}
+
+fn open(dir: &Option<PathBuf>) -> anyhow::Result<Store> {
+    let dir = match dir {
+        Some(d) => d.clone(),
+        None => Store::default_dir().map_err(|e| anyhow!("{e}"))?,
+    };
+    Store::open(&dir).map_err(|e| anyhow!("{e}"))
+}
+
+/// `NAME@sha256:HEX` or a bare `sha256:HEX`.
+fn digest_of(reference: &str) -> anyhow::Result<Digest> {
+    if let Ok(d) = reference.parse::<Digest>() {
+        return Ok(d);
+    }
+    let r: ImageRef = reference.parse().map_err(|e| anyhow!("{e}"))?;
+    Ok(r.digest)
+}
+
+/// Progress on a terminal, nothing otherwise.
+fn progress() -> impl FnMut(&Progress) + Send {
+    let tty = std::io::stderr().is_terminal();
+    move |p: &Progress| {
+        if tty {
+            eprint!(
+                "\r{}/{} layers, {}/{} bytes",
+                p.layers_done, p.layers_total, p.bytes_done, p.bytes_total
+            );
+        }
+    }
+}
+
+fn end_progress() {
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
+}
+
+pub fn run(a: ImageArgs) -> anyhow::Result<ExitCode> {
+    let store = open(&a.store)?;
+    match a.cmd {
+        ImageCmd::Pull {
+            reference,
+            insecure,
+        } => {
+            let r: ImageRef = reference.parse().map_err(|e| anyhow!("{e}"))?;
+            let opts = cordon_image::registry::PullOptions {
+                insecure,
+                ..Default::default()
+            };
+            let mut p = progress();
+            let got = cordon_image::registry::pull(&store, &r, &opts, &mut p);
+            end_progress();
+            let got = got.map_err(|e| anyhow!("{e}"))?;
+            println!("{}@{}", r.name(), got.record.digest);
+        }
+        ImageCmd::Load { path, name } => {
+            let mut p = progress();
+            let loaded = cordon_image::layout::import(&store, &path, name.as_deref(), &mut p);
+            end_progress();
+            let loaded = loaded.map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            if loaded.is_empty() {
+                return Err(anyhow!("{}: no image manifest found", path.display()));
+            }
+            for l in loaded {
+                println!("{l}");
+            }
+        }
+        ImageCmd::Ls { json } => {
+            let all = store.ls().map_err(|e| anyhow!("{e}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                for r in all {
+                    for name in r.references() {
+                        println!(
+                            "{name}  {} layers, {} bytes",
+                            r.layers.len(),
+                            r.layers_size()
+                        );
+                    }
+                }
+            }
+        }
+        ImageCmd::Inspect { reference } => {
+            let d = digest_of(&reference)?;
+            let i = store.inspect(&d).map_err(|e| anyhow!("{e}"))?;
+            let c = &i.config;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "record": i.record,
+                    "config": {
+                        "os": c.os, "architecture": c.architecture,
+                        "entrypoint": c.entrypoint, "cmd": c.cmd, "env": c.env,
+                        "working_dir": c.working_dir, "user": c.user,
+                        "diff_ids": c.diff_ids,
+                    },
+                    "rootfs": i.rootfs,
+                }))?
+            );
+        }
+        ImageCmd::Rm { reference } => {
+            let d = digest_of(&reference)?;
+            let n = store.rm(&d).map_err(|e| anyhow!("{e}"))?;
+            if n == 0 {
+                eprintln!("cordon: image {reference} is not in the store");
+                return Ok(ExitCode::from(exit::FINDING));
+            }
+            println!("removed {reference}; `cordon image gc` frees its blobs");
+        }
+        ImageCmd::Gc { manifests } => {
+            let mut keep = Vec::new();
+            for m in &manifests {
+                let loaded = cordon_policy::load(m).map_err(|e| anyhow!("{e}"))?;
+                for t in loaded.policy.tools.values() {
+                    let r = match &t.exec {
+                        cordon_policy::policy::Exec::Image {
+                            reference, digest, ..
+                        } => Some(format!("{reference}@{digest}")),
+                        cordon_policy::policy::Exec::Mcp { image: Some(i), .. } => Some(i.clone()),
+                        _ => None,
+                    };
+                    if let Some(r) = r {
+                        keep.push(digest_of(&r).with_context(|| format!("{}", m.display()))?);
+                    }
+                }
+            }
+            let g = store.gc(&keep).map_err(|e| anyhow!("{e}"))?;
+            println!(
+                "removed {} blobs ({} bytes), {} unpacked trees, {} temporaries",
+                g.blobs, g.bytes, g.rootfs, g.temporary
+            );
+        }
+    }
+    Ok(ExitCode::from(exit::OK))
+}
