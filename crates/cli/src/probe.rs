@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow};
 
-use cordon_policy::policy::{Exec, Profile as PolicyProfile, ToolPolicy};
+use cordon_policy::policy::{Profile as PolicyProfile, ToolPolicy};
 use cordon_probes::{Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets};
 use cordon_runtime::{Registry, SandboxSpec, Use};
 
@@ -85,10 +85,7 @@ fn targets(a: &ProbeArgs) -> Targets {
 
 /// How a tool is used: a command per call, an `mcp:` server for a session.
 pub fn use_of(p: &ToolPolicy) -> Use {
-    match p.exec {
-        Exec::Command { .. } => Use::Call,
-        _ => Use::Serve,
-    }
+    Use::of(p)
 }
 
 /// The sandbox a tool runs in, admitted exactly as `run` and `serve`

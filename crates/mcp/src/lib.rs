@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cordon_broker::{Admitted, Broker, CallError, Status, Use};
-use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
+use cordon_policy::policy::{PolicySet, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -150,10 +150,7 @@ impl Gateway {
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
         for (name, p) in &policy.tools {
-            let use_ = match &p.exec {
-                Exec::Command { .. } => Use::Call,
-                _ => Use::Serve,
-            };
+            let use_ = Use::of(p);
             let admitted = match broker.admit(p, use_) {
                 Ok(a) => a,
                 Err(why) => {

@@ -35,7 +35,8 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
 /// Starts MCP servers in a sandbox.
 pub trait ServerSandbox: Send + Sync {
     /// Start the server `argv` under `policy` (its limits, network, mounts,
-    /// environment, seccomp). The server speaks MCP on its stdin/stdout.
+    /// environment, seccomp); an empty `argv` runs the image's entrypoint.
+    /// The server speaks MCP on its stdin/stdout.
     fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String>;
 }
 
@@ -101,7 +102,9 @@ impl ServerHandle for Handle {
 impl ServerSandbox for RuntimeServers {
     fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String> {
         let mut p = policy.clone();
-        if let Exec::Mcp { command, .. } = &mut p.exec {
+        if let Exec::Mcp { command, .. } = &mut p.exec
+            && !argv.is_empty()
+        {
             *command = Some(argv.to_vec());
         }
         let mut admitted = self.registry.admit(&p, Use::Serve)?;

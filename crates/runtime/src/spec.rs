@@ -151,6 +151,17 @@ pub enum Use {
     Serve,
 }
 
+impl Use {
+    /// How a tool is used: an `mcp:` server for a session, anything else
+    /// (a command, an image) once per call.
+    pub fn of(p: &ToolPolicy) -> Use {
+        match p.exec {
+            Exec::Mcp { .. } => Use::Serve,
+            _ => Use::Call,
+        }
+    }
+}
+
 /// Lower a resolved policy into the neutral specification, or say why it
 /// cannot be (nothing to run, P0, the wrong use of an MCP server). Which
 /// runtime builds it, and whether it can here, is decided by admission.

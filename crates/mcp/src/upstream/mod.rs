@@ -85,7 +85,8 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// An error when the policy is not an `mcp:` tool with a command.
+    /// An error when the policy is not an `mcp:` tool with a command or an
+    /// image.
     pub fn new(
         policy: Arc<ToolPolicy>,
         sandbox: Arc<dyn ServerSandbox>,
@@ -102,14 +103,11 @@ impl Upstream {
         else {
             return Err(format!("{}: not an MCP server tool", policy.name));
         };
+        // An image server without a command runs the image's entrypoint,
+        // which admission reads from the image (an empty argv here).
         let argv = match (command, image) {
             (Some(c), _) if !c.is_empty() => c.clone(),
-            (_, Some(i)) => {
-                return Err(format!(
-                    "{}: MCP server image {i} needs an OCI runtime, which this build does not have",
-                    policy.name
-                ));
-            }
+            (_, Some(_)) => Vec::new(),
             _ => {
                 return Err(format!(
                     "{}: the `mcp` block gives no command to start the server",

@@ -1,0 +1,238 @@
+//! P2 images from the CLI, as a user runs them: images built here with
+//! umoci (`tests/images/build.sh`), loaded into a store of the test's own,
+//! run with `cordon exec --image`, as a manifest's image tool, probed, and
+//! an MCP server image (node with the reference server-everything) served
+//! through `cordon serve` and called by the rmcp client.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
+const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn npm_dir() -> PathBuf {
+    std::env::var_os("CORDON_E2E_NPM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e/npm"))
+}
+
+/// A scratch directory of its own (world-traversable: the sandbox's uid
+/// reaches the store's rootfs through it).
+fn dir(tag: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("cordon-img-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn cordon(store: &Path, args: &[&str], input: &[u8]) -> Output {
+    let mut c = Command::new(CORDON);
+    c.args(args)
+        .env("CORDON_STORE", store)
+        .env("CORDON_AUDIT", store.with_extension("audit.jsonl"))
+        .env_remove("CORDON_MANIFEST")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn cordon");
+    {
+        use std::io::Write;
+        let mut si = child.stdin.take().unwrap();
+        let _ = si.write_all(input);
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Build the layout of `kind` and load it as `name`; its pinned reference.
+fn build_and_load(work: &Path, store: &Path, kind: &str, name: &str) -> Option<String> {
+    if !Path::new("/usr/bin/umoci").exists() {
+        skip::skip_or_fail(&skip::this_test(), "umoci is not installed (scripts/setup.sh)");
+        return None;
+    }
+    let layout = work.join(format!("{kind}-layout"));
+    let mut b = Command::new(repo().join("tests/images/build.sh"));
+    b.arg(kind).arg(&layout);
+    if kind == "node-mcp" {
+        if !npm_dir()
+            .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+            .is_file()
+        {
+            skip::skip_or_fail(
+                &skip::this_test(),
+                "server-everything is not installed (scripts/setup.sh)",
+            );
+            return None;
+        }
+        b.arg(npm_dir());
+    }
+    let o = b.output().unwrap();
+    assert!(o.status.success(), "build.sh {kind}: {:?}", text(&o));
+    let o = cordon(
+        store,
+        &["image", "load", layout.to_str().unwrap(), "--name", name],
+        b"",
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    let r = out.trim().to_string();
+    assert!(
+        r.starts_with(&format!("{name}@sha256:")) && r.len() == name.len() + 72,
+        "{r}"
+    );
+    Some(r)
+}
+
+#[test]
+fn an_image_runs_read_only_as_the_sandbox_root() {
+    let work = dir("exec");
+    let store = work.join("store");
+    let Some(r) = build_and_load(&work, &store, "busybox", "busybox") else {
+        return;
+    };
+    let o = cordon(&store, &["image", "ls"], b"");
+    assert!(text(&o).0.contains(&r), "{:?}", text(&o));
+
+    // The image's root, its own /etc/passwd, its uid 0 (an unprivileged
+    // uid on the host), read-only but for /tmp.
+    let o = cordon(
+        &store,
+        &[
+            "exec",
+            "--image",
+            &r,
+            "--",
+            "/bin/sh",
+            "-c",
+            "ls /; cat /etc/passwd; id -u; echo x > /tmp/ok && echo tmp-ok; touch /bin/x",
+        ],
+        b"",
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(10), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        &lines[..5],
+        &["bin", "dev", "etc", "proc", "tmp"],
+        "only the image's entries and the mount points: {out}"
+    );
+    assert!(out.contains("root:x:0:0:root:/root:/bin/sh\n0\ntmp-ok"), "{out}");
+    assert!(!out.contains("nobody"), "the host's passwd is not there: {out}");
+    assert!(err.contains("/bin/x: Read-only file system"), "{err}");
+
+    // Without a command: the image's entrypoint (/bin/sh) reads stdin.
+    let o = cordon(&store, &["exec", "--image", &r], b"echo from-entrypoint\n");
+    assert_eq!(text(&o).0.trim(), "from-entrypoint", "{:?}", text(&o));
+
+    // Refusals: a pin not in the store, a tag, a program not in the image.
+    let missing = format!("busybox@sha256:{}", "1".repeat(64));
+    let o = cordon(&store, &["exec", "--image", &missing], b"");
+    assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+    assert!(
+        text(&o).1.contains("not in the image store")
+            && text(&o).1.contains("cordon image pull"),
+        "{:?}",
+        text(&o)
+    );
+    let o = cordon(&store, &["exec", "--image", "busybox:latest"], b"");
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    assert!(text(&o).1.contains("sha256"), "{:?}", text(&o));
+    let o = cordon(&store, &["exec", "--image", &r, "--", "/usr/bin/python3"], b"");
+    assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .1
+            .contains("program /usr/bin/python3 does not exist inside the sandbox"),
+        "{:?}",
+        text(&o)
+    );
+
+    // A manifest's image tool: checked, run, probed in its own sandbox.
+    let m = work.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  count:\n    profile: P1\n    image: {r}\n    command: [/bin/sh, -c, \"wc -c\"]\n    limits: {{wall_seconds: 3}}\n"
+        ),
+    )
+    .unwrap();
+    let ms = m.to_str().unwrap();
+    let o = cordon(&store, &["check", "-m", ms], b"");
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let o = cordon(&store, &["run", "count", "-m", ms], b"abcd");
+    assert_eq!(text(&o).0.trim(), "4", "{:?}", text(&o));
+    let o = cordon(&store, &["probe", "-m", ms, "--tool", "count"], b"");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains(" 0 escaped, 0 error"), "{out}");
+
+    // rm, then gc frees its blobs.
+    let o = cordon(&store, &["image", "rm", &r], b"");
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let o = cordon(&store, &["image", "gc"], b"");
+    assert!(text(&o).0.starts_with("removed "), "{:?}", text(&o));
+    assert!(!text(&o).0.starts_with("removed 0 blobs"), "{:?}", text(&o));
+    let o = cordon(&store, &["exec", "--image", &r], b"");
+    assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+}
+
+/// The seed's P2 shape: a third-party MCP server from an image pinned by
+/// digest (node and server-everything, no host /usr), probed at start,
+/// served, and called by a real MCP client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_image_is_served() {
+    use cordon_mcp::rmcp::ServiceExt;
+    use cordon_mcp::rmcp::model::CallToolRequestParams;
+    use cordon_mcp::rmcp::transport::TokioChildProcess;
+    let work = dir("mcp");
+    let store = work.join("store");
+    let Some(r) = build_and_load(&work, &store, "node-mcp", "everything") else {
+        return;
+    };
+    let m = work.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  everything:\n    profile: P2\n    network: none\n    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}\n    mcp:\n      image: {r}\n      tools: {{allow: [echo]}}\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(CORDON);
+    cmd.args(["serve", "-m", m.to_str().unwrap()])
+        .env("CORDON_STORE", &store)
+        .env("CORDON_AUDIT", work.join("audit.jsonl"));
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cordon serve");
+    let c = ().serve(transport).await.expect("initialize");
+    let tools = c.peer().list_all_tools().await.unwrap();
+    let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(names, vec!["everything.echo".to_string()], "probed and served");
+    let mut p = CallToolRequestParams::new("everything.echo".to_owned());
+    p.arguments = serde_json::json!({"message": "from an image"})
+        .as_object()
+        .cloned();
+    let res = c.peer().call_tool(p).await.unwrap();
+    let t: String = res
+        .content
+        .iter()
+        .filter_map(|x| x.as_text().map(|t| t.text.clone()))
+        .collect();
+    assert!(t.contains("Echo: from an image"), "{t}");
+    let _ = c.cancel().await;
+}

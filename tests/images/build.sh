@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Build a small OCI image layout with umoci (Debian's package), for the
+# image tests and the demo. No registry, no daemon, nothing downloaded.
+#
+#   tests/images/build.sh busybox OUT_LAYOUT
+#       busybox-static with sh/ls/id/cat/echo/wc/sleep links, its own
+#       /etc/passwd; entrypoint /bin/sh.
+#   tests/images/build.sh node-mcp OUT_LAYOUT NPM_DIR
+#       node (with the shared libraries it links) and the reference MCP
+#       server server-everything from NPM_DIR; entrypoint runs it on stdio.
+#
+# The layout's only image is tagged `t`; `cordon image load OUT_LAYOUT
+# --name NAME` prints its pinned reference.
+set -euo pipefail
+kind=$1 out=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tree=$work/tree
+mkdir -p "$tree/etc" "$tree/bin"
+echo 'root:x:0:0:root:/root:/bin/sh' > "$tree/etc/passwd"
+echo 'root:x:0:' > "$tree/etc/group"
+copy_with_libs() { # BINARY: the binary and every library it loads, at their own paths
+  local b=$1
+  mkdir -p "$tree$(dirname "$b")"
+  cp -L "$b" "$tree$b"
+  ldd "$b" | grep -oE '/[^ ]+' | while read -r lib; do
+    mkdir -p "$tree$(dirname "$lib")"
+    cp -L "$lib" "$tree$lib"
+  done
+}
+case $kind in
+  busybox)
+    cp /bin/busybox "$tree/bin/busybox"
+    for c in sh ls id cat echo wc sleep tr; do ln -s busybox "$tree/bin/$c"; done
+    entry=(--config.entrypoint /bin/sh)
+    ;;
+  node-mcp)
+    npm=$3
+    copy_with_libs "$(command -v node)"
+    mkdir -p "$tree/app"
+    cp -a "$npm/node_modules" "$tree/app/"
+    entry=(--config.entrypoint "$(command -v node)"
+           --config.cmd /app/node_modules/@modelcontextprotocol/server-everything/dist/index.js
+           --config.cmd stdio --config.workingdir /app --config.user 1000:1000
+           --config.env NODE_ENV=production)
+    ;;
+  *) echo "build.sh: unknown image kind $kind" >&2; exit 2 ;;
+esac
+rm -rf "$out"
+umoci init --layout "$out"
+umoci new --image "$out:t"
+umoci unpack --rootless --image "$out:t" "$work/bundle" >/dev/null
+cp -a "$tree/." "$work/bundle/rootfs/"
+umoci repack --image "$out:t" "$work/bundle"
+umoci config --image "$out:t" "${entry[@]}"
+umoci gc --layout "$out"
