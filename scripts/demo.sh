@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine and run cordon's main job on the bundled example
 # manifest: validate it, show what this host can enforce, then run each
-# example tool on bundled untrusted input inside its P1 jail.
+# example tool on bundled untrusted input inside its P1 jail, and a P2 tool
+# whose root is an OCI image built and loaded here (examples/images.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,6 +23,13 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   $cordon probe -m $m --only escape | tail -n 4
 fi
+echo "== P2 from an image: build it (umoci), load it into the store, run its tool"
+img=$(mktemp -d)
+tests/images/build.sh busybox "$img/busybox" >/dev/null
+$cordon image load "$img/busybox" --name busybox
+rm -rf "$img"
+$cordon check -m examples/images.yaml
+echo "an image is the root here" | $cordon run shout -m examples/images.yaml
 echo "== an agent's MCP session through cordon serve (tools/list, tools/call)"
 python3 scripts/mcp-demo.py --cordon $cordon
 echo "== the audit log of this run"

@@ -46,11 +46,16 @@ case $kind in
     ;;
   *) echo "build.sh: unknown image kind $kind" >&2; exit 2 ;;
 esac
+# Reproducible: fixed times everywhere, so the same inputs give the same
+# digest (the example manifest pins the busybox image's).
+epoch=2026-01-01T00:00:00Z
+find "$tree" -exec touch -h -d "$epoch" {} +
 rm -rf "$out"
 umoci init --layout "$out"
 umoci new --image "$out:t"
 umoci unpack --rootless --image "$out:t" "$work/bundle" >/dev/null
 cp -a "$tree/." "$work/bundle/rootfs/"
-umoci repack --image "$out:t" "$work/bundle"
-umoci config --image "$out:t" "${entry[@]}"
+touch -h -d "$epoch" "$work/bundle/rootfs"
+umoci repack --history.created "$epoch" --history.created_by "tests/images/build.sh $kind" --image "$out:t" "$work/bundle"
+umoci config --history.created "$epoch" --history.created_by "tests/images/build.sh config" --created "$epoch" --image "$out:t" "${entry[@]}"
 umoci gc --layout "$out"
