@@ -61,7 +61,10 @@ fn text(o: &Output) -> (String, String) {
 /// Build the layout of `kind` and load it as `name`; its pinned reference.
 fn build_and_load(work: &Path, store: &Path, kind: &str, name: &str) -> Option<String> {
     if !Path::new("/usr/bin/umoci").exists() {
-        skip::skip_or_fail(&skip::this_test(), "umoci is not installed (scripts/setup.sh)");
+        skip::skip_or_fail(
+            &skip::this_test(),
+            "umoci is not installed (scripts/setup.sh)",
+        );
         return None;
     }
     let layout = work.join(format!("{kind}-layout"));
@@ -107,6 +110,24 @@ fn an_image_runs_read_only_as_the_sandbox_root() {
     let o = cordon(&store, &["image", "ls"], b"");
     assert!(text(&o).0.contains(&r), "{:?}", text(&o));
 
+    // The unpack caps are a setting: over one, the image is refused with
+    // the cap named, and nothing that looks unpacked is left.
+    let o = Command::new(CORDON)
+        .args(["exec", "--image", &r, "--", "/bin/true"])
+        .env("CORDON_STORE", &store)
+        .env("CORDON_UNPACK_MAX_ENTRIES", "3")
+        .env("CORDON_AUDIT", "-")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+    assert!(text(&o).1.contains("max_entries"), "{:?}", text(&o));
+    let trees: Vec<_> = std::fs::read_dir(store.join("rootfs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("complete").exists())
+        .collect();
+    assert!(trees.is_empty(), "a capped unpack left a complete tree");
+
     // The image's root, its own /etc/passwd, its uid 0 (an unprivileged
     // uid on the host), read-only but for /tmp.
     let o = cordon(
@@ -130,8 +151,14 @@ fn an_image_runs_read_only_as_the_sandbox_root() {
         &["bin", "dev", "etc", "proc", "tmp"],
         "only the image's entries and the mount points: {out}"
     );
-    assert!(out.contains("root:x:0:0:root:/root:/bin/sh\n0\ntmp-ok"), "{out}");
-    assert!(!out.contains("nobody"), "the host's passwd is not there: {out}");
+    assert!(
+        out.contains("root:x:0:0:root:/root:/bin/sh\n0\ntmp-ok"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("nobody"),
+        "the host's passwd is not there: {out}"
+    );
     assert!(err.contains("/bin/x: Read-only file system"), "{err}");
 
     // Without a command: the image's entrypoint (/bin/sh) reads stdin.
@@ -143,15 +170,18 @@ fn an_image_runs_read_only_as_the_sandbox_root() {
     let o = cordon(&store, &["exec", "--image", &missing], b"");
     assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
     assert!(
-        text(&o).1.contains("not in the image store")
-            && text(&o).1.contains("cordon image pull"),
+        text(&o).1.contains("not in the image store") && text(&o).1.contains("cordon image pull"),
         "{:?}",
         text(&o)
     );
     let o = cordon(&store, &["exec", "--image", "busybox:latest"], b"");
     assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
     assert!(text(&o).1.contains("sha256"), "{:?}", text(&o));
-    let o = cordon(&store, &["exec", "--image", &r, "--", "/usr/bin/python3"], b"");
+    let o = cordon(
+        &store,
+        &["exec", "--image", &r, "--", "/usr/bin/python3"],
+        b"",
+    );
     assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
     assert!(
         text(&o)
@@ -222,7 +252,11 @@ async fn an_mcp_server_image_is_served() {
     let c = ().serve(transport).await.expect("initialize");
     let tools = c.peer().list_all_tools().await.unwrap();
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, vec!["everything.echo".to_string()], "probed and served");
+    assert_eq!(
+        names,
+        vec!["everything.echo".to_string()],
+        "probed and served"
+    );
     let mut p = CallToolRequestParams::new("everything.echo".to_owned());
     p.arguments = serde_json::json!({"message": "from an image"})
         .as_object()

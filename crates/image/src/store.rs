@@ -235,6 +235,8 @@ pub(crate) trait Fetcher {
 #[derive(Clone, Debug)]
 pub struct Store {
     dir: PathBuf,
+    /// Caps on one image's unpacked size and entries.
+    caps: Caps,
 }
 
 /// A held lock; released when dropped.
@@ -269,6 +271,33 @@ fn lock_file(path: &Path, arg: FlockArg) -> Result<Lock, StoreError> {
 fn try_lock(path: &Path) -> Option<Flock<File>> {
     let file = File::open(path).ok()?;
     Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
+}
+
+/// The unpack caps: [`Caps::default`] (8 GiB and 1,000,000 entries per
+/// image), or `CORDON_UNPACK_MAX_BYTES` / `CORDON_UNPACK_MAX_ENTRIES`.
+fn caps_from_env() -> Result<Caps, StoreError> {
+    let mut caps = Caps::default();
+    for (var, slot) in [
+        ("CORDON_UNPACK_MAX_BYTES", &mut caps.max_bytes),
+        ("CORDON_UNPACK_MAX_ENTRIES", &mut caps.max_entries),
+    ] {
+        if let Some(v) = std::env::var_os(var) {
+            *slot = v
+                .to_str()
+                .and_then(|s| s.parse().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| StoreError::Source(format!("{var}: not a positive integer")))?;
+        }
+    }
+    Ok(caps)
+}
+
+impl Store {
+    /// The same store with other unpack caps.
+    pub fn with_caps(mut self, caps: Caps) -> Store {
+        self.caps = caps;
+        self
+    }
 }
 
 fn mkdir_private(path: &Path) -> Result<(), StoreError> {
@@ -501,7 +530,10 @@ impl Store {
     /// Open the store at `dir`, creating it as needed (0700 but for the
     /// store itself and `rootfs/`, 0711: see below).
     pub fn open(dir: impl Into<PathBuf>) -> Result<Store, StoreError> {
-        let store = Store { dir: dir.into() };
+        let store = Store {
+            dir: dir.into(),
+            caps: caps_from_env()?,
+        };
         if let Some(parent) = store.dir.parent()
             && !parent.as_os_str().is_empty()
         {
@@ -1213,7 +1245,7 @@ impl Store {
         let config =
             manifest::parse_config(&self.read_blob(&manifest.config.digest, MAX_CONFIG_BYTES)?)?;
         check_config(&config, manifest.layers.len())?;
-        let mut budget = Budget::new(Caps::default());
+        let mut budget = Budget::new(self.caps);
         for (index, (layer, expected)) in manifest.layers.iter().zip(&config.diff_ids).enumerate() {
             let digest = layer.blob.digest;
             let unpack_err = |source| StoreError::Unpack {
