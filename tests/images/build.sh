@@ -31,7 +31,7 @@ copy_with_libs() { # BINARY: the binary and every library it loads, at their own
 case $kind in
   busybox)
     cp /bin/busybox "$tree/bin/busybox"
-    for c in sh ls id cat echo wc sleep tr; do ln -s busybox "$tree/bin/$c"; done
+    for c in sh ls id cat echo wc sleep tr true; do ln -s busybox "$tree/bin/$c"; done
     entry=(--config.entrypoint /bin/sh)
     ;;
   node-mcp)
