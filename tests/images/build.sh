@@ -8,6 +8,8 @@
 #   tests/images/build.sh node-mcp OUT_LAYOUT NPM_DIR
 #       node (with the shared libraries it links) and the reference MCP
 #       server server-everything from NPM_DIR; entrypoint runs it on stdio.
+#       Also /app/fetch-server.js (tests/images/files), a server with one
+#       tool that fetches through the egress proxy door.
 #
 # The layout's only image is tagged `t`; `cordon image load OUT_LAYOUT
 # --name NAME` prints its pinned reference.
@@ -31,7 +33,7 @@ copy_with_libs() { # BINARY: the binary and every library it loads, at their own
 case $kind in
   busybox)
     cp /bin/busybox "$tree/bin/busybox"
-    for c in sh ls id cat echo wc sleep tr true; do ln -s busybox "$tree/bin/$c"; done
+    for c in sh ls id cat echo wc sleep tr true wget; do ln -s busybox "$tree/bin/$c"; done
     entry=(--config.entrypoint /bin/sh)
     ;;
   node-mcp)
@@ -39,6 +41,7 @@ case $kind in
     copy_with_libs "$(command -v node)"
     mkdir -p "$tree/app"
     cp -a "$npm/node_modules" "$tree/app/"
+    cp "$(dirname "$0")/files/fetch-server.js" "$tree/app/"
     entry=(--config.entrypoint "$(command -v node)"
            --config.cmd /app/node_modules/@modelcontextprotocol/server-everything/dist/index.js
            --config.cmd stdio --config.workingdir /app --config.user 1000:1000

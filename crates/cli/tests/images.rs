@@ -270,3 +270,84 @@ async fn an_mcp_server_image_is_served() {
     assert!(t.contains("Echo: from an image"), "{t}");
     let _ = c.cancel().await;
 }
+
+/// The seed's `jira_search` shape: an MCP server from an image pinned by
+/// digest whose only egress is its one API (here an upstream on loopback
+/// the test runs, named `api.test`): it reaches that host through cordon's
+/// doors, and any other host gets the doors' 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_image_reaches_only_its_one_api() {
+    use cordon_mcp::rmcp::ServiceExt;
+    use cordon_mcp::rmcp::model::CallToolRequestParams;
+    use cordon_mcp::rmcp::transport::TokioChildProcess;
+    use std::io::{Read, Write};
+    let work = dir("egress");
+    let store = work.join("store");
+    let Some(r) = build_and_load(&work, &store, "node-mcp", "fetcher") else {
+        return;
+    };
+    // The upstream: answers every request with a marker.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\nupstream-marker",
+            );
+        }
+    });
+    let m = work.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  jira:\n    profile: P2\n    egress: [\"api.test:{port}\"]\n    resolve: {{api.test: 127.0.0.1}}\n    allow_cidrs: [127.0.0.0/8]\n    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}\n    mcp:\n      image: {r}\n      command: [/usr/bin/node, /app/fetch-server.js]\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(CORDON);
+    cmd.args(["serve", "-m", m.to_str().unwrap()])
+        .env("CORDON_STORE", &store)
+        .env("CORDON_AUDIT", work.join("audit.jsonl"));
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cordon serve");
+    let c = ().serve(transport).await.expect("initialize");
+    let call = |url: String| {
+        let mut p = CallToolRequestParams::new("jira.get".to_owned());
+        p.arguments = serde_json::json!({ "url": url }).as_object().cloned();
+        p
+    };
+    let body = |r: &cordon_mcp::rmcp::model::CallToolResult| -> String {
+        r.content
+            .iter()
+            .filter_map(|x| x.as_text().map(|t| t.text.clone()))
+            .collect()
+    };
+    let ok = c
+        .peer()
+        .call_tool(call(format!("http://api.test:{port}/issues")))
+        .await
+        .unwrap();
+    assert!(
+        body(&ok).contains("HTTP 200: upstream-marker"),
+        "{}",
+        body(&ok)
+    );
+    let denied = c
+        .peer()
+        .call_tool(call(format!("http://other.test:{port}/")))
+        .await
+        .unwrap();
+    assert!(
+        body(&denied).contains("HTTP 403")
+            && body(&denied).contains("refused: not in the allowlist of jira"),
+        "{}",
+        body(&denied)
+    );
+    assert!(!body(&denied).contains("upstream-marker"));
+    let _ = c.cancel().await;
+}
