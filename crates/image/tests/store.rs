@@ -114,13 +114,21 @@ fn layout_import_inspect_unpack() {
     let names = &store.ls().unwrap()[0].names;
     assert_eq!(names, &["registry.internal/mcp/jira", "other"]);
 
-    // Every store directory is private.
-    for sub in ["", "blobs", "blobs/sha256", "images", "rootfs", "locks"] {
+    // Every store directory is private, but for the store itself and
+    // `rootfs/`: traversable (never listable) by the sandbox's uid.
+    for (sub, want) in [
+        ("", 0o711),
+        ("blobs", 0o700),
+        ("blobs/sha256", 0o700),
+        ("images", 0o700),
+        ("rootfs", 0o711),
+        ("locks", 0o700),
+    ] {
         let mode = std::fs::metadata(store.dir().join(sub))
             .unwrap()
             .permissions()
             .mode();
-        assert_eq!(mode & 0o777, 0o700, "{sub}");
+        assert_eq!(mode & 0o777, want, "{sub}");
     }
     assert!(temporaries(store.dir()).is_empty());
 }
