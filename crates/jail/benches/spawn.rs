@@ -343,15 +343,6 @@ fn main() {
             run_quiet(&mut Command::new("/bin/true"));
         },
     ));
-    let pre = true_spec();
-    let dirs = jail.host().system_dirs.clone();
-    cases.push(case(
-        "preflight of the /bin/true spec",
-        "admission's host check (program, loader, binds), done once per one-shot call",
-        move || {
-            assert!(cordon_jail::preflight::preflight_on(&pre, &dirs).is_empty());
-        },
-    ));
     let spec = true_spec();
     let jail_ref = &jail;
     cases.push(case("Jail::run /bin/true", "broker path", move || {
@@ -428,6 +419,15 @@ fn main() {
         ));
     }
 
+    let pre = true_spec();
+    let dirs = jail.host().system_dirs.clone();
+    cases.push(case(
+        "preflight of the /bin/true spec",
+        "the host check of `cordon check`, `serve` and the gateway (program, loader, binds); a one-shot call runs it only when setup fails",
+        move || {
+            assert!(cordon_jail::preflight::preflight_on(&pre, &dirs).is_empty());
+        },
+    ));
     let rows = measure(cases, runs, Duration::ZERO);
 
     // Sparse calls: an idle pause before each sample, as between an agent's

@@ -23,6 +23,12 @@ use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
 pub struct Options {
     /// The jail's options (cgroup slot sharing for one-shot brokers, ...).
     pub jail: JailOptions,
+    /// Check the host (`preflight`: program, interpreter, loader, mount
+    /// sources) only when a sandbox fails to set up, to say why, instead of
+    /// at every admission: for a one-shot call, whose sandbox setup finds
+    /// the same failures (and nothing runs), so the common case does not
+    /// pay for the check. The refusal is the same either way.
+    pub preflight_on_failure: bool,
 }
 
 impl Options {
@@ -33,6 +39,7 @@ impl Options {
                 share_cgroup_slots: true,
                 ..Default::default()
             },
+            preflight_on_failure: true,
         }
     }
 }
@@ -40,6 +47,7 @@ impl Options {
 /// The native runtime.
 pub struct Native {
     jail: Arc<Jail>,
+    preflight_on_failure: bool,
     /// Serves egress doors; started on first use.
     net: OnceLock<tokio::runtime::Runtime>,
 }
@@ -56,13 +64,16 @@ impl Drop for Native {
 impl Native {
     /// Detect the host and prepare the jail.
     pub fn new(opts: Options) -> Result<Native, JailError> {
-        Ok(Native::from_jail(Arc::new(Jail::with_options(opts.jail)?)))
+        let mut n = Native::from_jail(Arc::new(Jail::with_options(opts.jail)?));
+        n.preflight_on_failure = opts.preflight_on_failure;
+        Ok(n)
     }
 
     /// Over an existing jail.
     pub fn from_jail(jail: Arc<Jail>) -> Native {
         Native {
             jail,
+            preflight_on_failure: false,
             net: OnceLock::new(),
         }
     }
@@ -83,6 +94,10 @@ impl Native {
             .build()
             .map_err(|e| RunError::Setup(format!("start the egress runtime: {e}")))?;
         Ok(self.net.get_or_init(|| rt))
+    }
+
+    fn preflight(&self, js: &JailSpec) -> Vec<String> {
+        cordon_jail::preflight::preflight_on(js, &self.jail.host().system_dirs)
     }
 
     /// How each mechanism holds for a sandbox of `spec` here.
@@ -290,7 +305,8 @@ impl Runtime for Native {
         let mechanisms = self.mechanisms(spec);
         let problems = match Native::jail_spec(spec) {
             Err(e) => vec![e],
-            Ok((js, _)) => cordon_jail::preflight::preflight_on(&js, &self.jail.host().system_dirs),
+            Ok(_) if self.preflight_on_failure => Vec::new(),
+            Ok((js, _)) => self.preflight(&js),
         };
         Check {
             mechanisms,
@@ -300,8 +316,23 @@ impl Runtime for Native {
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
         let (js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
-        self.run_jail(&js, egress, Stdin::Bytes(input), ctx)
-            .map(outcome)
+        match self.run_jail(&js, egress, Stdin::Bytes(input), ctx) {
+            Ok(o) => Ok(outcome(o)),
+            // Nothing ran: say why, as admission would have.
+            Err(RunError::Setup(e)) if self.preflight_on_failure => {
+                let problems = self.preflight(&js);
+                if problems.is_empty() {
+                    Err(RunError::Setup(e))
+                } else {
+                    Err(RunError::Refused(format!(
+                        "{}: would not start on this host: {}",
+                        spec.tool,
+                        problems.join("; ")
+                    )))
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
