@@ -160,7 +160,11 @@ fn run_ok(argv: &[&str]) -> Result<(), String> {
 fn resolv_conf() -> PathBuf {
     let p = std::env::temp_dir().join(format!("cordon-egress-resolv-{}.conf", std::process::id()));
     if !p.exists() {
-        let tmp = p.with_extension("tmp");
+        // Tests run in parallel: each writes its own temporary name, and
+        // the rename (atomic) lets the last one win with the same bytes.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = p.with_extension(format!("tmp{n}"));
         std::fs::write(&tmp, "nameserver 127.0.0.1\noptions timeout:2 attempts:1\n")
             .expect("write resolv.conf");
         std::fs::rename(&tmp, &p).expect("rename resolv.conf");
