@@ -300,6 +300,25 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         detail: qemu.clone().unwrap_or_else(|| "not found".into()),
         how: "qemu-system-x86_64 in PATH".into(),
     });
+    let store = cordon_image::store::Store::default_dir();
+    checks.push(Check {
+        name: "image store",
+        ok: store.is_ok(),
+        detail: match &store {
+            Ok(d) if d.join("images").is_dir() => {
+                let n = std::fs::read_dir(d.join("images"))
+                    .map(|r| r.count())
+                    .unwrap_or(0);
+                format!("{} ({n} image records)", d.display())
+            }
+            Ok(d) => format!(
+                "{} (not made yet: the first pull or load makes it)",
+                d.display()
+            ),
+            Err(e) => e.to_string(),
+        },
+        how: "$CORDON_STORE, /var/lib/cordon as root, else ~/.local/share/cordon".into(),
+    });
     if let Some(f) = &native_facts {
         notes.extend(f.notes.iter().cloned());
     }
@@ -316,10 +335,7 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         "P2",
         ms,
         native_err.clone(),
-        vec![
-            "credential broker (tools that declare secrets are refused)".into(),
-            "OCI image store (tools given an `image` are refused)".into(),
-        ],
+        vec!["credential broker (tools that declare secrets are refused)".into()],
     );
     let mut p3_missing =
         vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
