@@ -34,7 +34,7 @@ pub fn run(path: &Path, host: bool) -> anyhow::Result<ExitCode> {
             if t.profile == cordon_policy::policy::Profile::P0 {
                 continue;
             }
-            match registry.admit(t, crate::probe::use_of(t)) {
+            match registry.admit(t, cordon_runtime::Use::of(t)) {
                 Ok(a) => {
                     for w in &a.warnings {
                         eprintln!("warning: {}: {w}", t.name);

@@ -83,17 +83,12 @@ fn targets(a: &ProbeArgs) -> Targets {
     t
 }
 
-/// How a tool is used: a command per call, an `mcp:` server for a session.
-pub fn use_of(p: &ToolPolicy) -> Use {
-    Use::of(p)
-}
-
 /// The sandbox a tool runs in, admitted exactly as `run` and `serve`
 /// admit it: the probe agent then runs as its program, through the same
 /// runtime and egress doors. `Err`: it cannot be probed here (the same
 /// refusal the tool would get).
 pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
-    let admitted = registry.admit(p, use_of(p))?;
+    let admitted = registry.admit(p, Use::of(p))?;
     Ok(RuntimeSandbox::new(admitted.runtime, admitted.spec))
 }
 

@@ -225,9 +225,7 @@ fn an_image_runs_read_only_as_the_sandbox_root() {
 /// served, and called by a real MCP client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_image_is_served() {
-    use cordon_mcp::rmcp::ServiceExt;
     use cordon_mcp::rmcp::model::CallToolRequestParams;
-    use cordon_mcp::rmcp::transport::TokioChildProcess;
     let work = dir("mcp");
     let store = work.join("store");
     let Some(r) = build_and_load(&work, &store, "node-mcp", "everything") else {
@@ -241,15 +239,7 @@ async fn an_mcp_server_image_is_served() {
         ),
     )
     .unwrap();
-    let mut cmd = tokio::process::Command::new(CORDON);
-    cmd.args(["serve", "-m", m.to_str().unwrap()])
-        .env("CORDON_STORE", &store)
-        .env("CORDON_AUDIT", work.join("audit.jsonl"));
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    let c = ().serve(transport).await.expect("initialize");
+    let c = serve(&store, &m, &work.join("audit.jsonl")).await;
     let tools = c.peer().list_all_tools().await.unwrap();
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
     assert_eq!(
@@ -277,9 +267,7 @@ async fn an_mcp_server_image_is_served() {
 /// doors, and any other host gets the doors' 403.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_image_reaches_only_its_one_api() {
-    use cordon_mcp::rmcp::ServiceExt;
     use cordon_mcp::rmcp::model::CallToolRequestParams;
-    use cordon_mcp::rmcp::transport::TokioChildProcess;
     use std::io::{Read, Write};
     let work = dir("egress");
     let store = work.join("store");
@@ -307,15 +295,7 @@ async fn an_mcp_server_image_reaches_only_its_one_api() {
         ),
     )
     .unwrap();
-    let mut cmd = tokio::process::Command::new(CORDON);
-    cmd.args(["serve", "-m", m.to_str().unwrap()])
-        .env("CORDON_STORE", &store)
-        .env("CORDON_AUDIT", work.join("audit.jsonl"));
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    let c = ().serve(transport).await.expect("initialize");
+    let c = serve(&store, &m, &work.join("audit.jsonl")).await;
     let call = |url: String| {
         let mut p = CallToolRequestParams::new("jira.get".to_owned());
         p.arguments = serde_json::json!({ "url": url }).as_object().cloned();
@@ -350,4 +330,23 @@ async fn an_mcp_server_image_reaches_only_its_one_api() {
     );
     assert!(!body(&denied).contains("upstream-marker"));
     let _ = c.cancel().await;
+}
+
+/// `cordon serve -m manifest` on the store, with an rmcp client connected.
+async fn serve(
+    store: &Path,
+    manifest: &Path,
+    audit: &Path,
+) -> cordon_mcp::rmcp::service::RunningService<cordon_mcp::rmcp::RoleClient, ()> {
+    use cordon_mcp::rmcp::ServiceExt;
+    use cordon_mcp::rmcp::transport::TokioChildProcess;
+    let mut cmd = tokio::process::Command::new(CORDON);
+    cmd.args(["serve", "-m", manifest.to_str().unwrap()])
+        .env("CORDON_STORE", store)
+        .env("CORDON_AUDIT", audit);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cordon serve");
+    ().serve(transport).await.expect("initialize")
 }
