@@ -338,6 +338,7 @@ impl Broker {
                     v.push(e);
                 }
             }),
+            credentials: Default::default(),
         };
         let ran = admitted.run(input, &ctx);
         let egress_events = events

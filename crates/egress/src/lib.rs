@@ -20,6 +20,7 @@
 mod dns;
 mod engine;
 mod event;
+mod inject;
 mod io;
 mod name;
 mod plan;
@@ -37,6 +38,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 pub use event::{Decision, Door, EgressEvent, EventSink};
+pub use inject::{Binding, Injection, Injections, Placement, TokenSource};
 pub use name::{Host, NameError, normalize_host, parse_ipv4_literal};
 pub use plan::{DNS_DOOR, DOOR_RANGE, DoorPlan, PROXY_DOOR, plan};
 pub use policy::{

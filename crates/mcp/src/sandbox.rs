@@ -116,6 +116,7 @@ impl ServerSandbox for RuntimeServers {
         let ctx = Context {
             session: "serve".into(),
             on_egress: Arc::new(move |e| log_egress(&t, profile, audit.as_deref(), &e)),
+            credentials: Default::default(),
         };
         let spawned = admitted.spawn(&ctx).map_err(|e| e.to_string())?;
         spawned

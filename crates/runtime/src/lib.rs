@@ -42,6 +42,8 @@ pub struct Context {
     pub session: String,
     /// Every egress attempt, allowed or refused.
     pub on_egress: EgressSink,
+    /// The session's credentials for this tool (empty: none).
+    pub credentials: Credentials,
 }
 
 impl Context {
@@ -50,7 +52,35 @@ impl Context {
         Context {
             session: session.to_string(),
             on_egress: Arc::new(|_| {}),
+            credentials: Credentials::default(),
         }
+    }
+}
+
+/// The credentials a session's credential broker minted for one tool.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// Variables added to the sandbox's environment: a placeholder for a
+    /// secret delivered by the proxy, the token itself for `deliver: env`.
+    /// Never printed.
+    pub env: Vec<(String, zeroize::Zeroizing<String>)>,
+    /// What the doors substitute for each placeholder, and where.
+    pub injections: cordon_egress::Injections,
+}
+
+impl Credentials {
+    /// No secret at all.
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.injections.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("injections", &self.injections)
+            .finish()
     }
 }
 

@@ -315,7 +315,8 @@ impl Runtime for Native {
     }
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
-        let (js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        add_credentials(&mut js, ctx);
         match self.run_jail(&js, egress, Stdin::Bytes(input), ctx) {
             Ok(o) => Ok(outcome(o)),
             // Nothing ran: say why, as admission would have.
@@ -337,6 +338,7 @@ impl Runtime for Native {
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        add_credentials(&mut js, ctx);
         js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
         let tool = spec.tool.clone();
         let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
@@ -485,5 +487,13 @@ impl SandboxHandle for NativeHandle {
             }
             d = self.ended.wait(d).unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+/// The session's credential variables, over any of the same name.
+fn add_credentials(js: &mut JailSpec, ctx: &Context) {
+    for (k, v) in &ctx.credentials.env {
+        js.env.retain(|(ek, _)| ek != k);
+        js.env.push((k.clone(), v.to_string()));
     }
 }
