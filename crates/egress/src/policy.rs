@@ -37,6 +37,9 @@ pub struct EgressPolicy {
     pub connect_timeout: Duration,
     /// Close a connection after this long without a byte either way.
     pub idle_timeout: Duration,
+    /// Hosts whose TLS is never intercepted (pinned or mutual TLS): tunnelled
+    /// untouched, and no secret is ever substituted on the way there.
+    pub passthrough: Vec<HostPort>,
 }
 
 impl EgressPolicy {
@@ -52,6 +55,7 @@ impl EgressPolicy {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            passthrough: Vec::new(),
         }
     }
 
