@@ -23,14 +23,29 @@ fn npm_dir() -> PathBuf {
 }
 
 /// A scratch directory of its own (world-traversable: the sandbox's uid
-/// reaches the store's rootfs through it).
-fn dir(tag: &str) -> PathBuf {
+/// reaches the store's rootfs through it), removed when dropped.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(tag: &str) -> Scratch {
     use std::os::unix::fs::PermissionsExt;
     let d = std::env::temp_dir().join(format!("cordon-img-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
+    Scratch(d)
 }
 
 fn cordon(store: &Path, args: &[&str], input: &[u8]) -> Output {
