@@ -407,6 +407,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         limits: Some(l),
         network,
         secrets: vec![],
+        tls_passthrough: vec![],
         mounts,
         env,
         lifetime: Lifetime::Call,
