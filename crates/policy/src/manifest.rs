@@ -280,7 +280,9 @@ pub struct Secret {
 }
 
 /// How a secret reaches the tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Deliver {
     /// A placeholder in the variable; the egress door substitutes the token.

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Deliver, Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow, Profile,
-    Runtime,
+    Deliver, Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow,
+    Profile, Runtime,
 };
 
 /// All tools of a manifest, resolved.

@@ -582,20 +582,14 @@ pub fn split_endpoint(entry: &str) -> Result<(String, u16), String> {
     let port = port
         .parse::<u16>()
         .map_err(|_| format!("`{entry}`: port `{port}` is not 1-65535"))?;
-    Ok((
-        host.trim_end_matches('.').to_ascii_lowercase(),
-        port,
-    ))
+    Ok((host.trim_end_matches('.').to_ascii_lowercase(), port))
 }
 
 /// The tool's egress allowlist entries, normalised (empty for `proxy` or
 /// no egress).
 fn allow_entries(c: &Ctx<'_>) -> Vec<(String, u16)> {
     match c.egress().map(|e| &e.value) {
-        Some(Egress::Allow(list)) => list
-            .iter()
-            .filter_map(|e| split_endpoint(e).ok())
-            .collect(),
+        Some(Egress::Allow(list)) => list.iter().filter_map(|e| split_endpoint(e).ok()).collect(),
         _ => Vec::new(),
     }
 }
@@ -650,7 +644,8 @@ fn resolve_secret(
             let allow = allow_entries(c);
             let (host, port) = match &b.endpoint {
                 Some(e) => {
-                    let hp = split_endpoint(e).map_err(|m| err(format!("bind.endpoint: {m}"), None))?;
+                    let hp =
+                        split_endpoint(e).map_err(|m| err(format!("bind.endpoint: {m}"), None))?;
                     if !allow.contains(&hp) {
                         return Err(err(
                             format!("bind.endpoint `{e}` is not in the tool's egress allowlist"),
@@ -686,7 +681,8 @@ fn resolve_secret(
                 .any(|hp| hp == (host.clone(), port));
             if passthrough {
                 return Err(err(
-                    "bound to a `tls_passthrough` endpoint, whose requests the door never reads".into(),
+                    "bound to a `tls_passthrough` endpoint, whose requests the door never reads"
+                        .into(),
                     Some("remove the endpoint from `tls_passthrough`, or use `deliver: env`"),
                 ));
             }

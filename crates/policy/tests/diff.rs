@@ -135,7 +135,11 @@ fn secret_delivered_in_env_or_rebound_weakens() {
         true,
     );
     // Back from env to the proxy is a strengthening.
-    let env = BASE.replacen("ttl: 900, bind: {endpoint: \"jira.example:443\"}}", "ttl: 900, deliver: env}", 1);
+    let env = BASE.replacen(
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}",
+        "ttl: 900, deliver: env}",
+        1,
+    );
     let a = load_str(Path::new("a.yaml"), &env).unwrap();
     let b = load_str(Path::new("b.yaml"), BASE).unwrap();
     let c = diff(&a.policy, &b.policy);

@@ -410,7 +410,8 @@ fn check_spec(s: &ProviderSpec) -> Result<(), String> {
                 return Err("give one of `client_secret_file` and `client_secret_env`".into());
             }
             let exchange = s.grant == Some(Grant::TokenExchange);
-            let subject = s.subject_token_file.is_some() as u8 + s.subject_token_env.is_some() as u8;
+            let subject =
+                s.subject_token_file.is_some() as u8 + s.subject_token_env.is_some() as u8;
             match (exchange, subject) {
                 (true, 1) => {}
                 (true, _) => {
@@ -476,16 +477,29 @@ mod tests {
         .unwrap();
         assert_eq!(f.default.as_deref(), Some("a"));
         assert_eq!(f.providers["b"].1, 7);
-        let e = err("providers:\n  a:\n    type: exec\n  b:\n    type: static\n    file: /x\n    command: [y]\n");
-        assert_eq!((e.line, e.message.as_str()), (3, "provider `a`: an exec provider needs `command: [program, args...]`"));
+        let e = err(
+            "providers:\n  a:\n    type: exec\n  b:\n    type: static\n    file: /x\n    command: [y]\n",
+        );
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (
+                3,
+                "provider `a`: an exec provider needs `command: [program, args...]`"
+            )
+        );
         let e = err("providers:\n  a:\n    type: static\n    file: /x\n    command: [y]\n");
         assert_eq!(e.line, 3);
         assert!(e.message.contains("`command` does not apply"), "{e}");
         let e = err("providers:\n  a:\n    type: vault\n");
         assert_eq!(e.line, 3, "{e}");
         let e = err("default: b\nproviders:\n  a:\n    type: static\n    env: X\n");
-        assert_eq!((e.line, e.message.as_str()), (1, "default provider `b` is not defined"));
-        let e = err("providers:\n  a:\n    type: oauth2\n    token_endpoint: http://auth.example/token\n    client_id: x\n");
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (1, "default provider `b` is not defined")
+        );
+        let e = err(
+            "providers:\n  a:\n    type: oauth2\n    token_endpoint: http://auth.example/token\n    client_id: x\n",
+        );
         assert!(e.message.contains("not loopback"), "{e}");
         assert!(e.to_string().starts_with("p.yaml:3:"), "{e}");
     }
@@ -499,7 +513,10 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = load(&p).unwrap_err();
         let m = e.to_string();
-        assert!(m.contains(&p.display().to_string()) && m.contains("mode 0644"), "{m}");
+        assert!(
+            m.contains(&p.display().to_string()) && m.contains("mode 0644"),
+            "{m}"
+        );
         // Positive control: the same file at 0600 loads.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(load(&p).unwrap().providers.is_empty());

@@ -235,13 +235,24 @@ impl CredentialBroker {
                 Ok((n, _)) => n,
                 Err(m) => {
                     let why = format!("{}: {m}", tool.name);
-                    self.emit(self.event(EventKind::MintFailed, tool, session, s, "", None, Some(&why)));
+                    self.emit(self.event(
+                        EventKind::MintFailed,
+                        tool,
+                        session,
+                        s,
+                        "",
+                        None,
+                        Some(&why),
+                    ));
                     inner_slots(slots).revoke("a mint of the session failed");
                     return Err(why);
                 }
             };
             let Some(p) = self.providers.get(&provider_name).cloned() else {
-                return Err(format!("{}: provider `{provider_name}` vanished", tool.name));
+                return Err(format!(
+                    "{}: provider `{provider_name}` vanished",
+                    tool.name
+                ));
             };
             let req = MintRequest {
                 tool: tool.name.clone(),
@@ -252,7 +263,9 @@ impl CredentialBroker {
             };
             let minted = p.mint(&req).and_then(|m| {
                 if m.expires_at <= SystemTime::now() {
-                    Err(format!("provider {provider_name}: the token has already expired"))
+                    Err(format!(
+                        "provider {provider_name}: the token has already expired"
+                    ))
                 } else {
                     Ok(m)
                 }
@@ -378,7 +391,8 @@ impl CredentialBroker {
 impl cordon_runtime::Minting for CredentialBroker {
     fn can_mint(&self, tool: &ToolPolicy) -> Result<(), String> {
         for s in &tool.secrets {
-            self.provider_of(s).map_err(|m| format!("{}: {m}", tool.name))?;
+            self.provider_of(s)
+                .map_err(|m| format!("{}: {m}", tool.name))?;
         }
         Ok(())
     }
@@ -451,7 +465,13 @@ impl LeaseInner {
         self.ctl.lock().map(|c| c.revoked).unwrap_or(true)
     }
 
-    fn emit(&self, kind: EventKind, slot: &Slot, expires_at: Option<SystemTime>, reason: Option<String>) {
+    fn emit(
+        &self,
+        kind: EventKind,
+        slot: &Slot,
+        expires_at: Option<SystemTime>,
+        reason: Option<String>,
+    ) {
         if let Some(b) = self.broker.upgrade() {
             b.emit(Event {
                 kind,
@@ -527,7 +547,9 @@ impl LeaseInner {
             Ok(m) => {
                 let expires_at = m.expires_at;
                 let old = {
-                    let Ok(mut st) = slot.state.lock() else { return };
+                    let Ok(mut st) = slot.state.lock() else {
+                        return;
+                    };
                     if st.token.is_none() || self.is_revoked() {
                         // Revoked meanwhile: the new token goes too.
                         drop(st);
@@ -548,7 +570,10 @@ impl LeaseInner {
                     EventKind::MintFailed,
                     slot,
                     None,
-                    Some(format!("{}: secret {}: re-mint: {why}", self.tool, slot.secret.name)),
+                    Some(format!(
+                        "{}: secret {}: re-mint: {why}",
+                        self.tool, slot.secret.name
+                    )),
                 );
                 if let Ok(mut st) = slot.state.lock() {
                     st.refresh_at = Instant::now() + Duration::from_secs(1);
@@ -564,7 +589,9 @@ impl LeaseInner {
                 EventKind::Expiring,
                 slot,
                 None,
-                Some(format!("{why}; the provider has no revocation, the token expires by its ttl")),
+                Some(format!(
+                    "{why}; the provider has no revocation, the token expires by its ttl"
+                )),
             ),
             Err(e) => self.emit(
                 EventKind::RevokeFailed,
@@ -714,7 +741,11 @@ impl Lease {
 
     /// The current token of secret `name` (what the door substitutes).
     pub fn source(&self, name: &str) -> Option<Arc<dyn TokenSource>> {
-        let index = self.inner.slots.iter().position(|s| s.secret.name == name)?;
+        let index = self
+            .inner
+            .slots
+            .iter()
+            .position(|s| s.secret.name == name)?;
         Some(Arc::new(SlotSource {
             lease: self.inner.clone(),
             index,

@@ -16,7 +16,7 @@ use zeroize::Zeroizing;
 
 use crate::config::{ClientAuth, ProviderSpec, read_private};
 use crate::provider::{
-    Minted, MintRequest, Provider, Revoked, clamp_expiry, client_auth, is_exchange,
+    MintRequest, Minted, Provider, Revoked, clamp_expiry, client_auth, is_exchange,
 };
 
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
@@ -47,7 +47,9 @@ fn secret_from(
     match (file, env) {
         (Some(f), _) => {
             let s = read_private(f).map_err(|e| format!("{what}: {e}"))?;
-            Ok(Some(Zeroizing::new(s.trim_end_matches(['\n', '\r']).to_string())))
+            Ok(Some(Zeroizing::new(
+                s.trim_end_matches(['\n', '\r']).to_string(),
+            )))
         }
         (None, Some(v)) => std::env::var(v)
             .map(|s| Some(Zeroizing::new(s)))
@@ -94,7 +96,11 @@ impl OAuth2 {
             let pem = std::fs::read(ca)
                 .map_err(|e| format!("{}: ca_file {}: {e}", self.what(), ca.display()))?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                format!("{}: ca_file {}: not PEM certificates: {e}", self.what(), ca.display())
+                format!(
+                    "{}: ca_file {}: not PEM certificates: {e}",
+                    self.what(),
+                    ca.display()
+                )
             })?;
             b = b.tls_certs_only(certs);
         }
@@ -121,7 +127,9 @@ impl OAuth2 {
             (ClientAuth::Basic, Some(s)) => {
                 // RFC 6749 §2.3.1: both form-urlencoded before Basic.
                 let enc = |v: &str| {
-                    Zeroizing::new(form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>())
+                    Zeroizing::new(
+                        form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>(),
+                    )
                 };
                 let user = enc(&self.client_id);
                 let pass = enc(s);
@@ -150,10 +158,12 @@ impl OAuth2 {
                         .await
                         .map_err(|e| format!("{what}: {url_shown}: {}", without_url(&e)))?;
                     let status = resp.status().as_u16();
-                    let body = resp
-                        .bytes()
-                        .await
-                        .map_err(|e| format!("{what}: {url_shown}: reading the answer: {}", without_url(&e)))?;
+                    let body = resp.bytes().await.map_err(|e| {
+                        format!(
+                            "{what}: {url_shown}: reading the answer: {}",
+                            without_url(&e)
+                        )
+                    })?;
                     Ok((status, Zeroizing::new(body.to_vec())))
                 })
             })
@@ -185,12 +195,8 @@ fn server_error(status: u16, body: &[u8]) -> String {
         error: Option<String>,
         error_description: Option<String>,
     }
-    let printable = |s: String| -> String {
-        s.chars()
-            .filter(|c| !c.is_control())
-            .take(200)
-            .collect()
-    };
+    let printable =
+        |s: String| -> String { s.chars().filter(|c| !c.is_control()).take(200).collect() };
     match serde_json::from_slice::<E>(body) {
         Ok(E {
             error: Some(e),
@@ -223,7 +229,10 @@ impl Provider for OAuth2 {
             .ok_or_else(|| format!("{what}: token exchange without a subject token"))?;
             form.push(("grant_type", Zeroizing::new(TOKEN_EXCHANGE.into())));
             form.push(("subject_token", subject));
-            form.push(("subject_token_type", Zeroizing::new(self.subject_type.clone())));
+            form.push((
+                "subject_token_type",
+                Zeroizing::new(self.subject_type.clone()),
+            ));
             form.push((
                 "requested_token_type",
                 Zeroizing::new(ACCESS_TOKEN_TYPE.into()),
@@ -264,11 +273,16 @@ impl Provider for OAuth2 {
         {
             return Err(format!(
                 "{what}: the token type is `{}`, not Bearer",
-                t.chars().filter(|c| !c.is_control()).take(40).collect::<String>()
+                t.chars()
+                    .filter(|c| !c.is_control())
+                    .take(40)
+                    .collect::<String>()
             ));
         }
         if token.is_empty() || token.chars().any(|c| c.is_control()) {
-            return Err(format!("{what}: the access token is empty or has control characters"));
+            return Err(format!(
+                "{what}: the access token is empty or has control characters"
+            ));
         }
         let expires_at = SystemTime::now() + Duration::from_secs(a.expires_in.unwrap_or(req.ttl));
         Ok(Minted {

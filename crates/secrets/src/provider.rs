@@ -201,7 +201,9 @@ impl Provider for Exec {
         })?;
         let token = Zeroizing::new(a.token);
         if token.is_empty() || token.chars().any(|c| c.is_control()) {
-            return Err(format!("{what}: the token is empty or has control characters"));
+            return Err(format!(
+                "{what}: the token is empty or has control characters"
+            ));
         }
         let expires_at = match &a.expires_at {
             None => SystemTime::now() + Duration::from_secs(req.ttl),
@@ -249,7 +251,9 @@ impl Provider for Static {
         };
         let token = Zeroizing::new(raw.trim_end_matches(['\n', '\r']).to_string());
         if token.is_empty() || token.chars().any(|c| c.is_control()) {
-            return Err(format!("{what}: the value is empty or has control characters"));
+            return Err(format!(
+                "{what}: the value is empty or has control characters"
+            ));
         }
         Ok(Minted {
             token,
