@@ -171,7 +171,10 @@ fn a_short_lived_token_is_reminted_before_it_expires_and_the_old_one_revoked() {
     assert_eq!(minted[0], first);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !lines(&d.path().join("revoked")).contains(&first) {
-        assert!(Instant::now() < deadline, "the replaced token was not revoked");
+        assert!(
+            Instant::now() < deadline,
+            "the replaced token was not revoked"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let now = source.current().unwrap().to_string();
@@ -197,10 +200,7 @@ fn env_delivery_puts_the_token_itself_in_the_variable() {
     let lease = b.mint(&t, "s").unwrap();
     let creds = lease.credentials().unwrap();
     assert!(creds.injections.is_empty());
-    assert_eq!(
-        creds.env[0].1.as_str(),
-        lines(&d.path().join("minted"))[0]
-    );
+    assert_eq!(creds.env[0].1.as_str(), lines(&d.path().join("minted"))[0]);
 }
 
 #[test]
@@ -244,7 +244,9 @@ fn unknown_or_missing_providers_are_refused_at_admission() {
     private(&p, "providers:\n  dev:\n    type: static\n    env: NOPE\n");
     let b = CredentialBroker::new(config::load(&p).unwrap()).unwrap();
     let err = b
-        .can_mint(&tool("      - {name: T, scope: s, ttl: 60, provider: vault}\n"))
+        .can_mint(&tool(
+            "      - {name: T, scope: s, ttl: 60, provider: vault}\n",
+        ))
         .unwrap_err();
     assert!(err.contains("provider `vault` is not defined"), "{err}");
     let err = b
@@ -252,8 +254,10 @@ fn unknown_or_missing_providers_are_refused_at_admission() {
         .unwrap_err();
     assert!(err.contains("has no `default`"), "{err}");
     assert!(
-        b.can_mint(&tool("      - {name: T, scope: s, ttl: 60, provider: dev}\n"))
-            .is_ok()
+        b.can_mint(&tool(
+            "      - {name: T, scope: s, ttl: 60, provider: dev}\n"
+        ))
+        .is_ok()
     );
 }
 
@@ -273,7 +277,10 @@ fn static_values_come_from_a_private_file_or_the_broker_environment() {
     let b = Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap());
     let t = tool("      - {name: T, scope: s, ttl: 60, deliver: env}\n");
     let l = b.mint(&t, "s").unwrap();
-    assert_eq!(l.credentials().unwrap().env[0].1.as_str(), "static-value-123");
+    assert_eq!(
+        l.credentials().unwrap().env[0].1.as_str(),
+        "static-value-123"
+    );
     // The broker's own variable (one every test process has).
     let home = std::env::var("HOME").unwrap();
     let t = tool("      - {name: T, scope: s, ttl: 60, deliver: env, provider: var}\n");
@@ -284,5 +291,8 @@ fn static_values_come_from_a_private_file_or_the_broker_environment() {
     let err = b
         .mint(&tool("      - {name: T, scope: s, ttl: 60}\n"), "s")
         .unwrap_err();
-    assert!(err.contains("mode 0640") && !err.contains("static-value"), "{err}");
+    assert!(
+        err.contains("mode 0640") && !err.contains("static-value"),
+        "{err}"
+    );
 }
