@@ -199,9 +199,11 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-/// Processes on this host whose environment holds `needle`: pid, name and
-/// the environment entries holding it.
-fn environs_with(needle: &str) -> Vec<(i32, String, Vec<String>)> {
+/// Processes holding a value: pid, name, the environment entries with it.
+type Holders = Vec<(i32, String, Vec<String>)>;
+
+/// Processes on this host whose environment holds `needle`.
+fn environs_with(needle: &str) -> Holders {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -248,11 +250,7 @@ fn procs_with(needle: &str) -> Vec<i32> {
 /// `cordon run` of a tool that reports what its variable looks like and
 /// then sleeps, so that the test can look at every process's environment
 /// while it runs (found by a marker in its command line).
-fn run_sleeper(
-    dir: &Path,
-    secret: &str,
-    network: &str,
-) -> (String, String, Vec<(i32, String, Vec<String>)>, u32, String) {
+fn run_sleeper(dir: &Path, secret: &str, network: &str) -> (String, String, Holders, u32, String) {
     // Unique to this test (tests of this binary run at once).
     let marker = format!(
         "cordon-secret-test-{}",
@@ -503,4 +501,142 @@ async fn serve_mints_for_the_session_and_revokes_on_sigterm() {
     for l in stderr.iter().chain(lines(&audit).iter()) {
         assert!(!l.contains(&minted[0]), "{l}");
     }
+}
+
+/// A third-party MCP server of the seed's `jira_search` shape: it calls its
+/// one API with `Authorization: Bearer $JIRA_TOKEN`, where the variable is
+/// a placeholder.
+const JIRA_SERVER: &str = r#"import json, os, sys, urllib.request, urllib.error
+
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+
+TOOLS = [{"name": "jira_search", "description": "Search issues.",
+          "inputSchema": {"type": "object", "properties": {"url": {"type": "string"}},
+                          "required": ["url"]}}]
+
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    msg = json.loads(line)
+    req_id, method, params = msg.get("id"), msg.get("method"), msg.get("params") or {}
+    if req_id is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": req_id, "result": {
+            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "jira-fixture", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": TOOLS}})
+    elif method == "tools/call":
+        url = (params.get("arguments") or {}).get("url", "")
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ.get("JIRA_TOKEN", "")})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                text, err = r.read().decode(), False
+        except urllib.error.HTTPError as e:
+            text, err = "HTTP %d: %s" % (e.code, e.read().decode(errors="replace")), True
+        except Exception as e:
+            text, err = "fetch failed: %r" % (e,), True
+        send({"jsonrpc": "2.0", "id": req_id, "result": {
+            "content": [{"type": "text", "text": text}], "isError": err}})
+    else:
+        send({"jsonrpc": "2.0", "id": req_id,
+              "error": {"code": -32601, "message": "method not found: %s" % method}})
+"#;
+
+/// End to end through the egress door's substitution (which the door's own
+/// change provides): a `cordon serve` session of a third-party MCP server
+/// whose API calls carry the placeholder reaches its loopback upstream with
+/// the minted token, and only there. Named `e2e_door_` because it needs
+/// the door's placeholder substitution as well as this broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_door_jira_search_calls_its_api_with_the_minted_token() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    if !is_root() {
+        skip_or_fail(&this_test(), "needs root to build the sandbox");
+        return;
+    }
+    let dir = tempdir();
+    // The upstream: records each request's head.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            s.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&req).to_string());
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nissues",
+            );
+        }
+    });
+    std::fs::write(dir.path().join("jira_server.py"), JIRA_SERVER).unwrap();
+    let providers = exec_providers(dir.path());
+    let m = dir.path().join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  jira:\n    profile: P2\n    lifetime: session\n    limits: {{wall_seconds: 10}}\n    egress: [\"api.test:{port}\"]\n    resolve: {{api.test: 127.0.0.1}}\n    allow_cidrs: [127.0.0.1/32]\n    mounts: [\"{}:/fx-jira\"]\n    secrets: [{{name: JIRA_TOKEN, scope: \"read:issues\", ttl: 300, bind: {{path: /rest/}}}}]\n    mcp:\n      command: [\"/usr/bin/python3\", \"/fx-jira/jira_server.py\"]\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(CORDON);
+    cmd.args(["serve", "--no-probe", "--providers"])
+        .arg(&providers)
+        .arg("-m")
+        .arg(&m)
+        .arg("--audit")
+        .arg(dir.path().join("audit.jsonl"));
+    let (transport, _) = rmcp::transport::TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let c = ().serve(transport).await.unwrap();
+    let call = |path: &str| {
+        let mut p = CallToolRequestParams::new("jira.jira_search");
+        p.arguments = json!({"url": format!("http://api.test:{port}{path}")})
+            .as_object()
+            .cloned();
+        p
+    };
+    let r = c
+        .peer()
+        .call_tool(call("/rest/api/2/search"))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{}", text_of(&r));
+    let token = lines(&dir.path().join("minted"))[0].clone();
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        heads[0].contains(&format!("Authorization: Bearer {token}")),
+        "{heads:?}"
+    );
+    // Outside the bound path prefix the placeholder is not replaced: the
+    // request is refused, and the token never reaches the upstream.
+    let r = c.peer().call_tool(call("/other")).await.unwrap();
+    assert_eq!(r.is_error, Some(true), "{}", text_of(&r));
+    let heads = seen.lock().unwrap().clone();
+    assert!(
+        heads.iter().skip(1).all(|h| !h.contains(&token)),
+        "{heads:?}"
+    );
+    let _ = c.cancel().await;
 }
