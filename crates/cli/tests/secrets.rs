@@ -552,8 +552,10 @@ for line in sys.stdin:
 /// change provides): a `cordon serve` session of a third-party MCP server
 /// whose API calls carry the placeholder reaches its loopback upstream with
 /// the minted token, and only there. Named `e2e_door_` because it needs
-/// the door's placeholder substitution as well as this broker.
+/// the door's placeholder substitution as well as this broker; ignored
+/// until both are in one tree (then drop the `ignore`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the egress door's placeholder substitution"]
 async fn e2e_door_jira_search_calls_its_api_with_the_minted_token() {
     use std::io::{Read, Write};
     use std::sync::{Arc, Mutex};
@@ -625,8 +627,11 @@ async fn e2e_door_jira_search_calls_its_api_with_the_minted_token() {
     let token = lines(&dir.path().join("minted"))[0].clone();
     let heads = seen.lock().unwrap().clone();
     assert_eq!(heads.len(), 1, "{heads:?}");
+    // Header names are case-insensitive (the door may lower-case them).
     assert!(
-        heads[0].contains(&format!("Authorization: Bearer {token}")),
+        heads[0]
+            .to_ascii_lowercase()
+            .contains(&format!("authorization: bearer {token}")),
         "{heads:?}"
     );
     // Outside the bound path prefix the placeholder is not replaced: the
