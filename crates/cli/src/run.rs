@@ -85,7 +85,15 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
     let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
-        let registry = cordon_runtime::Registry::for_host(Default::default());
+        let mut registry = cordon_runtime::Registry::for_host(Default::default());
+        match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
+            Ok(Some(cb)) => registry = registry.with_credentials(cb),
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("cordon: {e:#}");
+                return Ok(ExitCode::from(exit::REFUSED));
+            }
+        }
         if let Err(e) = crate::probe::probe_tool(policy, &registry) {
             eprintln!("cordon: {e:#}");
             return Ok(ExitCode::from(exit::REFUSED));
