@@ -220,14 +220,18 @@ impl Broker {
             let log = audit.clone();
             let fail_open = opts.audit_fail_open;
             cb.on_event(Arc::new(move |e| {
-                // Said on stderr; the call's own record (written after the
-                // call) still decides whether its result is withheld.
-                if let Err(err) = log.record(&credential_record(e)) {
-                    let what = if fail_open { "warning: " } else { "" };
-                    eprintln!(
-                        "cordon: {what}the audit record of a credential {} was not written: {err}",
-                        e.kind.as_str()
-                    );
+                // A mint whose record cannot be written is refused (unless
+                // --audit-fail-open); every failure is said on stderr.
+                match log.record(&credential_record(e)) {
+                    Ok(()) => Ok(()),
+                    Err(err) => {
+                        let what = if fail_open { "warning: " } else { "" };
+                        eprintln!(
+                            "cordon: {what}the audit record of a credential {} was not written: {err}",
+                            e.kind.as_str()
+                        );
+                        if fail_open { Ok(()) } else { Err(err.to_string()) }
+                    }
                 }
             }));
         }

@@ -104,8 +104,10 @@ pub struct Event {
     pub reason: Option<String>,
 }
 
-/// Where credential events go.
-pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
+/// Where credential events go. `Err(why)` when the event could not be
+/// recorded: a mint whose record cannot be written is revoked and the
+/// session refused (fail-closed, like a call's own record).
+pub type EventSink = Arc<dyn Fn(&Event) -> Result<(), String> + Send + Sync>;
 
 /// The broker: the providers of one provider file, the live leases, and
 /// where events go.
@@ -180,10 +182,11 @@ impl CredentialBroker {
         }
     }
 
-    fn emit(&self, e: Event) {
+    fn emit(&self, e: Event) -> Result<(), String> {
         let sink = self.events.lock().ok().and_then(|s| s.clone());
-        if let Some(s) = sink {
-            s(&e);
+        match sink {
+            Some(s) => s(&e),
+            None => Ok(()),
         }
     }
 
@@ -280,7 +283,7 @@ impl CredentialBroker {
                             return Err(format!("{}: {e}", tool.name));
                         }
                     };
-                    self.emit(self.event(
+                    let recorded = self.emit(self.event(
                         EventKind::Minted,
                         tool,
                         session,
@@ -290,10 +293,17 @@ impl CredentialBroker {
                         None,
                     ));
                     slots.push(Slot::new(s.clone(), provider_name, p, ph, m));
+                    if let Err(e) = recorded {
+                        inner_slots(slots).revoke("the mint could not be audited");
+                        return Err(format!(
+                            "{}: secret {}: the audit record of its mint could not be written ({e}); refusing",
+                            tool.name, s.name
+                        ));
+                    }
                 }
                 Err(m) => {
                     let why = format!("{}: secret {}: {m}", tool.name, s.name);
-                    self.emit(self.event(
+                    let _ = self.emit(self.event(
                         EventKind::MintFailed,
                         tool,
                         session,
@@ -472,8 +482,10 @@ impl LeaseInner {
         expires_at: Option<SystemTime>,
         reason: Option<String>,
     ) {
+        // Re-mint and revocation records that cannot be written are said
+        // by the sink; the token's fate does not wait on them.
         if let Some(b) = self.broker.upgrade() {
-            b.emit(Event {
+            let _ = b.emit(Event {
                 kind,
                 tool: self.tool.clone(),
                 session: self.session.clone(),

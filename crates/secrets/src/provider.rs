@@ -94,9 +94,9 @@ fn parse_expiry(v: &serde_json::Value) -> Result<SystemTime, String> {
         serde_json::Value::String(s) => {
             let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
                 .map_err(|_| "`expires_at` is not an RFC 3339 time".to_string())?;
-            let secs = u64::try_from(t.unix_timestamp())
-                .map_err(|_| "`expires_at` is before 1970".to_string())?;
-            Ok(UNIX_EPOCH + Duration::from_secs(secs))
+            let nanos = u64::try_from(t.unix_timestamp_nanos())
+                .map_err(|_| "`expires_at` is before 1970 or too far ahead".to_string())?;
+            Ok(UNIX_EPOCH + Duration::from_nanos(nanos))
         }
         _ => Err("`expires_at` is neither a time nor a number".into()),
     }

@@ -50,7 +50,10 @@ fn exec_broker(dir: &Path, extra: &str) -> (Arc<CredentialBroker>, Arc<Mutex<Vec
     let b = Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap());
     let events = Arc::new(Mutex::new(Vec::new()));
     let e = events.clone();
-    b.on_event(Arc::new(move |ev| e.lock().unwrap().push(ev.clone())));
+    b.on_event(Arc::new(move |ev| {
+        e.lock().unwrap().push(ev.clone());
+        Ok(())
+    }));
     (b, events)
 }
 
@@ -157,7 +160,7 @@ fn proxy_delivery_gives_a_placeholder_and_the_door_the_token_until_revoked() {
 fn a_short_lived_token_is_reminted_before_it_expires_and_the_old_one_revoked() {
     let d = tempfile::tempdir().unwrap();
     let (b, events) = exec_broker(d.path(), "");
-    let t = tool("      - {name: API_TOKEN, scope: s, ttl: 2}\n");
+    let t = tool("      - {name: API_TOKEN, scope: s, ttl: 3}\n");
     let lease = b.mint(&t, "long").unwrap();
     let source = lease.source("API_TOKEN").unwrap();
     let first = source.current().unwrap().to_string();
@@ -218,6 +221,31 @@ fn a_failed_mint_refuses_the_session_without_showing_the_output() {
     // Positive control: without FAIL the same mint works.
     drop(ev);
     std::fs::remove_file(d.path().join("FAIL")).unwrap();
+    assert!(b.mint(&t, "s").is_ok());
+}
+
+#[test]
+fn a_mint_that_cannot_be_audited_is_revoked_and_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (b, _) = exec_broker(d.path(), "");
+    b.on_event(Arc::new(|ev| match ev.kind {
+        EventKind::Minted => Err("disk full".into()),
+        _ => Ok(()),
+    }));
+    let t = tool("      - {name: API_TOKEN, scope: s, ttl: 60}\n");
+    let err = b.mint(&t, "s").unwrap_err();
+    assert!(
+        err.contains("audit record of its mint could not be written (disk full)"),
+        "{err}"
+    );
+    // Minted, then revoked at once.
+    assert_eq!(
+        lines(&d.path().join("minted")),
+        lines(&d.path().join("revoked"))
+    );
+    assert_eq!(lines(&d.path().join("minted")).len(), 1);
+    // Positive control: a sink that records lets the mint through.
+    b.on_event(Arc::new(|_| Ok(())));
     assert!(b.mint(&t, "s").is_ok());
 }
 
