@@ -238,7 +238,7 @@ impl CredentialBroker {
                 Ok((n, _)) => n,
                 Err(m) => {
                     let why = format!("{}: {m}", tool.name);
-                    self.emit(self.event(
+                    let _ = self.emit(self.event(
                         EventKind::MintFailed,
                         tool,
                         session,
