@@ -57,6 +57,25 @@ if ! servers_installed; then
     missing "npm not found: the reference MCP servers cannot be installed; the tests that run them will fail"
   fi
 fi
+# The credential broker's tests: loopback OAuth2 authorization servers
+# (oauth2-mock-server for client credentials and revocation; token exchange
+# as an extension grant of @node-oauth/oauth2-server).
+oauth_installed() {
+  [ -f "$npm_dir/node_modules/oauth2-mock-server/package.json" ] &&
+    [ -f "$npm_dir/node_modules/@node-oauth/oauth2-server/package.json" ]
+}
+if ! oauth_installed; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "setup: npm install oauth2-mock-server @node-oauth/oauth2-server into $npm_dir"
+    mkdir -p "$npm_dir"
+    (cd "$npm_dir" && npm install --no-audit --no-fund --silent \
+        oauth2-mock-server @node-oauth/oauth2-server >/dev/null) || true
+    oauth_installed ||
+      missing "npm install of the OAuth2 test servers failed; the credential broker's oauth2 tests will fail"
+  else
+    missing "npm not found: the OAuth2 test servers cannot be installed; the credential broker's oauth2 tests will fail"
+  fi
+fi
 [ -d "$npm_dir" ] && chmod -R a+rX "$npm_dir" || true
 # mcp-server-fetch (PyPI) for the system python3 that runs it inside its sandbox.
 py_dir=${CORDON_E2E_PY:-/var/cache/cordon-e2e/py}

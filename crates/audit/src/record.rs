@@ -157,6 +157,27 @@ impl GateSummary {
     }
 }
 
+/// What the credential broker did with one secret of a session: a mint,
+/// re-mint, revocation or failure. Never the token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialEvent {
+    /// `mint`, `remint`, `mint_failed`, `revoke`, `revoke_not_offered`,
+    /// `revoke_failed`.
+    pub event: String,
+    /// The secret's variable name.
+    pub secret: String,
+    pub provider: String,
+    pub scope: String,
+    pub ttl_seconds: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// `proxy` or `env`.
+    pub deliver: String,
+    /// When the minted token expires (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
@@ -190,6 +211,9 @@ pub struct AuditRecord {
     pub stderr: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// A credential broker's record (then `tool` and `session` are whose).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialEvent>,
 }
 
 impl AuditRecord {
@@ -214,6 +238,7 @@ impl AuditRecord {
             egress: Vec::new(),
             stderr: None,
             warnings: Vec::new(),
+            credential: None,
         }
     }
 

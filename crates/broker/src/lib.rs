@@ -16,6 +16,7 @@ pub use cordon_runtime::{
     Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
     Status, Use,
 };
+pub use cordon_secrets::CredentialBroker;
 
 /// Exit statuses of `cordon run`/`exec`, one per failure class (README).
 pub mod exit {
@@ -41,10 +42,12 @@ pub mod exit {
     pub const AUDIT_FAILED: u8 = 22;
 }
 
-/// Long-lived: the runtimes and the audit log.
+/// Long-lived: the runtimes, the credential broker and the audit log.
 pub struct Broker {
     registry: Registry,
-    audit: AuditLog,
+    audit: Arc<AuditLog>,
+    /// Mints each call's secrets (`None`: tools with secrets are refused).
+    credentials: Option<Arc<CredentialBroker>>,
     audit_warning: Option<String>,
     /// A record that cannot be written does not fail the call.
     audit_fail_open: bool,
@@ -181,6 +184,9 @@ pub struct BrokerOptions {
     pub audit_fail_open: bool,
     /// The native runtime's options.
     pub native: cordon_runtime::native::Options,
+    /// The credential broker (`None`: tools that declare secrets are
+    /// refused).
+    pub credentials: Option<Arc<CredentialBroker>>,
 }
 
 impl BrokerOptions {
@@ -191,6 +197,7 @@ impl BrokerOptions {
             audit,
             audit_fail_open,
             native: cordon_runtime::native::Options::one_shot(),
+            credentials: None,
         }
     }
 }
@@ -206,6 +213,28 @@ impl Broker {
     /// probes).
     pub fn with_registry(registry: Registry, opts: &BrokerOptions) -> Result<Broker, String> {
         let (audit, audit_warning) = open_audit(opts.audit.clone(), opts.audit_fail_open)?;
+        let audit = Arc::new(audit);
+        let mut registry = registry;
+        if let Some(cb) = &opts.credentials {
+            registry = registry.with_credentials(cb.clone());
+            let log = audit.clone();
+            let fail_open = opts.audit_fail_open;
+            cb.on_event(Arc::new(move |e| {
+                // A mint whose record cannot be written is refused (unless
+                // --audit-fail-open); every failure is said on stderr.
+                match log.record(&credential_record(e)) {
+                    Ok(()) => Ok(()),
+                    Err(err) => {
+                        let what = if fail_open { "warning: " } else { "" };
+                        eprintln!(
+                            "cordon: {what}the audit record of a credential {} was not written: {err}",
+                            e.kind.as_str()
+                        );
+                        if fail_open { Ok(()) } else { Err(err.to_string()) }
+                    }
+                }
+            }));
+        }
         let mut audit_warning = audit_warning;
         if opts.audit_fail_open && audit_warning.is_none() {
             audit_warning = Some(
@@ -216,6 +245,7 @@ impl Broker {
         Ok(Broker {
             registry,
             audit,
+            credentials: opts.credentials.clone(),
             audit_warning,
             audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
@@ -227,6 +257,35 @@ impl Broker {
     /// The runtimes.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The credential broker, when one is configured.
+    pub fn credentials(&self) -> Option<&Arc<CredentialBroker>> {
+        self.credentials.as_ref()
+    }
+
+    /// The audit log.
+    pub fn audit_log(&self) -> &Arc<AuditLog> {
+        &self.audit
+    }
+
+    /// Mint `policy`'s secrets for one session (`Ok(None)`: it declares
+    /// none). The lease revokes them when dropped.
+    pub fn mint(
+        &self,
+        policy: &ToolPolicy,
+        session: &str,
+    ) -> Result<Option<cordon_secrets::Lease>, String> {
+        if policy.secrets.is_empty() {
+            return Ok(None);
+        }
+        let cb = self.credentials.as_ref().ok_or_else(|| {
+            format!(
+                "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+                policy.name
+            )
+        })?;
+        cb.mint(policy, session).map(Some)
     }
 
     /// Admit `policy` for `use_` here, or say why not.
@@ -329,6 +388,24 @@ impl Broker {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),
         };
+        // A call of a command tool is its own credential session: minted
+        // now, revoked once the sandbox is gone.
+        let lease = match self.mint(policy, session) {
+            Ok(l) => l,
+            Err(msg) => {
+                rec.status = cordon_audit::Status::Error;
+                rec.reason = Some(msg.clone());
+                return Err(CallError::Setup(msg));
+            }
+        };
+        let credentials = match lease.as_ref().map(|l| l.credentials()).transpose() {
+            Ok(c) => c.unwrap_or_default(),
+            Err(msg) => {
+                rec.status = cordon_audit::Status::Error;
+                rec.reason = Some(msg.clone());
+                return Err(CallError::Setup(msg));
+            }
+        };
         let events = Arc::new(Mutex::new(Vec::new()));
         let ev = events.clone();
         let ctx = Context {
@@ -338,9 +415,13 @@ impl Broker {
                     v.push(e);
                 }
             }),
-            credentials: Default::default(),
+            credentials,
         };
         let ran = admitted.run(input, &ctx);
+        drop(ctx);
+        if let Some(l) = lease {
+            l.revoke("the call ended");
+        }
         let egress_events = events
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
@@ -425,6 +506,40 @@ impl Broker {
         }
         Ok(g)
     }
+}
+
+/// The audit record of a credential event: whose (tool, session), which
+/// secret, provider, scope, ttl and expiry; never the token.
+pub fn credential_record(e: &cordon_secrets::Event) -> AuditRecord {
+    let mut r = AuditRecord::new(&e.tool, "");
+    r.runtime = "credentials".into();
+    r.session = e.session.clone();
+    r.caller = "credential-broker".into();
+    r.status = match e.kind {
+        cordon_secrets::EventKind::MintFailed | cordon_secrets::EventKind::RevokeFailed => {
+            cordon_audit::Status::Error
+        }
+        _ => cordon_audit::Status::Ok,
+    };
+    r.reason = e.reason.clone();
+    r.credential = Some(cordon_audit::CredentialEvent {
+        event: e.kind.as_str().into(),
+        secret: e.secret.clone(),
+        provider: e.provider.clone(),
+        scope: e.scope.clone(),
+        ttl_seconds: e.ttl_seconds,
+        audience: e.audience.clone(),
+        deliver: match e.deliver {
+            cordon_policy::policy::Deliver::Proxy => "proxy".into(),
+            cordon_policy::policy::Deliver::Env => "env".into(),
+        },
+        expires_at: e.expires_at.and_then(|t| {
+            time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        }),
+    });
+    r
 }
 
 pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {

@@ -12,7 +12,7 @@ use cordon_policy::units::format_size;
 
 use crate::exit;
 
-pub fn run(path: &Path, host: bool) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     let loaded = match cordon_policy::load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -27,9 +27,85 @@ pub fn run(path: &Path, host: bool) -> anyhow::Result<ExitCode> {
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
+    // Secrets: every provider named must be in the provider file, and a
+    // static provider is flagged as weak.
+    let with_secrets = loaded.policy.tools.values().any(|t| !t.secrets.is_empty());
+    let credentials = if with_secrets {
+        match cordon_secrets::CredentialBroker::discover(providers) {
+            Ok(Some(cb)) => Some(std::sync::Arc::new(cb)),
+            Ok(None) => {
+                eprintln!(
+                    "warning: no provider file ({} or --providers/$CORDON_PROVIDERS): tools that declare secrets would be refused",
+                    cordon_secrets::config::DEFAULT_PATH
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                eprintln!("{}: the provider file is invalid", path.display());
+                return Ok(ExitCode::from(exit::FINDING));
+            }
+        }
+    } else {
+        None
+    };
+    let mut secret_errors = 0;
+    let mut secret_warnings = 0;
+    if let Some(cb) = &credentials {
+        for t in loaded.policy.tools.values() {
+            for s in &t.secrets {
+                let (line, column) = loaded
+                    .secret_at
+                    .get(&(t.name.clone(), s.name.clone()))
+                    .copied()
+                    .unwrap_or((1, 1));
+                let diag = |message: String, hint: Option<String>| cordon_policy::Diagnostic {
+                    file: path.to_path_buf(),
+                    line,
+                    column,
+                    tool: Some(t.name.clone()),
+                    message,
+                    hint,
+                };
+                match cb.provider_of(s) {
+                    Err(m) => {
+                        secret_errors += 1;
+                        eprintln!(
+                            "{}",
+                            diag(
+                                m,
+                                Some("define it in the provider file, or name one it has".into())
+                            )
+                        );
+                    }
+                    Ok((name, cordon_secrets::Kind::Static)) => {
+                        secret_warnings += 1;
+                        eprintln!(
+                            "warning: {}",
+                            diag(
+                                format!(
+                                    "secret `{}` comes from the static provider `{name}`: one long-lived value, neither scoped nor minted per session",
+                                    s.name
+                                ),
+                                Some("for development only; use an exec or oauth2 provider".into()),
+                            )
+                        );
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+    if secret_errors > 0 {
+        eprintln!("{}: invalid", path.display());
+        return Ok(ExitCode::from(exit::FINDING));
+    }
     let mut refused = 0;
     if host {
-        let registry = cordon_runtime::Registry::for_host(Default::default());
+        let mut registry = cordon_runtime::Registry::for_host(Default::default());
+        if let Some(cb) = &credentials {
+            registry = registry.with_credentials(cb.clone());
+        }
         for t in loaded.policy.tools.values() {
             if t.profile == cordon_policy::policy::Profile::P0 {
                 continue;
@@ -51,7 +127,7 @@ pub fn run(path: &Path, host: bool) -> anyhow::Result<ExitCode> {
         "{}: {} tools valid, {} warnings{}",
         path.display(),
         loaded.policy.tools.len(),
-        loaded.warnings.len(),
+        loaded.warnings.len() + secret_warnings,
         if !host {
             " (host not checked)".to_string()
         } else if refused > 0 {
@@ -76,6 +152,23 @@ pub fn network_summary(n: &Network) -> String {
     }
 }
 
+/// The secrets of a tool for its summary line: name, delivery and where.
+fn secrets_summary(t: &ToolPolicy) -> String {
+    if t.secrets.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = t
+        .secrets
+        .iter()
+        .map(|s| match (&s.deliver, &s.bind) {
+            (cordon_policy::policy::Deliver::Env, _) => format!("{}(ENV)", s.name),
+            (_, Some(b)) => format!("{}(proxy {}:{})", s.name, b.host, b.port),
+            (_, None) => format!("{}(proxy)", s.name),
+        })
+        .collect();
+    format!(" secrets={}", each.join(","))
+}
+
 pub fn summary_line(t: &ToolPolicy) -> String {
     let limits = match t.limits {
         Some(l) => format!(
@@ -89,11 +182,12 @@ pub fn summary_line(t: &ToolPolicy) -> String {
         None => "limits=none".into(),
     };
     format!(
-        "{:<16} {:?} {:<8} {} {}",
+        "{:<16} {:?} {:<8} {} {}{}",
         t.name,
         t.profile,
         format!("{:?}", t.runtime).to_lowercase(),
         network_summary(&t.network),
-        limits
+        limits,
+        secrets_summary(t)
     )
 }

@@ -119,7 +119,7 @@ fn read_trim(p: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-pub fn run(json: bool) -> anyhow::Result<ExitCode> {
+pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     let facts = cordon_jail::host::detect();
     let registry = Registry::for_host(Default::default());
     let native = registry
@@ -319,6 +319,39 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         },
         how: "$CORDON_STORE, /var/lib/cordon as root, else ~/.local/share/cordon".into(),
     });
+    let (pf, pf_how) = cordon_secrets::describe_source(providers);
+    let credentials = cordon_secrets::CredentialBroker::discover(providers);
+    checks.push(Check {
+        name: "credential broker",
+        ok: matches!(credentials, Ok(Some(_))),
+        detail: match &credentials {
+            Ok(Some(b)) => format!(
+                "provider file {} ({pf_how}): {}{}",
+                b.path().display(),
+                b.providers()
+                    .iter()
+                    .map(|(n, k)| format!("{n} ({})", k.name()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                b.default_provider()
+                    .map(|d| format!("; default {d}"))
+                    .unwrap_or_default()
+            ),
+            Ok(None) => format!(
+                "no provider file at {} ({pf_how}): tools that declare secrets are refused",
+                pf.display()
+            ),
+            Err(e) => format!("{e}: tools that declare secrets are refused"),
+        },
+        how: "--providers, $CORDON_PROVIDERS, else /etc/cordon/providers.yaml (mode 0600)".into(),
+    });
+    let broker_missing = match &credentials {
+        Ok(Some(_)) => Vec::new(),
+        _ => vec![
+            "credential broker (no provider file loads: tools that declare secrets are refused)"
+                .to_string(),
+        ],
+    };
     if let Some(f) = &native_facts {
         notes.extend(f.notes.iter().cloned());
     }
@@ -330,13 +363,7 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
 
     let ms = native_facts.as_ref().map(|f| f.mechanisms.as_slice());
     let p1 = verdict(Profile::P1, "P1", ms, native_err.clone(), Vec::new());
-    let p2 = verdict(
-        Profile::P2,
-        "P2",
-        ms,
-        native_err.clone(),
-        vec!["credential broker (tools that declare secrets are refused)".into()],
-    );
+    let p2 = verdict(Profile::P2, "P2", ms, native_err.clone(), broker_missing);
     let mut p3_missing =
         vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
     if runsc.is_none() {

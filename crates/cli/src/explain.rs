@@ -27,9 +27,26 @@ pub fn tool_in<'a>(
     })
 }
 
-pub fn explain(path: &Path, tool: &str, json: bool) -> anyhow::Result<ExitCode> {
+/// The resolved policy of one tool. A secret without `provider` shows the
+/// provider file's default when that file loads; no value is ever shown
+/// (the policy holds none).
+pub fn explain(
+    path: &Path,
+    tool: &str,
+    json: bool,
+    providers: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
     let loaded = load(path)?;
-    let policy = tool_in(&loaded, path, tool)?;
+    let mut policy = tool_in(&loaded, path, tool)?.clone();
+    if policy.secrets.iter().any(|s| s.provider.is_none())
+        && let Ok(Some(cb)) = cordon_secrets::CredentialBroker::discover(providers)
+        && let Some(d) = cb.default_provider()
+    {
+        for s in policy.secrets.iter_mut().filter(|s| s.provider.is_none()) {
+            s.provider = Some(d.to_string());
+        }
+    }
+    let policy = &policy;
     if json {
         println!("{}", serde_json::to_string_pretty(policy)?);
     } else {

@@ -73,6 +73,10 @@ struct RunArgs {
     /// fails with status 22 and its output is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
     audit_fail_open: bool,
+    /// The credential broker's provider file, read when the tool declares
+    /// secrets. Default: /etc/cordon/providers.yaml.
+    #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+    providers: Option<PathBuf>,
 }
 
 /// `cordon run` alone: parsed without building every other subcommand
@@ -125,6 +129,10 @@ enum Cmd {
         /// Only validate the manifest: do not admit its tools on this host.
         #[arg(long)]
         no_host: bool,
+        /// The credential broker's provider file (checked when a tool
+        /// declares secrets). Default: /etc/cordon/providers.yaml.
+        #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+        providers: Option<PathBuf>,
     },
     /// Print one tool's resolved policy: every effective setting after defaults.
     Explain {
@@ -135,6 +143,9 @@ enum Cmd {
         /// JSON instead of YAML.
         #[arg(long)]
         json: bool,
+        /// The provider file that names the default provider.
+        #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+        providers: Option<PathBuf>,
     },
     /// Compare two manifests' resolved policies. Exit 1 if any change weakens isolation.
     Diff {
@@ -154,6 +165,10 @@ enum Cmd {
     Doctor {
         #[arg(long)]
         json: bool,
+        /// The credential broker's provider file. Default:
+        /// /etc/cordon/providers.yaml.
+        #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+        providers: Option<PathBuf>,
     },
     /// Run the conformance probes inside each tool's sandbox: HELD, ESCAPED or SKIPPED per probe.
     /// Exit 1 if anything escaped or a positive control failed.
@@ -180,12 +195,17 @@ enum Cmd {
 fn main() -> ExitCode {
     let cmd = one_shot_command().unwrap_or_else(|| Cli::parse().cmd);
     let result = match cmd {
-        Cmd::Check { manifest, no_host } => check::run(&manifest.path, !no_host),
+        Cmd::Check {
+            manifest,
+            no_host,
+            providers,
+        } => check::run(&manifest.path, !no_host, providers.as_deref()),
         Cmd::Explain {
             tool,
             manifest,
             json,
-        } => explain::explain(&manifest.path, &tool, json),
+            providers,
+        } => explain::explain(&manifest.path, &tool, json, providers.as_deref()),
         Cmd::Diff { old, new, json } => explain::diff(&old, &new, json),
         Cmd::Schema => schema::run(),
         Cmd::Run(RunArgs {
@@ -196,6 +216,7 @@ fn main() -> ExitCode {
             label,
             audit,
             audit_fail_open,
+            providers,
         }) => run::run_tool(
             &manifest.path,
             &tool,
@@ -205,6 +226,7 @@ fn main() -> ExitCode {
                 label,
                 audit,
                 audit_fail_open,
+                providers,
             },
         ),
         Cmd::Exec(args) => run::exec_policy(&args).and_then(|p| {
@@ -216,10 +238,11 @@ fn main() -> ExitCode {
                     label: run::Label::None,
                     audit: args.audit.clone(),
                     audit_fail_open: args.audit_fail_open,
+                    providers: None,
                 },
             )
         }),
-        Cmd::Doctor { json } => doctor::run(json),
+        Cmd::Doctor { json, providers } => doctor::run(json, providers.as_deref()),
         Cmd::Probe(args) => probe::run(args),
         Cmd::Image(args) => image::run(args),
         Cmd::Proxy(args) => proxy::run(args),

@@ -64,6 +64,10 @@ pub struct ProbeArgs {
     /// The prefix command (with --prefix).
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
+    /// The credential broker's provider file, for tools that declare
+    /// secrets (the probes mint nothing; admission needs the providers).
+    #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+    pub providers: Option<PathBuf>,
 }
 
 fn targets(a: &ProbeArgs) -> Targets {
@@ -214,7 +218,12 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
-        let registry = Registry::for_host(Default::default());
+        let mut registry = Registry::for_host(Default::default());
+        if let Some(cb) =
+            crate::run::credentials_for(loaded.policy.tools.values(), a.providers.as_deref())?
+        {
+            registry = registry.with_credentials(cb);
+        }
         let tools: Vec<&ToolPolicy> = match &a.tool {
             Some(t) => vec![
                 loaded

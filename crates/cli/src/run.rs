@@ -62,13 +62,38 @@ pub struct RunOpts {
     pub label: Label,
     pub audit: Option<PathBuf>,
     pub audit_fail_open: bool,
+    /// The provider file (`None`: `$CORDON_PROVIDERS` or the default path).
+    pub providers: Option<PathBuf>,
+}
+
+/// The credential broker for `policy`: loaded only when it declares
+/// secrets. `Ok(None)`: none needed, or none configured (admission then
+/// refuses the tool).
+pub fn credentials_for<'a>(
+    mut policies: impl Iterator<Item = &'a ToolPolicy>,
+    explicit: Option<&Path>,
+) -> anyhow::Result<Option<std::sync::Arc<cordon_broker::CredentialBroker>>> {
+    if !policies.any(|p| !p.secrets.is_empty()) {
+        return Ok(None);
+    }
+    cordon_secrets::CredentialBroker::discover(explicit)
+        .map(|b| b.map(std::sync::Arc::new))
+        .map_err(|e| anyhow!("credential broker: {e}"))
 }
 
 pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<ExitCode> {
     let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
-        let registry = cordon_runtime::Registry::for_host(Default::default());
+        let mut registry = cordon_runtime::Registry::for_host(Default::default());
+        match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
+            Ok(Some(cb)) => registry = registry.with_credentials(cb),
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("cordon: {e:#}");
+                return Ok(ExitCode::from(exit::REFUSED));
+            }
+        }
         if let Err(e) = crate::probe::probe_tool(policy, &registry) {
             eprintln!("cordon: {e:#}");
             return Ok(ExitCode::from(exit::REFUSED));
@@ -78,10 +103,17 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
 }
 
 pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<ExitCode> {
-    let broker = match Broker::new(cordon_broker::BrokerOptions::one_shot(
-        opts.audit.clone(),
-        opts.audit_fail_open,
-    )) {
+    let credentials = match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cordon: {e:#}");
+            return Ok(ExitCode::from(exit::REFUSED));
+        }
+    };
+    let mut bopts =
+        cordon_broker::BrokerOptions::one_shot(opts.audit.clone(), opts.audit_fail_open);
+    bopts.credentials = credentials.clone();
+    let broker = match Broker::new(bopts) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("cordon: {e}");
@@ -92,7 +124,12 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
         eprintln!("cordon: warning: {w}");
     }
     let input = read_stdin()?;
-    match broker.call(policy, input) {
+    let called = broker.call(policy, input);
+    // The call's lease is revoked when it ends; nothing outlives the process.
+    if let Some(cb) = &credentials {
+        cb.revoke_all("cordon is exiting");
+    }
+    match called {
         Ok(r) => print_result(policy, &r, opts),
         Err(e) => {
             if opts.json {
@@ -407,6 +444,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         limits: Some(l),
         network,
         secrets: vec![],
+        tls_passthrough: vec![],
         mounts,
         env,
         lifetime: Lifetime::Call,

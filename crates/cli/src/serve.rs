@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
     pub audit_fail_open: bool,
+    /// The credential broker's provider file, read when a tool declares
+    /// secrets. Default: /etc/cordon/providers.yaml.
+    #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+    pub providers: Option<PathBuf>,
 }
 
 /// Probe every tool's own sandbox (command tools with or without egress,
@@ -99,7 +103,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         ..GatewayOptions::default()
     };
     let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
-    let registry = Registry::for_host(Default::default());
+    let credentials =
+        crate::run::credentials_for(loaded.policy.tools.values(), args.providers.as_deref())?;
+    let mut registry = Registry::for_host(Default::default());
+    if let Some(cb) = &credentials {
+        registry = registry.with_credentials(cb.clone());
+    }
     if args.no_probe {
         eprintln!(
             "cordon: warning: --no-probe: tools are served without checking that their sandboxes hold here"
@@ -112,6 +121,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let bopts = cordon_broker::BrokerOptions {
         audit: opts.audit.clone(),
         audit_fail_open: opts.audit_fail_open,
+        credentials: credentials.clone(),
         ..Default::default()
     };
     let broker =
@@ -131,9 +141,15 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         None => Transport::Stdio,
     };
     let tools = gw.tool_names().join(", ");
-    cordon_mcp::run(gw, transport, |ready| {
+    let served = cordon_mcp::run(gw, transport, |ready| {
         eprintln!("cordon: {ready} (tools: {tools})");
-    })
-    .map_err(|e| anyhow!("{e}"))?;
+    });
+    // The client went away, or SIGINT/SIGTERM: every session's tokens are
+    // revoked before the process exits (the sessions' own ends revoke
+    // theirs; this catches any still live).
+    if let Some(cb) = &credentials {
+        cb.revoke_all("cordon serve is shutting down");
+    }
+    served.map_err(|e| anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)
 }

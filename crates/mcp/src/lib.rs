@@ -54,10 +54,12 @@ use render::refusal;
 pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServers, GatewayError> {
     let (audit, _) = cordon_broker::open_audit(opts.audit.clone(), opts.audit_fail_open)
         .map_err(GatewayError::Sandbox)?;
-    Ok(
-        RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
-            .with_audit(Arc::new(audit)),
-    )
+    let mut s = RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
+        .with_audit(Arc::new(audit));
+    if let Some(cb) = broker.credentials() {
+        s = s.with_credentials(cb.clone());
+    }
+    Ok(s)
 }
 
 /// Why the gateway could not start or stopped.
@@ -177,7 +179,7 @@ impl Gateway {
                 }
                 Use::Serve => {
                     let p = Arc::new(p.clone());
-                    match upstream::Upstream::new(p.clone(), sandbox.clone()) {
+                    match upstream::Upstream::new(p.clone(), sandbox.clone(), "") {
                         Ok(_) => servers.push((p, upstream::KnownOffers::default())),
                         Err(why) => warnings.push(format!("not served: {why}")),
                     }
@@ -217,7 +219,7 @@ impl Gateway {
             .servers
             .iter()
             .filter_map(|(p, offers)| {
-                upstream::Upstream::new(p.clone(), self.sandbox.clone())
+                upstream::Upstream::new(p.clone(), self.sandbox.clone(), &id)
                     .ok()
                     .map(|u| Arc::new(u.with_offers(offers.clone())))
             })

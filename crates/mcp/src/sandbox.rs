@@ -35,9 +35,16 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
 /// Starts MCP servers in a sandbox.
 pub trait ServerSandbox: Send + Sync {
     /// Start the server `argv` under `policy` (its limits, network, mounts,
-    /// environment, seccomp); an empty `argv` runs the image's entrypoint.
-    /// The server speaks MCP on its stdin/stdout.
-    fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String>;
+    /// environment, seccomp) for the agent session `session`; an empty
+    /// `argv` runs the image's entrypoint. The server speaks MCP on its
+    /// stdin/stdout. Its secrets are minted for `session` as the sandbox
+    /// starts and revoked when it is stopped.
+    fn start(
+        &self,
+        session: &str,
+        policy: &ToolPolicy,
+        argv: &[String],
+    ) -> Result<ServerProcess, String>;
 }
 
 /// [`ServerSandbox`] over the runtime registry.
@@ -49,6 +56,7 @@ pub struct RuntimeServers {
     registry: Registry,
     max_lifetime: Duration,
     audit: Option<Arc<cordon_audit::AuditLog>>,
+    credentials: Option<Arc<cordon_broker::CredentialBroker>>,
 }
 
 impl RuntimeServers {
@@ -57,7 +65,18 @@ impl RuntimeServers {
             registry,
             max_lifetime,
             audit: None,
+            credentials: None,
         }
+    }
+
+    /// Mint each server's secrets through `broker` (without one, a server
+    /// that declares secrets is refused at admission).
+    pub fn with_credentials(
+        mut self,
+        broker: Arc<cordon_broker::CredentialBroker>,
+    ) -> RuntimeServers {
+        self.credentials = Some(broker);
+        self
     }
 
     /// Write one audit record per egress attempt of a server (its
@@ -72,11 +91,18 @@ impl RuntimeServers {
 struct Handle {
     tool: String,
     inner: Arc<dyn SandboxHandle>,
+    /// The server's credentials: revoked once the sandbox is stopped (and
+    /// when the handle is dropped).
+    lease: std::sync::Mutex<Option<cordon_secrets::Lease>>,
 }
 
 impl ServerHandle for Handle {
     fn kill(&self) {
         self.inner.kill();
+        let lease = self.lease.lock().ok().and_then(|mut l| l.take());
+        if let Some(l) = lease {
+            l.revoke("the server's sandbox was stopped");
+        }
     }
 
     fn exited(&self) -> Option<String> {
@@ -100,7 +126,12 @@ impl ServerHandle for Handle {
 }
 
 impl ServerSandbox for RuntimeServers {
-    fn start(&self, policy: &ToolPolicy, argv: &[String]) -> Result<ServerProcess, String> {
+    fn start(
+        &self,
+        session: &str,
+        policy: &ToolPolicy,
+        argv: &[String],
+    ) -> Result<ServerProcess, String> {
         let mut p = policy.clone();
         if let Exec::Mcp { command, .. } = &mut p.exec
             && !argv.is_empty()
@@ -113,12 +144,26 @@ impl ServerSandbox for RuntimeServers {
         let profile = cordon_broker::profile_name(policy.profile);
         let audit = self.audit.clone();
         let t = tool.clone();
+        let lease = match (&self.credentials, policy.secrets.is_empty()) {
+            (_, true) => None,
+            (Some(cb), false) => Some(cb.mint(&p, session)?),
+            (None, false) => {
+                return Err(format!(
+                    "{tool}: declares secrets, but no credential broker is configured; refusing rather than running without them"
+                ));
+            }
+        };
+        let credentials = match &lease {
+            Some(l) => l.credentials()?,
+            None => Default::default(),
+        };
         let ctx = Context {
-            session: "serve".into(),
+            session: session.to_string(),
             on_egress: Arc::new(move |e| log_egress(&t, profile, audit.as_deref(), &e)),
-            credentials: Default::default(),
+            credentials,
         };
         let spawned = admitted.spawn(&ctx).map_err(|e| e.to_string())?;
+        drop(ctx);
         spawned
             .stream
             .set_nonblocking(true)
@@ -132,6 +177,7 @@ impl ServerSandbox for RuntimeServers {
             handle: Arc::new(Handle {
                 tool,
                 inner: spawned.handle,
+                lease: std::sync::Mutex::new(lease),
             }),
             warnings: admitted.warnings,
         })

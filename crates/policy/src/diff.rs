@@ -8,7 +8,8 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::policy::{
-    Exec, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, ToolPolicy,
+    Deliver, Exec, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, Secret,
+    ToolPolicy,
 };
 use crate::units::format_size;
 
@@ -99,6 +100,95 @@ fn network_mode(n: &Network) -> &'static str {
     }
 }
 
+fn deliver_name(d: Deliver) -> &'static str {
+    match d {
+        Deliver::Proxy => "proxy",
+        Deliver::Env => "env",
+    }
+}
+
+/// Each secret added, removed or changed: a new secret, a longer ttl,
+/// another scope, audience, provider or endpoint, and delivery in the
+/// environment instead of through the proxy all weaken.
+fn diff_secrets(t: &str, old: &[Secret], new: &[Secret], out: &mut Vec<Change>) {
+    let names: BTreeSet<&String> = old.iter().chain(new).map(|s| &s.name).collect();
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(default)".into());
+    for name in names {
+        let field = |f: &str| format!("secrets.{name}{f}");
+        match (
+            old.iter().find(|s| &s.name == name),
+            new.iter().find(|s| &s.name == name),
+        ) {
+            (None, Some(n)) => out.push(change(t, &field(""), ABSENT, &secret_summary(n), true)),
+            (Some(o), None) => out.push(change(t, &field(""), &secret_summary(o), ABSENT, false)),
+            (Some(o), Some(n)) => {
+                if o.scope != n.scope {
+                    out.push(change(t, &field(".scope"), &o.scope, &n.scope, true));
+                }
+                if o.ttl_seconds != n.ttl_seconds {
+                    out.push(change(
+                        t,
+                        &field(".ttl"),
+                        &format!("{}s", o.ttl_seconds),
+                        &format!("{}s", n.ttl_seconds),
+                        n.ttl_seconds > o.ttl_seconds,
+                    ));
+                }
+                if o.provider != n.provider {
+                    out.push(change(
+                        t,
+                        &field(".provider"),
+                        &opt(&o.provider),
+                        &opt(&n.provider),
+                        true,
+                    ));
+                }
+                if o.audience != n.audience {
+                    out.push(change(
+                        t,
+                        &field(".audience"),
+                        &opt(&o.audience),
+                        &opt(&n.audience),
+                        true,
+                    ));
+                }
+                if o.deliver != n.deliver {
+                    out.push(change(
+                        t,
+                        &field(".deliver"),
+                        deliver_name(o.deliver),
+                        deliver_name(n.deliver),
+                        n.deliver == Deliver::Env,
+                    ));
+                }
+                if o.bind != n.bind {
+                    let b = |s: &Secret| {
+                        s.bind
+                            .as_ref()
+                            .map(|b| b.describe())
+                            .unwrap_or_else(|| ABSENT.into())
+                    };
+                    out.push(change(t, &field(".bind"), &b(o), &b(n), n.bind.is_some()));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+fn secret_summary(s: &Secret) -> String {
+    let mut v = format!(
+        "scope={} ttl={}s deliver={}",
+        s.scope,
+        s.ttl_seconds,
+        deliver_name(s.deliver)
+    );
+    if let Some(b) = &s.bind {
+        v.push_str(&format!(" bind={}", b.describe()));
+    }
+    v
+}
+
 fn lifetime_name(l: Lifetime) -> &'static str {
     match l {
         Lifetime::Call => "call",
@@ -130,41 +220,20 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
     diff_exec(t, &o.exec, &n.exec, out);
     diff_limits(t, o.limits, n.limits, out);
     diff_network(t, &o.network, &n.network, out);
+    diff_secrets(t, &o.secrets, &n.secrets, out);
     diff_keyed(
         t,
-        "secrets",
-        &o.secrets
+        "tls_passthrough",
+        &o.tls_passthrough
             .iter()
-            .map(|s| {
-                (
-                    s.name.clone(),
-                    format!("scope={} ttl={}s", s.scope, s.ttl_seconds),
-                )
-            })
+            .map(|e| (e.clone(), "passthrough".to_string()))
             .collect(),
-        &n.secrets
+        &n.tls_passthrough
             .iter()
-            .map(|s| {
-                (
-                    s.name.clone(),
-                    format!("scope={} ttl={}s", s.scope, s.ttl_seconds),
-                )
-            })
+            .map(|e| (e.clone(), "passthrough".to_string()))
             .collect(),
-        |old, new| {
-            // A longer lifetime or another scope is more reach.
-            let ttl = |s: &str| {
-                s.rsplit_once("ttl=")
-                    .and_then(|(_, v)| v.trim_end_matches('s').parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            let scope = |s: &str| {
-                s.split_once(' ')
-                    .map(|(a, _)| a.to_string())
-                    .unwrap_or_default()
-            };
-            ttl(new) > ttl(old) || scope(new) != scope(old)
-        },
+        // A tunnelled endpoint is one whose requests the door no longer reads.
+        |_, _| true,
         out,
     );
     diff_keyed(

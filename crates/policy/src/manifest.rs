@@ -133,7 +133,13 @@ pub struct Tool {
     /// Credentials minted per session by the credential broker.
     #[serde(default)]
     #[schemars(with = "Option<Vec<Secret>>")]
-    pub secrets: Option<Spanned<Vec<Secret>>>,
+    pub secrets: Option<Spanned<Vec<Spanned<Secret>>>>,
+    /// `[host:port, ...]` of the egress allowlist whose TLS the door never
+    /// intercepts (pinned certificates, mutual TLS): tunnelled untouched,
+    /// and no secret is ever substituted on them.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub tls_passthrough: Vec<Spanned<String>>,
     /// Extra binds: `/host/path`, `/host/path:/sandbox/path` or
     /// `/host/path:/sandbox/path:ro` (`:rw` for read-write); read-only
     /// unless `rw` is written.
@@ -253,6 +259,59 @@ pub struct Secret {
     pub scope: String,
     /// Lifetime in seconds.
     pub ttl: u64,
+    /// The provider that mints it, by its name in the broker's provider
+    /// file (default: that file's `default`).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// The audience the token is for (OAuth2 token exchange), when the
+    /// provider asks for one.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// How the tool gets it: `proxy` (the default; the sandbox sees a
+    /// placeholder that the egress door replaces with the token only on
+    /// requests to the bound endpoint) or `env` (the token itself in the
+    /// variable: weaker, `cordon check` and `cordon diff` flag it).
+    #[serde(default)]
+    pub deliver: Option<Deliver>,
+    /// Where the door puts the token (proxy delivery). Default: the tool's
+    /// single egress entry, as `Authorization: Bearer {token}`.
+    #[serde(default)]
+    pub bind: Option<Bind>,
+}
+
+/// How a secret reaches the tool.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Deliver {
+    /// A placeholder in the variable; the egress door substitutes the token.
+    Proxy,
+    /// The token itself in the variable.
+    Env,
+}
+
+/// The one endpoint a proxy-delivered secret is used on, and where the
+/// token goes in a request there. At most one of `header`, `basic` and
+/// `query`; none: `Authorization: Bearer {token}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bind {
+    /// `host:port`, one of the tool's egress entries (default: its only one).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Only requests whose path starts with this prefix, e.g. `/rest/`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// A header line with `{token}` once, e.g. `Authorization: Bearer {token}`.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// HTTP Basic authentication with this user name, the token as password.
+    #[serde(default)]
+    pub basic: Option<String>,
+    /// A query parameter carrying the token.
+    #[serde(default)]
+    pub query: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow, Profile,
-    Runtime,
+    Deliver, Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow,
+    Profile, Runtime,
 };
 
 /// All tools of a manifest, resolved.
@@ -29,6 +29,10 @@ pub struct ToolPolicy {
     pub limits: Option<Limits>,
     pub network: Network,
     pub secrets: Vec<Secret>,
+    /// Egress entries (`host:port`) whose TLS is tunnelled untouched: never
+    /// intercepted, never given a secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_passthrough: Vec<String>,
     pub mounts: Vec<Mount>,
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
@@ -115,11 +119,70 @@ pub enum Network {
     Host,
 }
 
+/// A credential the broker mints for each session of the tool. The policy
+/// holds what it is and where it goes, never a value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Secret {
+    /// The variable the tool sees.
     pub name: String,
     pub scope: String,
     pub ttl_seconds: u64,
+    /// The provider by name; `None`: the provider file's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The token's audience (token exchange), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    pub deliver: Deliver,
+    /// Where the door substitutes it: always set for `deliver: proxy`,
+    /// never for `env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind: Option<SecretBinding>,
+}
+
+/// The endpoint a proxy-delivered secret is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretBinding {
+    /// Lower case, no trailing dot.
+    pub host: String,
+    pub port: u16,
+    /// Path prefix; `None`: any path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub placement: Placement,
+}
+
+/// Where the token goes in a request to the bound endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// `name: template` with `{token}` replaced.
+    Header { name: String, template: String },
+    /// Basic authentication: this user, the token as password.
+    Basic { username: String },
+    /// A query parameter.
+    Query { param: String },
+}
+
+impl SecretBinding {
+    /// `host:port/path` and the placement, for summaries.
+    pub fn describe(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let place = match &self.placement {
+            Placement::Header { name, template } => format!("header {name}: {template}"),
+            Placement::Basic { username } => format!("basic user {username}"),
+            Placement::Query { param } => format!("query {param}"),
+        };
+        format!(
+            "{host}:{}{} {place}",
+            self.port,
+            self.path.as_deref().unwrap_or("")
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

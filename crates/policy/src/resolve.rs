@@ -19,6 +19,9 @@ pub struct Loaded {
     pub path: PathBuf,
     pub policy: PolicySet,
     pub warnings: Vec<Diagnostic>,
+    /// Where each secret is declared, by (tool, secret name): line and
+    /// column, for diagnostics made after resolution (an unknown provider).
+    pub secret_at: BTreeMap<(String, String), (u64, u64)>,
 }
 
 /// Profile defaults for every limit. P0 has none: nothing enforces them.
@@ -163,6 +166,8 @@ const RULES: &[Rule] = &[
     rule_egress_entries,
     rule_resolve_and_cidrs,
     rule_secrets_wellformed,
+    rule_secret_delivery,
+    rule_tls_passthrough,
     rule_mounts,
     rule_env,
     rule_output,
@@ -202,7 +207,7 @@ impl Ctx<'_> {
     fn egress(&self) -> Option<&Spanned<Egress>> {
         self.tool.egress.as_ref()
     }
-    fn secrets(&self) -> &[manifest::Secret] {
+    fn secrets(&self) -> &[Spanned<manifest::Secret>] {
         self.tool
             .secrets
             .as_ref()
@@ -471,7 +476,9 @@ fn rule_resolve_and_cidrs(c: &Ctx<'_>) -> Vec<Diagnostic> {
 
 fn rule_secrets_wellformed(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    for s in c.secrets() {
+    let mut seen = std::collections::BTreeSet::new();
+    for ss in c.secrets() {
+        let (s, at) = (&ss.value, ss.referenced);
         let ok_name = !s.name.is_empty()
             && s.name
                 .chars()
@@ -479,7 +486,7 @@ fn rule_secrets_wellformed(c: &Ctx<'_>) -> Vec<Diagnostic> {
             && !s.name.starts_with(|ch: char| ch.is_ascii_digit());
         if !ok_name {
             out.push(c.diag(
-                c.secrets_at(),
+                at,
                 format!(
                     "secret name `{}` is not an environment variable name",
                     s.name
@@ -487,22 +494,265 @@ fn rule_secrets_wellformed(c: &Ctx<'_>) -> Vec<Diagnostic> {
                 Some("use upper case letters, digits and _, e.g. JIRA_TOKEN"),
             ));
         }
+        if !seen.insert(s.name.as_str()) {
+            out.push(c.diag(at, format!("secret `{}` is declared twice", s.name), None));
+        }
+        if c.tool.env.contains_key(&s.name) {
+            out.push(c.diag(
+                at,
+                format!("secret `{}` is also set in `env`", s.name),
+                Some("a secret's variable is the broker's to fill; remove it from `env`"),
+            ));
+        }
         if s.ttl == 0 {
             out.push(c.diag(
-                c.secrets_at(),
+                at,
                 format!("secret `{}` has ttl 0", s.name),
                 Some("give a lifetime in seconds, e.g. ttl: 900"),
             ));
         }
         if s.scope.trim().is_empty() {
             out.push(c.diag(
-                c.secrets_at(),
+                at,
                 format!("secret `{}` has an empty scope", s.name),
                 Some("name what the credential may do, e.g. scope: \"read:issues\""),
             ));
         }
+        if let Some(p) = &s.provider
+            && (p.is_empty()
+                || !p
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-'))
+        {
+            out.push(c.diag(
+                at,
+                format!(
+                    "secret `{}`: provider `{p}` must be letters, digits, `_` or `-`",
+                    s.name
+                ),
+                None,
+            ));
+        }
     }
     out
+}
+
+fn rule_secret_delivery(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    if c.profile() == Profile::P1 {
+        // Refused outright by rule_p1_no_secrets.
+        return vec![];
+    }
+    c.secrets()
+        .iter()
+        .filter_map(|s| resolve_secret(c, s).err())
+        .collect()
+}
+
+fn rule_tls_passthrough(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let allow = allow_entries(c);
+    for e in &c.tool.tls_passthrough {
+        match split_endpoint(&e.value) {
+            Err(m) => out.push(c.diag(e.referenced, format!("tls_passthrough: {m}"), None)),
+            Ok(hp) if !allow.contains(&hp) => out.push(c.diag(
+                e.referenced,
+                format!(
+                    "tls_passthrough `{}` is not in the tool's egress allowlist",
+                    e.value
+                ),
+                Some("name an entry of `egress:`; passthrough only changes how an allowed endpoint is handled"),
+            )),
+            Ok(_) => {}
+        }
+    }
+    out
+}
+
+/// `host:port` (IPv6 in brackets) as (normalised host, port).
+pub fn split_endpoint(entry: &str) -> Result<(String, u16), String> {
+    check_host_port(entry)?;
+    let (host, port) = match entry.strip_prefix('[') {
+        Some(rest) => rest
+            .split_once("]:")
+            .ok_or_else(|| format!("`{entry}` is not host:port"))?,
+        None => entry
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{entry}` is not host:port"))?,
+    };
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("`{entry}`: port `{port}` is not 1-65535"))?;
+    Ok((host.trim_end_matches('.').to_ascii_lowercase(), port))
+}
+
+/// The tool's egress allowlist entries, normalised (empty for `proxy` or
+/// no egress).
+fn allow_entries(c: &Ctx<'_>) -> Vec<(String, u16)> {
+    match c.egress().map(|e| &e.value) {
+        Some(Egress::Allow(list)) => list.iter().filter_map(|e| split_endpoint(e).ok()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A header line `Name: value` whose value holds `{token}` exactly once.
+fn parse_header_template(h: &str) -> Result<(String, String), String> {
+    let (name, template) = h
+        .split_once(':')
+        .ok_or_else(|| format!("header `{h}` is not `Name: value`"))?;
+    let (name, template) = (name.trim(), template.trim());
+    let token_char = |ch: char| ch.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(ch);
+    if name.is_empty() || !name.chars().all(token_char) {
+        return Err(format!("header `{h}`: `{name}` is not a header name"));
+    }
+    if template.matches("{token}").count() != 1 {
+        return Err(format!(
+            "header `{h}`: the value must contain `{{token}}` exactly once"
+        ));
+    }
+    if template.chars().any(|ch| ch.is_control()) {
+        return Err(format!("header `{h}`: control characters in the value"));
+    }
+    Ok((name.to_string(), template.to_string()))
+}
+
+/// One secret as resolved: its delivery and, for the proxy, its binding.
+fn resolve_secret(
+    c: &Ctx<'_>,
+    ss: &Spanned<manifest::Secret>,
+) -> Result<policy::Secret, Diagnostic> {
+    let (s, at) = (&ss.value, ss.referenced);
+    let err = |m: String, hint: Option<&str>| c.diag(at, format!("secret `{}`: {m}", s.name), hint);
+    let deliver = s.deliver.unwrap_or(manifest::Deliver::Proxy);
+    let bind = match deliver {
+        manifest::Deliver::Env => {
+            if s.bind.is_some() {
+                return Err(err(
+                    "`bind` applies to `deliver: proxy`; with `deliver: env` the tool holds the token itself".into(),
+                    None,
+                ));
+            }
+            None
+        }
+        manifest::Deliver::Proxy => {
+            let b = s.bind.clone().unwrap_or(manifest::Bind {
+                endpoint: None,
+                path: None,
+                header: None,
+                basic: None,
+                query: None,
+            });
+            let allow = allow_entries(c);
+            let (host, port) = match &b.endpoint {
+                Some(e) => {
+                    let hp =
+                        split_endpoint(e).map_err(|m| err(format!("bind.endpoint: {m}"), None))?;
+                    if !allow.contains(&hp) {
+                        return Err(err(
+                            format!("bind.endpoint `{e}` is not in the tool's egress allowlist"),
+                            Some("bind the secret to one of the `egress:` entries"),
+                        ));
+                    }
+                    hp
+                }
+                None => match allow.as_slice() {
+                    [one] => one.clone(),
+                    [] => {
+                        return Err(err(
+                            "delivered by the proxy (the default), but the tool has no egress allowlist to bind it to".into(),
+                            Some("give `egress: [host:port]` and `bind: {endpoint: host:port}`, or `deliver: env`"),
+                        ));
+                    }
+                    _ => {
+                        return Err(err(
+                            format!(
+                                "the tool has {} egress entries; say which one the secret is for",
+                                allow.len()
+                            ),
+                            Some("add `bind: {endpoint: \"host:port\"}`"),
+                        ));
+                    }
+                },
+            };
+            let passthrough = c
+                .tool
+                .tls_passthrough
+                .iter()
+                .filter_map(|e| split_endpoint(&e.value).ok())
+                .any(|hp| hp == (host.clone(), port));
+            if passthrough {
+                return Err(err(
+                    "bound to a `tls_passthrough` endpoint, whose requests the door never reads"
+                        .into(),
+                    Some("remove the endpoint from `tls_passthrough`, or use `deliver: env`"),
+                ));
+            }
+            if let Some(p) = &b.path
+                && (!p.starts_with('/') || p.chars().any(|ch| ch.is_control() || ch == ' '))
+            {
+                return Err(err(
+                    format!("bind.path `{p}` must start with `/` (no spaces)"),
+                    None,
+                ));
+            }
+            let n = [b.header.is_some(), b.basic.is_some(), b.query.is_some()]
+                .iter()
+                .filter(|x| **x)
+                .count();
+            if n > 1 {
+                return Err(err(
+                    "give at most one of `bind.header`, `bind.basic` and `bind.query`".into(),
+                    None,
+                ));
+            }
+            let placement = if let Some(h) = &b.header {
+                let (name, template) =
+                    parse_header_template(h).map_err(|m| err(format!("bind.{m}"), None))?;
+                policy::Placement::Header { name, template }
+            } else if let Some(u) = &b.basic {
+                if u.is_empty() || u.contains(':') || u.chars().any(|ch| ch.is_control()) {
+                    return Err(err(
+                        format!("bind.basic `{u}` is not a user name (no `:`)"),
+                        None,
+                    ));
+                }
+                policy::Placement::Basic {
+                    username: u.clone(),
+                }
+            } else if let Some(q) = &b.query {
+                if q.is_empty()
+                    || !q
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || "-._~".contains(ch))
+                {
+                    return Err(err(
+                        format!("bind.query `{q}` is not a parameter name"),
+                        None,
+                    ));
+                }
+                policy::Placement::Query { param: q.clone() }
+            } else {
+                policy::Placement::Header {
+                    name: "Authorization".into(),
+                    template: "Bearer {token}".into(),
+                }
+            };
+            Some(policy::SecretBinding {
+                host,
+                port,
+                path: b.path.clone(),
+                placement,
+            })
+        }
+    };
+    Ok(policy::Secret {
+        name: s.name.clone(),
+        scope: s.scope.clone(),
+        ttl_seconds: s.ttl,
+        provider: s.provider.clone(),
+        audience: s.audience.clone(),
+        deliver,
+        bind,
+    })
 }
 
 /// A mount as written: `src`, `src:dst`, `src:dst:ro` or `src:dst:rw`
@@ -710,6 +960,18 @@ fn warnings(c: &Ctx<'_>) -> Vec<Diagnostic> {
             Some("e.g. `image: name@sha256:<digest>` for the runtime to start"),
         ));
     }
+    for s in c.secrets() {
+        if s.value.deliver == Some(manifest::Deliver::Env) {
+            out.push(c.diag(
+                s.referenced,
+                format!(
+                    "secret `{}` is delivered in the environment (`deliver: env`): the tool holds the token itself and can send it anywhere its egress reaches",
+                    s.value.name
+                ),
+                Some("prefer `deliver: proxy`: the sandbox sees a placeholder the door replaces only on the bound endpoint"),
+            ));
+        }
+    }
     for k in c.tool.env.keys() {
         let lk = k.to_ascii_lowercase();
         if ["token", "secret", "password", "key"]
@@ -730,6 +992,7 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
     let mut errors = Vec::new();
     let mut warns = Vec::new();
     let mut tools = BTreeMap::new();
+    let mut secret_at = BTreeMap::new();
     if let Some(v) = m.version
         && v != 1
     {
@@ -750,6 +1013,17 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
             tool: &spanned.value,
             at: spanned.referenced,
         };
+        for s in c.secrets() {
+            let at = if s.referenced == Location::UNKNOWN {
+                c.at
+            } else {
+                s.referenced
+            };
+            secret_at.insert(
+                (name.clone(), s.value.name.clone()),
+                (at.line(), at.column()),
+            );
+        }
         let before = errors.len();
         if name.is_empty()
             || !name
@@ -780,6 +1054,7 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
             path: file.to_path_buf(),
             policy: PolicySet { tools },
             warnings: warns,
+            secret_at,
         })
     } else {
         errors.sort_by_key(|d| (d.line, d.column));
@@ -971,12 +1246,14 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         secrets: c
             .secrets()
             .iter()
-            .map(|s| policy::Secret {
-                name: s.name.clone(),
-                scope: s.scope.clone(),
-                ttl_seconds: s.ttl,
-            })
-            .collect(),
+            .map(|s| resolve_secret(c, s))
+            .collect::<Result<_, _>>()?,
+        tls_passthrough: {
+            let mut v: Vec<String> = t.tls_passthrough.iter().map(|e| e.value.clone()).collect();
+            v.sort();
+            v.dedup();
+            v
+        },
         mounts,
         env,
         lifetime,

@@ -15,7 +15,7 @@ tools:
     profile: P2
     image: reg.example/jira@sha256:1111111111111111111111111111111111111111111111111111111111111111
     egress: ["jira.example:443"]
-    secrets: [{name: JIRA_TOKEN, scope: "read:issues", ttl: 900}]
+    secrets: [{name: JIRA_TOKEN, scope: "read:issues", ttl: 900, bind: {endpoint: "jira.example:443"}}]
   b:
     profile: P3
     runtime: gvisor
@@ -87,8 +87,10 @@ fn egress_widened_weakens() {
         true,
     );
     one(
-        r#"egress: ["jira.example:443"]"#,
-        "network: none",
+        r#"egress: ["jira.example:443"]
+    secrets: [{name: JIRA_TOKEN, scope: "read:issues", ttl: 900, bind: {endpoint: "jira.example:443"}}]"#,
+        r#"network: none
+    secrets: [{name: JIRA_TOKEN, scope: "read:issues", ttl: 900, deliver: env}]"#,
         "network",
         false,
     );
@@ -97,13 +99,66 @@ fn egress_widened_weakens() {
 #[test]
 fn secret_added_or_longer_weakens() {
     one(
-        "ttl: 900}",
-        "ttl: 900}, {name: S3, scope: w, ttl: 60}",
-        "secrets",
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}",
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}, {name: S3, scope: w, ttl: 60}",
+        "secrets.S3",
         true,
     );
-    one("ttl: 900", "ttl: 3600", "secrets", true);
-    one("ttl: 900", "ttl: 60", "secrets", false);
+    one("ttl: 900", "ttl: 3600", "secrets.JIRA_TOKEN.ttl", true);
+    one("ttl: 900", "ttl: 60", "secrets.JIRA_TOKEN.ttl", false);
+    one(
+        "scope: \"read:issues\"",
+        "scope: \"write:issues\"",
+        "secrets.JIRA_TOKEN.scope",
+        true,
+    );
+}
+
+#[test]
+fn secret_delivered_in_env_or_rebound_weakens() {
+    one(
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}",
+        "ttl: 900, deliver: env}",
+        "secrets.JIRA_TOKEN.deliver",
+        true,
+    );
+    one(
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}",
+        "ttl: 900, bind: {endpoint: \"jira.example:443\", path: /rest/}}",
+        "secrets.JIRA_TOKEN.bind",
+        true,
+    );
+    one(
+        "ttl: 900,",
+        "ttl: 900, provider: vault,",
+        "secrets.JIRA_TOKEN.provider",
+        true,
+    );
+    // Back from env to the proxy is a strengthening.
+    let env = BASE.replacen(
+        "ttl: 900, bind: {endpoint: \"jira.example:443\"}}",
+        "ttl: 900, deliver: env}",
+        1,
+    );
+    let a = load_str(Path::new("a.yaml"), &env).unwrap();
+    let b = load_str(Path::new("b.yaml"), BASE).unwrap();
+    let c = diff(&a.policy, &b.policy);
+    let d: Vec<_> = c
+        .iter()
+        .filter(|c| c.field == "secrets.JIRA_TOKEN.deliver")
+        .collect();
+    assert_eq!(d.len(), 1, "{c:#?}");
+    assert!(!d[0].weakens);
+}
+
+#[test]
+fn tls_passthrough_added_weakens() {
+    one(
+        "egress: [\"jira.example:443\"]",
+        "egress: [\"jira.example:443\", \"pin.example:443\"]\n    tls_passthrough: [\"pin.example:443\"]",
+        "tls_passthrough",
+        true,
+    );
 }
 
 #[test]

@@ -273,6 +273,115 @@ fn secrets_are_wellformed() {
     );
 }
 
+const P2: &str = "tools:\n  a:\n    profile: P2\n    command: [x]\n";
+
+#[test]
+fn a_seed_secret_binds_to_the_single_egress_entry() {
+    let l = load_str(
+        Path::new("m.yaml"),
+        &format!("{P2}    egress: [\"Jira.Example:443\"]\n    secrets: [{{name: JIRA_TOKEN, scope: r, ttl: 60}}]\n"),
+    )
+    .unwrap();
+    let s = &l.policy.tools["a"].secrets[0];
+    assert_eq!(s.deliver, cordon_policy::policy::Deliver::Proxy);
+    let b = s.bind.as_ref().unwrap();
+    assert_eq!(
+        (b.host.as_str(), b.port, b.path.as_deref()),
+        ("jira.example", 443, None)
+    );
+    assert_eq!(
+        b.placement,
+        cordon_policy::policy::Placement::Header {
+            name: "Authorization".into(),
+            template: "Bearer {token}".into()
+        }
+    );
+    assert_eq!(
+        l.secret_at[&("a".to_string(), "JIRA_TOKEN".to_string())].0,
+        6
+    );
+}
+
+#[test]
+fn a_secret_binding_must_be_one_allowed_endpoint() {
+    // Several egress entries and no bind: which one?
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\", \"c.d:443\"]\n    secrets:\n      - {{name: T, scope: r, ttl: 5}}\n"
+        ),
+        7,
+        "2 egress entries; say which one",
+    );
+    // An endpoint outside the allowlist.
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\"]\n    secrets:\n      - {{name: T, scope: r, ttl: 5}}\n      - {{name: U, scope: r, ttl: 5, bind: {{endpoint: \"evil.example:443\"}}}}\n"
+        ),
+        8,
+        "bind.endpoint `evil.example:443` is not in the tool's egress allowlist",
+    );
+    // No egress at all for a proxy secret.
+    assert_one(
+        &format!("{P2}    network: none\n    secrets: [{{name: T, scope: r, ttl: 5}}]\n"),
+        6,
+        "no egress allowlist to bind it to",
+    );
+    // A header without {token}; two placements; env with a bind.
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\"]\n    secrets: [{{name: T, scope: r, ttl: 5, bind: {{header: \"X-Key: abc\"}}}}]\n"
+        ),
+        6,
+        "`{token}` exactly once",
+    );
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\"]\n    secrets: [{{name: T, scope: r, ttl: 5, bind: {{basic: u, query: k}}}}]\n"
+        ),
+        6,
+        "at most one of",
+    );
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\"]\n    secrets: [{{name: T, scope: r, ttl: 5, deliver: env, bind: {{basic: u}}}}]\n"
+        ),
+        6,
+        "`bind` applies to `deliver: proxy`",
+    );
+    // Bound to an endpoint the door only tunnels.
+    assert_one(
+        &format!(
+            "{P2}    egress: [\"a.b:443\"]\n    tls_passthrough: [\"a.b:443\"]\n    secrets: [{{name: T, scope: r, ttl: 5}}]\n"
+        ),
+        7,
+        "`tls_passthrough` endpoint",
+    );
+    assert_one(
+        &format!("{P2}    egress: [\"a.b:443\"]\n    tls_passthrough: [\"c.d:443\"]\n"),
+        6,
+        "not in the tool's egress allowlist",
+    );
+}
+
+#[test]
+fn env_delivery_is_allowed_with_a_warning() {
+    let l = load_str(
+        Path::new("m.yaml"),
+        &format!(
+            "{P2}    network: none\n    secrets: [{{name: T, scope: r, ttl: 5, deliver: env}}]\n"
+        ),
+    )
+    .unwrap();
+    assert_eq!(l.policy.tools["a"].secrets[0].bind, None);
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.line == 6 && w.message.contains("delivered in the environment")),
+        "{:?}",
+        l.warnings
+    );
+}
+
 #[test]
 fn yaml_bombs_are_refused() {
     let mut y = String::from("a: &a [x,x,x,x,x,x,x,x,x]\n");

@@ -57,6 +57,14 @@ impl Context {
     }
 }
 
+/// A credential broker as admission sees it: whether a tool's secrets can
+/// be minted here. Without one, a tool that declares secrets is refused.
+pub trait Minting: Send + Sync {
+    /// `Err(why)` when some secret of `tool` cannot be minted (its provider
+    /// is unknown to the broker's provider file).
+    fn can_mint(&self, tool: &ToolPolicy) -> Result<(), String>;
+}
+
 /// The credentials a session's credential broker minted for one tool.
 #[derive(Clone, Default)]
 pub struct Credentials {
@@ -211,6 +219,9 @@ pub struct Registry {
     images: Option<Arc<dyn images::Images>>,
     /// Why a runtime of this build could not start here, by kind.
     unavailable: Vec<(RuntimeKind, String)>,
+    /// The credential broker (`None`: tools that declare secrets are
+    /// refused).
+    credentials: Option<Arc<dyn Minting>>,
 }
 
 impl Registry {
@@ -220,7 +231,19 @@ impl Registry {
             entries: Vec::new(),
             images: None,
             unavailable: Vec::new(),
+            credentials: None,
         }
+    }
+
+    /// Admit tools that declare secrets when `broker` can mint them.
+    pub fn with_credentials(mut self, broker: Arc<dyn Minting>) -> Registry {
+        self.credentials = Some(broker);
+        self
+    }
+
+    /// Whether a credential broker is configured.
+    pub fn has_credentials(&self) -> bool {
+        self.credentials.is_some()
     }
 
     /// Register `rt` for policies of `kind` used as `use_`.
@@ -290,7 +313,12 @@ impl Registry {
     /// Admit `policy` for `use_` on this host, or refuse it with every
     /// reason: nothing this build or host cannot enforce ever runs weaker.
     pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
-        let spec = spec::lower(policy, use_, self.images.as_deref())?;
+        let spec = spec::lower(
+            policy,
+            use_,
+            self.images.as_deref(),
+            self.credentials.as_deref(),
+        )?;
         let runtime = self.get(policy.runtime, use_).map_err(|why| {
             format!(
                 "{}: {why}; refusing to run the tool under a weaker boundary",

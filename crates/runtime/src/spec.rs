@@ -163,12 +163,14 @@ impl Use {
 }
 
 /// Lower a resolved policy into the neutral specification, or say why it
-/// cannot be (nothing to run, P0, the wrong use of an MCP server). Which
-/// runtime builds it, and whether it can here, is decided by admission.
+/// cannot be (nothing to run, P0, the wrong use of an MCP server, secrets
+/// that no credential broker here can mint). Which runtime builds it, and
+/// whether it can here, is decided by admission.
 pub fn lower(
     p: &ToolPolicy,
     use_: Use,
     images: Option<&dyn crate::images::Images>,
+    credentials: Option<&dyn crate::Minting>,
 ) -> Result<SandboxSpec, String> {
     if p.profile == Profile::P0 {
         return Err(format!(
@@ -269,15 +271,28 @@ pub fn lower(
         });
     }
     if !p.secrets.is_empty() {
-        return Err(format!(
-            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
-            p.name
-        ));
+        match credentials {
+            None => {
+                return Err(format!(
+                    "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+                    p.name
+                ));
+            }
+            Some(c) => c.can_mint(p)?,
+        }
     }
     let l = p.require_limits()?;
     let network = match egress_policy_for(&p.name, &p.network)? {
         None => Network::None,
-        Some(ep) => Network::Doors(Box::new(ep)),
+        Some(mut ep) => {
+            for e in &p.tls_passthrough {
+                ep.passthrough.push(
+                    cordon_egress::HostPort::parse(e)
+                        .map_err(|err| format!("{}: tls_passthrough {e}: {err}", p.name))?,
+                );
+            }
+            Network::Doors(Box::new(ep))
+        }
     };
     let (root, env, cwd, user) = match image {
         None => (

@@ -169,7 +169,7 @@ impl Upstream {
         let name = &self.policy.name;
         let proc = self
             .sandbox
-            .start(&self.policy, &self.argv)
+            .start(&self.session, &self.policy, &self.argv)
             .map_err(|e| render::refusal(Refusal::SandboxFailed, e, json!({"tool": name})))?;
         let handle = proc.handle.clone();
         if let Ok(mut w) = self.warnings.lock() {

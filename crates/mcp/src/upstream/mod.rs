@@ -67,6 +67,9 @@ pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 /// One `mcp:` tool of the manifest within one agent session.
 pub(crate) struct Upstream {
     policy: Arc<ToolPolicy>,
+    /// The agent session this server runs for (its credentials are this
+    /// session's; audit records name it).
+    session: String,
     argv: Vec<String>,
     allow: Option<Vec<String>>,
     rename: BTreeMap<String, String>,
@@ -90,6 +93,7 @@ impl Upstream {
     pub fn new(
         policy: Arc<ToolPolicy>,
         sandbox: Arc<dyn ServerSandbox>,
+        session: &str,
     ) -> Result<Upstream, String> {
         let Exec::Mcp {
             command,
@@ -117,6 +121,7 @@ impl Upstream {
         };
         let wall = Duration::from_secs(policy.require_limits()?.wall_seconds);
         Ok(Upstream {
+            session: session.to_string(),
             argv,
             allow: allow.clone(),
             rename: rename.clone(),
