@@ -346,9 +346,7 @@ impl Engine {
                 Ok(Host::Name(n)) if names.contains(&n) => Ok(n),
                 Ok(h) => Err((
                     label.clone(),
-                    format!(
-                        "{what} names {h}, but {ip} was answered for {label}"
-                    ),
+                    format!("{what} names {h}, but {ip} was answered for {label}"),
                     Some(ip),
                 )),
                 Err(e) => Err((

@@ -106,11 +106,7 @@ fn strip_port(v: &str) -> &str {
 /// A TLS record holding a ClientHello: its server name.
 fn tls(b: &[u8], full: bool) -> Option<Presented> {
     if b.len() < 5 {
-        return if full {
-            Some(Presented::Other)
-        } else {
-            None
-        };
+        return if full { Some(Presented::Other) } else { None };
     }
     if b[1] != 3 {
         return Some(Presented::Other);
@@ -144,7 +140,8 @@ impl<'a> Cur<'a> {
         self.take(1).map(|b| usize::from(b[0]))
     }
     fn u16(&mut self) -> Option<usize> {
-        self.take(2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        self.take(2)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
     }
 }
 
@@ -263,7 +260,10 @@ mod tests {
         );
         assert_eq!(classify(b"GET / HTTP/1.1\r\nHost: a", false), None);
         assert_eq!(classify(b"GE", false), None);
-        assert_eq!(classify(b"SSH-2.0-OpenSSH\r\n", false), Some(Presented::Other));
+        assert_eq!(
+            classify(b"SSH-2.0-OpenSSH\r\n", false),
+            Some(Presented::Other)
+        );
         assert_eq!(classify(b"", true), Some(Presented::Other));
     }
 }

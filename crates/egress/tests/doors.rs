@@ -628,7 +628,10 @@ fn transparent_door_with_curl_noproxy() {
     );
     // A loopback address the DNS door never answered lands on the transparent listener (all
     // of 127/8 is local) and is refused; everything else has no route at all.
-    let c = r.curl(false, &["--noproxy", "*", &format!("http://127.0.0.2:{p}/")]);
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://127.0.0.2:{p}/")],
+    );
     assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
     let (conn, _) = r.settle(1);
     refused(
@@ -827,7 +830,9 @@ fn dns_door_answers_only_allowed_names_and_never_forwards() {
     assert_eq!(dns.len(), 1, "one event per query: {dns:#?}");
     assert_eq!(dns[0].address, Some(first[0]));
     assert!(
-        dns[0].reason.starts_with("A api.allowed.test -> 127.0.0.1; matches "),
+        dns[0]
+            .reason
+            .starts_with("A api.allowed.test -> 127.0.0.1; matches "),
         "{dns:#?}"
     );
     // Case-insensitive.
@@ -917,10 +922,15 @@ fn dns_door_answers_only_allowed_names_and_never_forwards() {
     }
     // The DNS door forwarded nothing: the upstream saw only the broker's own lookups of the
     // allowed names it was asked about (the pinned one not even that).
-    let own: usize = ["public.allowed.test", "also.allowed.test", "v6only.allowed.test", "rebind.allowed.test"]
-        .iter()
-        .map(|n| r.dns.count(n))
-        .sum();
+    let own: usize = [
+        "public.allowed.test",
+        "also.allowed.test",
+        "v6only.allowed.test",
+        "rebind.allowed.test",
+    ]
+    .iter()
+    .map(|n| r.dns.count(n))
+    .sum();
     assert!(own >= 4);
     assert_eq!(r.dns.total(), own, "{:?}", r.dns.queries);
     assert_eq!(r.dns.count("api.allowed.test"), 0);
@@ -1209,5 +1219,121 @@ fn https_through_connect_and_the_transparent_door() {
     assert_eq!(c.code, 6, "{}", c.stderr);
     let (conn, dns) = r.settle(0);
     assert!(conn.is_empty() && !dns.is_empty());
+    // The allowed name's answered address, but a ClientHello naming another host (the tool
+    // dials the address it got for the allowed name): refused, nothing reaches the upstream.
+    for (sni, shown) in [("evil.example", "evil.example"), ("localhost", "localhost")] {
+        let c = r.curl(
+            false,
+            &[
+                "--noproxy",
+                "*",
+                "--cacert",
+                &ca,
+                "--connect-to",
+                &format!("{sni}:{t}:{ALLOWED}:{t}"),
+                &format!("https://{sni}:{t}/"),
+            ],
+        );
+        assert_eq!(c.code, 35, "{sni}: {}", c.stderr);
+        let (conn, _) = r.settle(1);
+        refused(
+            &conn[0],
+            Door::Transparent,
+            ALLOWED,
+            t,
+            &format!(
+                "egress to {ALLOWED}:{t} refused: TLS ClientHello names {shown}, but 127.0.0.1 was answered for {ALLOWED}"
+            ),
+        );
+    }
+    // Without a server name (an IP literal in the URL): refused too.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", "-k", &format!("https://127.0.0.1:{t}/")],
+    );
+    assert_eq!(c.code, 35, "{}", c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        ALLOWED,
+        t,
+        &format!(
+            "egress to {ALLOWED}:{t} refused: TLS ClientHello without a name, to 127.0.0.1 (answered for {ALLOWED})"
+        ),
+    );
     assert_eq!(r.dns.total(), 0);
+}
+
+/// Two allowed names answered with the same address: the HTTP `Host` decides; a connection
+/// that names neither is allowed while only one name was answered there, refused once two were.
+#[test]
+fn shared_address_is_decided_by_the_name_presented() {
+    const SECOND: &str = "second.allowed.test";
+    let Some(mut r) = Rig::new(|p| {
+        let port = p.allow[0].port;
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("{SECOND}:{port}")).unwrap());
+        p.resolve
+            .insert(SECOND.into(), "127.0.0.1".parse().unwrap());
+    }) else {
+        return;
+    };
+    let p = r.p();
+    let raw = |r: &Rig| -> String {
+        r.ns.run(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            s.write_all(b"hello\r\nconnection: close\r\n\r\n").unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        })
+    };
+    r.quiet();
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/one")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // Positive control: one name answered for the address, a connection naming nothing goes to
+    // it.
+    let got = raw(&r);
+    assert!(got.contains("upstream ok: hello"), "{got:?}");
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // The second name, same address: its Host decides.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{SECOND}:{p}/two")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, SECOND, p);
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/three")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // Now ambiguous without a name: refused.
+    let got = raw(&r);
+    assert_eq!(got, "");
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        &format!("{ALLOWED} or {SECOND}"),
+        p,
+        &format!(
+            "egress to {ALLOWED} or {SECOND}:{p} refused: 127.0.0.1 was answered for {ALLOWED} or {SECOND}, and the connection names none of them (no TLS server name, no HTTP Host)"
+        ),
+    );
+    let heads = r.up.heads();
+    assert_eq!(heads.len(), 4, "{heads:#?}");
+    assert!(
+        heads[0].contains("/one") && heads[2].contains("/two"),
+        "{heads:#?}"
+    );
 }

@@ -1133,7 +1133,11 @@ tryit("metadata", lambda: socket.create_connection(("169.254.169.254", 8080), ti
     }
     assert_eq!(o.status, Status::Ok, "{} {}", o.reason, text(&o.stderr));
     let out = text(&o.stdout);
-    assert_eq!(field(&out, "answered"), "door-ok 93.184.216.34:8080", "{out}");
+    assert_eq!(
+        field(&out, "answered"),
+        "door-ok 93.184.216.34:8080",
+        "{out}"
+    );
     assert_eq!(field(&out, "unanswered"), "ENETUNREACH", "{out}");
     assert_eq!(field(&out, "metadata"), "ENETUNREACH", "{out}");
 }

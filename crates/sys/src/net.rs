@@ -51,7 +51,12 @@ pub fn newaddr_message(ip: IpAddr, prefix: u8, seq: u32) -> Vec<u8> {
 /// socket) was made in, and wait for the kernel's answer. An address that
 /// is already there is not an error. Callers sharing one socket must not
 /// call this concurrently (the answers would cross).
-pub fn add_local_address(nl: BorrowedFd<'_>, ip: IpAddr, prefix: u8, seq: u32) -> Result<(), Errno> {
+pub fn add_local_address(
+    nl: BorrowedFd<'_>,
+    ip: IpAddr,
+    prefix: u8,
+    seq: u32,
+) -> Result<(), Errno> {
     let msg = newaddr_message(ip, prefix, seq);
     // SAFETY: send reads `msg.len()` bytes of `msg`; a netlink socket with
     // no destination sends to the kernel.
@@ -155,7 +160,10 @@ mod tests {
     fn newaddr_layout() {
         let m = newaddr_message("198.18.0.0".parse().unwrap(), 15, 7);
         assert_eq!(m.len(), 16 + 8 + 8 + 8);
-        assert_eq!(u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize, m.len());
+        assert_eq!(
+            u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize,
+            m.len()
+        );
         assert_eq!(&m[16..18], &[libc::AF_INET as u8, 15]);
         assert_eq!(&m[28..32], &[198, 18, 0, 0]);
     }
