@@ -11,13 +11,13 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::{Engine, OpenError, refusal, started};
 use crate::event::{Decision, Door};
-use crate::io::{Meter, Metered, splice};
+use crate::io::{Meter, tunnel};
 use crate::name::Host;
 
 /// Serve one connection accepted on a transparent listener.
 pub(crate) async fn serve_conn(
     engine: Arc<Engine>,
-    mut client: TcpStream,
+    client: TcpStream,
     permit: OwnedSemaphorePermit,
 ) {
     let _permit = permit;
@@ -115,8 +115,7 @@ pub(crate) async fn serve_conn(
         }
     };
     let meter = Meter::new();
-    let mut up = Metered::new(upstream, meter.clone());
-    let note = splice(&mut client, &mut up, engine.policy.idle_timeout).await;
+    let note = tunnel(&client, &upstream, meter.clone(), engine.policy.idle_timeout).await;
     let reason = match note {
         Some(n) => format!("{allowed_why}; {n}"),
         None => allowed_why,

@@ -141,6 +141,13 @@ pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> Result<us
     }
 }
 
+/// `shutdown(fd, SHUT_WR)`: end of file for the peer, reading goes on.
+pub fn shutdown_write(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: shutdown takes no pointers, on a descriptor the caller borrows.
+    let rc = unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// A close-on-exec, non-blocking pipe for [`splice`]: (read end, write
 /// end).
 pub fn splice_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), Errno> {
