@@ -115,7 +115,13 @@ pub(crate) async fn serve_conn(
         }
     };
     let meter = Meter::new();
-    let note = tunnel(&client, &upstream, meter.clone(), engine.policy.idle_timeout).await;
+    let note = tunnel(
+        &client,
+        &upstream,
+        meter.clone(),
+        engine.policy.idle_timeout,
+    )
+    .await;
     let reason = match note {
         Some(n) => format!("{allowed_why}; {n}"),
         None => allowed_why,
