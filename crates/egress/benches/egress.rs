@@ -93,6 +93,9 @@ fn get(mode: Mode, to: SocketAddr, port: u16, path: &str) -> u64 {
 
 struct Result {
     mode: Mode,
+    /// CPU seconds of the whole process per GiB downloaded.
+    cpu_per_gib: f64,
+    cpu_ratio: f64,
     mb_per_s: f64,
     small_us: f64,
     rate_ratio: f64,
@@ -123,6 +126,14 @@ fn smalls(mode: Mode, to: SocketAddr, port: u16, small: usize) -> f64 {
         get(mode, to, port, "/small");
     }
     t.elapsed().as_secs_f64() * 1e6 / small as f64
+}
+
+/// User and system CPU time of this process so far, in seconds.
+fn cpu_seconds() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    t(u.user_time()) + t(u.system_time())
 }
 
 fn warm_up(mode: Mode, to: SocketAddr, port: u16) {
@@ -234,10 +245,14 @@ fn main() {
         );
     }
     let mut rates = vec![Vec::new(); MODES.len()];
+    let mut cpus = vec![Vec::new(); MODES.len()];
     let mut lats = vec![Vec::new(); MODES.len()];
     for _ in 0..rounds {
         for (i, mode) in MODES.iter().enumerate() {
+            let c0 = cpu_seconds();
             rates[i].push(on(*mode, download, mb));
+            // The whole process: client, upstream and (for the doors) the broker's workers.
+            cpus[i].push((cpu_seconds() - c0) * 1024.0 / mb as f64);
         }
         for (i, mode) in MODES.iter().enumerate() {
             lats[i].push(on(
@@ -253,6 +268,8 @@ fn main() {
         let lat_ratio: Vec<f64> = lats[i].iter().zip(&lats[0]).map(|(l, d)| l / d).collect();
         let added: Vec<f64> = lats[i].iter().zip(&lats[0]).map(|(l, d)| l - d).collect();
         let r = Result {
+            cpu_per_gib: median(cpus[i].clone()),
+            cpu_ratio: median(cpus[i].iter().zip(&cpus[0]).map(|(c, d)| c / d).collect()),
             mode: *mode,
             mb_per_s: median(rates[i].clone()),
             small_us: median(lats[i].clone()),
@@ -272,17 +289,19 @@ fn main() {
     }
     println!();
     println!(
-        "| path | download MiB/s | throughput vs direct (min-max over rounds) | small request (us) | latency vs direct | added per request (us) |"
+        "| path | download MiB/s | throughput vs direct (min-max over rounds) | CPU s per GiB (vs direct) | small request (us) | latency vs direct | added per request (us) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {:?} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.0} | {:.2}x | {:+.0} |",
+            "| {:?} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2} ({:.2}x) | {:.0} | {:.2}x | {:+.0} |",
             r.mode,
             r.mb_per_s,
             r.rate_ratio,
             r.rate_range.0,
             r.rate_range.1,
+            r.cpu_per_gib,
+            r.cpu_ratio,
             r.small_us,
             r.lat_ratio,
             r.added_us
