@@ -1,8 +1,11 @@
 //! What a connection on a transparent door says it is for, read without consuming a byte: the
 //! server name (SNI) of a TLS ClientHello, or the `Host` header of an HTTP/1 request.
 
+use std::io;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Most bytes looked at: a TLS record (16 KiB) and its header, or an HTTP request head.
@@ -26,25 +29,28 @@ pub(crate) async fn presented(stream: &TcpStream, wait: Duration) -> Presented {
     let mut seen = 0usize;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if left.is_zero() || tokio::time::timeout(left, stream.readable()).await.is_err() {
             return classify(&buf[..seen], true).unwrap_or(Presented::Other);
         }
-        let n = match tokio::time::timeout(left, stream.peek(&mut buf)).await {
-            Ok(Ok(n)) => n,
-            Ok(Err(_)) | Err(_) => return classify(&buf[..seen], true).unwrap_or(Presented::Other),
-        };
-        // End of stream: nothing more will come.
-        let full = n == 0 || n == buf.len();
-        if n > 0 {
-            seen = n;
-        }
-        if let Some(p) = classify(&buf[..seen], full) {
-            return p;
-        }
-        if n == seen && n > 0 {
-            // Part of a ClientHello or request head is in; peek returns at once while bytes
-            // are queued, so wait a little for the rest.
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        // Only new bytes count as readiness: with none, `try_io` clears it (unless more
+        // arrived meanwhile), so the next wait ends when the client sends more.
+        let r = stream.try_io(Interest::READABLE, || {
+            match cordon_sys::net::peek(stream.as_fd(), &mut buf) {
+                Ok(n) if n == 0 || n > seen => Ok(n),
+                Ok(_) => Err(io::ErrorKind::WouldBlock.into()),
+                Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+            }
+        });
+        match r {
+            Ok(0) => return classify(&buf[..seen], true).unwrap_or(Presented::Other),
+            Ok(n) => {
+                seen = n;
+                if let Some(p) = classify(&buf[..seen], seen == buf.len()) {
+                    return p;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return classify(&buf[..seen], true).unwrap_or(Presented::Other),
         }
     }
 }

@@ -1330,8 +1330,29 @@ fn shared_address_is_decided_by_the_name_presented() {
             "egress to {ALLOWED} or {SECOND}:{p} refused: 127.0.0.1 was answered for {ALLOWED} or {SECOND}, and the connection names none of them (no TLS server name, no HTTP Host)"
         ),
     );
+    // A request head that arrives in pieces is read to its Host before anything is decided.
+    let got = r.ns.run(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        for piece in [
+            "GET /pieces HTTP/1.1\r\n".to_string(),
+            format!("Host: {SECOND}:{p}\r\n"),
+            "Connection: close\r\n\r\n".to_string(),
+        ] {
+            s.write_all(piece.as_bytes()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    assert!(got.contains("upstream ok: GET /pieces"), "{got:?}");
+    allowed(&r.settle(1).0[0], Door::Transparent, SECOND, p);
     let heads = r.up.heads();
-    assert_eq!(heads.len(), 4, "{heads:#?}");
+    assert_eq!(heads.len(), 5, "{heads:#?}");
     assert!(
         heads[0].contains("/one") && heads[2].contains("/two"),
         "{heads:#?}"

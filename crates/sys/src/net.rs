@@ -141,6 +141,26 @@ pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> Result<us
     }
 }
 
+/// `recv(fd, buf, MSG_PEEK | MSG_DONTWAIT)`: the bytes queued on a socket,
+/// left there. `Ok(0)` is end of file; EAGAIN when nothing is queued.
+pub fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which the
+    // caller lends us.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// `shutdown(fd, SHUT_WR)`: end of file for the peer, reading goes on.
 pub fn shutdown_write(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     // SAFETY: shutdown takes no pointers, on a descriptor the caller borrows.
