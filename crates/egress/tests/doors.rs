@@ -71,6 +71,12 @@ struct Curl {
 
 impl Rig {
     fn new(tune: impl FnOnce(&mut EgressPolicy)) -> Option<Rig> {
+        Rig::with_local(true, tune)
+    }
+
+    /// `local: false`: the doors get no way to add addresses to the sandbox's `lo`, so the DNS
+    /// door answers from the door range.
+    fn with_local(local: bool, tune: impl FnOnce(&mut EgressPolicy)) -> Option<Rig> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -112,7 +118,11 @@ impl Rig {
                 return None;
             }
         };
-        let doors = ns.doors(&plan);
+        let doors = if local {
+            ns.doors(&plan)
+        } else {
+            ns.doors_without_local(&plan)
+        };
         let (sink, rx) = EventSink::channel();
         let ctx = DoorContext {
             tool: TOOL.into(),
@@ -1356,5 +1366,119 @@ fn shared_address_is_decided_by_the_name_presented() {
     assert!(
         heads[0].contains("/one") && heads[2].contains("/two"),
         "{heads:#?}"
+    );
+}
+
+/// The metadata address is never answered, even when `allow_cidrs` would let the broker
+/// connect to it; a neighbour in 169.254/16 that `allow_cidrs` names is (positive control).
+#[test]
+fn dns_door_never_answers_the_metadata_address() {
+    use hickory_resolver::proto::op::{Message, Query, ResponseCode};
+    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+    let Some(mut r) = Rig::new(|p| {
+        let port = p.allow[0].port;
+        p.allow_cidrs.push("169.254.0.0/16".parse().unwrap());
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("near.allowed.test:{port}")).unwrap());
+        p.resolve
+            .insert("near.allowed.test".into(), "169.254.10.10".parse().unwrap());
+    }) else {
+        return;
+    };
+    let ask = |r: &Rig, name: &str| -> Message {
+        let mut q = Message::query();
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let bytes = q.to_vec().unwrap();
+        let reply = r.ns.run(move || {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            s.send_to(&bytes, "127.0.0.1:53").unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        });
+        Message::from_vec(&reply).unwrap()
+    };
+    r.quiet();
+    let m = ask(&r, "near.allowed.test.");
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    let got: Vec<String> = m
+        .answers
+        .iter()
+        .filter_map(|a| match &a.data {
+            RData::A(a) => Some(a.0.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, ["169.254.10.10"]);
+    r.settle(0);
+    let m = ask(&r, "meta.allowed.test.");
+    assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    assert!(m.answers.is_empty());
+    let (_, dns) = r.settle(0);
+    assert_eq!(dns.len(), 1, "{dns:#?}");
+    assert_eq!(dns[0].decision, Decision::Refused);
+    assert_eq!(
+        dns[0].reason,
+        "dns query A meta.allowed.test refused: meta.allowed.test resolves to 169.254.169.254, the cloud metadata address, which the DNS door never answers"
+    );
+    // And it has no route in the sandbox.
+    let c = r.curl(
+        false,
+        &[
+            "--noproxy",
+            "*",
+            "--connect-timeout",
+            "5",
+            "-v",
+            "http://169.254.169.254/",
+        ],
+    );
+    assert_eq!(c.code, 7, "{}", c.stderr);
+    assert!(c.stderr.contains("Network is unreachable"), "{}", c.stderr);
+}
+
+/// Doors served without a way to add local addresses: the DNS door answers from the door
+/// range, and the transparent door maps that address back to the name (and resolves it).
+#[test]
+fn without_local_addresses_the_door_range_is_answered() {
+    let Some(mut r) = Rig::with_local(false, |_| {}) else {
+        return;
+    };
+    let p = r.p();
+    r.quiet();
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/range")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "upstream ok: GET /range HTTP/1.1");
+    let (conn, dns) = r.settle(1);
+    allowed(&conn[0], Door::Transparent, ALLOWED, p);
+    let a = dns
+        .iter()
+        .find(|e| {
+            e.reason
+                .starts_with(&format!("A {ALLOWED} -> 198.18.0.1 (door address); "))
+        })
+        .unwrap_or_else(|| panic!("no door-range answer: {dns:#?}"));
+    assert_eq!(a.address, Some("198.18.0.1".parse().unwrap()));
+    // The pinned address itself was never answered here: dialled directly, it is refused.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://127.0.0.1:{p}/")],
+    );
+    assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        "127.0.0.1",
+        p,
+        &format!(
+            "egress to 127.0.0.1:{p} refused: 127.0.0.1 is not an address the DNS door handed out to {TOOL}"
+        ),
     );
 }
