@@ -277,7 +277,8 @@ tools:
     env: {{PYTHONPATH: /srv/py}}
     mcp:
       # cordon's doors vet every destination; the server's own check would
-      # refuse the doors' reserved addresses.
+      # refuse the loopback upstream (crates/cli/tests/mcp_e2e.rs runs it with
+      # the check on against a stand-in public address).
       command: ["/usr/bin/python3", "-m", "mcp_server_fetch", "--ignore-robots-txt", "--allow-private-ips"]
 """)
     return m

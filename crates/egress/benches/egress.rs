@@ -1,13 +1,16 @@
 //! Egress door overhead: a 100 MB download and 1,000 small requests (one connection each)
 //! through the proxy door (absolute-form and CONNECT) and the transparent door, against a
-//! direct connection to the same loopback upstream, all in one run.
+//! direct connection to the same loopback upstream, all in one run: several rounds, the paths
+//! interleaved within each, so each round's door figures are compared with that round's
+//! direct run (a loaded machine moves all of them together).
 //!
 //! The doors run as in production: their sockets live in a fresh network namespace (a thread
 //! that unshared CLONE_NEWNET, with 198.18.0.0/15 on lo) and the client runs on that thread;
 //! the broker serves them from tokio workers in the host namespace. The direct baseline runs
 //! from a host-namespace thread. Needs root; prints SKIP otherwise.
 //!
-//! `cargo bench -p cordon-egress` (env EGRESS_BENCH_MB and EGRESS_BENCH_SMALL change sizes).
+//! `cargo bench -p cordon-egress` (env EGRESS_BENCH_MB, EGRESS_BENCH_SMALL and
+//! EGRESS_BENCH_ROUNDS change sizes).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -90,8 +93,15 @@ fn get(mode: Mode, to: SocketAddr, port: u16, path: &str) -> u64 {
 
 struct Result {
     mode: Mode,
+    /// CPU seconds of the whole process per GiB downloaded.
+    cpu_per_gib: f64,
+    cpu_ratio: f64,
     mb_per_s: f64,
     small_us: f64,
+    rate_ratio: f64,
+    rate_range: (f64, f64),
+    lat_ratio: f64,
+    added_us: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -99,29 +109,37 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn measure(mode: Mode, to: SocketAddr, port: u16, mb: u64, small: usize) -> (f64, f64) {
+/// One download of `mb` MiB: MiB/s.
+fn download(mode: Mode, to: SocketAddr, port: u16, mb: u64) -> f64 {
     let bytes = mb * 1024 * 1024;
     let path = format!("/bytes/{bytes}");
-    // Warm up.
+    let t = Instant::now();
+    let got = get(mode, to, port, &path);
+    assert!(got >= bytes, "short download: {got}");
+    bytes as f64 / (1024.0 * 1024.0) / t.elapsed().as_secs_f64()
+}
+
+/// `small` small requests: microseconds per request.
+fn smalls(mode: Mode, to: SocketAddr, port: u16, small: usize) -> f64 {
+    let t = Instant::now();
+    for _ in 0..small {
+        get(mode, to, port, "/small");
+    }
+    t.elapsed().as_secs_f64() * 1e6 / small as f64
+}
+
+/// User and system CPU time of this process so far, in seconds.
+fn cpu_seconds() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    t(u.user_time()) + t(u.system_time())
+}
+
+fn warm_up(mode: Mode, to: SocketAddr, port: u16) {
     for _ in 0..20 {
         get(mode, to, port, "/small");
     }
-    let mut rates = Vec::new();
-    for _ in 0..3 {
-        let t = Instant::now();
-        let got = get(mode, to, port, &path);
-        assert!(got >= bytes, "short download: {got}");
-        rates.push(bytes as f64 / (1024.0 * 1024.0) / t.elapsed().as_secs_f64());
-    }
-    let mut lat = Vec::new();
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..small {
-            get(mode, to, port, "/small");
-        }
-        lat.push(t.elapsed().as_secs_f64() * 1e6 / small as f64);
-    }
-    (median(rates), median(lat))
 }
 
 fn door_address(ns: &Netns) -> IpAddr {
@@ -197,41 +215,96 @@ fn main() {
     let proxy = plan.proxy.expect("proxy door");
     let door = SocketAddr::new(door_address(&ns), port);
     let direct = up.addr;
-    println!("egress bench: {mb} MiB download x3 (median), {small} small requests x3 (median)");
-    let mut results = Vec::new();
-    for mode in [Mode::Direct, Mode::Proxy, Mode::Connect, Mode::Transparent] {
-        let (rate, lat) = match mode {
-            Mode::Direct => {
-                // A host-namespace thread: the baseline never goes through a door.
-                std::thread::spawn(move || measure(mode, direct, port, mb, small))
-                    .join()
-                    .expect("direct run")
-            }
-            Mode::Proxy | Mode::Connect => ns.run(move || measure(mode, proxy, port, mb, small)),
-            Mode::Transparent => ns.run(move || measure(mode, door, port, mb, small)),
-        };
-        println!("{mode:?}: {rate:.0} MiB/s, {lat:.0} us/request");
-        results.push(Result {
+    let rounds: usize = std::env::var("EGRESS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    println!(
+        "egress bench: {rounds} rounds, each a {mb} MiB download and {small} small requests per path, paths interleaved; medians, and the median of each round's ratio to that round's direct run"
+    );
+    const MODES: [Mode; 4] = [Mode::Direct, Mode::Proxy, Mode::Connect, Mode::Transparent];
+    // Run `f(mode, to)` where the mode's client lives: the direct baseline on a host-namespace
+    // thread (it never goes through a door), the others in the sandbox's namespace.
+    let on = |mode: Mode, f: fn(Mode, SocketAddr, u16, u64) -> f64, arg: u64| -> f64 {
+        match mode {
+            Mode::Direct => std::thread::spawn(move || f(mode, direct, port, arg))
+                .join()
+                .expect("direct run"),
+            Mode::Proxy | Mode::Connect => ns.run(move || f(mode, proxy, port, arg)),
+            Mode::Transparent => ns.run(move || f(mode, door, port, arg)),
+        }
+    };
+    for mode in MODES {
+        on(
             mode,
-            mb_per_s: rate,
-            small_us: lat,
-        });
+            |m, to, p, _| {
+                warm_up(m, to, p);
+                0.0
+            },
+            0,
+        );
     }
-    let base = &results[0];
+    let mut rates = vec![Vec::new(); MODES.len()];
+    let mut cpus = vec![Vec::new(); MODES.len()];
+    let mut lats = vec![Vec::new(); MODES.len()];
+    for _ in 0..rounds {
+        for (i, mode) in MODES.iter().enumerate() {
+            let c0 = cpu_seconds();
+            rates[i].push(on(*mode, download, mb));
+            // The whole process: client, upstream and (for the doors) the broker's workers.
+            cpus[i].push((cpu_seconds() - c0) * 1024.0 / mb as f64);
+        }
+        for (i, mode) in MODES.iter().enumerate() {
+            lats[i].push(on(
+                *mode,
+                |m, to, p, n| smalls(m, to, p, n as usize),
+                small as u64,
+            ));
+        }
+    }
+    let mut results = Vec::new();
+    for (i, mode) in MODES.iter().enumerate() {
+        let rate_ratio: Vec<f64> = rates[i].iter().zip(&rates[0]).map(|(r, d)| r / d).collect();
+        let lat_ratio: Vec<f64> = lats[i].iter().zip(&lats[0]).map(|(l, d)| l / d).collect();
+        let added: Vec<f64> = lats[i].iter().zip(&lats[0]).map(|(l, d)| l - d).collect();
+        let r = Result {
+            cpu_per_gib: median(cpus[i].clone()),
+            cpu_ratio: median(cpus[i].iter().zip(&cpus[0]).map(|(c, d)| c / d).collect()),
+            mode: *mode,
+            mb_per_s: median(rates[i].clone()),
+            small_us: median(lats[i].clone()),
+            rate_ratio: median(rate_ratio.clone()),
+            rate_range: (
+                rate_ratio.iter().cloned().fold(f64::INFINITY, f64::min),
+                rate_ratio.iter().cloned().fold(0.0, f64::max),
+            ),
+            lat_ratio: median(lat_ratio),
+            added_us: median(added),
+        };
+        println!(
+            "{:?}: {:.0} MiB/s, {:.0} us/request",
+            r.mode, r.mb_per_s, r.small_us
+        );
+        results.push(r);
+    }
     println!();
     println!(
-        "| path | download MiB/s | throughput vs direct | small request (us) | latency vs direct | added per request (us) |"
+        "| path | download MiB/s | throughput vs direct (min-max over rounds) | CPU s per GiB (vs direct) | small request (us) | latency vs direct | added per request (us) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {:?} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:+.0} |",
+            "| {:?} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2} ({:.2}x) | {:.0} | {:.2}x | {:+.0} |",
             r.mode,
             r.mb_per_s,
-            r.mb_per_s / base.mb_per_s,
+            r.rate_ratio,
+            r.rate_range.0,
+            r.rate_range.1,
+            r.cpu_per_gib,
+            r.cpu_ratio,
             r.small_us,
-            r.small_us / base.small_us,
-            r.small_us - base.small_us
+            r.lat_ratio,
+            r.added_us
         );
     }
     rt.block_on(handle.shutdown());

@@ -1,5 +1,7 @@
 //! What every door shares: the allowlist check, the broker's own resolver, vetting, connecting,
-//! the address book of the DNS door, the connection limit and event reporting.
+//! the DNS door's answers (which address it answered for which name, until when) and its
+//! address book (198.18.0.0/15), the address-to-name mapping of the transparent door, the
+//! connection limit and event reporting.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -16,10 +18,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::event::{Decision, Door, EgressEvent, EventSink, now_rfc3339};
 use crate::name::{Host, normalize_host};
+use crate::peek::{Presented, presented};
 use crate::plan::DOOR_RANGE;
-use crate::policy::EgressPolicy;
+use crate::policy::{EgressPolicy, HostPattern};
 use crate::vet::vet;
-use crate::{DoorContext, EgressError};
+use crate::{DoorContext, EgressError, LocalAddresses};
+
+/// How long the transparent door waits for a connection's first bytes (a ClientHello, an HTTP
+/// request head) before deciding without them.
+const PEEK_WAIT: Duration = Duration::from_secs(1);
 
 /// Most names one sandbox can get addresses for from the DNS door.
 pub(crate) const BOOK_CAPACITY: usize = 65_536;
@@ -48,14 +55,32 @@ pub(crate) struct Engine {
     resolver: Option<TokioResolver>,
     resolver_error: String,
     pub(crate) book: AddressBook,
+    pub(crate) answers: Answers,
+    /// Makes an answered address local in the sandbox; `None`: the DNS door answers from the
+    /// address book instead.
+    pub(crate) local: Option<Arc<dyn LocalAddresses>>,
     conns: Arc<Semaphore>,
 }
+
+/// Where a connection accepted on a transparent door goes.
+#[derive(Debug)]
+pub(crate) struct Dialled {
+    /// The name (or allowlisted IP literal) it is for.
+    pub(crate) host: Host,
+    /// The address to connect to, vetted when the DNS door answered it; `None`: resolve `host`
+    /// (an address from the book, an IP literal).
+    pub(crate) to: Option<IpAddr>,
+}
+
+/// Why a transparent connection has no destination: (label, reason, address).
+pub(crate) type NotDialled = (String, String, Option<IpAddr>);
 
 impl Engine {
     pub(crate) fn new(
         policy: Arc<EgressPolicy>,
         ctx: DoorContext,
         events: EventSink,
+        local: Option<Arc<dyn LocalAddresses>>,
     ) -> Result<Arc<Self>, EgressError> {
         policy.validate()?;
         let mut pins = HashMap::new();
@@ -77,6 +102,8 @@ impl Engine {
             resolver,
             resolver_error,
             book: AddressBook::new(BOOK_CAPACITY),
+            answers: Answers::new(BOOK_CAPACITY),
+            local,
         }))
     }
 
@@ -171,6 +198,29 @@ impl Engine {
         port: u16,
     ) -> Result<(TcpStream, IpAddr), OpenError> {
         let deadline = Instant::now() + self.policy.connect_timeout;
+        let addrs = self.resolve_vetted(host, deadline).await?;
+        self.connect_any(host, addrs, port, deadline).await
+    }
+
+    /// Connect to `to`, an address the DNS door answered for `host` (vetted again, no lookup).
+    /// Call only after [`Engine::check`] allowed the destination.
+    pub(crate) async fn open_to(
+        &self,
+        host: &Host,
+        to: IpAddr,
+        port: u16,
+    ) -> Result<(TcpStream, IpAddr), OpenError> {
+        let deadline = Instant::now() + self.policy.connect_timeout;
+        self.vet_all(host, &[to])?;
+        self.connect_any(host, vec![to], port, deadline).await
+    }
+
+    /// The addresses of `host` (pin or the broker's own DNS), every one vetted.
+    pub(crate) async fn resolve_vetted(
+        &self,
+        host: &Host,
+        deadline: Instant,
+    ) -> Result<Vec<IpAddr>, OpenError> {
         let addrs: Vec<IpAddr> = match host {
             Host::Ip(ip) => vec![*ip],
             Host::Name(n) => match self.pins.get(n) {
@@ -178,7 +228,12 @@ impl Engine {
                 None => self.lookup(n, deadline).await?,
             },
         };
-        for a in &addrs {
+        self.vet_all(host, &addrs)?;
+        Ok(addrs)
+    }
+
+    fn vet_all(&self, host: &Host, addrs: &[IpAddr]) -> Result<(), OpenError> {
+        for a in addrs {
             if let Err(class) = vet(*a, &self.policy.allow_cidrs) {
                 let why = match host {
                     Host::Name(n) => format!("{n} resolves to {a}, {class}, not in allow_cidrs"),
@@ -187,6 +242,16 @@ impl Engine {
                 return Err(OpenError::Refused { why, address: *a });
             }
         }
+        Ok(())
+    }
+
+    async fn connect_any(
+        &self,
+        host: &Host,
+        addrs: Vec<IpAddr>,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<(TcpStream, IpAddr), OpenError> {
         let mut last = OpenError::Failed {
             why: format!("{host} has no address"),
             address: None,
@@ -218,6 +283,117 @@ impl Engine {
             }
         }
         Err(last)
+    }
+
+    /// What a connection accepted on a transparent door with local address `ip` is for: the
+    /// name the DNS door answered that address for (chosen by the TLS server name or HTTP
+    /// `Host` the connection presents, which must be one of them), the name behind an address
+    /// of the book, or an allowlisted IP literal.
+    pub(crate) async fn dialled(
+        &self,
+        client: &TcpStream,
+        ip: IpAddr,
+    ) -> Result<Dialled, NotDialled> {
+        let ip = ip.to_canonical();
+        let not_ours = |ip: IpAddr| {
+            (
+                ip.to_string(),
+                format!(
+                    "{ip} is not an address the DNS door handed out to {}",
+                    self.policy.tool
+                ),
+                Some(ip),
+            )
+        };
+        let (names, to) = match ip {
+            IpAddr::V4(a) if DOOR_RANGE.contains(&a) => match self.book.name_of(a) {
+                Some(n) => (vec![n], None),
+                None => return Err(not_ours(ip)),
+            },
+            _ => {
+                let names = match ip {
+                    IpAddr::V4(a) => self.answers.names(a),
+                    IpAddr::V6(_) => Vec::new(),
+                };
+                if names.is_empty() {
+                    let listed = self
+                        .policy
+                        .allow
+                        .iter()
+                        .any(|hp| hp.host == HostPattern::Ip(ip));
+                    return if listed {
+                        Ok(Dialled {
+                            host: Host::Ip(ip),
+                            to: None,
+                        })
+                    } else {
+                        Err(not_ours(ip))
+                    };
+                }
+                (names, Some(ip))
+            }
+        };
+        let label = names.join(" or ");
+        let pick = |presented: Option<String>, what: &str| -> Result<String, NotDialled> {
+            let Some(raw) = presented else {
+                return Err((
+                    label.clone(),
+                    format!("{what} without a name, to {ip} (answered for {label})"),
+                    Some(ip),
+                ));
+            };
+            match normalize_host(&raw) {
+                Ok(Host::Name(n)) if names.contains(&n) => Ok(n),
+                Ok(h) => Err((
+                    label.clone(),
+                    format!("{what} names {h}, but {ip} was answered for {label}"),
+                    Some(ip),
+                )),
+                Err(e) => Err((
+                    label.clone(),
+                    format!("{what} names an invalid host: {e}"),
+                    Some(ip),
+                )),
+            }
+        };
+        let name = match presented(client, PEEK_WAIT).await {
+            Presented::Tls(sni) => pick(sni, "TLS ClientHello")?,
+            Presented::Http(host) => pick(host, "HTTP request")?,
+            Presented::Other if names.len() == 1 => names[0].clone(),
+            Presented::Other => {
+                return Err((
+                    label.clone(),
+                    format!(
+                        "{ip} was answered for {label}, and the connection names none of them (no TLS server name, no HTTP Host)"
+                    ),
+                    Some(ip),
+                ));
+            }
+        };
+        Ok(Dialled {
+            host: Host::Name(name),
+            to,
+        })
+    }
+
+    /// A label for events about a transparent connection to `ip` (no peeking).
+    pub(crate) fn label_of(&self, ip: IpAddr) -> (String, Option<IpAddr>) {
+        let ip = ip.to_canonical();
+        match ip {
+            IpAddr::V4(a) if DOOR_RANGE.contains(&a) => match self.book.name_of(a) {
+                Some(n) => (n, None),
+                None => (ip.to_string(), Some(ip)),
+            },
+            IpAddr::V4(a) => {
+                let names = self.answers.names(a);
+                if names.is_empty() {
+                    (ip.to_string(), Some(ip))
+                } else {
+                    (names.join(" or "), Some(ip))
+                }
+            }
+            IpAddr::V6(_) => (ip.to_string(), Some(ip)),
+        }
     }
 
     async fn lookup(&self, name: &str, deadline: Instant) -> Result<Vec<IpAddr>, OpenError> {
@@ -408,6 +584,67 @@ impl AddressBook {
     }
 }
 
+/// What the DNS door answered, per sandbox: address -> the names it was answered for, each
+/// until its answer's lifetime ends. A transparent connection to an address is allowed only for
+/// a name that is here and not expired.
+pub(crate) struct Answers {
+    inner: Mutex<HashMap<Ipv4Addr, Vec<(String, Instant)>>>,
+    capacity: usize,
+}
+
+impl Answers {
+    fn new(capacity: usize) -> Self {
+        Answers {
+            inner: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Ipv4Addr, Vec<(String, Instant)>>> {
+        // Every update leaves the map consistent (one insert or retain at a time).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record that `a` was answered for `name` until `until`; `false` when the table is full
+    /// (even after dropping expired answers).
+    pub(crate) fn record(&self, a: Ipv4Addr, name: &str, until: Instant) -> bool {
+        let mut g = self.lock();
+        if !g.contains_key(&a) && g.len() >= self.capacity {
+            let now = Instant::now();
+            g.retain(|_, v| {
+                v.retain(|(_, t)| *t > now);
+                !v.is_empty()
+            });
+            if g.len() >= self.capacity {
+                return false;
+            }
+        }
+        let v = g.entry(a).or_default();
+        match v.iter_mut().find(|(n, _)| n == name) {
+            Some(e) => e.1 = e.1.max(until),
+            None => v.push((name.to_string(), until)),
+        }
+        true
+    }
+
+    /// The names `a` was answered for whose answers are still alive, sorted.
+    pub(crate) fn names(&self, a: Ipv4Addr) -> Vec<String> {
+        let now = Instant::now();
+        let g = self.lock();
+        let mut v: Vec<String> = g
+            .get(&a)
+            .map(|v| {
+                v.iter()
+                    .filter(|(_, t)| *t > now)
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,8 +657,27 @@ mod tests {
                 session: "s".into(),
             },
             EventSink::discard(),
+            None,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn answers_expire_and_list_every_name() {
+        let t = Answers::new(2);
+        let a = Ipv4Addr::new(93, 184, 216, 34);
+        let later = Instant::now() + Duration::from_secs(60);
+        assert!(t.record(a, "b.example", later));
+        assert!(t.record(a, "a.example", later));
+        assert_eq!(t.names(a), vec!["a.example", "b.example"]);
+        // An expired answer no longer counts.
+        let b = Ipv4Addr::new(1, 1, 1, 1);
+        assert!(t.record(b, "c.example", Instant::now()));
+        assert!(t.names(b).is_empty());
+        // Full: a third address only once an expired one is dropped.
+        assert!(t.record(Ipv4Addr::new(8, 8, 8, 8), "d.example", later));
+        assert!(!t.record(Ipv4Addr::new(9, 9, 9, 9), "e.example", later));
+        assert!(t.names(Ipv4Addr::new(9, 9, 9, 9)).is_empty());
     }
 
     #[test]

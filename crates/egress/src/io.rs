@@ -1,13 +1,20 @@
-//! Byte counting and idle detection for upstream connections.
+//! Byte counting and idle detection for upstream connections, and the tunnels: a CONNECT
+//! tunnel or a transparent connection is spliced socket to socket through a pipe
+//! (`splice(2)`, the bytes never copied through the broker's memory), with a plain copy when
+//! the client is not a bare socket or no pipe can be had.
 
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::net::TcpStream;
 
 /// Counters shared between a metered stream and whoever reports on it.
 #[derive(Debug)]
@@ -37,6 +44,16 @@ impl Meter {
 
     fn touch(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn add_read(&self, n: u64) {
+        self.read.fetch_add(n, Ordering::Relaxed);
+        self.touch();
+    }
+
+    fn add_written(&self, n: u64) {
+        self.written.fetch_add(n, Ordering::Relaxed);
+        self.touch();
     }
 
     pub(crate) fn read_bytes(&self) -> u64 {
@@ -71,6 +88,10 @@ pub(crate) struct Metered<S> {
 impl<S> Metered<S> {
     pub(crate) fn new(inner: S, meter: Arc<Meter>) -> Self {
         Metered { inner, meter }
+    }
+
+    fn into_inner(self) -> S {
+        self.inner
     }
 }
 
@@ -131,13 +152,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
     }
 }
 
-/// Buffer per direction for spliced connections: 8 KiB (tokio's default) costs most of the
+/// Buffer per direction for copied connections: 8 KiB (tokio's default) costs most of the
 /// throughput of a bulk download on loopback.
-const SPLICE_BUF: usize = 64 * 1024;
+const COPY_BUF: usize = 64 * 1024;
 
-/// Splice `client` and a metered `upstream` until both sides close, an error, or `idle`
-/// without traffic. Returns a short note when the splice ended on the idle timeout.
-pub(crate) async fn splice<A, B>(
+/// Pipe per direction for spliced connections (the default pipe is 64 KiB; a larger one means
+/// fewer system calls per byte, when the system allows it).
+const PIPE_SIZE: usize = 1024 * 1024;
+
+/// Copy between `client` and a metered `upstream` until both sides close, an error, or `idle`
+/// without traffic. Returns a short note when the copy ended on the idle timeout or an error.
+pub(crate) async fn copy<A, B>(
     client: &mut A,
     upstream: &mut Metered<B>,
     idle: Duration,
@@ -148,10 +173,199 @@ where
 {
     let meter = upstream.meter.clone();
     tokio::select! {
-        r = tokio::io::copy_bidirectional_with_sizes(client, upstream, SPLICE_BUF, SPLICE_BUF) => match r {
+        r = tokio::io::copy_bidirectional_with_sizes(client, upstream, COPY_BUF, COPY_BUF) => match r {
             Ok(_) => None,
             Err(e) => Some(format!("connection ended with an error: {e}")),
         },
         () = meter.idle(idle) => Some(format!("closed after {} s idle", idle.as_secs())),
+    }
+}
+
+/// The tunnel of a CONNECT request: the client connection hyper handed over, and the
+/// upstream. Spliced when the client is the bare socket of the proxy door (bytes the client
+/// sent after its request go first); `meter` counts the upstream side.
+pub(crate) async fn tunnel_upgraded(
+    upgraded: Upgraded,
+    upstream: TcpStream,
+    meter: Arc<Meter>,
+    idle: Duration,
+) -> Option<String> {
+    match upgraded.downcast::<TokioIo<Metered<TcpStream>>>() {
+        Ok(parts) => {
+            let client = parts.io.into_inner().into_inner();
+            let mut upstream = upstream;
+            if !parts.read_buf.is_empty() {
+                if let Err(e) = upstream.write_all(&parts.read_buf).await {
+                    return Some(format!("connection ended with an error: {e}"));
+                }
+                meter.add_written(parts.read_buf.len() as u64);
+            }
+            tunnel(&client, &upstream, meter, idle).await
+        }
+        Err(upgraded) => {
+            let mut client = TokioIo::new(upgraded);
+            let mut up = Metered::new(upstream, meter);
+            copy(&mut client, &mut up, idle).await
+        }
+    }
+}
+
+/// Splice `client` and `upstream` until both sides close, an error, or `idle` without traffic
+/// (a plain copy if no pipe can be made); `meter` counts the upstream side. Returns a short
+/// note when the tunnel ended on the idle timeout or an error.
+pub(crate) async fn tunnel(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    meter: Arc<Meter>,
+    idle: Duration,
+) -> Option<String> {
+    let (Ok(up_pipe), Ok(down_pipe)) = (pipe(), pipe()) else {
+        // No pipes (descriptor limit): copy through the broker instead.
+        return copy_refs(client, upstream, meter, idle).await;
+    };
+    let m_up = meter.clone();
+    let m_down = meter.clone();
+    let both = async {
+        tokio::try_join!(
+            pump(client, upstream, &up_pipe, |n| m_up.add_written(n)),
+            pump(upstream, client, &down_pipe, |n| m_down.add_read(n)),
+        )
+    };
+    tokio::select! {
+        r = both => match r {
+            Ok(_) => None,
+            Err(e) => Some(format!("connection ended with an error: {e}")),
+        },
+        () = meter.idle(idle) => Some(format!("closed after {} s idle", idle.as_secs())),
+    }
+}
+
+/// The copy fallback of [`tunnel`], on borrowed sockets.
+async fn copy_refs(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    meter: Arc<Meter>,
+    idle: Duration,
+) -> Option<String> {
+    let mut c = RefStream(client);
+    let mut up = Metered::new(RefStream(upstream), meter);
+    copy(&mut c, &mut up, idle).await
+}
+
+/// A pipe for one direction: (read end, write end), non-blocking, as large as allowed.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = cordon_sys::net::splice_pipe().map_err(errno)?;
+    // The default size still works; a larger one only saves system calls.
+    let _ = cordon_sys::io::set_pipe_size(w.as_fd(), PIPE_SIZE);
+    Ok((r, w))
+}
+
+fn errno(e: cordon_sys::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// One direction: `from` into the pipe, the pipe into `to`, until end of file on `from`
+/// (then `to` is shut down for writing).
+async fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe: &(OwnedFd, OwnedFd),
+    count: impl Fn(u64),
+) -> io::Result<()> {
+    let (pr, pw) = pipe;
+    loop {
+        // The pipe is empty here, so EAGAIN means the socket has nothing to read.
+        let n = loop {
+            from.readable().await?;
+            match from.try_io(Interest::READABLE, || {
+                cordon_sys::net::splice(from.as_fd(), pw.as_fd(), PIPE_SIZE).map_err(errno)
+            }) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            // Half-close: the other direction may still be talking.
+            return match cordon_sys::net::shutdown_write(to.as_fd()) {
+                Ok(()) | Err(cordon_sys::Errno::ENOTCONN) => Ok(()),
+                Err(e) => Err(errno(e)),
+            };
+        }
+        let mut left = n;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || {
+                cordon_sys::net::splice(pr.as_fd(), to.as_fd(), left).map_err(errno)
+            }) {
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        count(n as u64);
+    }
+}
+
+/// `&TcpStream` as a stream to copy on (tokio implements reads and writes on `&TcpStream`
+/// through its readiness API).
+struct RefStream<'a>(&'a TcpStream);
+
+impl AsyncRead for RefStream<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            match self.0.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+            let unfilled = buf.initialize_unfilled();
+            match self.0.try_read(unfilled) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for RefStream<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            match self.0.poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+            match self.0.try_write(buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(
+            cordon_sys::net::shutdown_write(self.0.as_fd()).or_else(|e| match e {
+                cordon_sys::Errno::ENOTCONN => Ok(()),
+                e => Err(errno(e)),
+            }),
+        )
     }
 }

@@ -1,20 +1,31 @@
 //! cordon-egress: the network doors of a sandbox.
 //!
 //! A tool with egress runs in an empty network namespace. The jail brings `lo` up there,
-//! assigns the reserved range 198.18.0.0/15 to it, and creates the listening sockets that
-//! [`plan`] asks for; this crate serves them from the broker's side:
+//! assigns the reserved range 198.18.0.0/15 to it, creates the listening sockets that [`plan`]
+//! asks for and hands over an rtnetlink socket of the namespace ([`Doors::local`]); this crate
+//! serves them from the broker's side:
 //!
 //! - the **proxy door** (`127.0.0.1:3128`): HTTP/1.1 CONNECT and absolute-form requests;
-//! - the **DNS door** (`127.0.0.1:53`, UDP): answers A queries for allowlisted names with an
-//!   address from 198.18.0.0/15 and NXDOMAIN for everything else, never forwarding a query;
+//! - the **DNS door** (`127.0.0.1:53`, UDP): answers A queries for allowlisted names with the
+//!   vetted public IPv4 addresses the broker resolved itself (or the `resolve:` pin), after
+//!   adding each to the sandbox's `lo`, and NXDOMAIN for everything else, never forwarding a
+//!   query. AAAA queries get no data (the doors are IPv4 only). A name with no IPv4 address,
+//!   or doors served without [`Doors::local`], gets an address from 198.18.0.0/15 instead;
 //! - **transparent doors** (`0.0.0.0:PORT` per allowed port): a tool that ignores the proxy
-//!   variables dials the 198.18.x.y address the DNS door gave it; the accepted socket's local
-//!   address maps back to the name.
+//!   variables dials the address the DNS door gave it, which is local in the sandbox, so the
+//!   connection lands on a door with that address as its local address. An address leads
+//!   somewhere only if the DNS door answered it for an allowed name in this sandbox and the
+//!   answer's lifetime has not ended; the connection's TLS server name (SNI) or HTTP `Host`,
+//!   read without consuming it, must be one of the names it was answered for (and decides
+//!   between them when several share it; without either, only a single name is unambiguous).
+//!   Any other address has no route at all in the sandbox (ENETUNREACH), the metadata address
+//!   169.254.169.254 included: it is never answered.
 //!
 //! Every door checks the normalised name and port against the allowlist **before** any DNS
-//! lookup, resolves allowed names itself (or uses `resolve:` pins), refuses non-public
-//! addresses unless `allow_cidrs` names them, and connects to the vetted address with no second
-//! lookup. Each connection attempt and DNS query produces one [`EgressEvent`].
+//! lookup (a name that is not a valid host name is refused, see [`normalize_host`]), resolves
+//! allowed names itself (or uses `resolve:` pins), refuses non-public addresses unless
+//! `allow_cidrs` names them, and connects to the vetted address with no second lookup. Each
+//! connection attempt and DNS query produces one [`EgressEvent`].
 #![forbid(unsafe_code)]
 
 mod dns;
@@ -23,13 +34,14 @@ mod event;
 mod inject;
 mod io;
 mod name;
+mod peek;
 mod plan;
 mod policy;
 mod proxy;
 mod transparent;
 mod vet;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +52,7 @@ use tokio::task::JoinSet;
 pub use event::{Decision, Door, EgressEvent, EventSink};
 pub use inject::{Binding, Injection, Injections, Placement, TokenSource};
 pub use name::{Host, NameError, normalize_host, parse_ipv4_literal};
-pub use plan::{DNS_DOOR, DOOR_RANGE, DoorPlan, PROXY_DOOR, plan};
+pub use plan::{DNS_DOOR, DOOR_RANGE, DoorPlan, METADATA, PROXY_DOOR, plan};
 pub use policy::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, EgressPolicy,
     HostPattern, HostPort, HostPortError, PolicyError,
@@ -65,6 +77,17 @@ pub struct Doors {
     pub tcp: Vec<std::net::TcpListener>,
     /// The DNS door.
     pub udp: Vec<std::net::UdpSocket>,
+    /// Adds the addresses the DNS door answers to the sandbox's `lo`. Without it the DNS door
+    /// answers addresses from [`DOOR_RANGE`] (already local) instead of the real ones.
+    pub local: Option<Arc<dyn LocalAddresses>>,
+}
+
+/// Makes an address local in the sandbox's network namespace (adds it to `lo` as a /32), so
+/// a connect to it lands on a transparent door with it as the local address. The DNS door
+/// calls it before it answers with the address; until then the address has no route there.
+pub trait LocalAddresses: Send + Sync + std::fmt::Debug {
+    /// Add `ip`; an address already there is not an error.
+    fn add(&self, ip: Ipv4Addr) -> Result<(), String>;
 }
 
 /// Why the doors could not be served.
@@ -131,7 +154,7 @@ pub async fn serve(
     events: EventSink,
 ) -> Result<DoorHandle, EgressError> {
     let plan = plan(&policy);
-    let engine = Engine::new(policy.clone(), ctx, events)?;
+    let engine = Engine::new(policy.clone(), ctx, events, doors.local.clone())?;
     let unexpected = |addr: SocketAddr| EgressError::UnexpectedDoor {
         addr,
         tool: policy.tool.clone(),
@@ -188,7 +211,7 @@ pub async fn run_proxy(
     ctx: DoorContext,
     events: EventSink,
 ) -> Result<(), EgressError> {
-    let engine = Engine::new(policy, ctx, events)?;
+    let engine = Engine::new(policy, ctx, events, None)?;
     let l = TcpListener::bind(listen)
         .await
         .map_err(io_err(format!("listening on {listen}")))?;

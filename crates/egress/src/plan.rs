@@ -6,11 +6,16 @@ use ipnet::{IpNet, Ipv4Net};
 
 use crate::policy::{EgressPolicy, HostPattern};
 
-/// The reserved range the DNS door hands addresses out of, assigned to `lo` in the sandbox.
+/// The reserved range the DNS door hands addresses out of when it cannot answer a real one
+/// (a name without IPv4 addresses, doors without [`crate::Doors::local`]), assigned to `lo` in
+/// the sandbox.
 pub const DOOR_RANGE: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(198, 18, 0, 0), 15) {
     Ok(n) => n,
     Err(_) => panic!("198.18.0.0/15 is a valid prefix"),
 };
+
+/// The cloud metadata address: the DNS door never answers it, whatever `allow_cidrs` says.
+pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 
 /// Preferred address of the proxy door.
 pub const PROXY_DOOR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 3128);

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::engine::{Engine, OpenError, clean, refusal, started};
 use crate::event::{Decision, Door};
-use crate::io::{Meter, Metered, splice};
+use crate::io::{Meter, Metered, tunnel_upgraded};
 use crate::name::{Host, normalize_host};
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -274,12 +274,8 @@ async fn connect(
     let idle = engine.policy.idle_timeout;
     let tunnel = async move {
         let meter = Meter::new();
-        let mut up = Metered::new(upstream, meter.clone());
         let note = match hyper::upgrade::on(req).await {
-            Ok(upgraded) => {
-                let mut client = TokioIo::new(upgraded);
-                splice(&mut client, &mut up, idle).await
-            }
+            Ok(upgraded) => tunnel_upgraded(upgraded, upstream, meter.clone(), idle).await,
             Err(e) => Some(format!("the client connection was not handed over: {e}")),
         };
         let reason = match note {

@@ -1,8 +1,9 @@
 //! The transparent door: a listener on `0.0.0.0:PORT` inside the sandbox. The address the tool
-//! dialled is the accepted socket's local address; the DNS door handed it out for one name, so
-//! it maps back to that name. Then the same check, vetting and connect as the proxy door.
+//! dialled is the accepted socket's local address; the DNS door answered it for one or more
+//! names (the connection's TLS server name or HTTP `Host` picks which, see
+//! [`Engine::dialled`]), so it maps back to a name. Then the same check as the proxy door, and
+//! a connect to the answered address, vetted, with no second lookup.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -10,32 +11,13 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::{Engine, OpenError, refusal, started};
 use crate::event::{Decision, Door};
-use crate::io::{Meter, Metered, splice};
+use crate::io::{Meter, tunnel};
 use crate::name::Host;
-use crate::plan::DOOR_RANGE;
-use crate::policy::HostPattern;
-
-/// What the tool dialled: the name behind a door address, an allowlisted IP literal, or
-/// `Err(address)` when the address means nothing here.
-pub(crate) fn dialled(engine: &Engine, ip: IpAddr) -> Result<Host, IpAddr> {
-    let ip = ip.to_canonical();
-    if let IpAddr::V4(a) = ip
-        && DOOR_RANGE.contains(&a)
-    {
-        return engine.book.name_of(a).map(Host::Name).ok_or(ip);
-    }
-    let listed = engine
-        .policy
-        .allow
-        .iter()
-        .any(|hp| hp.host == HostPattern::Ip(ip));
-    if listed { Ok(Host::Ip(ip)) } else { Err(ip) }
-}
 
 /// Serve one connection accepted on a transparent listener.
 pub(crate) async fn serve_conn(
     engine: Arc<Engine>,
-    mut client: TcpStream,
+    client: TcpStream,
     permit: OwnedSemaphorePermit,
 ) {
     let _permit = permit;
@@ -58,20 +40,15 @@ pub(crate) async fn serve_conn(
         }
     };
     let port = local.port();
-    let host = match dialled(&engine, local.ip()) {
-        Ok(h) => h,
-        Err(ip) => {
-            let why = format!(
-                "{ip} is not an address the DNS door handed out to {}",
-                engine.policy.tool
-            );
-            let label = ip.to_string();
+    let (host, to) = match engine.dialled(&client, local.ip()).await {
+        Ok(d) => (d.host, d.to),
+        Err((label, why, ip)) => {
             let msg = refusal(&label, port, &why);
             engine.emit(
                 Door::Transparent,
                 &label,
                 port,
-                Some(ip),
+                ip,
                 Decision::Refused,
                 msg,
                 (0, 0),
@@ -102,7 +79,11 @@ pub(crate) async fn serve_conn(
         }
     };
     let _ = client.set_nodelay(true);
-    let (upstream, addr) = match engine.open(&host, port).await {
+    let opened = match to {
+        Some(ip) => engine.open_to(&host, ip, port).await,
+        None => engine.open(&host, port).await,
+    };
+    let (upstream, addr) = match opened {
         Ok(ok) => ok,
         Err(OpenError::Refused { why, address }) => {
             let msg = refusal(&label, port, &why);
@@ -134,8 +115,13 @@ pub(crate) async fn serve_conn(
         }
     };
     let meter = Meter::new();
-    let mut up = Metered::new(upstream, meter.clone());
-    let note = splice(&mut client, &mut up, engine.policy.idle_timeout).await;
+    let note = tunnel(
+        &client,
+        &upstream,
+        meter.clone(),
+        engine.policy.idle_timeout,
+    )
+    .await;
     let reason = match note {
         Some(n) => format!("{allowed_why}; {n}"),
         None => allowed_why,
@@ -156,10 +142,10 @@ pub(crate) async fn serve_conn(
 pub(crate) fn over_limit(engine: &Engine, client: TcpStream) {
     let t0 = started();
     let (label, port, address) = match client.local_addr() {
-        Ok(local) => match dialled(engine, local.ip()) {
-            Ok(Host::Name(n)) => (n, local.port(), None),
-            Ok(Host::Ip(ip)) | Err(ip) => (ip.to_string(), local.port(), Some(ip)),
-        },
+        Ok(local) => {
+            let (label, address) = engine.label_of(local.ip());
+            (label, local.port(), address)
+        }
         Err(_) => (String::new(), 0, None),
     };
     let msg = refusal(&label, port, &engine.limit_reason());

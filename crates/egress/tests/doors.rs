@@ -43,6 +43,14 @@ const REBIND: [(&str, &str, &str); 5] = [
     ),
 ];
 
+/// Allowed names the test DNS upstream answers with public addresses. Only DNS answers are
+/// checked for them: nothing may connect to these addresses from here.
+const ANSWERED: [(&str, &str, &str); 3] = [
+    ("public.allowed.test", "93.184.216.34", "public"),
+    ("also.allowed.test", "93.184.216.34", "public, shared"),
+    ("v6only.allowed.test", "2606:4700::1111", "IPv6 only"),
+];
+
 struct Rig {
     rt: tokio::runtime::Runtime,
     ns: Netns,
@@ -63,6 +71,12 @@ struct Curl {
 
 impl Rig {
     fn new(tune: impl FnOnce(&mut EgressPolicy)) -> Option<Rig> {
+        Rig::with_local(true, tune)
+    }
+
+    /// `local: false`: the doors get no way to add addresses to the sandbox's `lo`, so the DNS
+    /// door answers from the door range.
+    fn with_local(local: bool, tune: impl FnOnce(&mut EgressPolicy)) -> Option<Rig> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -71,6 +85,7 @@ impl Rig {
         let (up, other, dns) = rt.block_on(async {
             let table = REBIND
                 .iter()
+                .chain(ANSWERED.iter())
                 .map(|(n, a, _)| (*n, a.parse::<IpAddr>().unwrap()))
                 .collect();
             (
@@ -81,7 +96,12 @@ impl Rig {
         });
         let p = up.port();
         let mut entries = vec![format!("{ALLOWED}:{p}")];
-        entries.extend(REBIND.iter().map(|(n, _, _)| format!("{n}:{p}")));
+        entries.extend(
+            REBIND
+                .iter()
+                .chain(ANSWERED.iter())
+                .map(|(n, _, _)| format!("{n}:{p}")),
+        );
         let mut policy = EgressPolicy::allowlist(TOOL, entries).unwrap();
         policy
             .resolve
@@ -98,7 +118,11 @@ impl Rig {
                 return None;
             }
         };
-        let doors = ns.doors(&plan);
+        let doors = if local {
+            ns.doors(&plan)
+        } else {
+            ns.doors_without_local(&plan)
+        };
         let (sink, rx) = EventSink::channel();
         let ctx = DoorContext {
             tool: TOOL.into(),
@@ -490,8 +514,9 @@ fn transparent_door_with_curl_noproxy() {
     let p = r.p();
     let o = r.other.port();
 
-    // Positive control: the tool ignores the proxy; its own lookup goes to the DNS door, it
-    // dials the door address, the transparent listener maps it back to the name.
+    // Positive control: the tool ignores the proxy; its own lookup goes to the DNS door, which
+    // answers the real (here: pinned) address; the tool dials it, the transparent listener
+    // maps it back to the name (the HTTP Host names it too).
     r.quiet();
     let c = r.curl(
         false,
@@ -504,10 +529,10 @@ fn transparent_door_with_curl_noproxy() {
     assert!(!dns.is_empty());
     let a = dns
         .iter()
-        .find(|e| e.reason.starts_with(&format!("A {ALLOWED} -> 198.18.")))
+        .find(|e| e.reason.starts_with(&format!("A {ALLOWED} -> 127.0.0.1; ")))
         .unwrap_or_else(|| panic!("no A answer: {dns:#?}"));
     assert_eq!(a.decision, Decision::Allowed);
-    assert!(matches!(a.address, Some(IpAddr::V4(v4)) if cordon_egress::DOOR_RANGE.contains(&v4)));
+    assert_eq!(a.address, Some("127.0.0.1".parse().unwrap()));
     for e in &dns {
         assert_eq!(e.name, ALLOWED);
         assert_eq!(e.decision, Decision::Allowed);
@@ -565,9 +590,13 @@ fn transparent_door_with_curl_noproxy() {
     let (conn, _dns) = r.settle(0);
     assert!(conn.is_empty());
 
-    // Addresses the DNS door never handed out: loopback lands on the transparent listener
-    // and is refused; everything else has no route at all.
-    for host in ["127.0.0.1", "localhost", "127.1", "0x7f000001"] {
+    // The answered address, but the request names another host: refused (the Host header must
+    // be a name the address was answered for).
+    for (host, named) in [
+        ("127.0.0.1", "127.0.0.1"),
+        ("localhost", "localhost"),
+        ("0x7f000001", "127.0.0.1"),
+    ] {
         let c = r.curl(false, &["--noproxy", "*", &format!("http://{host}:{p}/")]);
         assert!(
             c.code == 52 || c.code == 56,
@@ -579,13 +608,51 @@ fn transparent_door_with_curl_noproxy() {
         refused(
             &conn[0],
             Door::Transparent,
-            "127.0.0.1",
+            ALLOWED,
             p,
             &format!(
-                "egress to 127.0.0.1:{p} refused: 127.0.0.1 is not an address the DNS door handed out to {TOOL}"
+                "egress to {ALLOWED}:{p} refused: HTTP request names {named}, but 127.0.0.1 was answered for {ALLOWED}"
             ),
         );
     }
+    let c = r.curl(
+        false,
+        &[
+            "--noproxy",
+            "*",
+            "-H",
+            "Host: evil.example",
+            &format!("http://{ALLOWED}:{p}/"),
+        ],
+    );
+    assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        ALLOWED,
+        p,
+        &format!(
+            "egress to {ALLOWED}:{p} refused: HTTP request names evil.example, but 127.0.0.1 was answered for {ALLOWED}"
+        ),
+    );
+    // A loopback address the DNS door never answered lands on the transparent listener (all
+    // of 127/8 is local) and is refused; everything else has no route at all.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://127.0.0.2:{p}/")],
+    );
+    assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        "127.0.0.2",
+        p,
+        &format!(
+            "egress to 127.0.0.2:{p} refused: 127.0.0.2 is not an address the DNS door handed out to {TOOL}"
+        ),
+    );
     for url in [
         "http://169.254.169.254/latest/meta-data/",
         "http://2852039166/",
@@ -616,21 +683,22 @@ fn transparent_door_with_curl_noproxy() {
         assert!(conn.is_empty());
     }
 
-    // Rebinding through the transparent door: the name is allowed, so the DNS door answers,
-    // but the broker's own lookup finds a non-public address and refuses the connection.
+    // Rebinding through the transparent door: the name is allowed, but the DNS door's own
+    // lookup finds a non-public address, so it answers NXDOMAIN and nothing is dialled.
     for (n, addr, class) in REBIND {
         let c = r.curl(false, &["--noproxy", "*", &format!("http://{n}:{p}/")]);
-        assert!(c.code == 52 || c.code == 56, "{n}: {} {}", c.code, c.stderr);
-        let (conn, dns) = r.settle(1);
-        let reason = format!(
-            "egress to {n}:{p} refused: {n} resolves to {addr}, {class}, not in allow_cidrs"
-        );
-        refused(&conn[0], Door::Transparent, n, p, &reason);
-        assert_eq!(conn[0].address, Some(addr.parse().unwrap()));
-        assert!(
-            dns.iter()
-                .all(|e| e.name == n && e.decision == Decision::Allowed)
-        );
+        assert_eq!(c.code, 6, "{n}: {}", c.stderr);
+        let (conn, dns) = r.settle(0);
+        assert!(conn.is_empty(), "{conn:#?}");
+        let reason =
+            format!("dns query A {n} refused: {n} resolves to {addr}, {class}, not in allow_cidrs");
+        let a = dns
+            .iter()
+            .find(|e| e.reason.starts_with("dns query A "))
+            .unwrap_or_else(|| panic!("{n}: no A event: {dns:#?}"));
+        assert_eq!(a.reason, reason);
+        assert_eq!(a.decision, Decision::Refused);
+        assert_eq!(a.address, Some(addr.parse().unwrap()));
     }
     assert_eq!(r.up.heads().len(), served);
     assert!(r.other.heads().is_empty());
@@ -763,19 +831,62 @@ fn dns_door_answers_only_allowed_names_and_never_forwards() {
     };
 
     r.quiet();
+    // The pinned address of an allowed name, as it is.
     let m = ask(&r, "api.allowed.test.", RecordType::A);
     assert_eq!(m.metadata.response_code, ResponseCode::NoError);
     let first = a_of(&m);
-    assert_eq!(first.len(), 1);
+    assert_eq!(first, vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
     let (_, dns) = r.settle(0);
     assert_eq!(dns.len(), 1, "one event per query: {dns:#?}");
     assert_eq!(dns[0].address, Some(first[0]));
-    // Stable per name, distinct across names, case-insensitive.
+    assert!(
+        dns[0]
+            .reason
+            .starts_with("A api.allowed.test -> 127.0.0.1; matches "),
+        "{dns:#?}"
+    );
+    // Case-insensitive.
     assert_eq!(a_of(&ask(&r, "API.Allowed.Test.", RecordType::A)), first);
-    let second = a_of(&ask(&r, "rebind.allowed.test.", RecordType::A));
-    assert_eq!(second.len(), 1);
-    assert_ne!(second, first);
-    assert_eq!(r.settle(0).1.len(), 2);
+    assert_eq!(r.settle(0).1.len(), 1);
+    // A name the broker resolves: the public address it found (the answer an SSRF guard
+    // accepts), shared by two names.
+    let public: IpAddr = "93.184.216.34".parse().unwrap();
+    assert_eq!(
+        a_of(&ask(&r, "public.allowed.test.", RecordType::A)),
+        vec![public]
+    );
+    assert_eq!(
+        a_of(&ask(&r, "also.allowed.test.", RecordType::A)),
+        vec![public]
+    );
+    let (_, dns) = r.settle(0);
+    assert_eq!(dns.len(), 2, "{dns:#?}");
+    assert!(dns.iter().all(|e| e.address == Some(public)));
+    // A name with only an IPv6 address: a door address (the doors are IPv4 only).
+    let v6only = a_of(&ask(&r, "v6only.allowed.test.", RecordType::A));
+    assert_eq!(v6only.len(), 1);
+    assert!(
+        matches!(v6only[0], IpAddr::V4(a) if cordon_egress::DOOR_RANGE.contains(&a)),
+        "{v6only:?}"
+    );
+    let (_, dns) = r.settle(0);
+    assert!(
+        dns[0]
+            .reason
+            .contains("(door address: no IPv4 address); matches "),
+        "{dns:#?}"
+    );
+    // An allowed name whose address vetting refuses: NXDOMAIN, one refused event.
+    let m = ask(&r, "rebind.allowed.test.", RecordType::A);
+    assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    assert!(m.answers.is_empty());
+    let (_, dns) = r.settle(0);
+    assert_eq!(dns.len(), 1);
+    assert_eq!(dns[0].decision, Decision::Refused);
+    assert_eq!(
+        dns[0].reason,
+        "dns query A rebind.allowed.test refused: rebind.allowed.test resolves to 10.0.0.1, a private address (RFC 1918), not in allow_cidrs"
+    );
     // AAAA and TXT of an allowed name: NOERROR, no data.
     for t in [RecordType::AAAA, RecordType::TXT] {
         let m = ask(&r, "api.allowed.test.", t);
@@ -819,13 +930,20 @@ fn dns_door_answers_only_allowed_names_and_never_forwards() {
             assert_eq!(dns[0].reason, format!("dns query {t} {why}"));
         }
     }
-    // The DNS door forwarded nothing.
-    assert_eq!(r.dns.total(), 0);
-    // Positive control for the counter: the broker's own lookup of an allowed, unpinned name.
-    let c = r.curl(true, &[&format!("http://rebind.allowed.test:{}/", r.p())]);
-    assert_eq!(c.http, "403");
-    assert_eq!(r.one().decision, Decision::Refused);
-    assert!(r.dns.count("rebind.allowed.test") >= 1);
+    // The DNS door forwarded nothing: the upstream saw only the broker's own lookups of the
+    // allowed names it was asked about (the pinned one not even that).
+    let own: usize = [
+        "public.allowed.test",
+        "also.allowed.test",
+        "v6only.allowed.test",
+        "rebind.allowed.test",
+    ]
+    .iter()
+    .map(|n| r.dns.count(n))
+    .sum();
+    assert!(own >= 4);
+    assert_eq!(r.dns.total(), own, "{:?}", r.dns.queries);
+    assert_eq!(r.dns.count("api.allowed.test"), 0);
 }
 
 #[test]
@@ -1111,5 +1229,256 @@ fn https_through_connect_and_the_transparent_door() {
     assert_eq!(c.code, 6, "{}", c.stderr);
     let (conn, dns) = r.settle(0);
     assert!(conn.is_empty() && !dns.is_empty());
+    // The allowed name's answered address, but a ClientHello naming another host (the tool
+    // dials the address it got for the allowed name): refused, nothing reaches the upstream.
+    for (sni, shown) in [("evil.example", "evil.example"), ("localhost", "localhost")] {
+        let c = r.curl(
+            false,
+            &[
+                "--noproxy",
+                "*",
+                "--cacert",
+                &ca,
+                "--connect-to",
+                &format!("{sni}:{t}:{ALLOWED}:{t}"),
+                &format!("https://{sni}:{t}/"),
+            ],
+        );
+        assert_eq!(c.code, 35, "{sni}: {}", c.stderr);
+        let (conn, _) = r.settle(1);
+        refused(
+            &conn[0],
+            Door::Transparent,
+            ALLOWED,
+            t,
+            &format!(
+                "egress to {ALLOWED}:{t} refused: TLS ClientHello names {shown}, but 127.0.0.1 was answered for {ALLOWED}"
+            ),
+        );
+    }
+    // Without a server name (an IP literal in the URL): refused too.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", "-k", &format!("https://127.0.0.1:{t}/")],
+    );
+    assert_eq!(c.code, 35, "{}", c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        ALLOWED,
+        t,
+        &format!(
+            "egress to {ALLOWED}:{t} refused: TLS ClientHello without a name, to 127.0.0.1 (answered for {ALLOWED})"
+        ),
+    );
     assert_eq!(r.dns.total(), 0);
+}
+
+/// Two allowed names answered with the same address: the HTTP `Host` decides; a connection
+/// that names neither is allowed while only one name was answered there, refused once two were.
+#[test]
+fn shared_address_is_decided_by_the_name_presented() {
+    const SECOND: &str = "second.allowed.test";
+    let Some(mut r) = Rig::new(|p| {
+        let port = p.allow[0].port;
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("{SECOND}:{port}")).unwrap());
+        p.resolve
+            .insert(SECOND.into(), "127.0.0.1".parse().unwrap());
+    }) else {
+        return;
+    };
+    let p = r.p();
+    let raw = |r: &Rig| -> String {
+        r.ns.run(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            s.write_all(b"hello\r\nconnection: close\r\n\r\n").unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        })
+    };
+    r.quiet();
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/one")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // Positive control: one name answered for the address, a connection naming nothing goes to
+    // it.
+    let got = raw(&r);
+    assert!(got.contains("upstream ok: hello"), "{got:?}");
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // The second name, same address: its Host decides.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{SECOND}:{p}/two")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, SECOND, p);
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/three")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    allowed(&r.settle(1).0[0], Door::Transparent, ALLOWED, p);
+    // Now ambiguous without a name: refused.
+    let got = raw(&r);
+    assert_eq!(got, "");
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        &format!("{ALLOWED} or {SECOND}"),
+        p,
+        &format!(
+            "egress to {ALLOWED} or {SECOND}:{p} refused: 127.0.0.1 was answered for {ALLOWED} or {SECOND}, and the connection names none of them (no TLS server name, no HTTP Host)"
+        ),
+    );
+    // A request head that arrives in pieces is read to its Host before anything is decided.
+    let got = r.ns.run(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        for piece in [
+            "GET /pieces HTTP/1.1\r\n".to_string(),
+            format!("Host: {SECOND}:{p}\r\n"),
+            "Connection: close\r\n\r\n".to_string(),
+        ] {
+            s.write_all(piece.as_bytes()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    assert!(got.contains("upstream ok: GET /pieces"), "{got:?}");
+    allowed(&r.settle(1).0[0], Door::Transparent, SECOND, p);
+    let heads = r.up.heads();
+    assert_eq!(heads.len(), 5, "{heads:#?}");
+    assert!(
+        heads[0].contains("/one") && heads[2].contains("/two"),
+        "{heads:#?}"
+    );
+}
+
+/// The metadata address is never answered, even when `allow_cidrs` would let the broker
+/// connect to it; a neighbour in 169.254/16 that `allow_cidrs` names is (positive control).
+#[test]
+fn dns_door_never_answers_the_metadata_address() {
+    use hickory_resolver::proto::op::{Message, Query, ResponseCode};
+    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+    let Some(mut r) = Rig::new(|p| {
+        let port = p.allow[0].port;
+        p.allow_cidrs.push("169.254.0.0/16".parse().unwrap());
+        p.allow
+            .push(cordon_egress::HostPort::parse(&format!("near.allowed.test:{port}")).unwrap());
+        p.resolve
+            .insert("near.allowed.test".into(), "169.254.10.10".parse().unwrap());
+    }) else {
+        return;
+    };
+    let ask = |r: &Rig, name: &str| -> Message {
+        let mut q = Message::query();
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let bytes = q.to_vec().unwrap();
+        let reply = r.ns.run(move || {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            s.send_to(&bytes, "127.0.0.1:53").unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        });
+        Message::from_vec(&reply).unwrap()
+    };
+    r.quiet();
+    let m = ask(&r, "near.allowed.test.");
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    let got: Vec<String> = m
+        .answers
+        .iter()
+        .filter_map(|a| match &a.data {
+            RData::A(a) => Some(a.0.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, ["169.254.10.10"]);
+    r.settle(0);
+    let m = ask(&r, "meta.allowed.test.");
+    assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    assert!(m.answers.is_empty());
+    let (_, dns) = r.settle(0);
+    assert_eq!(dns.len(), 1, "{dns:#?}");
+    assert_eq!(dns[0].decision, Decision::Refused);
+    assert_eq!(
+        dns[0].reason,
+        "dns query A meta.allowed.test refused: meta.allowed.test resolves to 169.254.169.254, the cloud metadata address, which the DNS door never answers"
+    );
+    // And it has no route in the sandbox.
+    let c = r.curl(
+        false,
+        &[
+            "--noproxy",
+            "*",
+            "--connect-timeout",
+            "5",
+            "-v",
+            "http://169.254.169.254/",
+        ],
+    );
+    assert_eq!(c.code, 7, "{}", c.stderr);
+    assert!(c.stderr.contains("Network is unreachable"), "{}", c.stderr);
+}
+
+/// Doors served without a way to add local addresses: the DNS door answers from the door
+/// range, and the transparent door maps that address back to the name (and resolves it).
+#[test]
+fn without_local_addresses_the_door_range_is_answered() {
+    let Some(mut r) = Rig::with_local(false, |_| {}) else {
+        return;
+    };
+    let p = r.p();
+    r.quiet();
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://{ALLOWED}:{p}/range")],
+    );
+    assert_eq!((c.code, c.http.as_str()), (0, "200"), "{}", c.stderr);
+    assert_eq!(c.body, "upstream ok: GET /range HTTP/1.1");
+    let (conn, dns) = r.settle(1);
+    allowed(&conn[0], Door::Transparent, ALLOWED, p);
+    let a = dns
+        .iter()
+        .find(|e| {
+            e.reason
+                .starts_with(&format!("A {ALLOWED} -> 198.18.0.1 (door address); "))
+        })
+        .unwrap_or_else(|| panic!("no door-range answer: {dns:#?}"));
+    assert_eq!(a.address, Some("198.18.0.1".parse().unwrap()));
+    // The pinned address itself was never answered here: dialled directly, it is refused.
+    let c = r.curl(
+        false,
+        &["--noproxy", "*", &format!("http://127.0.0.1:{p}/")],
+    );
+    assert!(c.code == 52 || c.code == 56, "{} {}", c.code, c.stderr);
+    let (conn, _) = r.settle(1);
+    refused(
+        &conn[0],
+        Door::Transparent,
+        "127.0.0.1",
+        p,
+        &format!(
+            "egress to 127.0.0.1:{p} refused: 127.0.0.1 is not an address the DNS door handed out to {TOOL}"
+        ),
+    );
 }

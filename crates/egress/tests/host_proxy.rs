@@ -188,6 +188,7 @@ fn serve_rejects_sockets_the_plan_did_not_ask_for() {
         Doors {
             tcp: vec![stray],
             udp: vec![],
+            local: None,
         },
         EventSink::discard(),
     ));

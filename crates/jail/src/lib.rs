@@ -243,6 +243,12 @@ pub struct DoorRequest {
     pub tcp: Vec<SocketAddr>,
     /// Bound UDP sockets.
     pub udp: Vec<SocketAddr>,
+    /// Also hand over an rtnetlink (`NETLINK_ROUTE`) socket of the
+    /// namespace, after the door sockets, with which the broker adds
+    /// addresses to `lo` while the sandbox runs (the egress DNS door makes
+    /// each address it answers local, so only those lead to a door).
+    #[serde(default)]
+    pub local_addresses: bool,
 }
 
 /// seccomp mode.
@@ -584,7 +590,9 @@ impl Jail {
     }
 
     /// Run one call with network doors: the door sockets (TCP in request
-    /// order, then UDP) are handed to `on_doors` before the tool starts.
+    /// order, then UDP, then the rtnetlink socket when
+    /// [`DoorRequest::local_addresses`] asks for it) are handed to
+    /// `on_doors` before the tool starts.
     pub fn run_with_doors<F>(
         &self,
         spec: &JailSpec,

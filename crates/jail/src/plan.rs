@@ -781,41 +781,7 @@ fn sockaddr(a: &SocketAddr) -> (libc::c_int, Vec<u8>) {
 /// One RTM_NEWADDR request adding `ip/prefix` to `lo` (ifindex 1 in a new
 /// network namespace).
 pub fn newaddr_message(ip: IpAddr, prefix: u8, seq: u32) -> Vec<u8> {
-    const RTM_NEWADDR: u16 = 20;
-    const NLM_F_REQUEST: u16 = 0x1;
-    const NLM_F_ACK: u16 = 0x4;
-    const NLM_F_EXCL: u16 = 0x200;
-    const NLM_F_CREATE: u16 = 0x400;
-    const IFA_ADDRESS: u16 = 1;
-    const IFA_LOCAL: u16 = 2;
-    let (family, octets): (u8, Vec<u8>) = match ip {
-        IpAddr::V4(v) => (libc::AF_INET as u8, v.octets().to_vec()),
-        IpAddr::V6(v) => (libc::AF_INET6 as u8, v.octets().to_vec()),
-    };
-    let mut m = Vec::with_capacity(64);
-    m.extend_from_slice(&0u32.to_ne_bytes()); // length, patched below
-    m.extend_from_slice(&RTM_NEWADDR.to_ne_bytes());
-    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE).to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes()); // port id: kernel
-    // struct ifaddrmsg
-    m.push(family);
-    m.push(prefix);
-    m.push(0); // flags
-    m.push(0); // scope: universe
-    m.extend_from_slice(&1u32.to_ne_bytes()); // ifindex of lo
-    for ty in [IFA_LOCAL, IFA_ADDRESS] {
-        let len = 4 + octets.len() as u16;
-        m.extend_from_slice(&len.to_ne_bytes());
-        m.extend_from_slice(&ty.to_ne_bytes());
-        m.extend_from_slice(&octets);
-        while m.len() % 4 != 0 {
-            m.push(0);
-        }
-    }
-    let len = (m.len() as u32).to_ne_bytes();
-    m[..4].copy_from_slice(&len);
-    m
+    cordon_sys::net::newaddr_message(ip, prefix, seq)
 }
 
 /// The child's doors program.
@@ -842,6 +808,7 @@ pub fn doors(req: &DoorRequest) -> Result<DoorsPlan, JailError> {
     Ok(DoorsPlan {
         addr_messages,
         sockets,
+        route_socket: req.local_addresses,
     })
 }
 

@@ -165,7 +165,10 @@ where
         (None, LandlockStatus::Disabled)
     };
     let doors = doors_req.map(plan::doors).transpose()?;
-    let n_doors = doors.as_ref().map(|d| d.sockets.len()).unwrap_or(0);
+    let n_doors = doors
+        .as_ref()
+        .map(|d| d.sockets.len() + usize::from(d.route_socket))
+        .unwrap_or(0);
 
     let mut warnings = Vec::new();
     let mut guard = SlotGuard {

@@ -1051,6 +1051,7 @@ tryit("outside", lambda: socket.create_connection(("1.1.1.1", 80), timeout=5))
         local_cidrs: vec![(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 15)],
         tcp: vec![tcp_addr],
         udp: vec![udp_addr],
+        local_addresses: false,
     });
     let mut handles = Vec::new();
     let o = j
@@ -1083,6 +1084,64 @@ tryit("outside", lambda: socket.create_connection(("1.1.1.1", 80), timeout=5))
     assert_eq!(field(&out, "outside"), "ENETUNREACH");
 }
 jail_test!(doors_hand_sockets_to_the_broker);
+
+/// With `local_addresses`, the broker gets an rtnetlink socket of the
+/// sandbox's namespace: an address it adds there leads to the door, with
+/// that address as the accepted socket's local address; any other address
+/// still has no route (the metadata address included).
+fn doors_make_added_addresses_local() {
+    use std::os::fd::AsFd;
+    let j = jail();
+    let door = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
+    let answered = Ipv4Addr::new(93, 184, 216, 34);
+    let mut spec = py(
+        "doors-local",
+        &probe(
+            r#"
+s = socket.create_connection(("93.184.216.34", 8080), timeout=10)
+print("answered", s.recv(100).decode())
+tryit("unanswered", lambda: socket.create_connection(("1.1.1.1", 8080), timeout=5))
+tryit("metadata", lambda: socket.create_connection(("169.254.169.254", 8080), timeout=5))
+"#,
+        ),
+    );
+    spec.network = NetMode::Doors(DoorRequest {
+        local_cidrs: vec![],
+        tcp: vec![door],
+        udp: vec![],
+        local_addresses: true,
+    });
+    let mut handles = Vec::new();
+    let o = j
+        .run_with_doors(&spec, Stdin::Null, |fds| {
+            assert_eq!(fds.len(), 2);
+            let mut it = fds.into_iter();
+            let l = TcpListener::from(it.next().unwrap());
+            let nl = it.next().unwrap();
+            cordon_sys::net::add_local_address(nl.as_fd(), IpAddr::V4(answered), 32, 1).unwrap();
+            // Adding it again is not an error.
+            cordon_sys::net::add_local_address(nl.as_fd(), IpAddr::V4(answered), 32, 2).unwrap();
+            handles.push(std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                let local = c.local_addr().unwrap();
+                c.write_all(format!("door-ok {local}").as_bytes()).unwrap();
+            }));
+        })
+        .unwrap();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(o.status, Status::Ok, "{} {}", o.reason, text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(
+        field(&out, "answered"),
+        "door-ok 93.184.216.34:8080",
+        "{out}"
+    );
+    assert_eq!(field(&out, "unanswered"), "ENETUNREACH", "{out}");
+    assert_eq!(field(&out, "metadata"), "ENETUNREACH", "{out}");
+}
+jail_test!(doors_make_added_addresses_local);
 
 // -------------------------------------------------------------- resources
 
@@ -1933,6 +1992,7 @@ fn image_network() {
         local_cidrs: vec![(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 15)],
         tcp: vec![door],
         udp: vec![],
+        local_addresses: false,
     });
     let mut handles = Vec::new();
     let o = j

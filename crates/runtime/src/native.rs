@@ -3,7 +3,7 @@
 //! egress doors served by the broker. See `cordon-jail` for the mechanism
 //! itself.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -204,6 +204,7 @@ impl Native {
                             .collect(),
                         tcp: plan.tcp.clone(),
                         udp: plan.udp.clone(),
+                        local_addresses: true,
                     }),
                     Some((**ep).clone()),
                 )
@@ -399,6 +400,34 @@ impl Runtime for Native {
     }
 }
 
+/// The rtnetlink socket the jail made in a sandbox's namespace: adds the addresses the DNS
+/// door answers to the sandbox's `lo`.
+#[derive(Debug)]
+struct RouteSocket {
+    /// The socket, and the sequence number of the last request (one request at a time).
+    nl: Mutex<(OwnedFd, u32)>,
+}
+
+impl RouteSocket {
+    fn new(fd: OwnedFd) -> Self {
+        RouteSocket {
+            nl: Mutex::new((fd, 0)),
+        }
+    }
+}
+
+impl cordon_egress::LocalAddresses for RouteSocket {
+    fn add(&self, ip: std::net::Ipv4Addr) -> Result<(), String> {
+        // A poisoned lock only means another add panicked; the socket is still usable (a
+        // stale answer is skipped by its sequence number).
+        let mut g = self.nl.lock().unwrap_or_else(|p| p.into_inner());
+        g.1 = g.1.wrapping_add(1);
+        let seq = g.1;
+        cordon_sys::net::add_local_address(g.0.as_fd(), ip.into(), 32, seq)
+            .map_err(|e| format!("add {ip}/32 to lo: {e}"))
+    }
+}
+
 /// Run `spec` in `jail`; with `egress`, its doors are served on `rt` for
 /// the sandbox's whole life and shut down once it is gone. Blocks the
 /// calling thread, which must not be one of `rt`'s workers.
@@ -423,13 +452,16 @@ fn run_jail(
     let sink = EventSink::new(move |e| on(e));
     let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
     let policy = Arc::new(policy);
+    let n_udp = plan.udp.len();
     let out = jail.run_with_doors(spec, stdin, |fds| {
         let mut doors = Doors::default();
         for (i, fd) in fds.into_iter().enumerate() {
             if i < n_tcp {
                 doors.tcp.push(std::net::TcpListener::from(fd));
-            } else {
+            } else if i < n_tcp + n_udp {
                 doors.udp.push(std::net::UdpSocket::from(fd));
+            } else {
+                doors.local = Some(Arc::new(RouteSocket::new(fd)));
             }
         }
         let served = rt

@@ -8,6 +8,8 @@
 //!   directory tree (the image unpacker's).
 //! - `io`: parent-side descriptor and process helpers (pipes, poll,
 //!   pidfds, small kernel files, feature probes).
+//! - `net`: the broker's network helpers (addresses added to a sandbox's
+//!   `lo` over rtnetlink, `splice(2)` for the egress doors' tunnels).
 //! - `probe`: the raw calls of the conformance probe agent.
 //! - `spawn`: starting a sandboxed process; its module docs describe the
 //!   files, parent side and child side.
@@ -16,6 +18,7 @@
 
 pub mod fsat;
 pub mod io;
+pub mod net;
 pub mod probe;
 pub mod spawn;
 

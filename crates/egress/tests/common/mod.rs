@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use cordon_egress::{DoorPlan, Doors, EgressEvent};
+use cordon_egress::{DoorPlan, Doors, EgressEvent, LocalAddresses};
 use hickory_resolver::proto::op::{Message, MessageType, ResponseCode};
 use hickory_resolver::proto::rr::rdata::{A, AAAA};
 use hickory_resolver::proto::rr::{RData, Record, RecordType};
@@ -80,8 +80,17 @@ impl Netns {
         rrx.recv().expect("netns job result")
     }
 
-    /// Create the door sockets of `plan` inside the namespace.
+    /// Create the door sockets of `plan` inside the namespace, and an rtnetlink socket there
+    /// with which the DNS door makes the addresses it answers local (as the jail does).
     pub fn doors(&self, plan: &DoorPlan) -> Doors {
+        let mut d = self.doors_without_local(plan);
+        let nl = self.run(|| cordon_sys::net::route_socket().expect("rtnetlink socket"));
+        d.local = Some(Arc::new(NsRoute(Mutex::new((nl, 0)))));
+        d
+    }
+
+    /// The door sockets only: the DNS door then answers from the door range.
+    pub fn doors_without_local(&self, plan: &DoorPlan) -> Doors {
         let tcp = plan.tcp.clone();
         let udp = plan.udp.clone();
         self.run(move || Doors {
@@ -93,6 +102,7 @@ impl Netns {
                 .iter()
                 .map(|a| std::net::UdpSocket::bind(a).expect("bind udp door"))
                 .collect(),
+            local: None,
         })
     }
 
@@ -119,6 +129,20 @@ impl Netns {
             }
             c.output().expect("spawn unshare")
         })
+    }
+}
+
+/// An rtnetlink socket of a test namespace.
+#[derive(Debug)]
+pub struct NsRoute(Mutex<(std::os::fd::OwnedFd, u32)>);
+
+impl LocalAddresses for NsRoute {
+    fn add(&self, ip: std::net::Ipv4Addr) -> Result<(), String> {
+        let mut g = self.0.lock().unwrap();
+        g.1 += 1;
+        let seq = g.1;
+        cordon_sys::net::add_local_address(std::os::fd::AsFd::as_fd(&g.0), ip.into(), 32, seq)
+            .map_err(|e| format!("add {ip}/32 to lo: {e}"))
     }
 }
 

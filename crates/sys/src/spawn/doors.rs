@@ -1,6 +1,7 @@
 //! Network doors, child side: `lo` up, the local addresses added to it
 //! over rtnetlink, then each door socket made, bound (and listening, for
-//! stream sockets) and sent to the parent over the doors socket (fd 5).
+//! stream sockets) and sent to the parent over the doors socket (fd 5),
+//! then, if asked, an rtnetlink socket of the namespace.
 //! See the jail crate for what the parent does with them.
 
 use std::os::fd::RawFd;
@@ -42,6 +43,10 @@ impl<'a> Doors<'a> {
         }
         // SAFETY: child only, fd 5 is the doors socket.
         unsafe { send_sockets(&self.plan.sockets, err) };
+        if self.plan.route_socket {
+            // SAFETY: child only, fd 5 is the doors socket.
+            unsafe { send_route_socket(self.plan.sockets.len(), err) };
+        }
         // Wait until the parent has handed the sockets over.
         // SAFETY: child only.
         if !unsafe { read_byte(DOORS_FD) } {
@@ -151,6 +156,31 @@ unsafe fn add_addresses(messages: &[Vec<u8>], err: ErrPipe) {
         }
     }
     // SAFETY: closes `nl`, opened above and used no more.
+    unsafe { sc!(libc::SYS_close, nl) };
+}
+
+/// Make a `NETLINK_ROUTE` socket in the namespace and send it to the
+/// parent over fd 5 (its failures are door socket `index`).
+///
+/// # Safety
+/// Child only, with the doors socket on fd 5.
+unsafe fn send_route_socket(index: usize, err: ErrPipe) {
+    let step = ChildStep::DoorsSocket(index as u32);
+    // SAFETY: socket takes no pointers; the descriptor is new and ours.
+    let nl = unsafe {
+        sc!(
+            libc::SYS_socket,
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE
+        )
+    };
+    err.check(step, nl);
+    // SAFETY: `nl` is ours; child-safe as `send_fd` asks.
+    if let Err(e) = ck(unsafe { send_fd(DOORS_FD, nl as RawFd) }) {
+        err.fail(ChildStep::DoorsSend, e);
+    }
+    // SAFETY: closes `nl`, which the parent now has a copy of.
     unsafe { sc!(libc::SYS_close, nl) };
 }
 

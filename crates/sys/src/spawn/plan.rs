@@ -116,6 +116,9 @@ pub struct DoorsPlan {
     /// Sockets to create: (domain, type, sockaddr bytes). Stream sockets
     /// are put in listening state.
     pub sockets: Vec<(libc::c_int, libc::c_int, Vec<u8>)>,
+    /// Also send a `NETLINK_ROUTE` socket of the namespace, after the
+    /// others, so the parent can add addresses to `lo` later.
+    pub route_socket: bool,
 }
 
 /// Everything the child needs, built before `clone`.
