@@ -129,10 +129,10 @@ async fn stdio_lists_the_example_tools_and_calls_word_count() {
     .exists()
     {
         want.extend([
-            "scratch.list_allowed_directories",
-            "scratch.list_directory",
-            "scratch.read_text_file",
-            "scratch.write_file",
+            "scratch__list_allowed_directories",
+            "scratch__list_directory",
+            "scratch__read_text_file",
+            "scratch__write_file",
         ]);
     } else {
         common::skip_or_fail(

@@ -6,7 +6,9 @@
 //!   anything runs, then mapped onto stdin and argv as `input` declares; the
 //!   call goes through [`cordon_broker::Broker`] (jail, gate, audit record).
 //! - `mcp` tools are third-party MCP servers run inside their sandbox; their
-//!   tools are exposed as `<tool>.<server tool>` (see [`upstream`]).
+//!   tools are exposed as `<tool>__<server tool>` or under the server's own
+//!   names (`expose: as-is`), each exposed name belonging to exactly one
+//!   tool (see [`upstream`] and [`names`]).
 //! - Every result is gated and labelled untrusted: text as the nonce-wrapped
 //!   rendering, images as MCP image content, and `_meta` carries the gate's
 //!   envelope (`cordon/trust: untrusted`, ...).
@@ -16,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+mod names;
 pub mod render;
 pub mod resources;
 pub mod sandbox;
@@ -29,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cordon_broker::{Admitted, Broker, CallError, Status, Use};
-use cordon_policy::policy::{PolicySet, ToolPolicy};
+use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -117,6 +120,8 @@ pub struct Gateway {
     /// Each `mcp:` tool and what its server offers once known.
     servers: Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>,
     sandbox: Arc<dyn ServerSandbox>,
+    /// Which tool or server each exposed name belongs to.
+    names: Arc<names::NameClaims>,
     warnings: Vec<String>,
     seq: AtomicU64,
 }
@@ -149,6 +154,7 @@ impl Gateway {
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
+        let names = Arc::new(names::NameClaims::default());
         for (name, p) in &policy.tools {
             let use_ = Use::of(p);
             let admitted = match broker.admit(p, use_) {
@@ -165,6 +171,12 @@ impl Gateway {
                 Use::Call => {
                     let args = ArgMapper::new(p).map_err(GatewayError::Tool)?;
                     let tool = command_tool(p);
+                    claim_static(
+                        &names,
+                        names::Space::Tools,
+                        name,
+                        names::Owner::Command(name.clone()),
+                    )?;
                     commands.insert(
                         name.clone(),
                         CommandTool {
@@ -177,8 +189,11 @@ impl Gateway {
                 }
                 Use::Serve => {
                     let p = Arc::new(p.clone());
-                    match upstream::Upstream::new(p.clone(), sandbox.clone()) {
-                        Ok(_) => servers.push((p, upstream::KnownOffers::default())),
+                    match upstream::Upstream::new(p.clone(), sandbox.clone(), names.clone()) {
+                        Ok(_) => {
+                            claim_server_names(&names, &p)?;
+                            servers.push((p, upstream::KnownOffers::default()))
+                        }
                         Err(why) => warnings.push(format!("not served: {why}")),
                     }
                 }
@@ -189,6 +204,7 @@ impl Gateway {
             commands,
             servers,
             sandbox,
+            names,
             warnings,
             seq: AtomicU64::new(0),
         })
@@ -217,7 +233,7 @@ impl Gateway {
             .servers
             .iter()
             .filter_map(|(p, offers)| {
-                upstream::Upstream::new(p.clone(), self.sandbox.clone())
+                upstream::Upstream::new(p.clone(), self.sandbox.clone(), self.names.clone())
                     .ok()
                     .map(|u| Arc::new(u.with_offers(offers.clone())))
             })
@@ -228,6 +244,52 @@ impl Gateway {
             upstreams,
         }
     }
+}
+
+/// Claim a name the manifest fixes (its load refused any given twice).
+fn claim_static(
+    names: &names::NameClaims,
+    space: names::Space,
+    name: &str,
+    owner: names::Owner,
+) -> Result<(), GatewayError> {
+    names.claim(space, name, owner.clone()).map_err(|other| {
+        GatewayError::Manifest(format!(
+            "exposed name `{name}` is given twice: {other} and {owner}"
+        ))
+    })
+}
+
+/// Claim the names an `mcp:` tool's manifest entry fixes: `rename`
+/// targets, `allow` entries and `prompts` entries in their exposed form.
+fn claim_server_names(names: &names::NameClaims, p: &ToolPolicy) -> Result<(), GatewayError> {
+    let Exec::Mcp {
+        expose,
+        allow,
+        rename,
+        prompts,
+        ..
+    } = &p.exec
+    else {
+        return Ok(());
+    };
+    let owner = || names::Owner::Server(p.name.clone());
+    let exposed = |n: &String| {
+        allow
+            .as_ref()
+            .is_none_or(|a| a.contains(n))
+            .then(|| cordon_policy::policy::exposed_tool_name(&p.name, *expose, rename, n))
+    };
+    for n in rename.keys().chain(allow.iter().flatten()) {
+        if let Some(full) = exposed(n) {
+            claim_static(names, names::Space::Tools, &full, owner())?;
+        }
+    }
+    for n in prompts.iter().flatten() {
+        let full = cordon_policy::policy::exposed_prompt_name(&p.name, *expose, n);
+        claim_static(names, names::Space::Prompts, &full, owner())?;
+    }
+    Ok(())
 }
 
 /// An audit record for a call the broker did not run: refused before it
@@ -337,6 +399,7 @@ impl CallAudit {
                     | "invalid_arguments"
                     | "policy_refused"
                     | "description_changed"
+                    | "name_refused"
                     | "unknown_prompt"
                     | "unknown_resource"
                     | "ambiguous_resource"
@@ -504,15 +567,50 @@ impl Session {
         }
     }
 
+    /// The server of this session that owns the exposed tool or prompt
+    /// `name`. Names not claimed yet may belong to a server this session
+    /// has not listed: those are listed (all at once), and the claims read
+    /// again.
+    async fn owner(&self, space: names::Space, name: &str) -> Option<Arc<upstream::Upstream>> {
+        let claimed = || match self.gw.names.owner(space, name)? {
+            names::Owner::Server(s) => self.upstreams.iter().find(|u| u.name() == s).cloned(),
+            names::Owner::Command(_) => None,
+        };
+        if let Some(u) = claimed() {
+            return Some(u);
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for u in &self.upstreams {
+            let u = u.clone();
+            match space {
+                names::Space::Tools if u.listed_tool_names().is_none() => {
+                    set.spawn(async move {
+                        let _ = u.tools().await;
+                    });
+                }
+                names::Space::Prompts => {
+                    set.spawn(async move {
+                        let _ = u.list_prompts(None).await;
+                    });
+                }
+                _ => {}
+            }
+        }
+        while set.join_next().await.is_some() {}
+        // Unclaimed but in a server's prefixed form: that server says why
+        // it has no such tool or prompt.
+        claimed().or_else(|| self.upstreams.iter().find(|u| u.prefixes(name)).cloned())
+    }
+
     /// An unknown tool: the message names the command tools and each
-    /// server's exposed tools (`<tool>.<name>`; `<tool>.*` when this session
-    /// has not listed them).
+    /// server's exposed tools (`<tool>: not listed` when this session has
+    /// not listed them).
     fn unknown(&self, name: &str) -> ErrorData {
         let mut served: Vec<String> = self.gw.commands.keys().cloned().collect();
         for u in &self.upstreams {
             match u.listed_tool_names() {
                 Some(names) => served.extend(names),
-                None => served.push(format!("{}.*", u.name())),
+                None => served.push(format!("(the tools of {}: not listed)", u.name())),
             }
         }
         refusal(
@@ -752,14 +850,16 @@ impl ServerHandler for Session {
                 .await
                 .map(Into::into);
         }
-        if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
+        if let Some(u) = self.owner(names::Space::Tools, &name).await {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
             audit.finish(&self.gw.broker, &self.id, &caller, &r)?;
             return r.map(Into::into);
         }
-        let r = Err(self.unknown(&name));
+        // A name a listing refused says why.
+        let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
+        let r = Err(refused.unwrap_or_else(|| self.unknown(&name)));
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
             &self.id,

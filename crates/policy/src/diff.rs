@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::policy::{
-    Exec, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, ToolPolicy,
+    Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, ToolPolicy,
 };
 use crate::units::format_size;
 
@@ -341,15 +341,27 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 allow: a1,
                 resources: r1,
                 prompts: p1,
+                expose: e1,
                 ..
             },
             Exec::Mcp {
                 allow: a2,
                 resources: r2,
                 prompts: p2,
+                expose: e2,
                 ..
             },
         ) => {
+            if e1 != e2 {
+                // As-is, the server picks the names the model sees.
+                out.push(change(
+                    t,
+                    "mcp.expose",
+                    expose_name(*e1),
+                    expose_name(*e2),
+                    *e2 == Expose::AsIs,
+                ));
+            }
             let wider = |a: &Option<Vec<String>>, b: &Option<Vec<String>>| match (a, b) {
                 (Some(x), Some(y)) => y.iter().any(|e| !x.contains(e)),
                 (Some(_), None) => true,
@@ -373,6 +385,13 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
             &serde_json::to_string(n).unwrap_or_default(),
             true,
         )),
+    }
+}
+
+fn expose_name(e: Expose) -> &'static str {
+    match e {
+        Expose::Prefixed => "prefixed",
+        Expose::AsIs => "as-is",
     }
 }
 

@@ -628,7 +628,7 @@ tools:
     fn a_tool_result_under_the_cap_passes_whole() {
         for overflow in ["fail", "truncate"] {
             let r = CallToolResult::success(vec![text(300), image(300), image(300)]);
-            let out = tool_result(&policy(overflow), "fx.t", r).unwrap();
+            let out = tool_result(&policy(overflow), "fx__t", r).unwrap();
             assert_eq!(out.content.len(), 3, "{overflow}");
             assert!(out.content[0].as_text().is_some());
             assert_eq!(num(&out.meta, "cordon/bytes_out"), 900, "{overflow}");
@@ -642,15 +642,15 @@ tools:
         let p = policy("fail");
         // Images each under the cap, 1,200 bytes together.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         // Text blocks likewise, and text with an image.
         let r = CallToolResult::success(vec![text(400), text(400), text(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         // An error result's images count too.
         let r = CallToolResult::error(vec![text(10), image(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
     }
 
     #[test]
@@ -658,14 +658,14 @@ tools:
         let p = policy("truncate");
         // Images are never cut: the one past what is left is dropped.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert_eq!(num(&out.meta, "cordon/bytes_out"), 800);
         assert_eq!(num(&out.meta, "cordon/parts_dropped"), 1);
         assert!(truncated(&out.meta));
         // Text gets what the images left, and is cut with the marker.
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         let t = &out.content[0].as_text().unwrap().text;
         assert!(t.contains("[cordon: output truncated"), "{t}");
@@ -673,13 +673,13 @@ tools:
         assert!(truncated(&out.meta));
         // An error result stays one, cut to what is left.
         let r = CallToolResult::error(vec![text(2000), image(800)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.is_error, Some(true));
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         // One image past the cap by itself is refused: it cannot be cut.
         let r = CallToolResult::success(vec![image(2000)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
     }
 
     #[test]
@@ -707,14 +707,18 @@ tools:
         };
         refused_naming_the_cap(read(vec![blob(), blob(), blob()]).unwrap_err());
 
-        let out = prompt_result(&p, "fx.p", prompt(vec![text(400), text(400)])).unwrap();
+        let out = prompt_result(&p, "fx__p", prompt(vec![text(400), text(400)])).unwrap();
         assert_eq!(out.messages.len(), 2);
         refused_naming_the_cap(
-            prompt_result(&p, "fx.p", prompt(vec![text(400), text(400), text(400)])).unwrap_err(),
+            prompt_result(&p, "fx__p", prompt(vec![text(400), text(400), text(400)])).unwrap_err(),
         );
         refused_naming_the_cap(
-            prompt_result(&p, "fx.p", prompt(vec![image(400), image(400), image(400)]))
-                .unwrap_err(),
+            prompt_result(
+                &p,
+                "fx__p",
+                prompt(vec![image(400), image(400), image(400)]),
+            )
+            .unwrap_err(),
         );
 
         // Truncate: the last text is cut to what is left, and marked.
@@ -728,8 +732,12 @@ tools:
         assert_eq!(out.contents.len(), 3);
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         assert!(truncated(&out.meta));
-        let out =
-            prompt_result(&p, "fx.p", prompt(vec![image(400), image(400), image(400)])).unwrap();
+        let out = prompt_result(
+            &p,
+            "fx__p",
+            prompt(vec![image(400), image(400), image(400)]),
+        )
+        .unwrap();
         assert_eq!(out.messages.len(), 2);
         assert_eq!(num(&out.meta, "cordon/parts_dropped"), 1);
     }

@@ -1,7 +1,9 @@
 //! `mcp:` tools: a third-party MCP server run inside its sandbox, its tools
-//! exposed under the manifest tool's name as a prefix (`<tool>.<name>`),
-//! filtered by `allow`, renamed by `rename`, and refused when a description
-//! differs from the one pinned in `descriptions`. One sandbox per agent
+//! exposed under the manifest tool's name as a prefix (`<tool>__<name>`)
+//! or under the server's own names (`expose: as-is`), filtered by `allow`,
+//! renamed by `rename` (a full name), each name claimed for this server
+//! alone ([`crate::names`]), and refused when a description differs from
+//! the one pinned in `descriptions`. One sandbox per agent
 //! session (`lifetime: session`) or per call (`lifetime: call`); a server
 //! that crashes or hangs gives a typed error and the next call starts a new
 //! one.
@@ -24,11 +26,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cordon_policy::policy::{Exec, ToolPolicy};
+use cordon_policy::policy::{Exec, Expose, ToolPolicy};
 use rmcp::ErrorData;
 use rmcp::model::{Prompt, Resource, ResourceTemplate};
 use serde_json::json;
 
+use crate::names::NameClaims;
 use crate::render::{self, Refusal};
 use crate::sandbox::ServerSandbox;
 use connection::{Live, ProgressRoutes, Subscriptions};
@@ -68,6 +71,9 @@ pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 pub(crate) struct Upstream {
     policy: Arc<ToolPolicy>,
     argv: Vec<String>,
+    expose: Expose,
+    /// The gateway's record of which server owns each exposed name.
+    names: Arc<NameClaims>,
     allow: Option<Vec<String>>,
     rename: BTreeMap<String, String>,
     pins: BTreeMap<String, String>,
@@ -90,10 +96,12 @@ impl Upstream {
     pub fn new(
         policy: Arc<ToolPolicy>,
         sandbox: Arc<dyn ServerSandbox>,
+        names: Arc<NameClaims>,
     ) -> Result<Upstream, String> {
         let Exec::Mcp {
             command,
             image,
+            expose,
             allow,
             rename,
             descriptions,
@@ -118,6 +126,8 @@ impl Upstream {
         let wall = Duration::from_secs(policy.require_limits()?.wall_seconds);
         Ok(Upstream {
             argv,
+            expose: *expose,
+            names,
             allow: allow.clone(),
             rename: rename.clone(),
             pins: descriptions.clone(),
@@ -149,6 +159,14 @@ impl Upstream {
 
     pub fn name(&self) -> &str {
         &self.policy.name
+    }
+
+    /// Whether `name` is in this server's prefixed form (`<tool>__...`).
+    pub fn prefixes(&self, name: &str) -> bool {
+        self.expose == Expose::Prefixed
+            && name
+                .strip_prefix(self.policy.name.as_str())
+                .is_some_and(|r| r.starts_with(cordon_policy::policy::NAME_SEPARATOR))
     }
 
     pub fn profile(&self) -> &'static str {

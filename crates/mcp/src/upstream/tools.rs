@@ -15,25 +15,30 @@ use rmcp::{ErrorData, RoleServer, ServiceError};
 use serde_json::{Value, json};
 
 use super::{Upstream, gate};
+use crate::names::{Owner, Space};
 use crate::render::{self, Refusal};
 
 /// One server tool as the agent sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct Exposed {
-    /// `<tool>.<exposed name>`.
+    /// The exposed name (`<tool>__<name>`, the server's own, or the
+    /// `rename` target).
     pub name: String,
     /// The name the server knows it by.
     pub server_name: String,
     /// What `tools/list` shows (renamed, description stripped).
     pub tool: Tool,
-    /// Set when the tool is refused (its description differs from the pin).
-    pub refused: Option<String>,
+    /// Set when the tool is refused: its name is not one model APIs accept
+    /// or belongs to another tool, or its description differs from the pin.
+    pub refused: Option<(Refusal, String)>,
 }
 
 impl Upstream {
-    /// allow, rename, pins; descriptions of unpinned tools pass the gate's
-    /// stripping (invisible and bidi characters, escapes).
+    /// allow, rename, names (valid, and claimed for this server), pins;
+    /// descriptions of unpinned tools pass the gate's stripping (invisible
+    /// and bidi characters, escapes).
     pub(super) fn expose(&self, tools: Vec<Tool>) -> Vec<Exposed> {
+        let server = &self.policy.name;
         let mut out = Vec::new();
         for t in tools {
             let server_name = t.name.to_string();
@@ -42,17 +47,46 @@ impl Upstream {
             {
                 continue;
             }
-            let exposed = self.rename.get(&server_name).unwrap_or(&server_name);
-            let full = format!("{}.{}", self.policy.name, exposed);
+            let full = cordon_policy::policy::exposed_tool_name(
+                server,
+                self.expose,
+                &self.rename,
+                &server_name,
+            );
             let desc = t.description.as_deref().unwrap_or("").to_owned();
-            let refused = match self.pins.get(&server_name) {
-                Some(pin) if pin.trim() != desc.trim() => Some(format!(
-                    "{full}: the server describes `{server_name}` differently from the description pinned in the manifest; the tool is refused (a changed description can carry instructions to the model)"
-                )),
-                _ => None,
+            let refused = if let Some(why) = cordon_policy::policy::invalid_name_reason(&full) {
+                Some((
+                    Refusal::NameRefused,
+                    format!(
+                        "server `{server}`: its tool `{}` is refused: the exposed name `{}` is not one model APIs accept ({why}); give it another with `rename`",
+                        gate::strip_text(&server_name),
+                        gate::strip_text(&full),
+                    ),
+                ))
+            } else if let Err(other) =
+                self.names
+                    .claim(Space::Tools, &full, Owner::Server(server.clone()))
+            {
+                Some((
+                    Refusal::NameRefused,
+                    format!(
+                        "server `{server}`: its tool `{}` is refused: the name `{full}` is {other}; give it another with `rename`",
+                        gate::strip_text(&server_name),
+                    ),
+                ))
+            } else {
+                match self.pins.get(&server_name) {
+                    Some(pin) if pin.trim() != desc.trim() => Some((
+                        Refusal::DescriptionChanged,
+                        format!(
+                            "{full}: the server describes `{server_name}` differently from the description pinned in the manifest; the tool is refused (a changed description can carry instructions to the model)"
+                        ),
+                    )),
+                    _ => None,
+                }
             };
-            if let Some(r) = &refused {
-                eprintln!("cordon: warning: {r}");
+            if let Some((_, r)) = &refused {
+                self.names.report_once(r);
             }
             let clean = if self.pins.contains_key(&server_name) {
                 desc
@@ -108,10 +142,12 @@ impl Upstream {
         })
     }
 
-    /// Whether `name` belongs to this server (`<tool>.` prefix).
-    pub fn owns(&self, name: &str) -> bool {
-        name.strip_prefix(self.policy.name.as_str())
-            .is_some_and(|rest| rest.starts_with('.'))
+    /// The refusal of `name`, when the last listing refused it.
+    pub fn refusal_of(&self, name: &str) -> Option<ErrorData> {
+        let st = self.state.try_lock().ok()?;
+        let e = st.tools.as_ref()?.iter().find(|e| e.name == name)?;
+        let (kind, why) = e.refused.clone()?;
+        Some(render::refusal(kind, why, json!({"tool": name})))
     }
 
     /// Forward one call.
@@ -138,12 +174,8 @@ impl Upstream {
                 json!({"tool": name}),
             ));
         };
-        if let Some(r) = &exposed.refused {
-            return Err(render::refusal(
-                Refusal::DescriptionChanged,
-                r.clone(),
-                json!({"tool": name}),
-            ));
+        if let Some((kind, r)) = &exposed.refused {
+            return Err(render::refusal(*kind, r.clone(), json!({"tool": name})));
         }
         check_args(name, &exposed.tool, args.as_ref())?;
         let conn = self.conn().await?;
@@ -152,11 +184,11 @@ impl Upstream {
         match current.iter().find(|e| e.name == name) {
             Some(e) if e.refused.is_none() => {}
             Some(e) => {
-                return Err(render::refusal(
-                    Refusal::DescriptionChanged,
-                    e.refused.clone().unwrap_or_default(),
-                    json!({"tool": name}),
-                ));
+                let (kind, why) = e
+                    .refused
+                    .clone()
+                    .unwrap_or((Refusal::DescriptionChanged, String::new()));
+                return Err(render::refusal(kind, why, json!({"tool": name})));
             }
             None => {
                 return Err(render::refusal(
