@@ -229,21 +229,37 @@ impl Gateway {
     pub fn session(self: &Arc<Self>, transport: &str) -> Session {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{transport}-{}-{n}", std::process::id());
+        let log_level = upstream::LogLevel::default();
         let upstreams = self
             .servers
             .iter()
             .filter_map(|(p, offers)| {
                 upstream::Upstream::new(p.clone(), self.sandbox.clone(), self.names.clone())
                     .ok()
-                    .map(|u| Arc::new(u.with_offers(offers.clone())))
+                    .map(|u| {
+                        Arc::new(
+                            u.with_offers(offers.clone())
+                                .with_log_level(log_level.clone()),
+                        )
+                    })
             })
             .collect();
         Session {
             gw: self.clone(),
             id,
             upstreams,
+            log_level,
         }
     }
+}
+
+/// What a person and the client are told of a server that could not be
+/// started (once each on stderr; in a log message at error level).
+pub(crate) fn not_started(server: &str, e: &ErrorData) -> String {
+    format!(
+        "server `{server}` is not available, its tools are not listed: {}",
+        e.message
+    )
 }
 
 /// Claim a name the manifest fixes (its load refused any given twice).
@@ -454,6 +470,37 @@ pub struct Session {
     gw: Arc<Gateway>,
     id: String,
     upstreams: Vec<Arc<upstream::Upstream>>,
+    /// The level the client set with `logging/setLevel` (`None`: not set,
+    /// every level is sent). Shared with the session's servers, whose log
+    /// messages pass at this level.
+    log_level: upstream::LogLevel,
+}
+
+#[allow(deprecated)]
+use rmcp::model::LoggingLevel;
+
+/// The rank of a level (debug lowest).
+#[allow(deprecated)]
+pub(crate) fn level_rank(l: LoggingLevel) -> u8 {
+    match l {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}
+
+/// Whether a message at `level` passes the level the client set.
+#[allow(deprecated)]
+pub(crate) fn level_passes(set: &upstream::LogLevel, level: LoggingLevel) -> bool {
+    set.lock()
+        .ok()
+        .and_then(|l| *l)
+        .is_none_or(|min| level_rank(level) >= level_rank(min))
 }
 
 impl Drop for Session {
@@ -468,6 +515,22 @@ impl Session {
     /// The session id written to the audit log.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Tell the client something at `level` (cordon's own text, logger
+    /// `cordon`), when the level the client set lets it through.
+    #[allow(deprecated)]
+    async fn log(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        level: LoggingLevel,
+        data: serde_json::Value,
+    ) {
+        if level_passes(&self.log_level, level) {
+            let mut p = rmcp::model::LoggingMessageNotificationParam::new(level, data);
+            p.logger = Some("cordon".into());
+            let _ = peer.notify_logging_message(p).await;
+        }
     }
 
     async fn call_command(
@@ -585,7 +648,7 @@ impl Session {
             match space {
                 names::Space::Tools if u.listed_tool_names().is_none() => {
                     set.spawn(async move {
-                        let _ = u.tools().await;
+                        let _ = u.tools_for_list().await;
                     });
                 }
                 names::Space::Prompts => {
@@ -725,9 +788,12 @@ impl ServerHandler for Session {
     #[allow(deprecated)]
     async fn set_level(
         &self,
-        _request: rmcp::model::SetLevelRequestParams,
+        request: rmcp::model::SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        if let Ok(mut l) = self.log_level.lock() {
+            *l = Some(request.level);
+        }
         Ok(())
     }
 
@@ -809,25 +875,39 @@ impl ServerHandler for Session {
             .map(Into::into)
     }
 
+    #[allow(deprecated)]
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let mut tools: Vec<Tool> = self.gw.commands.values().map(|c| c.tool.clone()).collect();
-        for u in &self.upstreams {
-            match u.tools().await {
+        // Every server at once, each within its own start-up deadline: a
+        // slow or failing one holds no other's tools.
+        let mut set = tokio::task::JoinSet::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let u = u.clone();
+            set.spawn(async move { (i, u.tools_for_list().await) });
+        }
+        let mut listed = Vec::new();
+        while let Some(r) = set.join_next().await {
+            if let Ok(r) = r {
+                listed.push(r);
+            }
+        }
+        listed.sort_by_key(|(i, _)| *i);
+        for (i, r) in listed {
+            match r {
                 Ok(list) => tools.extend(
                     list.into_iter()
                         .filter(|e| e.refused.is_none())
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
-                    eprintln!(
-                        "cordon: warning: {}: tools not listed: {}",
-                        u.name(),
-                        e.message
-                    );
+                    let msg = not_started(self.upstreams[i].name(), &e);
+                    self.gw.names.report_once(&msg);
+                    self.log(&context.peer, LoggingLevel::Error, json!(msg))
+                        .await;
                 }
             }
         }

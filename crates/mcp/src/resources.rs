@@ -122,13 +122,10 @@ impl Session {
         for u in &self.upstreams {
             if u.known_offers().is_none() {
                 let u = u.clone();
+                let names = self.gw.names.clone();
                 set.spawn(async move {
                     if let Err(e) = u.offers().await {
-                        eprintln!(
-                            "cordon: warning: {}: its resources and prompts are not advertised: {}",
-                            u.name(),
-                            e.message
-                        );
+                        names.report_once(&crate::not_started(u.name(), &e));
                     }
                 });
             }

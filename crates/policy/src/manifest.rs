@@ -314,6 +314,11 @@ pub struct McpServer {
     #[serde(default)]
     #[schemars(with = "Option<Expose>")]
     pub expose: Option<Spanned<Expose>>,
+    /// Seconds the server has to start (initialize and list its tools)
+    /// before it is stopped and reported as failed; default 20.
+    #[serde(default)]
+    #[schemars(with = "Option<u64>")]
+    pub startup_seconds: Option<Spanned<u64>>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,

@@ -70,6 +70,9 @@ pub enum Exec {
         /// How the server's tools and prompts are named to the agent.
         #[serde(default)]
         expose: Expose,
+        /// Seconds the server has to initialize and list its tools.
+        #[serde(default = "default_startup_seconds")]
+        startup_seconds: u64,
         /// The server's tools exposed, by the server's names (`None`: all).
         allow: Option<Vec<String>>,
         /// Full exposed names of server tools (no prefix added).
@@ -203,6 +206,13 @@ pub enum Seccomp {
     DenyList,
     /// Default deny: the base set plus these syscalls.
     AllowList { extra: Vec<String> },
+}
+
+/// Seconds an `mcp:` server has to start when the manifest does not say.
+pub const DEFAULT_STARTUP_SECONDS: u64 = 20;
+
+fn default_startup_seconds() -> u64 {
+    DEFAULT_STARTUP_SECONDS
 }
 
 /// What goes between an `mcp:` tool's name and a server's name in the

@@ -1029,6 +1029,17 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             command: mcp.command.clone(),
             image: mcp.image.clone(),
             expose: expose_of(mcp),
+            startup_seconds: match &mcp.startup_seconds {
+                None => policy::DEFAULT_STARTUP_SECONDS,
+                Some(s) if s.value == 0 => {
+                    return Err(c.diag(
+                        s.referenced,
+                        "`startup_seconds` is 0: the server could never start".into(),
+                        None,
+                    ));
+                }
+                Some(s) => s.value,
+            },
             allow: tools
                 .as_ref()
                 .and_then(|t| t.allow.as_ref())

@@ -513,3 +513,20 @@ fn a_name_given_twice_is_an_error_naming_both() {
     );
     load_str(Path::new("m.yaml"), &y).unwrap();
 }
+
+#[test]
+fn a_server_start_up_deadline_is_set_or_defaults() {
+    let startup = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec
+    {
+        Exec::Mcp {
+            startup_seconds, ..
+        } => *startup_seconds,
+        e => panic!("{e:?}"),
+    };
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", ""));
+    assert_eq!(startup(&y), cordon_policy::policy::DEFAULT_STARTUP_SECONDS);
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      startup_seconds: 3\n"));
+    assert_eq!(startup(&y), 3);
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      startup_seconds: 0\n"));
+    assert_one(&y, 10, "`startup_seconds` is 0");
+}

@@ -42,8 +42,13 @@ pub(crate) struct Subscriptions {
 /// The client side of the connection to a sandboxed server.
 #[derive(Clone)]
 pub(super) struct Forwarder {
+    server: String,
     routes: Arc<ProgressRoutes>,
     subscriptions: Arc<Mutex<Subscriptions>>,
+    log_level: super::LogLevel,
+    /// Set when the server says its tools changed: the next listing asks
+    /// it again.
+    tools_stale: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Forwarder {
@@ -52,7 +57,55 @@ impl Forwarder {
     }
 }
 
+/// The longest string of a server's log message passed on.
+const LOG_MAX_CHARS: usize = 4096;
+
 impl ClientHandler for Forwarder {
+    /// A server's log message reaches the agent when its level passes the
+    /// one the client set, its text stripped by the gate, labelled with
+    /// the server (`logger: <tool>` or `<tool>/<logger>`) and untrusted.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if !crate::level_passes(&self.log_level, params.level) {
+            return;
+        }
+        let Some(peer) = self.agent() else {
+            return;
+        };
+        let mut p = rmcp::model::LoggingMessageNotificationParam::new(
+            params.level,
+            gate::strip_json(params.data, LOG_MAX_CHARS),
+        );
+        p.logger = Some(match params.logger {
+            Some(l) => format!(
+                "{}/{}",
+                self.server,
+                gate::strip_text(&l).chars().take(64).collect::<String>()
+            ),
+            None => self.server.clone(),
+        });
+        let mut meta = rmcp::model::MetaObject::default();
+        meta.insert("cordon/server".into(), json!(self.server));
+        meta.insert("cordon/trust".into(), json!("untrusted"));
+        p.meta = Some(rmcp::model::NotificationMetaObject(meta));
+        let _ = peer.notify_logging_message(p).await;
+    }
+
+    /// The server's tools changed: the next listing asks it again (and
+    /// applies allow, rename, the names' owners and the pins again), and
+    /// the agent is told to list.
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_stale
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_tool_list_changed().await;
+        }
+    }
+
     /// The agent re-lists through cordon, which asks the server again.
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
         if let Some(peer) = self.agent() {
@@ -179,10 +232,17 @@ impl Upstream {
             tracing::warn!(tool = %name, "{w}");
         }
         let fwd = Forwarder {
+            server: name.clone(),
             routes: self.routes.clone(),
             subscriptions: self.subscriptions.clone(),
+            log_level: self.log_level.clone(),
+            tools_stale: self.tools_stale.clone(),
         };
-        let started = tokio::time::timeout(self.wall, fwd.serve((proc.reader, proc.writer))).await;
+        // One deadline for the whole start: initialize and the first
+        // tools/list.
+        let deadline = tokio::time::Instant::now() + self.startup;
+        let started =
+            tokio::time::timeout_at(deadline, fwd.serve((proc.reader, proc.writer))).await;
         let service = match started {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -192,17 +252,10 @@ impl Upstream {
             }
             Err(_) => {
                 handle.kill();
-                return Err(render::refusal(
-                    Refusal::LimitHit,
-                    format!(
-                        "{name}: the server did not initialize within {}; it was stopped",
-                        cordon_jail::format_duration(self.wall)
-                    ),
-                    json!({"tool": name, "limit": "wall_seconds"}),
-                ));
+                return Err(self.start_timed_out("initialize"));
             }
         };
-        let listed = tokio::time::timeout(self.wall, service.peer().list_all_tools()).await;
+        let listed = tokio::time::timeout_at(deadline, service.peer().list_all_tools()).await;
         let tools = match listed {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
@@ -212,14 +265,7 @@ impl Upstream {
             }
             Err(_) => {
                 handle.kill();
-                return Err(render::refusal(
-                    Refusal::LimitHit,
-                    format!(
-                        "{name}: tools/list timed out after {}; the server was stopped",
-                        cordon_jail::format_duration(self.wall)
-                    ),
-                    json!({"tool": name, "limit": "wall_seconds"}),
-                ));
+                return Err(self.start_timed_out("tools/list"));
             }
         };
         let exposed = self.expose(tools);
@@ -254,6 +300,25 @@ impl Upstream {
             handle,
         });
         Ok(conn)
+    }
+
+    /// The server did not initialize and list its tools within its
+    /// start-up deadline.
+    fn start_timed_out(&self, during: &str) -> ErrorData {
+        let name = &self.policy.name;
+        render::refusal(
+            Refusal::LimitHit,
+            format!(
+                "{name}: the server did not start within {} (it was still at {during}; `mcp: {{startup_seconds: N}}` gives it longer); it was stopped",
+                cordon_jail::format_duration(self.startup)
+            ),
+            json!({"tool": name, "limit": "startup_seconds"}),
+        )
+    }
+
+    /// Why the server's last start in this session failed, if it did.
+    pub fn start_failure(&self) -> Option<ErrorData> {
+        self.start_failure.lock().ok().and_then(|f| f.clone())
     }
 
     /// A failure of the server as an MCP error; `msg` (which can carry the
@@ -291,7 +356,11 @@ impl Upstream {
             }
             st.live = None;
         }
-        self.start(&mut st).await
+        let started = self.start(&mut st).await;
+        if let Ok(mut f) = self.start_failure.lock() {
+            *f = started.as_ref().err().cloned();
+        }
+        started
     }
 
     /// Drop the connection of this generation (killing its sandbox).

@@ -42,6 +42,22 @@ pub(super) fn strip_text(s: &str) -> String {
     }
 }
 
+/// A JSON value the server sent (a log message's `data`) with every string
+/// in it through [`strip_text`] and cut to `max_chars`.
+pub(super) fn strip_json(v: serde_json::Value, max_chars: usize) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(strip_text(&s).chars().take(max_chars).collect()),
+        Value::Array(a) => Value::Array(a.into_iter().map(|x| strip_json(x, max_chars)).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, x)| (strip_text(&k), strip_json(x, max_chars)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// A message of the server (its error text, its exit report and stderr
 /// tail) through the gate's error path, as text for an MCP error.
 pub(super) fn server_message(policy: &ToolPolicy, msg: &str) -> String {

@@ -67,6 +67,11 @@ pub(crate) struct Offers {
 /// The gateway's record of each server's [`Offers`] (`None`: not started yet).
 pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 
+/// The logging level the agent's client set, shared by its session and the
+/// session's servers (`None`: not set).
+#[allow(deprecated)]
+pub(crate) type LogLevel = Arc<Mutex<Option<rmcp::model::LoggingLevel>>>;
+
 /// One `mcp:` tool of the manifest within one agent session.
 pub(crate) struct Upstream {
     policy: Arc<ToolPolicy>,
@@ -82,9 +87,17 @@ pub(crate) struct Upstream {
     subscriptions: Arc<Mutex<Subscriptions>>,
     state: tokio::sync::Mutex<State>,
     wall: Duration,
+    /// How long a start (initialize and the first tools/list) may take.
+    startup: Duration,
+    /// Why the last start in this session failed (cleared by a start that
+    /// succeeds).
+    start_failure: Mutex<Option<ErrorData>>,
     resource_allow: Option<Vec<String>>,
     prompt_allow: Option<Vec<String>>,
     offers: KnownOffers,
+    log_level: LogLevel,
+    /// The server said its tools changed since they were listed.
+    tools_stale: Arc<std::sync::atomic::AtomicBool>,
     /// Every mechanism of the running sandbox that is not fully enforced
     /// here (from its last start).
     warnings: Mutex<Vec<String>>,
@@ -102,6 +115,7 @@ impl Upstream {
             command,
             image,
             expose,
+            startup_seconds,
             allow,
             rename,
             descriptions,
@@ -136,9 +150,13 @@ impl Upstream {
             subscriptions: Arc::default(),
             state: tokio::sync::Mutex::new(State::default()),
             wall,
+            startup: Duration::from_secs(*startup_seconds),
+            start_failure: Mutex::new(None),
             resource_allow: resources.clone(),
             prompt_allow: prompts.clone(),
             offers: KnownOffers::default(),
+            log_level: LogLevel::default(),
+            tools_stale: Arc::default(),
             warnings: Mutex::new(Vec::new()),
             policy,
         })
@@ -154,6 +172,12 @@ impl Upstream {
     /// Share the gateway's record of what this server offers.
     pub fn with_offers(mut self, offers: KnownOffers) -> Upstream {
         self.offers = offers;
+        self
+    }
+
+    /// Share the session's logging level.
+    pub fn with_log_level(mut self, level: LogLevel) -> Upstream {
+        self.log_level = level;
         self
     }
 
