@@ -118,7 +118,11 @@ async fn client(manifest: &Path, audit: &Path, stderr: &Path) -> (Client, Heard)
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let log = std::fs::File::create(stderr).unwrap();
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::from(log))
@@ -280,5 +284,113 @@ async fn log_messages_pass_at_the_clients_level_and_list_changes_are_followed() 
         "{}",
         e.message
     );
+    c.cancel().await.unwrap();
+}
+
+/// Pids of processes whose command line mentions `needle`.
+fn procs_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline"))
+            && String::from_utf8_lossy(&c).contains(needle)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+async fn tool_names(c: &Client) -> Vec<String> {
+    c.peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_starts_when_first_needed_and_its_cached_listing_is_verified() {
+    let dir = tempdir();
+    let mount = "/srv/fixtures-lazy-start";
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            r#"version: 1
+tools:
+  fx:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 5, memory: 256M, tasks: 16}}
+    mounts: ["{fixtures}:{mount}"]
+    mcp:
+      command: ["/usr/bin/python3", "{mount}/fixture_server.py"]
+"#,
+            fixtures = fixtures().display()
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let stderr = dir.path().join("stderr.log");
+
+    // No listing cached yet: initialize and tools/list start the server.
+    let (c, _) = client(&m, &audit, &stderr).await;
+    let first = tool_names(&c).await;
+    assert!(first.contains(&"fx__probe".to_owned()), "{first:?}");
+    assert_eq!(procs_with(mount).len(), 1, "the server runs");
+    c.cancel().await.unwrap();
+    let cached: Vec<PathBuf> = std::fs::read_dir(dir.path().join("mcp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    for _ in 0..100 {
+        if procs_with(mount).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        procs_with(mount).is_empty(),
+        "the first session's server stopped"
+    );
+
+    // A new gateway: initialize and tools/list answer from the cache, and
+    // nothing is started until a call needs the server.
+    let (c, _) = client(&m, &audit, &stderr).await;
+    assert_eq!(tool_names(&c).await, first);
+    assert!(procs_with(mount).is_empty(), "listed without starting it");
+    let r = call(&c, "fx__echo", json!({"text": "lazy"})).await.unwrap();
+    assert!(text_of(&r).contains("lazy"), "{r:?}");
+    assert_eq!(procs_with(mount).len(), 1, "started by the call");
+    c.cancel().await.unwrap();
+
+    // A cached listing that no longer matches the server: the start
+    // verifies it, and the change is handled like list_changed.
+    let mut l: Value = serde_json::from_slice(&std::fs::read(&cached[0]).unwrap()).unwrap();
+    l["tools"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["name"] != "probe");
+    std::fs::write(&cached[0], serde_json::to_vec(&l).unwrap()).unwrap();
+    let (c, heard) = client(&m, &audit, &stderr).await;
+    let stale = tool_names(&c).await;
+    assert!(!stale.contains(&"fx__probe".to_owned()), "{stale:?}");
+    // A tool the cached listing lacks: the call starts the server, whose
+    // own listing has it.
+    let r = call(&c, "fx__probe", json!({})).await.unwrap();
+    assert!(text_of(&r).contains("pid"), "{r:?}");
+    assert!(
+        heard.tools_changed_at_least(1).await >= 1,
+        "no list_changed"
+    );
+    let fresh = tool_names(&c).await;
+    assert!(fresh.contains(&"fx__probe".to_owned()), "{fresh:?}");
     c.cancel().await.unwrap();
 }

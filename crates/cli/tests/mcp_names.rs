@@ -66,7 +66,11 @@ async fn client(manifest: &Path, audit: &Path, stderr: &Path) -> Client {
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let log = std::fs::File::create(stderr).unwrap();
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::from(log))

@@ -85,7 +85,11 @@ async fn client(manifest: &Path, audit: &Path) -> Client {
         .arg("--no-probe")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -538,7 +542,11 @@ async fn resource_text_is_stripped_and_wrapped_and_only_subscribed_updates_reach
     cmd.arg("serve")
         .arg("-m")
         .arg(&m_path)
-        .env("CORDON_AUDIT", &audit);
+        .env("CORDON_AUDIT", &audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()

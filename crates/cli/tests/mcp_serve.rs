@@ -74,7 +74,11 @@ async fn stdio_client(manifest: &Path, audit: &Path) -> Client {
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -394,6 +398,7 @@ fn http_server(manifest: &Path, audit: &Path) -> (std::process::Child, String) {
         .args(["serve", "--http", "127.0.0.1:0", "-m"])
         .arg(manifest)
         .env("CORDON_AUDIT", audit)
+        .env("CORDON_STATE_DIR", audit.parent().unwrap())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

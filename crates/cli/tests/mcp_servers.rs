@@ -69,7 +69,11 @@ async fn stdio_client(manifest: &Path, audit: &Path) -> (Client, Progress) {
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -344,6 +348,7 @@ async fn an_http_session_end_stops_its_sandbox() {
         .args(["serve", "--http", "127.0.0.1:0", "-m"])
         .arg(&m)
         .env("CORDON_AUDIT", dir.0.join("audit.jsonl"))
+        .env("CORDON_STATE_DIR", &dir.0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+mod cache;
 mod names;
 pub mod render;
 pub mod resources;
@@ -47,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 pub use rmcp;
 
 pub use args::{ArgError, ArgMapper, Prepared};
+pub use cache::default_dir as default_listing_dir;
 pub use render::Refusal;
 pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
@@ -122,6 +124,8 @@ pub struct Gateway {
     sandbox: Arc<dyn ServerSandbox>,
     /// Which tool or server each exposed name belongs to.
     names: Arc<names::NameClaims>,
+    /// The listings servers last gave (disabled unless set).
+    cache: cache::ListingCache,
     warnings: Vec<String>,
     seq: AtomicU64,
 }
@@ -205,9 +209,27 @@ impl Gateway {
             servers,
             sandbox,
             names,
+            cache: cache::ListingCache::default(),
             warnings,
             seq: AtomicU64::new(0),
         })
+    }
+
+    /// Keep each server's listing in `dir` (see [`default_listing_dir`]),
+    /// and answer `initialize` and `tools/list` from it until the server
+    /// is needed: then it starts, and a listing that changed is handled
+    /// like `list_changed`. `None`: every listing starts the server.
+    pub fn with_listing_cache(mut self, dir: Option<PathBuf>) -> Gateway {
+        self.cache = cache::ListingCache::new(dir);
+        for (p, offers) in &self.servers {
+            if let Some(l) = self.cache.get(p)
+                && let Ok(mut o) = offers.lock()
+                && o.is_none()
+            {
+                *o = Some(l.offers);
+            }
+        }
+        self
     }
 
     /// Warnings a person should see once (tools not served, weakened mechanisms).
@@ -239,7 +261,8 @@ impl Gateway {
                     .map(|u| {
                         Arc::new(
                             u.with_offers(offers.clone())
-                                .with_log_level(log_level.clone()),
+                                .with_log_level(log_level.clone())
+                                .with_cache(self.cache.clone()),
                         )
                     })
             })
@@ -660,6 +683,16 @@ impl Session {
             }
         }
         while set.join_next().await.is_some() {}
+        if claimed().is_none() && space == names::Space::Tools {
+            // Listings from the cache may be out of date: start those
+            // servers (all at once) and read the claims again.
+            let mut set = tokio::task::JoinSet::new();
+            for u in &self.upstreams {
+                let u = u.clone();
+                set.spawn(async move { u.verify_cached().await });
+            }
+            while set.join_next().await.is_some() {}
+        }
         // Unclaimed but in a server's prefixed form: that server says why
         // it has no such tool or prompt.
         claimed().or_else(|| self.upstreams.iter().find(|u| u.prefixes(name)).cloned())

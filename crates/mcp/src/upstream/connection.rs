@@ -268,7 +268,7 @@ impl Upstream {
                 return Err(self.start_timed_out("tools/list"));
             }
         };
-        let exposed = self.expose(tools);
+        let exposed = self.expose(tools.clone());
         if let Some(info) = service.peer().peer_info() {
             let c = &info.capabilities;
             let o = Offers {
@@ -283,6 +283,17 @@ impl Upstream {
             if let Ok(mut known) = self.offers.lock() {
                 *known = Some(o);
             }
+        }
+        self.keep_listing(&tools);
+        // Listed from the cache before: a listing that differs is handled
+        // like `list_changed` (the agent is told to list again).
+        if let Some(cached) = st.cached.take()
+            && serde_json::to_value(&cached).ok() != serde_json::to_value(&tools).ok()
+            && let Some(peer) = self.subscriptions.lock().ok().and_then(|s| s.agent.clone())
+        {
+            tokio::spawn(async move {
+                let _ = peer.notify_tool_list_changed().await;
+            });
         }
         st.resources = None;
         st.templates = None;
@@ -300,6 +311,19 @@ impl Upstream {
             handle,
         });
         Ok(conn)
+    }
+
+    /// Keep the server's own listing (and what it offers) in the cache.
+    pub(super) fn keep_listing(&self, tools: &[rmcp::model::Tool]) {
+        if let Some(offers) = self.known_offers() {
+            self.cache.put(
+                &self.policy,
+                &crate::cache::Listing {
+                    tools: tools.to_vec(),
+                    offers,
+                },
+            );
+        }
     }
 
     /// The server did not initialize and list its tools within its

@@ -42,6 +42,9 @@ use tools::Exposed;
 struct State {
     live: Option<Live>,
     tools: Option<Vec<Exposed>>,
+    /// The server's own tools as the cache gave them, while `tools` comes
+    /// from the cache (no start yet): its first start compares.
+    cached: Option<Vec<rmcp::model::Tool>>,
     generation: u64,
     /// What the server listed last (after the manifest's allowlists):
     /// the only resources, templates and prompts an agent may reach.
@@ -53,7 +56,7 @@ struct State {
 /// What a server offers besides tools, learnt from its `initialize`
 /// answer and shared by the sessions of one gateway (the capabilities are
 /// advertised before any session has started the server).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Offers {
     pub resources: bool,
     pub prompts: bool,
@@ -98,6 +101,8 @@ pub(crate) struct Upstream {
     log_level: LogLevel,
     /// The server said its tools changed since they were listed.
     tools_stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The listings servers last gave.
+    cache: crate::cache::ListingCache,
     /// Every mechanism of the running sandbox that is not fully enforced
     /// here (from its last start).
     warnings: Mutex<Vec<String>>,
@@ -157,6 +162,7 @@ impl Upstream {
             offers: KnownOffers::default(),
             log_level: LogLevel::default(),
             tools_stale: Arc::default(),
+            cache: Default::default(),
             warnings: Mutex::new(Vec::new()),
             policy,
         })
@@ -172,6 +178,12 @@ impl Upstream {
     /// Share the gateway's record of what this server offers.
     pub fn with_offers(mut self, offers: KnownOffers) -> Upstream {
         self.offers = offers;
+        self
+    }
+
+    /// Answer listings from (and keep them in) this cache.
+    pub fn with_cache(mut self, cache: crate::cache::ListingCache) -> Upstream {
+        self.cache = cache;
         self
     }
 

@@ -123,9 +123,20 @@ impl Upstream {
         use std::sync::atomic::Ordering;
         let stale = self.tools_stale.swap(false, Ordering::SeqCst);
         let generation = {
-            let st = self.state.lock().await;
+            let mut st = self.state.lock().await;
             if !stale && let Some(t) = &st.tools {
                 return Ok(t.clone());
+            }
+            // Not started yet: the listing it gave last time, if any; the
+            // first request that needs it running starts it.
+            if !stale
+                && st.live.is_none()
+                && let Some(l) = self.cache.get(&self.policy)
+            {
+                let exposed = self.expose(l.tools.clone());
+                st.tools = Some(exposed.clone());
+                st.cached = Some(l.tools);
+                return Ok(exposed);
             }
             st.generation
         };
@@ -136,6 +147,7 @@ impl Upstream {
             let name = &self.policy.name;
             match tokio::time::timeout(self.wall, conn.peer.list_all_tools()).await {
                 Ok(Ok(t)) => {
+                    self.keep_listing(&t);
                     let exposed = self.expose(t);
                     self.state.lock().await.tools = Some(exposed);
                 }
@@ -164,6 +176,22 @@ impl Upstream {
             self.reset(conn.generation).await;
         }
         Ok(tools)
+    }
+
+    /// Whether the listing came from the cache (the server has not started
+    /// in this session since).
+    pub async fn listed_from_cache(&self) -> bool {
+        self.state.lock().await.cached.is_some()
+    }
+
+    /// Start the server when its listing came from the cache, so that the
+    /// listing is its own (a name the cache did not have may be in it).
+    pub async fn verify_cached(&self) {
+        if self.listed_from_cache().await
+            && let Ok(conn) = self.conn().await
+        {
+            self.after_call(conn.generation).await;
+        }
     }
 
     /// The exposed tools for `tools/list`: a server whose start failed in
@@ -219,10 +247,18 @@ impl Upstream {
         args: Option<JsonObject>,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let tools = match self.tools().await {
+        let mut tools = match self.tools().await {
             Ok(t) => t,
             Err(e) => return Ok(self.not_started(name, &e)),
         };
+        if !tools.iter().any(|e| e.name == name) && self.listed_from_cache().await {
+            // The cached listing may be out of date: ask the server.
+            self.verify_cached().await;
+            tools = match self.tools().await {
+                Ok(t) => t,
+                Err(e) => return Ok(self.not_started(name, &e)),
+            };
+        }
         let Some(exposed) = tools.iter().find(|e| e.name == name) else {
             return Err(render::refusal(
                 Refusal::UnknownTool,
