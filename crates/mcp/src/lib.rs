@@ -262,7 +262,8 @@ impl Gateway {
                         Arc::new(
                             u.with_offers(offers.clone())
                                 .with_log_level(log_level.clone())
-                                .with_cache(self.cache.clone()),
+                                .with_cache(self.cache.clone())
+                                .with_audit(self.broker.clone(), &id),
                         )
                     })
             })

@@ -342,6 +342,8 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 resources: r1,
                 prompts: p1,
                 expose: e1,
+                allow_sampling: s1,
+                allow_elicitation: l1,
                 ..
             },
             Exec::Mcp {
@@ -349,9 +351,20 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 resources: r2,
                 prompts: p2,
                 expose: e2,
+                allow_sampling: s2,
+                allow_elicitation: l2,
                 ..
             },
         ) => {
+            // The server may then reach the agent's model or user.
+            for (field, o, n) in [
+                ("mcp.allow_sampling", s1, s2),
+                ("mcp.allow_elicitation", l1, l2),
+            ] {
+                if o != n {
+                    out.push(change(t, field, &o.to_string(), &n.to_string(), *n));
+                }
+            }
             if e1 != e2 {
                 // As-is, the server picks the names the model sees.
                 out.push(change(

@@ -319,6 +319,14 @@ pub struct McpServer {
     #[serde(default)]
     #[schemars(with = "Option<u64>")]
     pub startup_seconds: Option<Spanned<u64>>,
+    /// The server may ask the agent's client to sample its model
+    /// (`sampling/createMessage`), the request's text gated; default false.
+    #[serde(default)]
+    pub allow_sampling: Option<bool>,
+    /// The server may ask the agent's user for input
+    /// (`elicitation/create`), the request's text gated; default false.
+    #[serde(default)]
+    pub allow_elicitation: Option<bool>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,

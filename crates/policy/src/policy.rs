@@ -73,6 +73,12 @@ pub enum Exec {
         /// Seconds the server has to initialize and list its tools.
         #[serde(default = "default_startup_seconds")]
         startup_seconds: u64,
+        /// The server may ask the client's model (`sampling/createMessage`).
+        #[serde(default)]
+        allow_sampling: bool,
+        /// The server may ask the client's user (`elicitation/create`).
+        #[serde(default)]
+        allow_elicitation: bool,
         /// The server's tools exposed, by the server's names (`None`: all).
         allow: Option<Vec<String>>,
         /// Full exposed names of server tools (no prefix added).

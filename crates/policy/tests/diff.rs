@@ -238,3 +238,28 @@ fn an_exposure_change_is_flagged() {
     assert_eq!(hit.len(), 1, "{back:#?}");
     assert!(!hit[0].weakens, "{}", hit[0]);
 }
+
+#[test]
+fn allowing_sampling_or_elicitation_is_a_weakening() {
+    let m = |extra: &str| {
+        format!(
+            "tools:\n  s:\n    profile: P2\n    network: none\n    mcp:\n      command: [x]\n{extra}"
+        )
+    };
+    let off = load_str(Path::new("a.yaml"), &m("")).unwrap();
+    let on = load_str(
+        Path::new("b.yaml"),
+        &m("      allow_sampling: true\n      allow_elicitation: true\n"),
+    )
+    .unwrap();
+    for field in ["mcp.allow_sampling", "mcp.allow_elicitation"] {
+        let c = diff(&off.policy, &on.policy);
+        let hit: Vec<_> = c.iter().filter(|c| c.field == field).collect();
+        assert_eq!(hit.len(), 1, "{c:#?}");
+        assert!(hit[0].weakens, "{}", hit[0]);
+        let c = diff(&on.policy, &off.policy);
+        let hit: Vec<_> = c.iter().filter(|c| c.field == field).collect();
+        assert_eq!(hit.len(), 1, "{c:#?}");
+        assert!(!hit[0].weakens, "{}", hit[0]);
+    }
+}

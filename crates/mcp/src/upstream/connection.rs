@@ -49,6 +49,88 @@ pub(super) struct Forwarder {
     /// Set when the server says its tools changed: the next listing asks
     /// it again.
     tools_stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The server's policy (`allow_sampling`, `allow_elicitation`, the
+    /// gate) and where its requests to the client are audited.
+    asks: Arc<Asks>,
+}
+
+/// What the server's requests to the client (sampling, elicitation) need.
+pub(crate) struct Asks {
+    pub(super) policy: Arc<cordon_policy::policy::ToolPolicy>,
+    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String)>,
+}
+
+impl Asks {
+    fn allowed(&self) -> (bool, bool) {
+        match &self.policy.exec {
+            cordon_policy::policy::Exec::Mcp {
+                allow_sampling,
+                allow_elicitation,
+                ..
+            } => (*allow_sampling, *allow_elicitation),
+            _ => (false, false),
+        }
+    }
+
+    /// The request with every string through the gate's stripping (it is
+    /// the server's text, headed for a model or a person), each cut to the
+    /// tool's `output_bytes`.
+    fn gated<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        params: T,
+    ) -> Result<T, ErrorData> {
+        let max = self
+            .policy
+            .limits
+            .map(|l| l.output_bytes as usize)
+            .unwrap_or(1 << 20);
+        let v = gate::strip_json(
+            serde_json::to_value(params)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?,
+            max,
+        );
+        serde_json::from_value(v).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+    }
+
+    /// The refusal of a request the manifest does not allow: -32601, as
+    /// for a capability the client did not declare (cordon declares it to
+    /// the server only when allowed).
+    fn refused(&self, method: &str, key: &str) -> ErrorData {
+        ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "{method} refused: the manifest does not let server `{}` ask the client (`mcp: {{{key}: true}}`)",
+                self.policy.name
+            ),
+            Some(json!({"cordon/status": "policy_refused", "tool": self.policy.name})),
+        )
+    }
+
+    /// Audit one request of the server to the client.
+    fn record<T: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &serde_json::Value,
+        outcome: &Result<T, ErrorData>,
+    ) {
+        let Some((broker, session)) = &self.audit else {
+            return;
+        };
+        let input =
+            serde_json::to_vec(&json!({"method": method, "params": params})).unwrap_or_default();
+        let out = outcome
+            .as_ref()
+            .map(|r| (serde_json::to_string(r).unwrap_or_default(), false));
+        let audit = crate::CallAudit::with_input(
+            &self.policy.name,
+            cordon_broker::profile_name(self.policy.profile),
+            "mcp",
+            input,
+        );
+        if let Err(e) = audit.finish_with(broker, session, "mcp-server", out) {
+            tracing::warn!(tool = %self.policy.name, "audit record of {method} not written: {}", e.message);
+        }
+    }
 }
 
 impl Forwarder {
@@ -163,14 +245,82 @@ impl ClientHandler for Forwarder {
         }
     }
 
+    /// `sampling/createMessage`: forwarded to the agent's client only when
+    /// the manifest allows it, its text gated; audited either way.
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
+        const METHOD: &str = "sampling/createMessage";
+        let raw = serde_json::to_value(&params).unwrap_or_default();
+        let r = async {
+            if !self.asks.allowed().0 {
+                return Err(self.asks.refused(METHOD, "allow_sampling"));
+            }
+            let agent = self.agent().ok_or_else(|| {
+                ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
+            })?;
+            let params = self.asks.gated(params)?;
+            agent.create_message(params).await.map_err(client_error)
+        }
+        .await;
+        self.asks.record(METHOD, &raw, &r);
+        r
+    }
+
+    /// `elicitation/create`: likewise.
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, ErrorData> {
+        const METHOD: &str = "elicitation/create";
+        let raw = serde_json::to_value(&request).unwrap_or_default();
+        let r = async {
+            if !self.asks.allowed().1 {
+                return Err(self.asks.refused(METHOD, "allow_elicitation"));
+            }
+            let agent = self.agent().ok_or_else(|| {
+                ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
+            })?;
+            let request = self.asks.gated(request)?;
+            agent
+                .create_elicitation(request)
+                .await
+                .map_err(client_error)
+        }
+        .await;
+        self.asks.record(METHOD, &raw, &r);
+        r
+    }
+
     fn get_info(&self) -> InitializeRequestParams {
+        let mut caps = ClientCapabilities::default();
+        let (sampling, elicitation) = self.asks.allowed();
+        if sampling {
+            caps.sampling = Some(Default::default());
+        }
+        if elicitation {
+            caps.elicitation = Some(Default::default());
+        }
         let mut info = InitializeRequestParams::new(
-            ClientCapabilities::default(),
+            caps,
             Implementation::new("cordon", env!("CARGO_PKG_VERSION")),
         );
         // Third-party servers speak the initialize handshake.
         info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
         info
+    }
+}
+
+/// The agent's client's answer to a request forwarded to it, as the error
+/// passed back to the server.
+fn client_error(e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
     }
 }
 
@@ -237,6 +387,7 @@ impl Upstream {
             subscriptions: self.subscriptions.clone(),
             log_level: self.log_level.clone(),
             tools_stale: self.tools_stale.clone(),
+            asks: self.asks.clone(),
         };
         // One deadline for the whole start: initialize and the first
         // tools/list.

@@ -103,6 +103,8 @@ pub(crate) struct Upstream {
     tools_stale: Arc<std::sync::atomic::AtomicBool>,
     /// The listings servers last gave.
     cache: crate::cache::ListingCache,
+    /// What the server's requests to the client need.
+    asks: Arc<connection::Asks>,
     /// Every mechanism of the running sandbox that is not fully enforced
     /// here (from its last start).
     warnings: Mutex<Vec<String>>,
@@ -126,6 +128,7 @@ impl Upstream {
             descriptions,
             resources,
             prompts,
+            ..
         } = &policy.exec
         else {
             return Err(format!("{}: not an MCP server tool", policy.name));
@@ -163,6 +166,10 @@ impl Upstream {
             log_level: LogLevel::default(),
             tools_stale: Arc::default(),
             cache: Default::default(),
+            asks: Arc::new(connection::Asks {
+                policy: policy.clone(),
+                audit: None,
+            }),
             warnings: Mutex::new(Vec::new()),
             policy,
         })
@@ -184,6 +191,16 @@ impl Upstream {
     /// Answer listings from (and keep them in) this cache.
     pub fn with_cache(mut self, cache: crate::cache::ListingCache) -> Upstream {
         self.cache = cache;
+        self
+    }
+
+    /// Audit the server's requests to the client in `broker`'s log, under
+    /// `session`.
+    pub fn with_audit(mut self, broker: Arc<cordon_broker::Broker>, session: &str) -> Upstream {
+        self.asks = Arc::new(connection::Asks {
+            policy: self.policy.clone(),
+            audit: Some((broker, session.to_owned())),
+        });
         self
     }
 
