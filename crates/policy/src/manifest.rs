@@ -327,6 +327,11 @@ pub struct McpServer {
     /// (`elicitation/create`), the request's text gated; default false.
     #[serde(default)]
     pub allow_elicitation: Option<bool>,
+    /// Fold a tool result's embedded text resources into its one wrapped
+    /// text block instead of keeping them as resource blocks (each gated
+    /// and labelled); default false.
+    #[serde(default)]
+    pub fold_resources: Option<bool>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,

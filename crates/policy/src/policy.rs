@@ -79,6 +79,9 @@ pub enum Exec {
         /// The server may ask the client's user (`elicitation/create`).
         #[serde(default)]
         allow_elicitation: bool,
+        /// A result's text resources folded into its wrapped text.
+        #[serde(default)]
+        fold_resources: bool,
         /// The server's tools exposed, by the server's names (`None`: all).
         allow: Option<Vec<String>>,
         /// Full exposed names of server tools (no prefix added).

@@ -1031,6 +1031,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             expose: expose_of(mcp),
             allow_sampling: mcp.allow_sampling.unwrap_or(false),
             allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
+            fold_resources: mcp.fold_resources.unwrap_or(false),
             startup_seconds: match &mcp.startup_seconds {
                 None => policy::DEFAULT_STARTUP_SECONDS,
                 Some(s) if s.value == 0 => {

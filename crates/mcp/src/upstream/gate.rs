@@ -79,10 +79,13 @@ pub(super) fn listed_meta(policy: &ToolPolicy) -> MetaObject {
     meta
 }
 
-/// A `tools/call` result: all text (text blocks, text resources, resource
-/// links) as one wrapped text, images, audio and blobs checked against
-/// their declared media type and passed on as they are; an `isError`
-/// result stays one, its text through the gate's error path.
+/// A `tools/call` result: the text blocks and resource links as one
+/// wrapped text; each embedded text resource kept as a resource block, its
+/// text gated and wrapped, its `_meta` its envelope (folded into the
+/// wrapped text instead with `mcp: {fold_resources: true}`, and always in
+/// an error result); images, audio and blobs checked against their
+/// declared media type and passed on as they are; an `isError` result
+/// stays one, its text through the gate's error path.
 /// `structuredContent`, the same result as JSON, passes the JSON gate under
 /// the cap by itself.
 ///
@@ -96,6 +99,14 @@ pub(super) fn tool_result(
     r: CallToolResult,
 ) -> Result<CallToolResult, ErrorData> {
     let mut budget = Budget::new(policy, name)?;
+    let fold = r.is_error == Some(true)
+        || matches!(
+            policy.exec,
+            cordon_policy::policy::Exec::Mcp {
+                fold_resources: true,
+                ..
+            }
+        );
     let mut texts: Vec<String> = Vec::new();
     let mut binaries: Vec<ContentBlock> = Vec::new();
     let mut gated: Vec<Gated> = Vec::new();
@@ -115,8 +126,26 @@ pub(super) fn tool_result(
                 }
             }
             ContentBlock::Resource(res) => match &res.resource {
-                ResourceContents::TextResourceContents { uri, text, .. } => {
+                ResourceContents::TextResourceContents { uri, text, .. } if fold => {
                     texts.push(format!("[resource {uri}]\n{text}"));
+                }
+                ResourceContents::TextResourceContents {
+                    uri,
+                    mime_type,
+                    text,
+                    ..
+                } => {
+                    if let Some(g) = budget.text(text)? {
+                        binaries.push(ContentBlock::resource(
+                            ResourceContents::TextResourceContents {
+                                uri: uri.clone(),
+                                mime_type: mime_type.clone(),
+                                text: g.render_wrapped(),
+                                meta: Some(render::meta_of(&g)),
+                            },
+                        ));
+                        gated.push(g);
+                    }
                 }
                 ResourceContents::BlobResourceContents {
                     uri,
@@ -638,6 +667,49 @@ tools:
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn embedded_text_resources_stay_resource_blocks_unless_folded() {
+        let r = || {
+            CallToolResult::success(vec![
+                ContentBlock::text("before"),
+                ContentBlock::resource(ResourceContents::TextResourceContents {
+                    uri: "fx://doc".into(),
+                    mime_type: Some("text/plain".into()),
+                    text: "inside\u{200b} the resource".into(),
+                    meta: None,
+                }),
+            ])
+        };
+        let out = tool_result(&policy("fail"), "fx__t", r()).unwrap();
+        assert_eq!(out.content.len(), 2, "{out:?}");
+        assert!(out.content[0].as_text().unwrap().text.contains("before"));
+        let ContentBlock::Resource(res) = &out.content[1] else {
+            panic!("{out:?}");
+        };
+        let ResourceContents::TextResourceContents {
+            uri, text, meta, ..
+        } = &res.resource
+        else {
+            panic!("{res:?}");
+        };
+        assert_eq!(uri, "fx://doc");
+        assert!(text.starts_with("<untrusted-output "), "{text}");
+        assert!(text.contains("inside the resource"), "stripped: {text}");
+        assert_eq!(
+            meta.as_ref().and_then(|m| m.get("cordon/trust")),
+            Some(&json!("untrusted"))
+        );
+        // Folded: one wrapped text block.
+        let mut p = policy("fail");
+        if let cordon_policy::policy::Exec::Mcp { fold_resources, .. } = &mut p.exec {
+            *fold_resources = true;
+        }
+        let out = tool_result(&p, "fx__t", r()).unwrap();
+        assert_eq!(out.content.len(), 1, "{out:?}");
+        let t = &out.content[0].as_text().unwrap().text;
+        assert!(t.contains("[resource fx://doc]"), "{t}");
     }
 
     #[test]
