@@ -1029,7 +1029,9 @@ pub async fn serve_http(
     let g = gw.clone();
     let service: StreamableHttpService<Session, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(g.session("http")), Default::default(), config);
-    let router = axum::Router::new().nest_service(HTTP_PATH, service);
+    let router = axum::Router::new()
+        .nest_service(HTTP_PATH, service)
+        .layer(axum::middleware::from_fn(session_delete_ok));
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await
@@ -1037,6 +1039,21 @@ pub async fn serve_http(
             what: "HTTP server".into(),
             source: e,
         })
+}
+
+/// A session `DELETE` that rmcp accepted (`202`) is answered `200`: the
+/// session is gone once the answer is sent, and clients (the Python SDK)
+/// take only 200 or 204 as success.
+async fn session_delete_ok(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut resp = next.run(req).await;
+    if delete && resp.status() == axum::http::StatusCode::ACCEPTED {
+        *resp.status_mut() = axum::http::StatusCode::OK;
+    }
+    resp
 }
 
 /// Bind `addr` for [`serve_http`].
