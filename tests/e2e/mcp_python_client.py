@@ -283,6 +283,76 @@ tools:
     return m
 
 
+async def as_is_checks(cordon, npm_dir, tmp, audit):
+    """server-everything behind cordon under its own names (`open`, allowed
+    to sample and elicit) beside the same server prefixed and not allowed
+    (`closed`), with a client that has a model and a user."""
+    from mcp import types
+
+    mods = "/srv/npm/node_modules/@modelcontextprotocol"
+    server = lambda name, extra: f"""  {name}:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}
+    mounts: ["{npm_dir}:/srv/npm"]
+    mcp:
+      command: ["/usr/bin/node", "{mods}/server-everything/dist/index.js", "stdio"]
+{extra}"""
+    m = Path(tmp) / "as-is.yaml"
+    m.write_text("version: 1\ntools:\n"
+                 + server("open", "      expose: as-is\n      allow_sampling: true\n      allow_elicitation: true\n")
+                 + server("closed", ""))
+    sampled, elicited, changed = [], [], []
+
+    async def on_sampling(context, params):
+        sampled.append(params)
+        return types.CreateMessageResult(role="assistant", model="py-model",
+                                         content=types.TextContent(type="text", text="sampled by the python client"))
+
+    async def on_elicitation(context, params):
+        elicited.append(params)
+        return types.ElicitResult(action="decline")
+
+    async def on_message(message):
+        inner = getattr(message, "root", message)
+        if type(inner).__name__ == "ToolListChangedNotification":
+            changed.append(inner)
+
+    env = dict(os.environ, CORDON_AUDIT=audit, CORDON_STATE_DIR=str(tmp))
+    params = StdioServerParameters(command=cordon, args=["serve", "-m", str(m)], env=env)
+    async with stdio_client(params) as streams:
+        async with ClientSession(streams[0], streams[1], sampling_callback=on_sampling,
+                                 elicitation_callback=on_elicitation, message_handler=on_message) as s:
+            await s.initialize()
+            names = set()
+            for _ in range(50):
+                names = {t.name for t in (await s.list_tools()).tools}
+                if "trigger-sampling-request" in names:
+                    break
+                await asyncio.sleep(0.1)
+            check("as-is: server-everything's own names", {"echo", "get-sum"} <= names, sorted(names))
+            check("as-is: the prefixed server beside it", "closed__echo" in names, sorted(names))
+            check("as-is: tools registered after initialize (sampling, elicitation) listed",
+                  {"trigger-sampling-request", "trigger-elicitation-request"} <= names, sorted(names))
+            check("as-is: the client was told the list changed", len(changed) >= 1, changed)
+            check("as-is: not allowed to sample or elicit, the server offers no such tools",
+                  not any(n.startswith("closed__trigger-") and ("sampling" in n or "elicitation" in n)
+                          for n in names), sorted(names))
+            r = await s.call_tool("echo", {"message": "as it was"})
+            check("as-is: echo", wrapped_body(text_of(r)) == "Echo: as it was", text_of(r))
+            p = await s.get_prompt("simple-prompt", {})
+            check("as-is: simple-prompt", wrapped_body(getattr(p.messages[0].content, "text", "")) is not None,
+                  p.messages)
+            if "trigger-sampling-request" in names:
+                r = await s.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 5})
+                check("as-is: sampling reaches the client, the answer the server",
+                      len(sampled) == 1 and "sampled by the python client" in text_of(r), (sampled, text_of(r)))
+            if "trigger-elicitation-request" in names:
+                r = await s.call_tool("trigger-elicitation-request", {})
+                check("as-is: elicitation reaches the client, the answer the server",
+                      len(elicited) == 1 and "declined" in text_of(r), (elicited, text_of(r)))
+
+
 UPSTREAM_PORT = None
 
 
@@ -323,6 +393,8 @@ async def main():
             UPSTREAM_PORT = start_upstream() if a.py_dir else None
             m = third_party_manifest(a.npm_dir, tmp, a.py_dir)
             await third_party_checks(a.cordon, m, a.http, audit)
+            if not a.http:
+                await as_is_checks(a.cordon, a.npm_dir, tmp, audit)
     print(f"{'FAILED' if FAILED else 'OK'}: {len(FAILED)} failed")
     sys.exit(1 if FAILED else 0)
 
