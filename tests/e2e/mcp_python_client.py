@@ -70,7 +70,7 @@ async def expect_error(session, tool, args):
 
 @asynccontextmanager
 async def connect(cordon, manifest, http, audit):
-    env = dict(os.environ, CORDON_AUDIT=audit)
+    env = dict(os.environ, CORDON_AUDIT=audit, CORDON_STATE_DIR=str(Path(audit).parent))
     if not http:
         params = StdioServerParameters(command=cordon, args=["serve", "-m", str(manifest)], env=env)
         async with stdio_client(params) as streams:
@@ -104,7 +104,7 @@ async def example_checks(cordon, http, audit):
     async with connect(cordon, REPO / "examples/cordon.yaml", http, audit) as s:
         tools = await s.list_tools()
         names = sorted(t.name for t in tools.tools)
-        commands = [n for n in names if "." not in n]
+        commands = [n for n in names if "__" not in n]
         check(f"{tag}: tools/list", commands == ["pdf_to_text", "thumbnail", "word_count"], names)
         scratch = sorted(n for n in names if n.startswith("scratch__"))
         check(f"{tag}: only the allowed tools of the example's mcp: server",

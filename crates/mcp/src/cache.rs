@@ -3,8 +3,9 @@
 //! the first request that needs it to run.
 //!
 //! A listing is keyed by the program: its image (by digest) or command,
-//! its mounts and the names of its environment variables (not their
-//! values). It holds the server's own tool list (before `allow`, `rename`
+//! its mounts, the names of its environment variables (not their values)
+//! and the client capabilities cordon declares to it (sampling,
+//! elicitation). It holds the server's own tool list (before `allow`, `rename`
 //! and the pins, which are applied to it as to a fresh one) and what the
 //! server offers. When the server starts, its fresh listing replaces the
 //! cached one; a listing that differs is handled like `list_changed`.
@@ -55,10 +56,21 @@ impl ListingCache {
 
     /// The key of a server's program.
     pub fn key(policy: &ToolPolicy) -> String {
+        // What cordon declares to the server (its listing can depend on
+        // it: a server may offer tools only to a client that can sample).
         let program = match &policy.exec {
-            Exec::Mcp { command, image, .. } => {
-                serde_json::json!({"command": command, "image": image})
-            }
+            Exec::Mcp {
+                command,
+                image,
+                allow_sampling,
+                allow_elicitation,
+                ..
+            } => serde_json::json!({
+                "command": command,
+                "image": image,
+                "sampling": allow_sampling,
+                "elicitation": allow_elicitation,
+            }),
             other => serde_json::json!({"exec": other}),
         };
         let env: Vec<&String> = policy.env.keys().collect();
