@@ -766,6 +766,13 @@ impl Session {
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
+        // A server's tools can change (its `tools/list_changed`, a cached
+        // listing its start does not confirm): the agent is then told.
+        if !self.upstreams.is_empty()
+            && let Some(t) = caps.tools.as_mut()
+        {
+            t.list_changed = Some(true);
+        }
         let offered = self.offered();
         if offered.resources {
             let mut r = rmcp::model::ResourcesCapability::default();
@@ -781,8 +788,9 @@ impl ServerHandler for Session {
         if offered.completions {
             caps.completions = Some(Default::default());
         }
-        // `logging/setLevel` is accepted; cordon itself sends no log
-        // messages to the agent.
+        // `logging/setLevel` sets the level at which the servers' log
+        // messages (and cordon's own, of a server that did not start)
+        // reach the agent.
         caps.logging = Some(Default::default());
         ServerConfig::new(caps)
             .with_server_info(Implementation::new("cordon", env!("CARGO_PKG_VERSION")))
