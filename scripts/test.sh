@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints, unit and integration tests (each jail test
-# runs as root and again as uid 65534), then the conformance probes on the
-# bundled example manifest, aimed at stand-ins in a private network namespace.
+# runs as root and again as uid 65534), the MCP conformance suite against
+# cordon in front of its reference server, then the conformance probes on
+# the bundled example manifest, aimed at stand-ins in a private network
+# namespace.
 #
 # A test that cannot run here fails. Only with CORDON_TEST_ALLOW_SKIP=1 in
 # the environment (never set here, nor in CI) do such tests skip instead;
@@ -24,5 +26,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace
+echo "== MCP conformance suite, cordon in front of its reference server"
+tests/e2e/conformance.sh --reference target/conformance
 echo "== cordon probe -m examples/cordon.yaml"
 scripts/probe-standins.sh target/debug/cordon probe -m examples/cordon.yaml --junit target/probe-junit.xml

@@ -70,7 +70,7 @@ async def expect_error(session, tool, args):
 
 @asynccontextmanager
 async def connect(cordon, manifest, http, audit):
-    env = dict(os.environ, CORDON_AUDIT=audit)
+    env = dict(os.environ, CORDON_AUDIT=audit, CORDON_STATE_DIR=str(Path(audit).parent))
     if not http:
         params = StdioServerParameters(command=cordon, args=["serve", "-m", str(manifest)], env=env)
         async with stdio_client(params) as streams:
@@ -104,17 +104,17 @@ async def example_checks(cordon, http, audit):
     async with connect(cordon, REPO / "examples/cordon.yaml", http, audit) as s:
         tools = await s.list_tools()
         names = sorted(t.name for t in tools.tools)
-        commands = [n for n in names if "." not in n]
+        commands = [n for n in names if "__" not in n]
         check(f"{tag}: tools/list", commands == ["pdf_to_text", "thumbnail", "word_count"], names)
-        scratch = sorted(n for n in names if n.startswith("scratch."))
+        scratch = sorted(n for n in names if n.startswith("scratch__"))
         check(f"{tag}: only the allowed tools of the example's mcp: server",
-              scratch in ([], ["scratch.list_allowed_directories", "scratch.list_directory",
-                               "scratch.read_text_file", "scratch.write_file"]), scratch)
+              scratch in ([], ["scratch__list_allowed_directories", "scratch__list_directory",
+                               "scratch__read_text_file", "scratch__write_file"]), scratch)
         if scratch:
-            r = await s.call_tool("scratch.write_file", {"path": "/tmp/a.txt", "content": "hello"})
-            check(f"{tag}: scratch.write_file", "Successfully wrote" in text_of(r), text_of(r))
-            r = await s.call_tool("scratch.read_text_file", {"path": "/tmp/a.txt"})
-            check(f"{tag}: scratch.read_text_file, gated", wrapped_body(text_of(r)) == "hello", text_of(r))
+            r = await s.call_tool("scratch__write_file", {"path": "/tmp/a.txt", "content": "hello"})
+            check(f"{tag}: scratch__write_file", "Successfully wrote" in text_of(r), text_of(r))
+            r = await s.call_tool("scratch__read_text_file", {"path": "/tmp/a.txt"})
+            check(f"{tag}: scratch__read_text_file, gated", wrapped_body(text_of(r)) == "hello", text_of(r))
 
         r = await s.call_tool("word_count", {"text": "one two three\n"})
         body = wrapped_body(text_of(r))
@@ -140,25 +140,25 @@ async def third_party_checks(cordon, manifest, http, audit):
     async with connect(cordon, manifest, http, audit) as s:
         tools = await s.list_tools()
         names = {t.name for t in tools.tools}
-        check(f"{tag}: everything.echo listed", "everything.echo" in names, sorted(names)[:10])
-        check(f"{tag}: files.read_text_file listed", "files.read_text_file" in names, sorted(names)[:10])
+        check(f"{tag}: everything__echo listed", "everything__echo" in names, sorted(names)[:10])
+        check(f"{tag}: files__read_text_file listed", "files__read_text_file" in names, sorted(names)[:10])
 
-        r = await s.call_tool("everything.echo", {"message": "through cordon"})
-        check(f"{tag}: everything.echo", wrapped_body(text_of(r)) == "Echo: through cordon", text_of(r))
+        r = await s.call_tool("everything__echo", {"message": "through cordon"})
+        check(f"{tag}: everything__echo", wrapped_body(text_of(r)) == "Echo: through cordon", text_of(r))
 
-        r = await s.call_tool("everything.get-env", {})
+        r = await s.call_tool("everything__get-env", {})
         body = wrapped_body(text_of(r)) or ""
         check(f"{tag}: the server sees only the sandbox environment",
               "CORDON_AUDIT" not in body and "PATH" in body, body)
 
-        r = await s.call_tool("everything.get-tiny-image", {})
+        r = await s.call_tool("everything__get-tiny-image", {})
         images = [c for c in r.content if getattr(c, "type", "") == "image"]
         check(f"{tag}: images pass the gate as image content",
               len(images) == 1 and getattr(images[0], "mime_type", getattr(images[0], "mimeType", None)) == "image/png", r.content)
 
-        r = await s.call_tool("files.read_text_file", {"path": "/data/note.txt"})
-        check(f"{tag}: files.read_text_file", wrapped_body(text_of(r)) == "hello from a file", text_of(r))
-        r = await s.call_tool("files.write_file", {"path": "/data/new.txt", "content": "x"})
+        r = await s.call_tool("files__read_text_file", {"path": "/data/note.txt"})
+        check(f"{tag}: files__read_text_file", wrapped_body(text_of(r)) == "hello from a file", text_of(r))
+        r = await s.call_tool("files__write_file", {"path": "/data/new.txt", "content": "x"})
         err = bool(getattr(r, "is_error", getattr(r, "isError", False)))
         check(f"{tag}: the read-only mount refuses writes (EROFS)",
               err and "EROFS: read-only file system, open '/data/new.txt'" in text_of(r), text_of(r))
@@ -170,29 +170,29 @@ async def third_party_checks(cordon, manifest, http, audit):
 
         if UPSTREAM_PORT:
             check(f"{tag}: both mcp-server-fetch tools listed",
-                  {"fetch.fetch", "webfetch.fetch"} <= names, sorted(names))
-        if "fetch.fetch" in names:
+                  {"fetch__fetch", "webfetch__fetch"} <= names, sorted(names))
+        if "fetch__fetch" in names:
             # mcp-server-fetch runs with `network: none` and without its own
             # check of private addresses: only cordon stops it. It cannot
             # connect to the loopback upstream that webfetch, the same server
             # with egress, reaches (the control below). Only loopback: were
             # the sandbox open, nothing would leave this machine.
             url = f"http://127.0.0.1:{UPSTREAM_PORT}/page"
-            r = await s.call_tool("fetch.fetch", {"url": url, "raw": True})
+            r = await s.call_tool("fetch__fetch", {"url": url, "raw": True})
             err = bool(getattr(r, "is_error", getattr(r, "isError", False)))
             check(f"{tag}: mcp-server-fetch with no network cannot connect",
                   err and 'error="true"' in text_of(r)
                   and f"Failed to fetch {url}: ConnectError" in text_of(r)
                   and "marker-cordon-egress-ok" not in text_of(r), text_of(r))
 
-        if "webfetch.fetch" in names and UPSTREAM_PORT:
+        if "webfetch__fetch" in names and UPSTREAM_PORT:
             # The same server with egress to one loopback upstream through
             # cordon's doors: the allowed URL is fetched (positive control),
             # any other is refused by the broker, with its reason.
-            r = await s.call_tool("webfetch.fetch", {"url": f"http://api.test:{UPSTREAM_PORT}/page", "raw": True})
+            r = await s.call_tool("webfetch__fetch", {"url": f"http://api.test:{UPSTREAM_PORT}/page", "raw": True})
             check(f"{tag}: mcp-server-fetch reaches its allowlisted upstream",
                   "marker-cordon-egress-ok" in text_of(r), text_of(r))
-            r = await s.call_tool("webfetch.fetch", {"url": f"http://evil.test:{UPSTREAM_PORT}/page", "raw": True})
+            r = await s.call_tool("webfetch__fetch", {"url": f"http://evil.test:{UPSTREAM_PORT}/page", "raw": True})
             check(f"{tag}: mcp-server-fetch is refused any other host",
                   "marker-cordon-egress-ok" not in text_of(r) and "status code 403" in text_of(r), text_of(r))
 
@@ -213,8 +213,8 @@ async def third_party_checks(cordon, manifest, http, audit):
         r = await s.read_resource("demo://resource/dynamic/text/5")
         body = wrapped_body(getattr(r.contents[0], "text", "")) or ""
         check(f"{tag}: a resource through a listed template", body.startswith("Resource 5:"), r.contents[0])
-        p = await s.get_prompt("everything.args-prompt", {"city": "Lyon"})
-        check(f"{tag}: everything.args-prompt, gated",
+        p = await s.get_prompt("everything__args-prompt", {"city": "Lyon"})
+        check(f"{tag}: everything__args-prompt, gated",
               wrapped_body(getattr(p.messages[0].content, "text", "")) == "What's weather in Lyon?", p.messages)
         try:
             await s.read_resource("file:///etc/passwd")
@@ -284,6 +284,76 @@ tools:
     return m
 
 
+async def as_is_checks(cordon, npm_dir, tmp, audit):
+    """server-everything behind cordon under its own names (`open`, allowed
+    to sample and elicit) beside the same server prefixed and not allowed
+    (`closed`), with a client that has a model and a user."""
+    from mcp import types
+
+    mods = "/srv/npm/node_modules/@modelcontextprotocol"
+    server = lambda name, extra: f"""  {name}:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 20, memory: 1G, tasks: 64}}
+    mounts: ["{npm_dir}:/srv/npm"]
+    mcp:
+      command: ["/usr/bin/node", "{mods}/server-everything/dist/index.js", "stdio"]
+{extra}"""
+    m = Path(tmp) / "as-is.yaml"
+    m.write_text("version: 1\ntools:\n"
+                 + server("open", "      expose: as-is\n      allow_sampling: true\n      allow_elicitation: true\n")
+                 + server("closed", ""))
+    sampled, elicited, changed = [], [], []
+
+    async def on_sampling(context, params):
+        sampled.append(params)
+        return types.CreateMessageResult(role="assistant", model="py-model",
+                                         content=types.TextContent(type="text", text="sampled by the python client"))
+
+    async def on_elicitation(context, params):
+        elicited.append(params)
+        return types.ElicitResult(action="decline")
+
+    async def on_message(message):
+        inner = getattr(message, "root", message)
+        if type(inner).__name__ == "ToolListChangedNotification":
+            changed.append(inner)
+
+    env = dict(os.environ, CORDON_AUDIT=audit, CORDON_STATE_DIR=str(tmp))
+    params = StdioServerParameters(command=cordon, args=["serve", "-m", str(m)], env=env)
+    async with stdio_client(params) as streams:
+        async with ClientSession(streams[0], streams[1], sampling_callback=on_sampling,
+                                 elicitation_callback=on_elicitation, message_handler=on_message) as s:
+            await s.initialize()
+            names = set()
+            for _ in range(50):
+                names = {t.name for t in (await s.list_tools()).tools}
+                if "trigger-sampling-request" in names:
+                    break
+                await asyncio.sleep(0.1)
+            check("as-is: server-everything's own names", {"echo", "get-sum"} <= names, sorted(names))
+            check("as-is: the prefixed server beside it", "closed__echo" in names, sorted(names))
+            check("as-is: tools registered after initialize (sampling, elicitation) listed",
+                  {"trigger-sampling-request", "trigger-elicitation-request"} <= names, sorted(names))
+            check("as-is: the client was told the list changed", len(changed) >= 1, changed)
+            check("as-is: not allowed to sample or elicit, the server offers no such tools",
+                  not any(n.startswith("closed__trigger-") and ("sampling" in n or "elicitation" in n)
+                          for n in names), sorted(names))
+            r = await s.call_tool("echo", {"message": "as it was"})
+            check("as-is: echo", wrapped_body(text_of(r)) == "Echo: as it was", text_of(r))
+            p = await s.get_prompt("simple-prompt", {})
+            check("as-is: simple-prompt", wrapped_body(getattr(p.messages[0].content, "text", "")) is not None,
+                  p.messages)
+            if "trigger-sampling-request" in names:
+                r = await s.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 5})
+                check("as-is: sampling reaches the client, the answer the server",
+                      len(sampled) == 1 and "sampled by the python client" in text_of(r), (sampled, text_of(r)))
+            if "trigger-elicitation-request" in names:
+                r = await s.call_tool("trigger-elicitation-request", {})
+                check("as-is: elicitation reaches the client, the answer the server",
+                      len(elicited) == 1 and "declined" in text_of(r), (elicited, text_of(r)))
+
+
 UPSTREAM_PORT = None
 
 
@@ -324,6 +394,8 @@ async def main():
             UPSTREAM_PORT = start_upstream() if a.py_dir else None
             m = third_party_manifest(a.npm_dir, tmp, a.py_dir)
             await third_party_checks(a.cordon, m, a.http, audit)
+            if not a.http:
+                await as_is_checks(a.cordon, a.npm_dir, tmp, audit)
     print(f"{'FAILED' if FAILED else 'OK'}: {len(FAILED)} failed")
     sys.exit(1 if FAILED else 0)
 

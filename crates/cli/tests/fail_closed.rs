@@ -453,7 +453,7 @@ tools:
             .spawn()
             .expect("spawn cordon serve");
         let c = ().serve(transport).await.expect("initialize");
-        for (tool, arg) in [("count", "text"), ("fx.echo", "text")] {
+        for (tool, arg) in [("count", "text"), ("fx__echo", "text")] {
             let mut p = CallToolRequestParams::new(tool.to_owned());
             p.arguments = serde_json::json!({ arg: "abc" }).as_object().cloned();
             let r = c.peer().call_tool(p).await.expect(tool);
@@ -474,7 +474,7 @@ tools:
         }
         let _ = c.cancel().await;
         let log = std::fs::read_to_string(&audit).unwrap();
-        for tool in ["count", "fx.echo"] {
+        for tool in ["count", "fx__echo"] {
             let rec = log
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

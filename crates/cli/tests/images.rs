@@ -259,10 +259,10 @@ async fn an_mcp_server_image_is_served() {
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
     assert_eq!(
         names,
-        vec!["everything.echo".to_string()],
+        vec!["everything__echo".to_string()],
         "probed and served"
     );
-    let mut p = CallToolRequestParams::new("everything.echo".to_owned());
+    let mut p = CallToolRequestParams::new("everything__echo".to_owned());
     p.arguments = serde_json::json!({"message": "from an image"})
         .as_object()
         .cloned();
@@ -312,7 +312,7 @@ async fn an_mcp_server_image_reaches_only_its_one_api() {
     .unwrap();
     let c = serve(&store, &m, &work.join("audit.jsonl")).await;
     let call = |url: String| {
-        let mut p = CallToolRequestParams::new("jira.get".to_owned());
+        let mut p = CallToolRequestParams::new("jira__get".to_owned());
         p.arguments = serde_json::json!({ "url": url }).as_object().cloned();
         p
     };
@@ -358,7 +358,8 @@ async fn serve(
     let mut cmd = tokio::process::Command::new(CORDON);
     cmd.args(["serve", "-m", manifest.to_str().unwrap()])
         .env("CORDON_STORE", store)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env("CORDON_STATE_DIR", audit.parent().unwrap());
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()

@@ -85,7 +85,11 @@ async fn client(manifest: &Path, audit: &Path) -> Client {
         .arg("--no-probe")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -254,14 +258,14 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
         assert_eq!(status(&e), "unknown_resource");
     }
 
-    // Prompts: `<tool>.<prompt>`, with arguments; messages gated.
+    // Prompts: `<tool>__<prompt>`, with arguments; messages gated.
     let prompts = c.peer().list_all_prompts().await.unwrap();
     let names: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
-    assert!(names.contains(&"everything.args-prompt"), "{names:?}");
-    assert!(names.contains(&"everything.simple-prompt"), "{names:?}");
+    assert!(names.contains(&"everything__args-prompt"), "{names:?}");
+    assert!(names.contains(&"everything__simple-prompt"), "{names:?}");
     let p = prompt(
         &c,
-        "everything.args-prompt",
+        "everything__args-prompt",
         json!({"city": "Paris", "state": "Texas"}),
     )
     .await
@@ -273,7 +277,7 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
         .text
         .clone();
     assert_eq!(body(&text), "What's weather in Paris, Texas?");
-    assert!(text.contains("tool=\"everything.args-prompt\""), "{text}");
+    assert!(text.contains("tool=\"everything__args-prompt\""), "{text}");
     assert_eq!(
         p.meta.as_ref().unwrap().get("cordon/trust"),
         Some(&json!("untrusted"))
@@ -283,7 +287,7 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
     assert!(caps.completions.is_some(), "{caps:?}");
     let values = c
         .peer()
-        .complete_prompt_simple("everything.completable-prompt", "department", "S")
+        .complete_prompt_simple("everything__completable-prompt", "department", "S")
         .await
         .unwrap();
     assert_eq!(values, ["Sales", "Support"]);
@@ -307,20 +311,20 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
 
     // Refusals, each an MCP error that says why.
     let e = mcp_error(
-        prompt(&c, "everything.no-such-prompt", json!({}))
+        prompt(&c, "everything__no-such-prompt", json!({}))
             .await
             .unwrap_err(),
     );
     assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
     assert_eq!(status(&e), "unknown_prompt");
     assert!(
-        e.message.contains("everything.args-prompt"),
+        e.message.contains("everything__args-prompt"),
         "{}",
         e.message
     );
     let e = mcp_error(prompt(&c, "ghost.prompt", json!({})).await.unwrap_err());
     assert_eq!(status(&e), "unknown_prompt");
-    let e = mcp_error(prompt(&c, "fx.anything", json!({})).await.unwrap_err());
+    let e = mcp_error(prompt(&c, "fx__anything", json!({})).await.unwrap_err());
     assert_eq!(status(&e), "not_offered");
     assert_eq!(e.message, "fx: the server offers no prompts");
 
@@ -389,13 +393,13 @@ async fn resources_and_prompts_of_a_sandboxed_server_are_forwarded_gated_and_aud
     );
     let gets: Vec<&Value> = recs
         .iter()
-        .filter(|r| r["tool"] == "everything.args-prompt")
+        .filter(|r| r["tool"] == "everything__args-prompt")
         .collect();
     assert_eq!(gets.len(), 1, "{recs:?}");
     assert_eq!(gets[0]["status"], "ok");
     assert!(
         recs.iter()
-            .any(|r| r["tool"] == "everything.no-such-prompt" && r["status"] == "denied"),
+            .any(|r| r["tool"] == "everything__no-such-prompt" && r["status"] == "denied"),
         "{recs:?}"
     );
 }
@@ -431,7 +435,7 @@ async fn the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read
     assert_eq!(uris, ["demo://resource/dynamic/text/{resourceId}"]);
     let prompts = c.peer().list_all_prompts().await.unwrap();
     let names: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["everything.simple-prompt"]);
+    assert_eq!(names, ["everything__simple-prompt"]);
 
     // Left out by the allowlist: refused like anything never listed.
     let e = mcp_error(
@@ -441,7 +445,7 @@ async fn the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read
     );
     assert_eq!(status(&e), "unknown_resource");
     let e = mcp_error(
-        prompt(&c, "everything.args-prompt", json!({"city": "x"}))
+        prompt(&c, "everything__args-prompt", json!({"city": "x"}))
             .await
             .unwrap_err(),
     );
@@ -449,7 +453,7 @@ async fn the_manifest_allowlists_resources_and_prompts_and_the_cap_bounds_a_read
     // Nor can its arguments be completed.
     let e = mcp_error(
         c.peer()
-            .complete_prompt_simple("everything.completable-prompt", "department", "S")
+            .complete_prompt_simple("everything__completable-prompt", "department", "S")
             .await
             .unwrap_err(),
     );
@@ -538,7 +542,11 @@ async fn resource_text_is_stripped_and_wrapped_and_only_subscribed_updates_reach
     cmd.arg("serve")
         .arg("-m")
         .arg(&m_path)
-        .env("CORDON_AUDIT", &audit);
+        .env("CORDON_AUDIT", &audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -585,7 +593,7 @@ async fn resource_text_is_stripped_and_wrapped_and_only_subscribed_updates_reach
         .subscribe(rmcp::model::SubscribeRequestParams::new("fx://note"))
         .await
         .unwrap();
-    let mut p = rmcp::model::CallToolRequestParams::new("fx.notify");
+    let mut p = rmcp::model::CallToolRequestParams::new("fx__notify");
     p.arguments = Some(serde_json::Map::new());
     c.peer().call_tool(p).await.unwrap();
     for _ in 0..100 {

@@ -74,7 +74,11 @@ async fn stdio_client(manifest: &Path, audit: &Path) -> Client {
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -129,10 +133,10 @@ async fn stdio_lists_the_example_tools_and_calls_word_count() {
     .exists()
     {
         want.extend([
-            "scratch.list_allowed_directories",
-            "scratch.list_directory",
-            "scratch.read_text_file",
-            "scratch.write_file",
+            "scratch__list_allowed_directories",
+            "scratch__list_directory",
+            "scratch__read_text_file",
+            "scratch__write_file",
         ]);
     } else {
         common::skip_or_fail(
@@ -394,6 +398,7 @@ fn http_server(manifest: &Path, audit: &Path) -> (std::process::Child, String) {
         .args(["serve", "--http", "127.0.0.1:0", "-m"])
         .arg(manifest)
         .env("CORDON_AUDIT", audit)
+        .env("CORDON_STATE_DIR", audit.parent().unwrap())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -482,4 +487,61 @@ async fn http_refuses_a_foreign_host_header() {
     };
     assert_eq!(status(&addr), "200");
     assert_eq!(status("attacker.example"), "403");
+}
+
+/// A session `DELETE` answers 200 (the Python SDK takes 200 or 204), and
+/// the session is gone after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_session_delete_answers_200() {
+    use std::io::{Read, Write};
+    let dir = tempdir();
+    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let _guard = Kill(child);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let request = |method: &str, session: Option<&str>, body: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let sid = session
+            .map(|s| format!("Mcp-Session-Id: {s}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{sid}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The head is enough: read until the blank line.
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    };
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},
+        "clientInfo":{"name":"raw","version":"1"}}})
+    .to_string();
+    let head = request("POST", None, &init);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let sid = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session id: {head}"));
+    let head = request("DELETE", Some(&sid), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // Gone: a request in that session is refused.
+    let list = json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}).to_string();
+    let head = request("POST", Some(&sid), &list);
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }

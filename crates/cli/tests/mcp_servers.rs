@@ -38,7 +38,7 @@ tools:
       command: ["/usr/bin/python3", "{mount}/fixture_server.py"{extra_args}]
       tools:
         allow: [echo, crash, hang, slow, image, probe, fail]
-        rename: {{echo: say}}
+        rename: {{echo: fx__say}}
         descriptions: {{echo: "Echo the text back."}}
 "#,
         fixtures = fixtures().display()
@@ -69,7 +69,11 @@ async fn stdio_client(manifest: &Path, audit: &Path) -> (Client, Progress) {
     cmd.arg("serve")
         .arg("-m")
         .arg(manifest)
-        .env("CORDON_AUDIT", audit);
+        .env("CORDON_AUDIT", audit)
+        .env(
+            "CORDON_STATE_DIR",
+            std::path::Path::new(&audit).parent().unwrap(),
+        );
     let (transport, _stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::inherit())
         .spawn()
@@ -134,27 +138,33 @@ async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
     assert_eq!(
         names,
         [
-            "fx.crash", "fx.fail", "fx.hang", "fx.image", "fx.probe", "fx.say", "fx.slow"
+            "fx__crash",
+            "fx__fail",
+            "fx__hang",
+            "fx__image",
+            "fx__probe",
+            "fx__say",
+            "fx__slow"
         ]
     );
-    let say = tools.iter().find(|t| t.name == "fx.say").unwrap();
+    let say = tools.iter().find(|t| t.name == "fx__say").unwrap();
     assert_eq!(say.description.as_deref(), Some("Echo the text back."));
     let meta = say.meta.as_ref().unwrap();
     assert_eq!(meta.get("cordon/server_tool"), Some(&json!("echo")));
     assert_eq!(meta.get("cordon/description_pinned"), Some(&json!(true)));
 
-    let r = call(&c, "fx.say", json!({"text": "hello from the agent"}))
+    let r = call(&c, "fx__say", json!({"text": "hello from the agent"}))
         .await
         .unwrap();
     assert_eq!(body(&r), "hello from the agent");
     let m = r.meta.as_ref().unwrap();
     assert_eq!(m.get("cordon/trust"), Some(&json!("untrusted")));
-    assert_eq!(m.get("cordon/tool"), Some(&json!("fx.say")));
+    assert_eq!(m.get("cordon/tool"), Some(&json!("fx__say")));
     assert_eq!(m.get("cordon/profile"), Some(&json!("P2")));
 
     // The server's view from inside: pid 1 of its own namespace, not root,
     // no network, none of the host's files or environment.
-    let r = call(&c, "fx.probe", json!({})).await.unwrap();
+    let r = call(&c, "fx__probe", json!({})).await.unwrap();
     let facts: Value = serde_json::from_str(&body(&r)).unwrap();
     assert_eq!(facts["pid"], 1, "{facts}");
     assert_eq!(facts["uid"], 1000, "{facts}");
@@ -172,18 +182,18 @@ async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
     );
 
     // Arguments are checked against the server's schema before they leave.
-    let e = mcp_error(call(&c, "fx.say", json!({"text": 1})).await.unwrap_err());
+    let e = mcp_error(call(&c, "fx__say", json!({"text": 1})).await.unwrap_err());
     assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
     assert!(e.message.contains("at /text"), "{}", e.message);
     // Not allowed, and not a tool at all: both unknown.
-    for t in ["fx.secret", "fx.echo"] {
+    for t in ["fx__secret", "fx__echo"] {
         let e = mcp_error(call(&c, t, json!({})).await.unwrap_err());
         assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{t}");
         assert!(e.message.starts_with("unknown tool"), "{}", e.message);
     }
 
     // Images pass the gate's media-type check and stay images.
-    let r = call(&c, "fx.image", json!({})).await.unwrap();
+    let r = call(&c, "fx__image", json!({})).await.unwrap();
     let img = r
         .content
         .iter()
@@ -191,7 +201,7 @@ async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
         .expect("image block");
     assert_eq!(img.mime_type, "image/png");
     // An isError result from the server stays one, gated.
-    let r = call(&c, "fx.fail", json!({})).await.unwrap();
+    let r = call(&c, "fx__fail", json!({})).await.unwrap();
     assert_eq!(r.is_error, Some(true));
     assert!(text_of(&r).contains("error=\"true\""));
     assert!(text_of(&r).contains("the widget is broken"));
@@ -202,7 +212,7 @@ async fn server_tools_are_prefixed_filtered_renamed_and_sandboxed() {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let say: Vec<&Value> = recs.iter().filter(|r| r["tool"] == "fx.say").collect();
+    let say: Vec<&Value> = recs.iter().filter(|r| r["tool"] == "fx__say").collect();
     assert_eq!(say.len(), 2, "{recs:?}");
     assert_eq!(say[0]["status"], "ok");
     assert_eq!(say[0]["runtime"], "mcp");
@@ -224,10 +234,10 @@ async fn a_changed_description_is_refused() {
     let (c, _) = stdio_client(&m, &dir.0.join("audit.jsonl")).await;
     let tools = c.peer().list_all_tools().await.unwrap();
     let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
-    assert!(!names.contains(&"fx.say".to_string()), "{names:?}");
+    assert!(!names.contains(&"fx__say".to_string()), "{names:?}");
     // The unpinned tools are still there (positive control).
-    assert!(names.contains(&"fx.probe".to_string()), "{names:?}");
-    let e = mcp_error(call(&c, "fx.say", json!({"text": "x"})).await.unwrap_err());
+    assert!(names.contains(&"fx__probe".to_string()), "{names:?}");
+    let e = mcp_error(call(&c, "fx__say", json!({"text": "x"})).await.unwrap_err());
     assert_eq!(e.code, ErrorCode::INVALID_REQUEST);
     assert_eq!(e.data.unwrap()["cordon/status"], "description_changed");
     assert!(
@@ -247,34 +257,34 @@ async fn a_crashed_or_hung_server_is_a_typed_error_and_the_next_call_restarts_it
         &dir.0.join("audit.jsonl"),
     )
     .await;
-    let first = call(&c, "fx.probe", json!({})).await.unwrap();
+    let first = call(&c, "fx__probe", json!({})).await.unwrap();
     assert_eq!(first.is_error, Some(false));
 
-    let e = mcp_error(call(&c, "fx.crash", json!({})).await.unwrap_err());
+    let e = mcp_error(call(&c, "fx__crash", json!({})).await.unwrap_err());
     assert_eq!(e.code, ErrorCode::INTERNAL_ERROR);
     assert_eq!(e.data.as_ref().unwrap()["cordon/status"], "server_failed");
-    assert!(e.message.starts_with("fx.crash: "), "{}", e.message);
+    assert!(e.message.starts_with("fx__crash: "), "{}", e.message);
     assert!(e.message.contains("exit 3"), "{}", e.message);
     assert!(
         e.message.contains("fixture: crashing on purpose"),
         "{}",
         e.message
     );
-    let r = call(&c, "fx.say", json!({"text": "after the crash"}))
+    let r = call(&c, "fx__say", json!({"text": "after the crash"}))
         .await
         .unwrap();
     assert_eq!(body(&r), "after the crash");
 
-    let e = mcp_error(call(&c, "fx.hang", json!({})).await.unwrap_err());
+    let e = mcp_error(call(&c, "fx__hang", json!({})).await.unwrap_err());
     assert_eq!(
         e.message,
-        "fx.hang: timed out after 2s; the server was stopped and the next call starts a new one"
+        "fx__hang: timed out after 2s; the server was stopped and the next call starts a new one"
     );
     let data = e.data.unwrap();
     assert_eq!(data["cordon/status"], "limit_hit");
     assert_eq!(data["limit"], "wall_seconds");
     // The hung sandbox is gone and a new one answers.
-    let r = call(&c, "fx.say", json!({"text": "after the hang"}))
+    let r = call(&c, "fx__say", json!({"text": "after the hang"}))
         .await
         .unwrap();
     assert_eq!(body(&r), "after the hang");
@@ -289,7 +299,7 @@ async fn progress_notifications_reach_the_agent() {
         &dir.0.join("audit.jsonl"),
     )
     .await;
-    let mut p = CallToolRequestParams::new("fx.slow");
+    let mut p = CallToolRequestParams::new("fx__slow");
     p.arguments = json!({"steps": 3}).as_object().cloned();
     p.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(
         NumberOrString::String("agent-token-1".into()),
@@ -316,13 +326,13 @@ async fn lifetime_call_gives_each_call_a_fresh_sandbox() {
         &dir.0.join("audit.jsonl"),
     )
     .await;
-    let r = call(&c, "fx.say", json!({"text": "one"})).await.unwrap();
+    let r = call(&c, "fx__say", json!({"text": "one"})).await.unwrap();
     assert_eq!(body(&r), "one");
     assert!(
         wait_gone(mount).await,
         "the per-call sandbox outlived its call"
     );
-    let r = call(&c, "fx.say", json!({"text": "two"})).await.unwrap();
+    let r = call(&c, "fx__say", json!({"text": "two"})).await.unwrap();
     assert_eq!(body(&r), "two");
     c.cancel().await.unwrap();
 }
@@ -338,6 +348,7 @@ async fn an_http_session_end_stops_its_sandbox() {
         .args(["serve", "--http", "127.0.0.1:0", "-m"])
         .arg(&m)
         .env("CORDON_AUDIT", dir.0.join("audit.jsonl"))
+        .env("CORDON_STATE_DIR", &dir.0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -355,7 +366,7 @@ async fn an_http_session_end_stops_its_sandbox() {
 
     let a = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
     let b = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
-    let mut pa = CallToolRequestParams::new("fx.say");
+    let mut pa = CallToolRequestParams::new("fx__say");
     pa.arguments = json!({"text": "a"}).as_object().cloned();
     assert_eq!(
         a.peer().call_tool(pa.clone()).await.unwrap().is_error,
@@ -488,11 +499,11 @@ tools:
         .iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(names, ["web.get"]);
+    assert_eq!(names, ["web__get"]);
 
     // Positive control: the allowlisted name reaches the upstream.
     let url = format!("http://api.test:{port}/hello");
-    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let r = call(&c, "web__get", json!({"url": url})).await.unwrap();
     assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
     assert_eq!(body(&r), "hello from the allowed upstream");
     assert_eq!(
@@ -502,7 +513,7 @@ tools:
 
     // A name outside the allowlist: refused by the doors, before any lookup.
     let url = format!("http://evil.test:{port}/steal");
-    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let r = call(&c, "web__get", json!({"url": url})).await.unwrap();
     let t = text_of(&r);
     assert_eq!(r.is_error, Some(true), "{t}");
     assert!(
@@ -514,7 +525,7 @@ tools:
 
     // A loopback address of another upstream, not in the allowlist.
     let url = format!("http://127.0.0.1:{other}/steal");
-    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let r = call(&c, "web__get", json!({"url": url})).await.unwrap();
     let t = text_of(&r);
     assert_eq!(r.is_error, Some(true), "{t}");
     assert!(
@@ -530,7 +541,7 @@ tools:
 
     // The doors live as long as the server: a later call still gets through.
     let url = format!("http://api.test:{port}/again");
-    let r = call(&c, "web.get", json!({"url": url})).await.unwrap();
+    let r = call(&c, "web__get", json!({"url": url})).await.unwrap();
     assert_eq!(body(&r), "hello from the allowed upstream");
 
     c.cancel().await.unwrap();
@@ -660,7 +671,7 @@ tools:
     let get = |u: String| {
         let peer = c.peer().clone();
         async move {
-            let mut p = CallToolRequestParams::new("web.get");
+            let mut p = CallToolRequestParams::new("web__get");
             p.arguments = json!({"url": u}).as_object().cloned();
             peer.call_tool(p).await
         }

@@ -163,7 +163,7 @@ tools:
         // MCP server: through cordon, sandboxed.
         let gw = Arc::new(Gateway::from_manifest(&manifest, &opts).expect("gateway"));
         let c = gateway_client(gw).await;
-        let mcp_cordon = time_calls(&c, "fx.echo", json!({"text": "ping"}), calls).await;
+        let mcp_cordon = time_calls(&c, "fx__echo", json!({"text": "ping"}), calls).await;
         let _ = c.cancel().await;
 
         // The same through the `cordon serve` binary over stdio, when given.
@@ -179,7 +179,7 @@ tools:
                 .spawn()
                 .expect("spawn cordon serve");
             let c = ().serve(t).await.expect("initialize cordon serve");
-            binary = Some(time_calls(&c, "fx.echo", json!({"text": "ping"}), calls).await);
+            binary = Some(time_calls(&c, "fx__echo", json!({"text": "ping"}), calls).await);
             let _ = c.cancel().await;
         }
 

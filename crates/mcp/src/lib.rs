@@ -6,7 +6,9 @@
 //!   anything runs, then mapped onto stdin and argv as `input` declares; the
 //!   call goes through [`cordon_broker::Broker`] (jail, gate, audit record).
 //! - `mcp` tools are third-party MCP servers run inside their sandbox; their
-//!   tools are exposed as `<tool>.<server tool>` (see [`upstream`]).
+//!   tools are exposed as `<tool>__<server tool>` or under the server's own
+//!   names (`expose: as-is`), each exposed name belonging to exactly one
+//!   tool (see [`upstream`] and [`names`]).
 //! - Every result is gated and labelled untrusted: text as the nonce-wrapped
 //!   rendering, images as MCP image content, and `_meta` carries the gate's
 //!   envelope (`cordon/trust: untrusted`, ...).
@@ -16,6 +18,8 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+mod cache;
+mod names;
 pub mod render;
 pub mod resources;
 pub mod sandbox;
@@ -29,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cordon_broker::{Admitted, Broker, CallError, Status, Use};
-use cordon_policy::policy::{PolicySet, ToolPolicy};
+use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -44,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 pub use rmcp;
 
 pub use args::{ArgError, ArgMapper, Prepared};
+pub use cache::default_dir as default_listing_dir;
 pub use render::Refusal;
 pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
@@ -119,6 +124,10 @@ pub struct Gateway {
     /// Each `mcp:` tool and what its server offers once known.
     servers: Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>,
     sandbox: Arc<dyn ServerSandbox>,
+    /// Which tool or server each exposed name belongs to.
+    names: Arc<names::NameClaims>,
+    /// The listings servers last gave (disabled unless set).
+    cache: cache::ListingCache,
     warnings: Vec<String>,
     seq: AtomicU64,
 }
@@ -151,6 +160,7 @@ impl Gateway {
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
+        let names = Arc::new(names::NameClaims::default());
         for (name, p) in &policy.tools {
             let use_ = Use::of(p);
             let admitted = match broker.admit(p, use_) {
@@ -167,6 +177,12 @@ impl Gateway {
                 Use::Call => {
                     let args = ArgMapper::new(p).map_err(GatewayError::Tool)?;
                     let tool = command_tool(p);
+                    claim_static(
+                        &names,
+                        names::Space::Tools,
+                        name,
+                        names::Owner::Command(name.clone()),
+                    )?;
                     commands.insert(
                         name.clone(),
                         CommandTool {
@@ -179,8 +195,11 @@ impl Gateway {
                 }
                 Use::Serve => {
                     let p = Arc::new(p.clone());
-                    match upstream::Upstream::new(p.clone(), sandbox.clone(), "") {
-                        Ok(_) => servers.push((p, upstream::KnownOffers::default())),
+                    match upstream::Upstream::new(p.clone(), sandbox.clone(), "", names.clone()) {
+                        Ok(_) => {
+                            claim_server_names(&names, &p)?;
+                            servers.push((p, upstream::KnownOffers::default()))
+                        }
                         Err(why) => warnings.push(format!("not served: {why}")),
                     }
                 }
@@ -191,9 +210,28 @@ impl Gateway {
             commands,
             servers,
             sandbox,
+            names,
+            cache: cache::ListingCache::default(),
             warnings,
             seq: AtomicU64::new(0),
         })
+    }
+
+    /// Keep each server's listing in `dir` (see [`default_listing_dir`]),
+    /// and answer `initialize` and `tools/list` from it until the server
+    /// is needed: then it starts, and a listing that changed is handled
+    /// like `list_changed`. `None`: every listing starts the server.
+    pub fn with_listing_cache(mut self, dir: Option<PathBuf>) -> Gateway {
+        self.cache = cache::ListingCache::new(dir);
+        for (p, offers) in &self.servers {
+            if let Some(l) = self.cache.get(p)
+                && let Ok(mut o) = offers.lock()
+                && o.is_none()
+            {
+                *o = Some(l.offers);
+            }
+        }
+        self
     }
 
     /// Warnings a person should see once (tools not served, weakened mechanisms).
@@ -215,21 +253,85 @@ impl Gateway {
     pub fn session(self: &Arc<Self>, transport: &str) -> Session {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{transport}-{}-{n}", std::process::id());
+        let log_level = upstream::LogLevel::default();
         let upstreams = self
             .servers
             .iter()
             .filter_map(|(p, offers)| {
-                upstream::Upstream::new(p.clone(), self.sandbox.clone(), &id)
+                upstream::Upstream::new(p.clone(), self.sandbox.clone(), &id, self.names.clone())
                     .ok()
-                    .map(|u| Arc::new(u.with_offers(offers.clone())))
+                    .map(|u| {
+                        Arc::new(
+                            u.with_offers(offers.clone())
+                                .with_log_level(log_level.clone())
+                                .with_cache(self.cache.clone())
+                                .with_audit(self.broker.clone(), &id),
+                        )
+                    })
             })
             .collect();
         Session {
             gw: self.clone(),
             id,
             upstreams,
+            log_level,
         }
     }
+}
+
+/// What a person and the client are told of a server that could not be
+/// started (once each on stderr; in a log message at error level).
+pub(crate) fn not_started(server: &str, e: &ErrorData) -> String {
+    format!(
+        "server `{server}` is not available, its tools are not listed: {}",
+        e.message
+    )
+}
+
+/// Claim a name the manifest fixes (its load refused any given twice).
+fn claim_static(
+    names: &names::NameClaims,
+    space: names::Space,
+    name: &str,
+    owner: names::Owner,
+) -> Result<(), GatewayError> {
+    names.claim(space, name, owner.clone()).map_err(|other| {
+        GatewayError::Manifest(format!(
+            "exposed name `{name}` is given twice: {other} and {owner}"
+        ))
+    })
+}
+
+/// Claim the names an `mcp:` tool's manifest entry fixes: `rename`
+/// targets, `allow` entries and `prompts` entries in their exposed form.
+fn claim_server_names(names: &names::NameClaims, p: &ToolPolicy) -> Result<(), GatewayError> {
+    let Exec::Mcp {
+        expose,
+        allow,
+        rename,
+        prompts,
+        ..
+    } = &p.exec
+    else {
+        return Ok(());
+    };
+    let owner = || names::Owner::Server(p.name.clone());
+    let exposed = |n: &String| {
+        allow
+            .as_ref()
+            .is_none_or(|a| a.contains(n))
+            .then(|| cordon_policy::policy::exposed_tool_name(&p.name, *expose, rename, n))
+    };
+    for n in rename.keys().chain(allow.iter().flatten()) {
+        if let Some(full) = exposed(n) {
+            claim_static(names, names::Space::Tools, &full, owner())?;
+        }
+    }
+    for n in prompts.iter().flatten() {
+        let full = cordon_policy::policy::exposed_prompt_name(&p.name, *expose, n);
+        claim_static(names, names::Space::Prompts, &full, owner())?;
+    }
+    Ok(())
 }
 
 /// An audit record for a call the broker did not run: refused before it
@@ -339,6 +441,7 @@ impl CallAudit {
                     | "invalid_arguments"
                     | "policy_refused"
                     | "description_changed"
+                    | "name_refused"
                     | "unknown_prompt"
                     | "unknown_resource"
                     | "ambiguous_resource"
@@ -393,6 +496,37 @@ pub struct Session {
     gw: Arc<Gateway>,
     id: String,
     upstreams: Vec<Arc<upstream::Upstream>>,
+    /// The level the client set with `logging/setLevel` (`None`: not set,
+    /// every level is sent). Shared with the session's servers, whose log
+    /// messages pass at this level.
+    log_level: upstream::LogLevel,
+}
+
+#[allow(deprecated)]
+use rmcp::model::LoggingLevel;
+
+/// The rank of a level (debug lowest).
+#[allow(deprecated)]
+pub(crate) fn level_rank(l: LoggingLevel) -> u8 {
+    match l {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}
+
+/// Whether a message at `level` passes the level the client set.
+#[allow(deprecated)]
+pub(crate) fn level_passes(set: &upstream::LogLevel, level: LoggingLevel) -> bool {
+    set.lock()
+        .ok()
+        .and_then(|l| *l)
+        .is_none_or(|min| level_rank(level) >= level_rank(min))
 }
 
 impl Drop for Session {
@@ -407,6 +541,22 @@ impl Session {
     /// The session id written to the audit log.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Tell the client something at `level` (cordon's own text, logger
+    /// `cordon`), when the level the client set lets it through.
+    #[allow(deprecated)]
+    async fn log(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        level: LoggingLevel,
+        data: serde_json::Value,
+    ) {
+        if level_passes(&self.log_level, level) {
+            let mut p = rmcp::model::LoggingMessageNotificationParam::new(level, data);
+            p.logger = Some("cordon".into());
+            let _ = peer.notify_logging_message(p).await;
+        }
     }
 
     async fn call_command(
@@ -506,15 +656,60 @@ impl Session {
         }
     }
 
+    /// The server of this session that owns the exposed tool or prompt
+    /// `name`. Names not claimed yet may belong to a server this session
+    /// has not listed: those are listed (all at once), and the claims read
+    /// again.
+    async fn owner(&self, space: names::Space, name: &str) -> Option<Arc<upstream::Upstream>> {
+        let claimed = || match self.gw.names.owner(space, name)? {
+            names::Owner::Server(s) => self.upstreams.iter().find(|u| u.name() == s).cloned(),
+            names::Owner::Command(_) => None,
+        };
+        if let Some(u) = claimed() {
+            return Some(u);
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for u in &self.upstreams {
+            let u = u.clone();
+            match space {
+                names::Space::Tools if u.listed_tool_names().is_none() => {
+                    set.spawn(async move {
+                        let _ = u.tools_for_list().await;
+                    });
+                }
+                names::Space::Prompts => {
+                    set.spawn(async move {
+                        let _ = u.list_prompts(None).await;
+                    });
+                }
+                _ => {}
+            }
+        }
+        while set.join_next().await.is_some() {}
+        if claimed().is_none() && space == names::Space::Tools {
+            // Listings from the cache may be out of date: start those
+            // servers (all at once) and read the claims again.
+            let mut set = tokio::task::JoinSet::new();
+            for u in &self.upstreams {
+                let u = u.clone();
+                set.spawn(async move { u.verify_cached().await });
+            }
+            while set.join_next().await.is_some() {}
+        }
+        // Unclaimed but in a server's prefixed form: that server says why
+        // it has no such tool or prompt.
+        claimed().or_else(|| self.upstreams.iter().find(|u| u.prefixes(name)).cloned())
+    }
+
     /// An unknown tool: the message names the command tools and each
-    /// server's exposed tools (`<tool>.<name>`; `<tool>.*` when this session
-    /// has not listed them).
+    /// server's exposed tools (`<tool>: not listed` when this session has
+    /// not listed them).
     fn unknown(&self, name: &str) -> ErrorData {
         let mut served: Vec<String> = self.gw.commands.keys().cloned().collect();
         for u in &self.upstreams {
             match u.listed_tool_names() {
                 Some(names) => served.extend(names),
-                None => served.push(format!("{}.*", u.name())),
+                None => served.push(format!("(the tools of {}: not listed)", u.name())),
             }
         }
         refusal(
@@ -573,6 +768,13 @@ impl Session {
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
+        // A server's tools can change (its `tools/list_changed`, a cached
+        // listing its start does not confirm): the agent is then told.
+        if !self.upstreams.is_empty()
+            && let Some(t) = caps.tools.as_mut()
+        {
+            t.list_changed = Some(true);
+        }
         let offered = self.offered();
         if offered.resources {
             let mut r = rmcp::model::ResourcesCapability::default();
@@ -588,8 +790,9 @@ impl ServerHandler for Session {
         if offered.completions {
             caps.completions = Some(Default::default());
         }
-        // `logging/setLevel` is accepted; cordon itself sends no log
-        // messages to the agent.
+        // `logging/setLevel` sets the level at which the servers' log
+        // messages (and cordon's own, of a server that did not start)
+        // reach the agent.
         caps.logging = Some(Default::default());
         ServerConfig::new(caps)
             .with_server_info(Implementation::new("cordon", env!("CARGO_PKG_VERSION")))
@@ -629,9 +832,12 @@ impl ServerHandler for Session {
     #[allow(deprecated)]
     async fn set_level(
         &self,
-        _request: rmcp::model::SetLevelRequestParams,
+        request: rmcp::model::SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        if let Ok(mut l) = self.log_level.lock() {
+            *l = Some(request.level);
+        }
         Ok(())
     }
 
@@ -713,25 +919,39 @@ impl ServerHandler for Session {
             .map(Into::into)
     }
 
+    #[allow(deprecated)]
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let mut tools: Vec<Tool> = self.gw.commands.values().map(|c| c.tool.clone()).collect();
-        for u in &self.upstreams {
-            match u.tools().await {
+        // Every server at once, each within its own start-up deadline: a
+        // slow or failing one holds no other's tools.
+        let mut set = tokio::task::JoinSet::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let u = u.clone();
+            set.spawn(async move { (i, u.tools_for_list().await) });
+        }
+        let mut listed = Vec::new();
+        while let Some(r) = set.join_next().await {
+            if let Ok(r) = r {
+                listed.push(r);
+            }
+        }
+        listed.sort_by_key(|(i, _)| *i);
+        for (i, r) in listed {
+            match r {
                 Ok(list) => tools.extend(
                     list.into_iter()
                         .filter(|e| e.refused.is_none())
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
-                    eprintln!(
-                        "cordon: warning: {}: tools not listed: {}",
-                        u.name(),
-                        e.message
-                    );
+                    let msg = not_started(self.upstreams[i].name(), &e);
+                    self.gw.names.report_once(&msg);
+                    self.log(&context.peer, LoggingLevel::Error, json!(msg))
+                        .await;
                 }
             }
         }
@@ -754,14 +974,16 @@ impl ServerHandler for Session {
                 .await
                 .map(Into::into);
         }
-        if let Some(u) = self.upstreams.iter().find(|u| u.owns(&name)) {
+        if let Some(u) = self.owner(names::Space::Tools, &name).await {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
             audit.finish(&self.gw.broker, &self.id, &caller, &r)?;
             return r.map(Into::into);
         }
-        let r = Err(self.unknown(&name));
+        // A name a listing refused says why.
+        let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
+        let r = Err(refused.unwrap_or_else(|| self.unknown(&name)));
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
             &self.id,
@@ -817,7 +1039,9 @@ pub async fn serve_http(
     let g = gw.clone();
     let service: StreamableHttpService<Session, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(g.session("http")), Default::default(), config);
-    let router = axum::Router::new().nest_service(HTTP_PATH, service);
+    let router = axum::Router::new()
+        .nest_service(HTTP_PATH, service)
+        .layer(axum::middleware::from_fn(session_delete_ok));
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await
@@ -825,6 +1049,21 @@ pub async fn serve_http(
             what: "HTTP server".into(),
             source: e,
         })
+}
+
+/// A session `DELETE` that rmcp accepted (`202`) is answered `200`: the
+/// session is gone once the answer is sent, and clients (the Python SDK)
+/// take only 200 or 204 as success.
+async fn session_delete_ok(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut resp = next.run(req).await;
+    if delete && resp.status() == axum::http::StatusCode::ACCEPTED {
+        *resp.status_mut() = axum::http::StatusCode::OK;
+    }
+    resp
 }
 
 /// Bind `addr` for [`serve_http`].

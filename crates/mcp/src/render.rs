@@ -79,6 +79,9 @@ pub enum Refusal {
     GateRefused,
     ServerFailed,
     DescriptionChanged,
+    /// An exposed name that model APIs do not accept, or that belongs to
+    /// another tool.
+    NameRefused,
     UnknownPrompt,
     UnknownResource,
     AmbiguousResource,
@@ -98,6 +101,7 @@ impl Refusal {
             Refusal::GateRefused => "gate_refused",
             Refusal::ServerFailed => "server_failed",
             Refusal::DescriptionChanged => "description_changed",
+            Refusal::NameRefused => "name_refused",
             Refusal::UnknownPrompt => "unknown_prompt",
             Refusal::UnknownResource => "unknown_resource",
             Refusal::AmbiguousResource => "ambiguous_resource",
@@ -115,7 +119,9 @@ impl Refusal {
             | Refusal::NotOffered => ErrorCode::INVALID_PARAMS,
             // The code the MCP specification gives an unknown resource.
             Refusal::UnknownResource => ErrorCode::RESOURCE_NOT_FOUND,
-            Refusal::PolicyRefused | Refusal::DescriptionChanged => ErrorCode::INVALID_REQUEST,
+            Refusal::PolicyRefused | Refusal::DescriptionChanged | Refusal::NameRefused => {
+                ErrorCode::INVALID_REQUEST
+            }
             _ => ErrorCode::INTERNAL_ERROR,
         }
     }

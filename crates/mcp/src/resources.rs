@@ -122,13 +122,10 @@ impl Session {
         for u in &self.upstreams {
             if u.known_offers().is_none() {
                 let u = u.clone();
+                let names = self.gw.names.clone();
                 set.spawn(async move {
                     if let Err(e) = u.offers().await {
-                        eprintln!(
-                            "cordon: warning: {}: its resources and prompts are not advertised: {}",
-                            u.name(),
-                            e.message
-                        );
+                        names.report_once(&crate::not_started(u.name(), &e));
                     }
                 });
             }
@@ -344,7 +341,7 @@ impl Session {
             .await
     }
 
-    /// `prompts/get` of `<tool>.<prompt>`, gated and audited like a call.
+    /// `prompts/get` of an exposed prompt name, gated and audited like a call.
     pub(crate) async fn prompt(
         &self,
         name: &str,
@@ -354,7 +351,7 @@ impl Session {
         let input =
             serde_json::to_vec(&json!({"method": "prompts/get", "name": name, "arguments": args}))
                 .unwrap_or_default();
-        let owner = self.upstreams.iter().find(|u| u.owns(name));
+        let owner = self.owner(crate::names::Space::Prompts, name).await;
         let (audit, r) = match owner {
             Some(u) => (
                 CallAudit::with_input(name, u.profile(), "mcp", input),
@@ -404,12 +401,8 @@ impl Session {
         params: CompleteRequestParams,
         ct: &CancellationToken,
     ) -> Result<CompleteResult, ErrorData> {
-        let (owner, server_prompt) = match &params.r#ref {
-            Reference::Prompt(p) => {
-                let u = self.upstreams.iter().find(|u| u.owns(&p.name));
-                let server = u.map(|u| p.name[u.name().len() + 1..].to_owned());
-                (u.cloned(), server)
-            }
+        let owner = match &params.r#ref {
+            Reference::Prompt(p) => self.owner(crate::names::Space::Prompts, &p.name).await,
             Reference::Resource(r) => {
                 let mut found = None;
                 for u in self.offering(true) {
@@ -421,12 +414,12 @@ impl Session {
                         break;
                     }
                 }
-                (found, None)
+                found
             }
-            _ => (None, None),
+            _ => None,
         };
         match owner {
-            Some(u) => u.complete(params, server_prompt, Some(ct)).await,
+            Some(u) => u.complete(params, Some(ct)).await,
             None => Ok(CompleteResult::default()),
         }
     }

@@ -8,8 +8,8 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::policy::{
-    Deliver, Exec, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp, Secret,
-    ToolPolicy,
+    Deliver, Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp,
+    Secret, ToolPolicy,
 };
 use crate::units::format_size;
 
@@ -410,15 +410,40 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 allow: a1,
                 resources: r1,
                 prompts: p1,
+                expose: e1,
+                allow_sampling: s1,
+                allow_elicitation: l1,
                 ..
             },
             Exec::Mcp {
                 allow: a2,
                 resources: r2,
                 prompts: p2,
+                expose: e2,
+                allow_sampling: s2,
+                allow_elicitation: l2,
                 ..
             },
         ) => {
+            // The server may then reach the agent's model or user.
+            for (field, o, n) in [
+                ("mcp.allow_sampling", s1, s2),
+                ("mcp.allow_elicitation", l1, l2),
+            ] {
+                if o != n {
+                    out.push(change(t, field, &o.to_string(), &n.to_string(), *n));
+                }
+            }
+            if e1 != e2 {
+                // As-is, the server picks the names the model sees.
+                out.push(change(
+                    t,
+                    "mcp.expose",
+                    expose_name(*e1),
+                    expose_name(*e2),
+                    *e2 == Expose::AsIs,
+                ));
+            }
             let wider = |a: &Option<Vec<String>>, b: &Option<Vec<String>>| match (a, b) {
                 (Some(x), Some(y)) => y.iter().any(|e| !x.contains(e)),
                 (Some(_), None) => true,
@@ -442,6 +467,13 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
             &serde_json::to_string(n).unwrap_or_default(),
             true,
         )),
+    }
+}
+
+fn expose_name(e: Expose) -> &'static str {
+    match e {
+        Expose::Prefixed => "prefixed",
+        Expose::AsIs => "as-is",
     }
 }
 

@@ -366,6 +366,31 @@ pub struct McpServer {
     /// The server's image, pinned by digest.
     #[serde(default)]
     pub image: Option<String>,
+    /// How the server's tools and prompts are named to the agent:
+    /// `prefixed` (default, `<tool>__<name>`) or `as-is` (the server's own
+    /// names). Every exposed name must match `^[a-zA-Z0-9_-]{1,64}$` and
+    /// belong to one server only.
+    #[serde(default)]
+    #[schemars(with = "Option<Expose>")]
+    pub expose: Option<Spanned<Expose>>,
+    /// Seconds the server has to start (initialize and list its tools)
+    /// before it is stopped and reported as failed; default 20.
+    #[serde(default)]
+    #[schemars(with = "Option<u64>")]
+    pub startup_seconds: Option<Spanned<u64>>,
+    /// The server may ask the agent's client to sample its model
+    /// (`sampling/createMessage`), the request's text gated; default false.
+    #[serde(default)]
+    pub allow_sampling: Option<bool>,
+    /// The server may ask the agent's user for input
+    /// (`elicitation/create`), the request's text gated; default false.
+    #[serde(default)]
+    pub allow_elicitation: Option<bool>,
+    /// Fold a tool result's embedded text resources into its one wrapped
+    /// text block instead of keeping them as resource blocks (each gated
+    /// and labelled); default false.
+    #[serde(default)]
+    pub fold_resources: Option<bool>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,
@@ -376,18 +401,35 @@ pub struct McpServer {
     /// Only these prompts are exposed, by the server's names (absent: all;
     /// `[]`: none).
     #[serde(default)]
-    pub prompts: Option<Vec<String>>,
+    #[schemars(with = "Option<Vec<String>>")]
+    pub prompts: Option<Vec<Spanned<String>>>,
+}
+
+/// How an `mcp:` server's tools and prompts are named to the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Expose {
+    /// `<tool>__<server name>`: the manifest tool's name, two underscores,
+    /// the server's name.
+    #[default]
+    #[serde(rename = "prefixed")]
+    Prefixed,
+    /// The server's own names, as a local MCP client would see them.
+    #[serde(rename = "as-is")]
+    AsIs,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct McpTools {
-    /// Only these tools are exposed (absent: all).
+    /// Only these tools are exposed, by the server's names (absent: all).
     #[serde(default)]
-    pub allow: Option<Vec<String>>,
-    /// Exposed name for a server tool: `{server_name: exposed_name}`.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub allow: Option<Vec<Spanned<String>>>,
+    /// The full exposed name of a server tool, `{server_name: exposed_name}`
+    /// (no prefix is added, whatever `expose` says).
     #[serde(default)]
-    pub rename: BTreeMap<String, String>,
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub rename: BTreeMap<String, Spanned<String>>,
     /// Pinned descriptions: a server whose description differs is refused.
     #[serde(default)]
     pub descriptions: BTreeMap<String, String>,

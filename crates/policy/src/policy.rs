@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Deliver, Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow,
-    Profile, Runtime,
+    Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind,
+    Overflow, Profile, Runtime,
 };
 
 /// All tools of a manifest, resolved.
@@ -71,7 +71,24 @@ pub enum Exec {
     Mcp {
         command: Option<Vec<String>>,
         image: Option<String>,
+        /// How the server's tools and prompts are named to the agent.
+        #[serde(default)]
+        expose: Expose,
+        /// Seconds the server has to initialize and list its tools.
+        #[serde(default = "default_startup_seconds")]
+        startup_seconds: u64,
+        /// The server may ask the client's model (`sampling/createMessage`).
+        #[serde(default)]
+        allow_sampling: bool,
+        /// The server may ask the client's user (`elicitation/create`).
+        #[serde(default)]
+        allow_elicitation: bool,
+        /// A result's text resources folded into its wrapped text.
+        #[serde(default)]
+        fold_resources: bool,
+        /// The server's tools exposed, by the server's names (`None`: all).
         allow: Option<Vec<String>>,
+        /// Full exposed names of server tools (no prefix added).
         rename: BTreeMap<String, String>,
         descriptions: BTreeMap<String, String>,
         /// Resource URIs and URI templates exposed (`None`: all).
@@ -261,6 +278,70 @@ pub enum Seccomp {
     DenyList,
     /// Default deny: the base set plus these syscalls.
     AllowList { extra: Vec<String> },
+}
+
+/// Seconds an `mcp:` server has to start when the manifest does not say.
+pub const DEFAULT_STARTUP_SECONDS: u64 = 20;
+
+fn default_startup_seconds() -> u64 {
+    DEFAULT_STARTUP_SECONDS
+}
+
+/// What goes between an `mcp:` tool's name and a server's name in the
+/// prefixed form (`scratch__read_text_file`): inside the set of characters
+/// model APIs accept in a tool name.
+pub const NAME_SEPARATOR: &str = "__";
+
+/// The longest tool name model APIs accept.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Whether `name` is one model APIs accept as a tool name:
+/// `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn valid_exposed_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Why `name` is not a valid exposed name (for messages), or `None`.
+pub fn invalid_name_reason(name: &str) -> Option<String> {
+    if name.is_empty() {
+        Some("it is empty".into())
+    } else if name.len() > MAX_NAME_LEN {
+        Some(format!(
+            "it is {} characters long, past the {MAX_NAME_LEN} model APIs accept",
+            name.len()
+        ))
+    } else if !valid_exposed_name(name) {
+        Some("model APIs accept only letters, digits, `_` and `-` (`^[a-zA-Z0-9_-]{1,64}$`)".into())
+    } else {
+        None
+    }
+}
+
+/// The name a server's tool is exposed under: its `rename` entry as is,
+/// else `<tool>__<name>` (prefixed) or the server's name (as-is).
+pub fn exposed_tool_name(
+    tool: &str,
+    expose: Expose,
+    rename: &BTreeMap<String, String>,
+    server_name: &str,
+) -> String {
+    match rename.get(server_name) {
+        Some(r) => r.clone(),
+        None => exposed_prompt_name(tool, expose, server_name),
+    }
+}
+
+/// The name a server's prompt is exposed under: `<tool>__<name>`
+/// (prefixed) or the server's name (as-is).
+pub fn exposed_prompt_name(tool: &str, expose: Expose, server_name: &str) -> String {
+    match expose {
+        Expose::Prefixed => format!("{tool}{NAME_SEPARATOR}{server_name}"),
+        Expose::AsIs => server_name.to_owned(),
+    }
 }
 
 impl ToolPolicy {

@@ -10,7 +10,9 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::error::{Diagnostic, ManifestError};
 use crate::manifest::{self, Egress, Manifest, Mechanism, Profile, Runtime, Tool};
-use crate::policy::{self, Exec, Limits, Network, PolicySet, ToolPolicy};
+use crate::policy::{
+    self, Exec, Expose, Limits, Network, PolicySet, ToolPolicy, invalid_name_reason,
+};
 use crate::units::{parse_cpu, parse_size};
 
 /// A loaded manifest: the resolved policies and the warnings `cordon check` prints.
@@ -172,6 +174,7 @@ const RULES: &[Rule] = &[
     rule_env,
     rule_output,
     rule_input,
+    rule_mcp_names,
 ];
 
 struct Ctx<'a> {
@@ -920,6 +923,157 @@ fn rule_input(c: &Ctx<'_>) -> Vec<Diagnostic> {
     out
 }
 
+/// The `expose` setting of an `mcp:` tool (default prefixed).
+fn expose_of(m: &manifest::McpServer) -> Expose {
+    m.expose.as_ref().map(|e| e.value).unwrap_or_default()
+}
+
+/// An exposed name known from the manifest alone, and where it comes from.
+struct StaticName {
+    name: String,
+    at: Location,
+    /// What gives the name, for messages (`rename of read_text_file`).
+    from: String,
+}
+
+/// The tool names an `mcp:` tool exposes that the manifest fixes: each
+/// `rename` target, and each `allow` entry's exposed form. The prompts of
+/// its `prompts` allowlist, in their exposed form.
+fn static_names(c: &Ctx<'_>) -> (Vec<StaticName>, Vec<StaticName>) {
+    let (mut tools, mut prompts) = (Vec::new(), Vec::new());
+    let Some(m) = &c.tool.mcp else {
+        return (tools, prompts);
+    };
+    let expose = expose_of(m);
+    let t = m.tools.as_ref();
+    let rename: BTreeMap<String, String> = t
+        .map(|t| {
+            t.rename
+                .iter()
+                .map(|(k, v)| (k.clone(), v.value.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let allow = t.and_then(|t| t.allow.as_ref());
+    for (k, v) in t.map(|t| &t.rename).into_iter().flatten() {
+        // A rename of a tool `allow` leaves out exposes nothing.
+        if allow.is_some_and(|a| !a.iter().any(|x| &x.value == k)) {
+            continue;
+        }
+        tools.push(StaticName {
+            name: v.value.clone(),
+            at: v.referenced,
+            from: format!("`rename` of `{k}`"),
+        });
+    }
+    for a in allow.into_iter().flatten() {
+        if rename.contains_key(&a.value) {
+            continue;
+        }
+        tools.push(StaticName {
+            name: policy::exposed_tool_name(c.name, expose, &rename, &a.value),
+            at: a.referenced,
+            from: format!("`allow` entry `{}`", a.value),
+        });
+    }
+    for p in m.prompts.iter().flatten() {
+        prompts.push(StaticName {
+            name: policy::exposed_prompt_name(c.name, expose, &p.value),
+            at: p.referenced,
+            from: format!("`prompts` entry `{}`", p.value),
+        });
+    }
+    (tools, prompts)
+}
+
+/// Every name an `mcp:` tool fixes must be one model APIs accept, and the
+/// prefixed form must leave room for a server's name.
+fn rule_mcp_names(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let Some(m) = &c.tool.mcp else {
+        return out;
+    };
+    let (tools, prompts) = static_names(c);
+    for (kind, n) in tools
+        .iter()
+        .map(|n| ("tool", n))
+        .chain(prompts.iter().map(|n| ("prompt", n)))
+    {
+        if let Some(why) = invalid_name_reason(&n.name) {
+            out.push(c.diag(
+                n.at,
+                format!(
+                    "{}: exposed {kind} name `{}` is refused: {why}",
+                    n.from, n.name
+                ),
+                Some("give a shorter name with `rename`, or choose `expose: as-is`"),
+            ));
+        }
+    }
+    let prefix = c.name.len() + policy::NAME_SEPARATOR.len();
+    if expose_of(m) == Expose::Prefixed && prefix >= policy::MAX_NAME_LEN {
+        out.push(c.diag(
+            m.expose.as_ref().map(|e| e.referenced).unwrap_or(c.at),
+            format!(
+                "with `expose: prefixed`, the prefix `{}{}` leaves no room for a server's names within {} characters",
+                c.name,
+                policy::NAME_SEPARATOR,
+                policy::MAX_NAME_LEN
+            ),
+            Some("give the tool a shorter name, or choose `expose: as-is`"),
+        ));
+    }
+    out
+}
+
+/// Every exposed name the manifest fixes belongs to one tool: command
+/// tools by their keys, `mcp:` tools by [`static_names`]. A name given
+/// twice is an error naming both.
+fn check_collisions(file: &Path, m: &Manifest) -> Vec<Diagnostic> {
+    let mut errors = Vec::new();
+    let mut tools: BTreeMap<String, (String, String, Location)> = BTreeMap::new();
+    let mut prompts: BTreeMap<String, (String, String, Location)> = BTreeMap::new();
+    // Command tools' names first: a server's name is the one reported.
+    for (name, spanned) in &m.tools {
+        if spanned.value.mcp.is_none() {
+            tools.insert(
+                name.clone(),
+                (name.clone(), "a command tool".into(), spanned.referenced),
+            );
+        }
+    }
+    for (name, spanned) in &m.tools {
+        let c = Ctx {
+            file,
+            manifest: m,
+            name,
+            tool: &spanned.value,
+            at: spanned.referenced,
+        };
+        let (t, p) = static_names(&c);
+        for (kind, seen, list) in [("tool", &mut tools, t), ("prompt", &mut prompts, p)] {
+            for n in list {
+                match seen.get(&n.name) {
+                    Some((owner, from, at)) => errors.push(c.diag(
+                        n.at,
+                        format!(
+                            "exposed {kind} name `{}` is given twice: by tool `{owner}` ({from}, line {}) and by tool `{name}` ({}); each exposed name must belong to one tool",
+                            n.name,
+                            at.line(),
+                            n.from
+                        ),
+                        Some("rename one of them (`mcp: {tools: {rename: {server_name: new_name}}}`)"),
+                    )),
+                    None => {
+                        seen.insert(n.name.clone(), (name.clone(), n.from, n.at));
+                    }
+                }
+            }
+        }
+    }
+    errors
+}
+
 /// Warnings: allowed, but a reviewer should see them.
 fn warnings(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
@@ -1025,16 +1179,8 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
             );
         }
         let before = errors.len();
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
-        {
-            errors.push(c.diag(
-                c.at,
-                format!("tool name `{name}` must be letters, digits, `_` or `-`"),
-                None,
-            ));
+        if let Some(why) = invalid_name_reason(name) {
+            errors.push(c.diag(c.at, format!("tool name `{name}` is refused: {why}"), None));
         }
         for rule in RULES {
             errors.extend(rule(&c));
@@ -1048,6 +1194,9 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
                 Err(d) => errors.push(d),
             }
         }
+    }
+    if errors.is_empty() {
+        errors.extend(check_collisions(file, m));
     }
     if errors.is_empty() {
         Ok(Loaded {
@@ -1154,11 +1303,40 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         Exec::Mcp {
             command: mcp.command.clone(),
             image: mcp.image.clone(),
-            allow: tools.as_ref().and_then(|t| t.allow.clone()),
-            rename: tools.as_ref().map(|t| t.rename.clone()).unwrap_or_default(),
+            expose: expose_of(mcp),
+            allow_sampling: mcp.allow_sampling.unwrap_or(false),
+            allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
+            fold_resources: mcp.fold_resources.unwrap_or(false),
+            startup_seconds: match &mcp.startup_seconds {
+                None => policy::DEFAULT_STARTUP_SECONDS,
+                Some(s) if s.value == 0 => {
+                    return Err(c.diag(
+                        s.referenced,
+                        "`startup_seconds` is 0: the server could never start".into(),
+                        None,
+                    ));
+                }
+                Some(s) => s.value,
+            },
+            allow: tools
+                .as_ref()
+                .and_then(|t| t.allow.as_ref())
+                .map(|a| a.iter().map(|x| x.value.clone()).collect()),
+            rename: tools
+                .as_ref()
+                .map(|t| {
+                    t.rename
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.value.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             descriptions: tools.map(|t| t.descriptions).unwrap_or_default(),
             resources: mcp.resources.clone(),
-            prompts: mcp.prompts.clone(),
+            prompts: mcp
+                .prompts
+                .as_ref()
+                .map(|p| p.iter().map(|x| x.value.clone()).collect()),
         }
     } else {
         Exec::Unspecified

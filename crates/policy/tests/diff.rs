@@ -270,3 +270,51 @@ fn a_mount_made_writable_weakens() {
     assert_eq!(c.len(), 1, "{c:#?}");
     assert!(c[0].weakens && c[0].new.ends_with(":rw"), "{}", c[0]);
 }
+
+#[test]
+fn an_exposure_change_is_flagged() {
+    let m = |expose: &str| {
+        format!(
+            "tools:\n  s:\n    profile: P2\n    network: none\n    mcp:\n      command: [x]\n{expose}"
+        )
+    };
+    let a = load_str(Path::new("a.yaml"), &m("")).unwrap();
+    let b = load_str(Path::new("b.yaml"), &m("      expose: as-is\n")).unwrap();
+    let c = diff(&a.policy, &b.policy);
+    let hit: Vec<_> = c.iter().filter(|c| c.field == "mcp.expose").collect();
+    assert_eq!(hit.len(), 1, "{c:#?}");
+    assert_eq!(
+        (hit[0].old.as_str(), hit[0].new.as_str()),
+        ("prefixed", "as-is")
+    );
+    assert!(hit[0].weakens, "{}", hit[0]);
+    let back = diff(&b.policy, &a.policy);
+    let hit: Vec<_> = back.iter().filter(|c| c.field == "mcp.expose").collect();
+    assert_eq!(hit.len(), 1, "{back:#?}");
+    assert!(!hit[0].weakens, "{}", hit[0]);
+}
+
+#[test]
+fn allowing_sampling_or_elicitation_is_a_weakening() {
+    let m = |extra: &str| {
+        format!(
+            "tools:\n  s:\n    profile: P2\n    network: none\n    mcp:\n      command: [x]\n{extra}"
+        )
+    };
+    let off = load_str(Path::new("a.yaml"), &m("")).unwrap();
+    let on = load_str(
+        Path::new("b.yaml"),
+        &m("      allow_sampling: true\n      allow_elicitation: true\n"),
+    )
+    .unwrap();
+    for field in ["mcp.allow_sampling", "mcp.allow_elicitation"] {
+        let c = diff(&off.policy, &on.policy);
+        let hit: Vec<_> = c.iter().filter(|c| c.field == field).collect();
+        assert_eq!(hit.len(), 1, "{c:#?}");
+        assert!(hit[0].weakens, "{}", hit[0]);
+        let c = diff(&on.policy, &off.policy);
+        let hit: Vec<_> = c.iter().filter(|c| c.field == field).collect();
+        assert_eq!(hit.len(), 1, "{c:#?}");
+        assert!(!hit[0].weakens, "{}", hit[0]);
+    }
+}

@@ -474,3 +474,168 @@ fn mount_syntax_is_exact_and_errors_point_at_the_mount() {
         "`rx` is not a mode",
     );
 }
+
+const MCP_HEAD: &str = "tools:\n  word_count:\n    profile: P1\n    command: [/usr/bin/wc]\n";
+
+fn mcp_tool(name: &str, mcp: &str) -> String {
+    format!("  {name}:\n    profile: P2\n    network: none\n    mcp:\n      command: [x]\n{mcp}")
+}
+
+#[test]
+fn exposure_defaults_to_prefixed_and_as_is_is_accepted() {
+    use cordon_policy::policy::Expose;
+    let y = format!(
+        "{MCP_HEAD}{}{}",
+        mcp_tool("a", ""),
+        mcp_tool("b", "      expose: as-is\n")
+    );
+    let l = load_str(Path::new("m.yaml"), &y).unwrap();
+    let expose = |t: &str| match &l.policy.tools[t].exec {
+        Exec::Mcp { expose, .. } => *expose,
+        e => panic!("{e:?}"),
+    };
+    assert_eq!(expose("a"), Expose::Prefixed);
+    assert_eq!(expose("b"), Expose::AsIs);
+    assert_eq!(
+        cordon_policy::policy::exposed_tool_name("a", Expose::Prefixed, &Default::default(), "x"),
+        "a__x"
+    );
+    // An unknown exposure is refused.
+    let bad = format!("{MCP_HEAD}{}", mcp_tool("a", "      expose: bare\n"));
+    assert!(!errors(&bad).is_empty());
+}
+
+#[test]
+fn a_rename_sets_the_full_name_and_must_be_one_model_apis_accept() {
+    // Positive control: a valid full name.
+    let ok = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      tools: {rename: {read_text_file: read}}\n")
+    );
+    let l = load_str(Path::new("m.yaml"), &ok).unwrap();
+    match &l.policy.tools["a"].exec {
+        Exec::Mcp { rename, .. } => assert_eq!(rename["read_text_file"], "read"),
+        e => panic!("{e:?}"),
+    }
+    // A dotted name: refused at its line (line 10).
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      tools:\n        rename:\n          read_text_file: a.read\n"
+        )
+    );
+    let d = assert_one(&y, 12, "exposed tool name `a.read` is refused");
+    assert!(d.message.contains("`rename` of `read_text_file`"), "{d}");
+    // Too long.
+    let long = "x".repeat(65);
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            &format!("      tools:\n        rename: {{r: {long}}}\n")
+        )
+    );
+    assert_one(&y, 11, "past the 64 model APIs accept");
+}
+
+#[test]
+fn the_prefixed_form_of_an_allowed_name_is_checked() {
+    let long = "y".repeat(62);
+    // `a__` + 62 characters = 65: too long, at the allow entry's line.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            &format!("      tools:\n        allow:\n          - {long}\n")
+        )
+    );
+    assert_one(&y, 12, &format!("exposed tool name `a__{long}` is refused"));
+    // As-is, the same name fits.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            &format!("      expose: as-is\n      tools:\n        allow:\n          - {long}\n")
+        )
+    );
+    load_str(Path::new("m.yaml"), &y).unwrap();
+    // A command tool's name is held to the same length.
+    let y = format!(
+        "tools:\n  {}:\n    profile: P1\n    command: [x]\n",
+        "z".repeat(65)
+    );
+    assert_one(&y, 3, "past the 64 model APIs accept");
+}
+
+#[test]
+fn a_name_given_twice_is_an_error_naming_both() {
+    // A rename onto a command tool's name.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      tools: {rename: {count: word_count}}\n")
+    );
+    let d = assert_one(&y, 10, "exposed tool name `word_count` is given twice");
+    assert!(
+        d.message.contains("tool `word_count`") && d.message.contains("tool `a`"),
+        "{d}"
+    );
+    // Two servers exposing the same name as-is.
+    let y = format!(
+        "{MCP_HEAD}{}{}",
+        mcp_tool(
+            "a",
+            "      expose: as-is\n      tools: {allow: [read_file]}\n"
+        ),
+        mcp_tool(
+            "b",
+            "      expose: as-is\n      tools: {allow: [read_file]}\n"
+        )
+    );
+    let d = assert_one(&y, 18, "exposed tool name `read_file` is given twice");
+    assert!(
+        d.message.contains("tool `a`") && d.message.contains("tool `b`"),
+        "{d}"
+    );
+    // The same for prompts.
+    let y = format!(
+        "{MCP_HEAD}{}{}",
+        mcp_tool("a", "      expose: as-is\n      prompts: [greet]\n"),
+        mcp_tool("b", "      expose: as-is\n      prompts: [greet]\n")
+    );
+    let d = assert_one(&y, 18, "exposed prompt name `greet` is given twice");
+    assert!(
+        d.message.contains("tool `a`") && d.message.contains("tool `b`"),
+        "{d}"
+    );
+    // Positive control: prefixed, the same server names do not collide.
+    let y = format!(
+        "{MCP_HEAD}{}{}",
+        mcp_tool(
+            "a",
+            "      tools: {allow: [read_file]}\n      prompts: [greet]\n"
+        ),
+        mcp_tool(
+            "b",
+            "      tools: {allow: [read_file]}\n      prompts: [greet]\n"
+        )
+    );
+    load_str(Path::new("m.yaml"), &y).unwrap();
+}
+
+#[test]
+fn a_server_start_up_deadline_is_set_or_defaults() {
+    let startup = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec
+    {
+        Exec::Mcp {
+            startup_seconds, ..
+        } => *startup_seconds,
+        e => panic!("{e:?}"),
+    };
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", ""));
+    assert_eq!(startup(&y), cordon_policy::policy::DEFAULT_STARTUP_SECONDS);
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      startup_seconds: 3\n"));
+    assert_eq!(startup(&y), 3);
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      startup_seconds: 0\n"));
+    assert_one(&y, 10, "`startup_seconds` is 0");
+}

@@ -42,8 +42,95 @@ pub(crate) struct Subscriptions {
 /// The client side of the connection to a sandboxed server.
 #[derive(Clone)]
 pub(super) struct Forwarder {
+    server: String,
     routes: Arc<ProgressRoutes>,
     subscriptions: Arc<Mutex<Subscriptions>>,
+    log_level: super::LogLevel,
+    /// Set when the server says its tools changed: the next listing asks
+    /// it again.
+    tools_stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The server's policy (`allow_sampling`, `allow_elicitation`, the
+    /// gate) and where its requests to the client are audited.
+    asks: Arc<Asks>,
+}
+
+/// What the server's requests to the client (sampling, elicitation) need.
+pub(crate) struct Asks {
+    pub(super) policy: Arc<cordon_policy::policy::ToolPolicy>,
+    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String)>,
+}
+
+impl Asks {
+    fn allowed(&self) -> (bool, bool) {
+        match &self.policy.exec {
+            cordon_policy::policy::Exec::Mcp {
+                allow_sampling,
+                allow_elicitation,
+                ..
+            } => (*allow_sampling, *allow_elicitation),
+            _ => (false, false),
+        }
+    }
+
+    /// The request with every string through the gate's stripping (it is
+    /// the server's text, headed for a model or a person), each cut to the
+    /// tool's `output_bytes`.
+    fn gated<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        params: T,
+    ) -> Result<T, ErrorData> {
+        let max = self
+            .policy
+            .limits
+            .map(|l| l.output_bytes as usize)
+            .unwrap_or(1 << 20);
+        let v = gate::strip_json(
+            serde_json::to_value(params)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?,
+            max,
+        );
+        serde_json::from_value(v).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+    }
+
+    /// The refusal of a request the manifest does not allow: -32601, as
+    /// for a capability the client did not declare (cordon declares it to
+    /// the server only when allowed).
+    fn refused(&self, method: &str, key: &str) -> ErrorData {
+        ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "{method} refused: the manifest does not let server `{}` ask the client (`mcp: {{{key}: true}}`)",
+                self.policy.name
+            ),
+            Some(json!({"cordon/status": "policy_refused", "tool": self.policy.name})),
+        )
+    }
+
+    /// Audit one request of the server to the client.
+    fn record<T: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &serde_json::Value,
+        outcome: &Result<T, ErrorData>,
+    ) {
+        let Some((broker, session)) = &self.audit else {
+            return;
+        };
+        let input =
+            serde_json::to_vec(&json!({"method": method, "params": params})).unwrap_or_default();
+        let out = outcome
+            .as_ref()
+            .map(|r| (serde_json::to_string(r).unwrap_or_default(), false));
+        let audit = crate::CallAudit::with_input(
+            &self.policy.name,
+            cordon_broker::profile_name(self.policy.profile),
+            "mcp",
+            input,
+        );
+        if let Err(e) = audit.finish_with(broker, session, "mcp-server", out) {
+            tracing::warn!(tool = %self.policy.name, "audit record of {method} not written: {}", e.message);
+        }
+    }
 }
 
 impl Forwarder {
@@ -52,7 +139,55 @@ impl Forwarder {
     }
 }
 
+/// The longest string of a server's log message passed on.
+const LOG_MAX_CHARS: usize = 4096;
+
 impl ClientHandler for Forwarder {
+    /// A server's log message reaches the agent when its level passes the
+    /// one the client set, its text stripped by the gate, labelled with
+    /// the server (`logger: <tool>` or `<tool>/<logger>`) and untrusted.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if !crate::level_passes(&self.log_level, params.level) {
+            return;
+        }
+        let Some(peer) = self.agent() else {
+            return;
+        };
+        let mut p = rmcp::model::LoggingMessageNotificationParam::new(
+            params.level,
+            gate::strip_json(params.data, LOG_MAX_CHARS),
+        );
+        p.logger = Some(match params.logger {
+            Some(l) => format!(
+                "{}/{}",
+                self.server,
+                gate::strip_text(&l).chars().take(64).collect::<String>()
+            ),
+            None => self.server.clone(),
+        });
+        let mut meta = rmcp::model::MetaObject::default();
+        meta.insert("cordon/server".into(), json!(self.server));
+        meta.insert("cordon/trust".into(), json!("untrusted"));
+        p.meta = Some(rmcp::model::NotificationMetaObject(meta));
+        let _ = peer.notify_logging_message(p).await;
+    }
+
+    /// The server's tools changed: the next listing asks it again (and
+    /// applies allow, rename, the names' owners and the pins again), and
+    /// the agent is told to list.
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_stale
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(peer) = self.agent() {
+            let _ = peer.notify_tool_list_changed().await;
+        }
+    }
+
     /// The agent re-lists through cordon, which asks the server again.
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
         if let Some(peer) = self.agent() {
@@ -110,14 +245,82 @@ impl ClientHandler for Forwarder {
         }
     }
 
+    /// `sampling/createMessage`: forwarded to the agent's client only when
+    /// the manifest allows it, its text gated; audited either way.
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
+        const METHOD: &str = "sampling/createMessage";
+        let raw = serde_json::to_value(&params).unwrap_or_default();
+        let r = async {
+            if !self.asks.allowed().0 {
+                return Err(self.asks.refused(METHOD, "allow_sampling"));
+            }
+            let agent = self.agent().ok_or_else(|| {
+                ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
+            })?;
+            let params = self.asks.gated(params)?;
+            agent.create_message(params).await.map_err(client_error)
+        }
+        .await;
+        self.asks.record(METHOD, &raw, &r);
+        r
+    }
+
+    /// `elicitation/create`: likewise.
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, ErrorData> {
+        const METHOD: &str = "elicitation/create";
+        let raw = serde_json::to_value(&request).unwrap_or_default();
+        let r = async {
+            if !self.asks.allowed().1 {
+                return Err(self.asks.refused(METHOD, "allow_elicitation"));
+            }
+            let agent = self.agent().ok_or_else(|| {
+                ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
+            })?;
+            let request = self.asks.gated(request)?;
+            agent
+                .create_elicitation(request)
+                .await
+                .map_err(client_error)
+        }
+        .await;
+        self.asks.record(METHOD, &raw, &r);
+        r
+    }
+
     fn get_info(&self) -> InitializeRequestParams {
+        let mut caps = ClientCapabilities::default();
+        let (sampling, elicitation) = self.asks.allowed();
+        if sampling {
+            caps.sampling = Some(Default::default());
+        }
+        if elicitation {
+            caps.elicitation = Some(Default::default());
+        }
         let mut info = InitializeRequestParams::new(
-            ClientCapabilities::default(),
+            caps,
             Implementation::new("cordon", env!("CARGO_PKG_VERSION")),
         );
         // Third-party servers speak the initialize handshake.
         info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
         info
+    }
+}
+
+/// The agent's client's answer to a request forwarded to it, as the error
+/// passed back to the server.
+fn client_error(e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
     }
 }
 
@@ -179,10 +382,18 @@ impl Upstream {
             tracing::warn!(tool = %name, "{w}");
         }
         let fwd = Forwarder {
+            server: name.clone(),
             routes: self.routes.clone(),
             subscriptions: self.subscriptions.clone(),
+            log_level: self.log_level.clone(),
+            tools_stale: self.tools_stale.clone(),
+            asks: self.asks.clone(),
         };
-        let started = tokio::time::timeout(self.wall, fwd.serve((proc.reader, proc.writer))).await;
+        // One deadline for the whole start: initialize and the first
+        // tools/list.
+        let deadline = tokio::time::Instant::now() + self.startup;
+        let started =
+            tokio::time::timeout_at(deadline, fwd.serve((proc.reader, proc.writer))).await;
         let service = match started {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -192,17 +403,10 @@ impl Upstream {
             }
             Err(_) => {
                 handle.kill();
-                return Err(render::refusal(
-                    Refusal::LimitHit,
-                    format!(
-                        "{name}: the server did not initialize within {}; it was stopped",
-                        cordon_jail::format_duration(self.wall)
-                    ),
-                    json!({"tool": name, "limit": "wall_seconds"}),
-                ));
+                return Err(self.start_timed_out("initialize"));
             }
         };
-        let listed = tokio::time::timeout(self.wall, service.peer().list_all_tools()).await;
+        let listed = tokio::time::timeout_at(deadline, service.peer().list_all_tools()).await;
         let tools = match listed {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
@@ -212,17 +416,10 @@ impl Upstream {
             }
             Err(_) => {
                 handle.kill();
-                return Err(render::refusal(
-                    Refusal::LimitHit,
-                    format!(
-                        "{name}: tools/list timed out after {}; the server was stopped",
-                        cordon_jail::format_duration(self.wall)
-                    ),
-                    json!({"tool": name, "limit": "wall_seconds"}),
-                ));
+                return Err(self.start_timed_out("tools/list"));
             }
         };
-        let exposed = self.expose(tools);
+        let exposed = self.expose(tools.clone());
         if let Some(info) = service.peer().peer_info() {
             let c = &info.capabilities;
             let o = Offers {
@@ -237,6 +434,17 @@ impl Upstream {
             if let Ok(mut known) = self.offers.lock() {
                 *known = Some(o);
             }
+        }
+        self.keep_listing(&tools);
+        // Listed from the cache before: a listing that differs is handled
+        // like `list_changed` (the agent is told to list again).
+        if let Some(cached) = st.cached.take()
+            && serde_json::to_value(&cached).ok() != serde_json::to_value(&tools).ok()
+            && let Some(peer) = self.subscriptions.lock().ok().and_then(|s| s.agent.clone())
+        {
+            tokio::spawn(async move {
+                let _ = peer.notify_tool_list_changed().await;
+            });
         }
         st.resources = None;
         st.templates = None;
@@ -254,6 +462,38 @@ impl Upstream {
             handle,
         });
         Ok(conn)
+    }
+
+    /// Keep the server's own listing (and what it offers) in the cache.
+    pub(super) fn keep_listing(&self, tools: &[rmcp::model::Tool]) {
+        if let Some(offers) = self.known_offers() {
+            self.cache.put(
+                &self.policy,
+                &crate::cache::Listing {
+                    tools: tools.to_vec(),
+                    offers,
+                },
+            );
+        }
+    }
+
+    /// The server did not initialize and list its tools within its
+    /// start-up deadline.
+    fn start_timed_out(&self, during: &str) -> ErrorData {
+        let name = &self.policy.name;
+        render::refusal(
+            Refusal::LimitHit,
+            format!(
+                "{name}: the server did not start within {} (it was still at {during}; `mcp: {{startup_seconds: N}}` gives it longer); it was stopped",
+                cordon_jail::format_duration(self.startup)
+            ),
+            json!({"tool": name, "limit": "startup_seconds"}),
+        )
+    }
+
+    /// Why the server's last start in this session failed, if it did.
+    pub fn start_failure(&self) -> Option<ErrorData> {
+        self.start_failure.lock().ok().and_then(|f| f.clone())
     }
 
     /// A failure of the server as an MCP error; `msg` (which can carry the
@@ -291,7 +531,11 @@ impl Upstream {
             }
             st.live = None;
         }
-        self.start(&mut st).await
+        let started = self.start(&mut st).await;
+        if let Ok(mut f) = self.start_failure.lock() {
+            *f = started.as_ref().err().cloned();
+        }
+        started
     }
 
     /// Drop the connection of this generation (killing its sandbox).

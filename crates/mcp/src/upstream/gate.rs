@@ -42,6 +42,22 @@ pub(super) fn strip_text(s: &str) -> String {
     }
 }
 
+/// A JSON value the server sent (a log message's `data`) with every string
+/// in it through [`strip_text`] and cut to `max_chars`.
+pub(super) fn strip_json(v: serde_json::Value, max_chars: usize) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(strip_text(&s).chars().take(max_chars).collect()),
+        Value::Array(a) => Value::Array(a.into_iter().map(|x| strip_json(x, max_chars)).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, x)| (strip_text(&k), strip_json(x, max_chars)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// A message of the server (its error text, its exit report and stderr
 /// tail) through the gate's error path, as text for an MCP error.
 pub(super) fn server_message(policy: &ToolPolicy, msg: &str) -> String {
@@ -63,10 +79,13 @@ pub(super) fn listed_meta(policy: &ToolPolicy) -> MetaObject {
     meta
 }
 
-/// A `tools/call` result: all text (text blocks, text resources, resource
-/// links) as one wrapped text, images, audio and blobs checked against
-/// their declared media type and passed on as they are; an `isError`
-/// result stays one, its text through the gate's error path.
+/// A `tools/call` result: the text blocks and resource links as one
+/// wrapped text; each embedded text resource kept as a resource block, its
+/// text gated and wrapped, its `_meta` its envelope (folded into the
+/// wrapped text instead with `mcp: {fold_resources: true}`, and always in
+/// an error result); images, audio and blobs checked against their
+/// declared media type and passed on as they are; an `isError` result
+/// stays one, its text through the gate's error path.
 /// `structuredContent`, the same result as JSON, passes the JSON gate under
 /// the cap by itself.
 ///
@@ -80,6 +99,14 @@ pub(super) fn tool_result(
     r: CallToolResult,
 ) -> Result<CallToolResult, ErrorData> {
     let mut budget = Budget::new(policy, name)?;
+    let fold = r.is_error == Some(true)
+        || matches!(
+            policy.exec,
+            cordon_policy::policy::Exec::Mcp {
+                fold_resources: true,
+                ..
+            }
+        );
     let mut texts: Vec<String> = Vec::new();
     let mut binaries: Vec<ContentBlock> = Vec::new();
     let mut gated: Vec<Gated> = Vec::new();
@@ -99,8 +126,26 @@ pub(super) fn tool_result(
                 }
             }
             ContentBlock::Resource(res) => match &res.resource {
-                ResourceContents::TextResourceContents { uri, text, .. } => {
+                ResourceContents::TextResourceContents { uri, text, .. } if fold => {
                     texts.push(format!("[resource {uri}]\n{text}"));
+                }
+                ResourceContents::TextResourceContents {
+                    uri,
+                    mime_type,
+                    text,
+                    ..
+                } => {
+                    if let Some(g) = budget.text(text)? {
+                        binaries.push(ContentBlock::resource(
+                            ResourceContents::TextResourceContents {
+                                uri: uri.clone(),
+                                mime_type: mime_type.clone(),
+                                text: g.render_wrapped(),
+                                meta: Some(render::meta_of(&g)),
+                            },
+                        ));
+                        gated.push(g);
+                    }
                 }
                 ResourceContents::BlobResourceContents {
                     uri,
@@ -625,10 +670,53 @@ tools:
     }
 
     #[test]
+    fn embedded_text_resources_stay_resource_blocks_unless_folded() {
+        let r = || {
+            CallToolResult::success(vec![
+                ContentBlock::text("before"),
+                ContentBlock::resource(ResourceContents::TextResourceContents {
+                    uri: "fx://doc".into(),
+                    mime_type: Some("text/plain".into()),
+                    text: "inside\u{200b} the resource".into(),
+                    meta: None,
+                }),
+            ])
+        };
+        let out = tool_result(&policy("fail"), "fx__t", r()).unwrap();
+        assert_eq!(out.content.len(), 2, "{out:?}");
+        assert!(out.content[0].as_text().unwrap().text.contains("before"));
+        let ContentBlock::Resource(res) = &out.content[1] else {
+            panic!("{out:?}");
+        };
+        let ResourceContents::TextResourceContents {
+            uri, text, meta, ..
+        } = &res.resource
+        else {
+            panic!("{res:?}");
+        };
+        assert_eq!(uri, "fx://doc");
+        assert!(text.starts_with("<untrusted-output "), "{text}");
+        assert!(text.contains("inside the resource"), "stripped: {text}");
+        assert_eq!(
+            meta.as_ref().and_then(|m| m.get("cordon/trust")),
+            Some(&json!("untrusted"))
+        );
+        // Folded: one wrapped text block.
+        let mut p = policy("fail");
+        if let cordon_policy::policy::Exec::Mcp { fold_resources, .. } = &mut p.exec {
+            *fold_resources = true;
+        }
+        let out = tool_result(&p, "fx__t", r()).unwrap();
+        assert_eq!(out.content.len(), 1, "{out:?}");
+        let t = &out.content[0].as_text().unwrap().text;
+        assert!(t.contains("[resource fx://doc]"), "{t}");
+    }
+
+    #[test]
     fn a_tool_result_under_the_cap_passes_whole() {
         for overflow in ["fail", "truncate"] {
             let r = CallToolResult::success(vec![text(300), image(300), image(300)]);
-            let out = tool_result(&policy(overflow), "fx.t", r).unwrap();
+            let out = tool_result(&policy(overflow), "fx__t", r).unwrap();
             assert_eq!(out.content.len(), 3, "{overflow}");
             assert!(out.content[0].as_text().is_some());
             assert_eq!(num(&out.meta, "cordon/bytes_out"), 900, "{overflow}");
@@ -642,15 +730,15 @@ tools:
         let p = policy("fail");
         // Images each under the cap, 1,200 bytes together.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         // Text blocks likewise, and text with an image.
         let r = CallToolResult::success(vec![text(400), text(400), text(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
         // An error result's images count too.
         let r = CallToolResult::error(vec![text(10), image(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
     }
 
     #[test]
@@ -658,14 +746,14 @@ tools:
         let p = policy("truncate");
         // Images are never cut: the one past what is left is dropped.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert_eq!(num(&out.meta, "cordon/bytes_out"), 800);
         assert_eq!(num(&out.meta, "cordon/parts_dropped"), 1);
         assert!(truncated(&out.meta));
         // Text gets what the images left, and is cut with the marker.
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         let t = &out.content[0].as_text().unwrap().text;
         assert!(t.contains("[cordon: output truncated"), "{t}");
@@ -673,13 +761,13 @@ tools:
         assert!(truncated(&out.meta));
         // An error result stays one, cut to what is left.
         let r = CallToolResult::error(vec![text(2000), image(800)]);
-        let out = tool_result(&p, "fx.t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r).unwrap();
         assert_eq!(out.is_error, Some(true));
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         // One image past the cap by itself is refused: it cannot be cut.
         let r = CallToolResult::success(vec![image(2000)]);
-        refused_naming_the_cap(tool_result(&p, "fx.t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
     }
 
     #[test]
@@ -707,14 +795,18 @@ tools:
         };
         refused_naming_the_cap(read(vec![blob(), blob(), blob()]).unwrap_err());
 
-        let out = prompt_result(&p, "fx.p", prompt(vec![text(400), text(400)])).unwrap();
+        let out = prompt_result(&p, "fx__p", prompt(vec![text(400), text(400)])).unwrap();
         assert_eq!(out.messages.len(), 2);
         refused_naming_the_cap(
-            prompt_result(&p, "fx.p", prompt(vec![text(400), text(400), text(400)])).unwrap_err(),
+            prompt_result(&p, "fx__p", prompt(vec![text(400), text(400), text(400)])).unwrap_err(),
         );
         refused_naming_the_cap(
-            prompt_result(&p, "fx.p", prompt(vec![image(400), image(400), image(400)]))
-                .unwrap_err(),
+            prompt_result(
+                &p,
+                "fx__p",
+                prompt(vec![image(400), image(400), image(400)]),
+            )
+            .unwrap_err(),
         );
 
         // Truncate: the last text is cut to what is left, and marked.
@@ -728,8 +820,12 @@ tools:
         assert_eq!(out.contents.len(), 3);
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         assert!(truncated(&out.meta));
-        let out =
-            prompt_result(&p, "fx.p", prompt(vec![image(400), image(400), image(400)])).unwrap();
+        let out = prompt_result(
+            &p,
+            "fx__p",
+            prompt(vec![image(400), image(400), image(400)]),
+        )
+        .unwrap();
         assert_eq!(out.messages.len(), 2);
         assert_eq!(num(&out.meta, "cordon/parts_dropped"), 1);
     }

@@ -1,7 +1,9 @@
 //! `mcp:` tools: a third-party MCP server run inside its sandbox, its tools
-//! exposed under the manifest tool's name as a prefix (`<tool>.<name>`),
-//! filtered by `allow`, renamed by `rename`, and refused when a description
-//! differs from the one pinned in `descriptions`. One sandbox per agent
+//! exposed under the manifest tool's name as a prefix (`<tool>__<name>`)
+//! or under the server's own names (`expose: as-is`), filtered by `allow`,
+//! renamed by `rename` (a full name), each name claimed for this server
+//! alone ([`crate::names`]), and refused when a description differs from
+//! the one pinned in `descriptions`. One sandbox per agent
 //! session (`lifetime: session`) or per call (`lifetime: call`); a server
 //! that crashes or hangs gives a typed error and the next call starts a new
 //! one.
@@ -24,11 +26,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cordon_policy::policy::{Exec, ToolPolicy};
+use cordon_policy::policy::{Exec, Expose, ToolPolicy};
 use rmcp::ErrorData;
 use rmcp::model::{Prompt, Resource, ResourceTemplate};
 use serde_json::json;
 
+use crate::names::NameClaims;
 use crate::render::{self, Refusal};
 use crate::sandbox::ServerSandbox;
 use connection::{Live, ProgressRoutes, Subscriptions};
@@ -39,6 +42,9 @@ use tools::Exposed;
 struct State {
     live: Option<Live>,
     tools: Option<Vec<Exposed>>,
+    /// The server's own tools as the cache gave them, while `tools` comes
+    /// from the cache (no start yet): its first start compares.
+    cached: Option<Vec<rmcp::model::Tool>>,
     generation: u64,
     /// What the server listed last (after the manifest's allowlists):
     /// the only resources, templates and prompts an agent may reach.
@@ -50,7 +56,7 @@ struct State {
 /// What a server offers besides tools, learnt from its `initialize`
 /// answer and shared by the sessions of one gateway (the capabilities are
 /// advertised before any session has started the server).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Offers {
     pub resources: bool,
     pub prompts: bool,
@@ -64,6 +70,11 @@ pub(crate) struct Offers {
 /// The gateway's record of each server's [`Offers`] (`None`: not started yet).
 pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 
+/// The logging level the agent's client set, shared by its session and the
+/// session's servers (`None`: not set).
+#[allow(deprecated)]
+pub(crate) type LogLevel = Arc<Mutex<Option<rmcp::model::LoggingLevel>>>;
+
 /// One `mcp:` tool of the manifest within one agent session.
 pub(crate) struct Upstream {
     policy: Arc<ToolPolicy>,
@@ -71,6 +82,9 @@ pub(crate) struct Upstream {
     /// session's; audit records name it).
     session: String,
     argv: Vec<String>,
+    expose: Expose,
+    /// The gateway's record of which server owns each exposed name.
+    names: Arc<NameClaims>,
     allow: Option<Vec<String>>,
     rename: BTreeMap<String, String>,
     pins: BTreeMap<String, String>,
@@ -79,9 +93,21 @@ pub(crate) struct Upstream {
     subscriptions: Arc<Mutex<Subscriptions>>,
     state: tokio::sync::Mutex<State>,
     wall: Duration,
+    /// How long a start (initialize and the first tools/list) may take.
+    startup: Duration,
+    /// Why the last start in this session failed (cleared by a start that
+    /// succeeds).
+    start_failure: Mutex<Option<ErrorData>>,
     resource_allow: Option<Vec<String>>,
     prompt_allow: Option<Vec<String>>,
     offers: KnownOffers,
+    log_level: LogLevel,
+    /// The server said its tools changed since they were listed.
+    tools_stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The listings servers last gave.
+    cache: crate::cache::ListingCache,
+    /// What the server's requests to the client need.
+    asks: Arc<connection::Asks>,
     /// Every mechanism of the running sandbox that is not fully enforced
     /// here (from its last start).
     warnings: Mutex<Vec<String>>,
@@ -94,15 +120,19 @@ impl Upstream {
         policy: Arc<ToolPolicy>,
         sandbox: Arc<dyn ServerSandbox>,
         session: &str,
+        names: Arc<NameClaims>,
     ) -> Result<Upstream, String> {
         let Exec::Mcp {
             command,
             image,
+            expose,
+            startup_seconds,
             allow,
             rename,
             descriptions,
             resources,
             prompts,
+            ..
         } = &policy.exec
         else {
             return Err(format!("{}: not an MCP server tool", policy.name));
@@ -123,6 +153,8 @@ impl Upstream {
         Ok(Upstream {
             session: session.to_string(),
             argv,
+            expose: *expose,
+            names,
             allow: allow.clone(),
             rename: rename.clone(),
             pins: descriptions.clone(),
@@ -131,9 +163,18 @@ impl Upstream {
             subscriptions: Arc::default(),
             state: tokio::sync::Mutex::new(State::default()),
             wall,
+            startup: Duration::from_secs(*startup_seconds),
+            start_failure: Mutex::new(None),
             resource_allow: resources.clone(),
             prompt_allow: prompts.clone(),
             offers: KnownOffers::default(),
+            log_level: LogLevel::default(),
+            tools_stale: Arc::default(),
+            cache: Default::default(),
+            asks: Arc::new(connection::Asks {
+                policy: policy.clone(),
+                audit: None,
+            }),
             warnings: Mutex::new(Vec::new()),
             policy,
         })
@@ -152,8 +193,38 @@ impl Upstream {
         self
     }
 
+    /// Answer listings from (and keep them in) this cache.
+    pub fn with_cache(mut self, cache: crate::cache::ListingCache) -> Upstream {
+        self.cache = cache;
+        self
+    }
+
+    /// Audit the server's requests to the client in `broker`'s log, under
+    /// `session`.
+    pub fn with_audit(mut self, broker: Arc<cordon_broker::Broker>, session: &str) -> Upstream {
+        self.asks = Arc::new(connection::Asks {
+            policy: self.policy.clone(),
+            audit: Some((broker, session.to_owned())),
+        });
+        self
+    }
+
+    /// Share the session's logging level.
+    pub fn with_log_level(mut self, level: LogLevel) -> Upstream {
+        self.log_level = level;
+        self
+    }
+
     pub fn name(&self) -> &str {
         &self.policy.name
+    }
+
+    /// Whether `name` is in this server's prefixed form (`<tool>__...`).
+    pub fn prefixes(&self, name: &str) -> bool {
+        self.expose == Expose::Prefixed
+            && name
+                .strip_prefix(self.policy.name.as_str())
+                .is_some_and(|r| r.starts_with(cordon_policy::policy::NAME_SEPARATOR))
     }
 
     pub fn profile(&self) -> &'static str {
