@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::event::{Decision, Door, EgressEvent, EventSink, now_rfc3339};
+use crate::intercept::Interception;
 use crate::name::{Host, normalize_host};
 use crate::plan::DOOR_RANGE;
 use crate::policy::EgressPolicy;
@@ -49,13 +50,25 @@ pub(crate) struct Engine {
     resolver_error: String,
     pub(crate) book: AddressBook,
     conns: Arc<Semaphore>,
+    /// Set when the sandbox has secrets delivered by the proxy.
+    pub(crate) icpt: Option<Arc<Interception>>,
 }
 
 impl Engine {
+    #[cfg(test)]
     pub(crate) fn new(
         policy: Arc<EgressPolicy>,
         ctx: DoorContext,
         events: EventSink,
+    ) -> Result<Arc<Self>, EgressError> {
+        Self::with(policy, ctx, events, None)
+    }
+
+    pub(crate) fn with(
+        policy: Arc<EgressPolicy>,
+        ctx: DoorContext,
+        events: EventSink,
+        icpt: Option<Interception>,
     ) -> Result<Arc<Self>, EgressError> {
         policy.validate()?;
         let mut pins = HashMap::new();
@@ -77,7 +90,23 @@ impl Engine {
             resolver,
             resolver_error,
             book: AddressBook::new(BOOK_CAPACITY),
+            icpt: icpt.map(Arc::new),
         }))
+    }
+
+    /// The interception for connections to `host:port`: `None` without
+    /// secrets delivered by the proxy, or for a `passthrough` destination.
+    pub(crate) fn interception(&self, host: &Host, port: u16) -> Option<Arc<Interception>> {
+        let i = self.icpt.as_ref()?;
+        if self
+            .policy
+            .passthrough
+            .iter()
+            .any(|hp| hp.port == port && hp.host.matches(host))
+        {
+            return None;
+        }
+        Some(i.clone())
     }
 
     /// Take a connection slot, or `None` when the sandbox is at its limit.
@@ -269,7 +298,24 @@ impl Engine {
         bytes: (u64, u64),
         started: (Instant, String),
     ) {
-        self.events.emit(EgressEvent {
+        let e = self.event(door, name, port, address, decision, reason, bytes, started);
+        self.events.emit(e);
+    }
+
+    /// The event of one attempt, to be completed and emitted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn event(
+        &self,
+        door: Door,
+        name: &str,
+        port: u16,
+        address: Option<IpAddr>,
+        decision: Decision,
+        reason: String,
+        bytes: (u64, u64),
+        started: (Instant, String),
+    ) -> EgressEvent {
+        EgressEvent {
             tool: self.ctx.tool.clone(),
             session: self.ctx.session.clone(),
             name: name.to_string(),
@@ -282,7 +328,9 @@ impl Engine {
             bytes_down: bytes.1,
             duration_ms: u64::try_from(started.0.elapsed().as_millis()).unwrap_or(u64::MAX),
             time: started.1,
-        });
+            injected: Vec::new(),
+            exfiltration: None,
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::{Engine, OpenError, refusal, started};
 use crate::event::{Decision, Door};
+use crate::intercept::{self, Dest};
 use crate::io::{Meter, Metered, splice};
 use crate::name::Host;
 use crate::plan::DOOR_RANGE;
@@ -133,6 +134,18 @@ pub(crate) async fn serve_conn(
             return;
         }
     };
+    if let Some(icpt) = engine.interception(&host, port) {
+        let dest = Dest {
+            host,
+            port,
+            label,
+            allowed_why,
+            addr,
+            door: Door::Transparent,
+        };
+        intercept::serve(engine.clone(), icpt, dest, client, upstream, t0).await;
+        return;
+    }
     let meter = Meter::new();
     let mut up = Metered::new(upstream, meter.clone());
     let note = splice(&mut client, &mut up, engine.policy.idle_timeout).await;
