@@ -347,6 +347,14 @@ impl Broker {
             .unwrap_or_default();
         rec.egress = egress_events.iter().map(audit_event).collect();
         rec.warnings = admitted.warnings.clone();
+        for e in egress_events.iter() {
+            if let Some(secret) = &e.exfiltration {
+                rec.warnings.push(format!(
+                    "exfiltration attempt refused: the placeholder of secret {secret} sent to {}:{}",
+                    e.name, e.port
+                ));
+            }
+        }
         let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
@@ -440,6 +448,8 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
         bytes_up: e.bytes_up,
         bytes_down: e.bytes_down,
         duration_ms: e.duration_ms,
+        injected: e.injected.clone(),
+        exfiltration: e.exfiltration.clone(),
     }
 }
 
