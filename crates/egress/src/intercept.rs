@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper::body::{Bytes, Frame, Incoming, SizeHint};
+use hyper::body::{Body as _, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -485,26 +485,60 @@ pub(crate) fn apply(
     Ok(injected)
 }
 
-/// A request body scanned on its way upstream: a placeholder in it fails
-/// the body (the upstream never gets the rest) and is recorded in `hit`.
+/// Most of a request body read and scanned before the request is sent:
+/// a placeholder within it refuses the request before anything reaches the
+/// upstream. The rest of a longer body is scanned as it streams, and a
+/// placeholder there fails the body (the upstream never gets the rest).
+pub(crate) const PRESCAN_BYTES: usize = 1 << 20;
+
+/// A request body scanned on its way upstream: first what was read ahead
+/// (already scanned), then the rest, scanned frame by frame; a placeholder
+/// fails the body and is recorded in `hit`.
 pub(crate) struct ScanBody {
-    inner: Incoming,
+    ahead: std::collections::VecDeque<Frame<Bytes>>,
+    inner: Option<Incoming>,
     scanner: Scanner,
     hit: Arc<Mutex<Option<String>>>,
 }
 
+/// A scanned body, or the secret whose placeholder it holds.
+pub(crate) type Scanned = Result<(ReqBody, Arc<Mutex<Option<String>>>), String>;
+
 impl ScanBody {
-    pub(crate) fn wrap(
-        inner: Incoming,
-        needles: Arc<Needles>,
-    ) -> (ReqBody, Arc<Mutex<Option<String>>>) {
+    /// Read up to [`PRESCAN_BYTES`] of `inner`, scanning; then the body to
+    /// send (the rest scanned as it streams).
+    pub(crate) async fn read(mut inner: Incoming, needles: Arc<Needles>) -> Scanned {
+        let mut scanner = Scanner::new(needles);
+        let mut ahead = std::collections::VecDeque::new();
+        let mut total = 0usize;
+        let mut done = inner.is_end_stream();
+        while !done && total < PRESCAN_BYTES {
+            match inner.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(d) = frame.data_ref() {
+                        total += d.len();
+                        if let Some(s) = scanner.feed(d) {
+                            return Err(s);
+                        }
+                    }
+                    ahead.push_back(frame);
+                }
+                // The tool's body failed: forward what there is; the
+                // upstream sees a short body.
+                Some(Err(_)) | None => done = true,
+            }
+        }
+        if done && let Some(s) = scanner.finish() {
+            return Err(s);
+        }
         let hit = Arc::new(Mutex::new(None));
         let b = ScanBody {
-            inner,
-            scanner: Scanner::new(needles),
+            ahead,
+            inner: if done { None } else { Some(inner) },
+            scanner,
             hit: hit.clone(),
         };
-        (b.boxed(), hit)
+        Ok((b.boxed(), hit))
     }
 
     fn found(&self, s: String) -> BoxError {
@@ -522,7 +556,13 @@ impl hyper::body::Body for ScanBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        if let Some(f) = self.ahead.pop_front() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref()
                     && let Some(s) = self.scanner.feed(d)
@@ -532,20 +572,39 @@ impl hyper::body::Body for ScanBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
-            Poll::Ready(None) => match self.scanner.finish() {
-                Some(s) => Poll::Ready(Some(Err(self.found(s)))),
-                None => Poll::Ready(None),
-            },
+            Poll::Ready(None) => {
+                self.inner = None;
+                match self.scanner.finish() {
+                    Some(s) => Poll::Ready(Some(Err(self.found(s)))),
+                    None => Poll::Ready(None),
+                }
+            }
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ahead.is_empty() && self.inner.as_ref().is_none_or(|i| i.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let ahead: u64 = self
+            .ahead
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        match &self.inner {
+            None => SizeHint::with_exact(ahead),
+            Some(i) => {
+                let h = i.size_hint();
+                let mut out = SizeHint::new();
+                out.set_lower(h.lower() + ahead);
+                if let Some(u) = h.upper() {
+                    out.set_upper(u + ahead);
+                }
+                out
+            }
+        }
     }
 }
 
@@ -997,7 +1056,12 @@ impl Conn {
             parts.headers.insert(header::CONNECTION, c);
             parts.headers.insert(header::UPGRADE, u);
         }
-        let (body, hit) = ScanBody::wrap(body, self.icpt.needles().clone());
+        let (body, hit) = match ScanBody::read(body, self.icpt.needles().clone()).await {
+            Ok(ok) => ok,
+            Err(s) => {
+                return exfil(&s, "the request body", &self.icpt).respond(engine, &self.dest, &t0);
+            }
+        };
         let path = clean(parts.uri.path());
         let mut sender = match self.sender().await {
             Ok(s) => s,

@@ -399,10 +399,20 @@ async fn forward(
         parts.headers.insert(header::HOST, v);
     }
     let (body, hit) = match &icpt {
-        Some(i) => {
-            let (b, h) = ScanBody::wrap(body, i.needles().clone());
-            (b, Some(h))
-        }
+        Some(i) => match ScanBody::read(body, i.needles().clone()).await {
+            Ok((b, h)) => (b, Some(h)),
+            Err(s) => {
+                let dest = Dest {
+                    host: t.host.clone(),
+                    port: t.port,
+                    label: t.label.clone(),
+                    allowed_why: t.allowed_why.clone(),
+                    addr,
+                    door: Door::Proxy,
+                };
+                return intercept::exfil(&s, "the request body", i).respond(&engine, &dest, &t0);
+            }
+        },
         None => (plain_body(body), None),
     };
     let path = clean(parts.uri.path());

@@ -429,7 +429,13 @@ fn trust_bundle(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), Jai
     let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     match &spec.root {
         RootFs::Host => {
-            for d in ["etc/ssl", "etc/ssl/certs", "etc/pki", "etc/pki/tls", "etc/pki/tls/certs"] {
+            for d in [
+                "etc/ssl",
+                "etc/ssl/certs",
+                "etc/pki",
+                "etc/pki/tls",
+                "etc/pki/tls/certs",
+            ] {
                 p.push(
                     format!("mkdir /{d}"),
                     Op::Mkdir {

@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cordon_egress::{
-    DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa,
-    UpstreamTrust,
+    DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa, UpstreamTrust,
 };
 use cordon_jail::{
     Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, RootFs, Stdin,
