@@ -66,7 +66,41 @@ impl Seen {
 
 type Log = Arc<Mutex<Vec<Seen>>>;
 
-async fn record(req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/ws" {
+        // An upgrade: 101, then echo every byte back.
+        let headers: String = req
+            .headers()
+            .iter()
+            .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())))
+            .collect();
+        log.lock().unwrap().push(Seen {
+            version: format!("{:?}", req.version()),
+            target: req.uri().to_string(),
+            headers,
+            body: Vec::new(),
+        });
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(u) = on.await {
+                let mut io = TokioIo::new(u);
+                let mut buf = [0u8; 1024];
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+        r.headers_mut()
+            .insert("connection", "upgrade".parse().unwrap());
+        r.headers_mut()
+            .insert("upgrade", "websocket".parse().unwrap());
+        return Ok(r);
+    }
     let version = format!("{:?}", req.version());
     let target = req.uri().to_string();
     let headers: String = req
@@ -152,7 +186,7 @@ async fn upstream(tls: Option<rustls::ServerConfig>, log: Log) -> u16 {
 }
 
 struct Rig {
-    rt: tokio::runtime::Runtime,
+    _rt: tokio::runtime::Runtime,
     proxy: SocketAddr,
     tls_port: u16,
     plain_port: u16,
@@ -304,7 +338,7 @@ fn rig() -> Rig {
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut r = Rig {
-        rt,
+        _rt: rt,
         proxy,
         tls_port,
         plain_port,
@@ -713,4 +747,67 @@ fn passthrough_hosts_are_tunnelled_untouched() {
         &r.https("/rest/x"),
     ]);
     assert_eq!((code, status.as_str()), (0, "200"));
+}
+
+#[test]
+fn a_websocket_upgrade_passes_and_its_stream_is_scanned() {
+    let mut r = rig();
+    let mut s = std::net::TcpStream::connect(r.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let p = r.plain_port;
+    s.write_all(format!("CONNECT api.test:{p} HTTP/1.1\r\nHost: api.test:{p}\r\n\r\n").as_bytes())
+        .unwrap();
+    let read_head = |s: &mut std::net::TcpStream| -> String {
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(
+                s.read(&mut b).unwrap(),
+                1,
+                "{}",
+                String::from_utf8_lossy(&head)
+            );
+            head.push(b[0]);
+        }
+        String::from_utf8_lossy(&head).to_string()
+    };
+    assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+    // Plain HTTP inside the tunnel, with the bound key: the door reads it.
+    s.write_all(
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: api.test:{p}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Api-Key: {PH_PLAIN}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let head = read_head(&mut s);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        r.events()
+            .iter()
+            .any(|e| e.injected == vec!["PLAIN_KEY".to_string()])
+    );
+    // Positive control: the upgraded stream carries bytes both ways.
+    s.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    // The placeholder in the stream, split across writes: the stream ends
+    // before it is forwarded.
+    let (a, z) = PH_PLAIN.split_at(9);
+    s.write_all(a.as_bytes()).unwrap();
+    let mut echo = vec![0u8; a.len()];
+    s.read_exact(&mut echo).unwrap();
+    s.write_all(z.as_bytes()).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "nothing more was echoed: {rest:?}");
+    exfil_event(&r.events(), "PLAIN_KEY");
+    let seen = r.seen();
+    assert!(
+        seen[0]
+            .headers
+            .contains(&format!("x-api-key: {TOKEN_PLAIN}\n")),
+        "{seen:#?}"
+    );
 }
