@@ -94,6 +94,27 @@ impl Engine {
         }))
     }
 
+    /// The secret whose placeholder is in `name` (as written, or with its
+    /// dots left out: split across labels), when the sandbox has injections.
+    fn secret_in_name(&self, name: &str) -> Option<String> {
+        let needles = self.icpt.as_ref()?.needles();
+        needles
+            .find(name.as_bytes())
+            .or_else(|| needles.find(name.replace('.', "").as_bytes()))
+    }
+
+    /// A name carrying a placeholder is never looked up nor connected to
+    /// (a lookup alone would carry it to the name's authoritative server).
+    fn placeholder_in_name(&self, host: &Host) -> Option<String> {
+        let Host::Name(n) = host else {
+            return None;
+        };
+        let secret = self.secret_in_name(n)?;
+        Some(format!(
+            "the name carries the placeholder of secret {secret}: refused as an exfiltration attempt"
+        ))
+    }
+
     /// The interception for connections to `host:port`: `None` without
     /// secrets delivered by the proxy, or for a `passthrough` destination.
     pub(crate) fn interception(&self, host: &Host, port: u16) -> Option<Arc<Interception>> {
@@ -124,6 +145,9 @@ impl Engine {
     /// The allowlist check on a normalised host and port: `Ok(why allowed)` or
     /// `Err(why refused)`. `raw` is the host as the tool wrote it, for messages.
     pub(crate) fn check(&self, host: &Host, raw: &str, port: u16) -> Check {
+        if let Some(why) = self.placeholder_in_name(host) {
+            return Err(why);
+        }
         let p = &self.policy;
         match host {
             Host::Ip(ip) => {
@@ -174,6 +198,9 @@ impl Engine {
 
     /// May the DNS door hand out an address for this name (on some port)?
     pub(crate) fn name_allowed(&self, host: &Host) -> Check {
+        if let Some(why) = self.placeholder_in_name(host) {
+            return Err(why);
+        }
         let p = &self.policy;
         match host {
             Host::Ip(_) => Err("an IP literal is not a name".to_string()),
@@ -329,7 +356,10 @@ impl Engine {
             duration_ms: u64::try_from(started.0.elapsed().as_millis()).unwrap_or(u64::MAX),
             time: started.1,
             injected: Vec::new(),
-            exfiltration: None,
+            exfiltration: match decision {
+                Decision::Refused => self.secret_in_name(name),
+                Decision::Allowed => None,
+            },
         }
     }
 }

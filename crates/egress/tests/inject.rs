@@ -811,3 +811,24 @@ fn a_websocket_upgrade_passes_and_its_stream_is_scanned() {
         "{seen:#?}"
     );
 }
+
+#[test]
+fn a_placeholder_in_a_name_is_never_looked_up() {
+    let mut r = rig();
+    // Positive control: the same request without it reaches the door's check
+    // and is refused as not allowed (no exfiltration mark).
+    let (code, status, body) = r.curl(&["http://nothing.test/"]);
+    assert_eq!((code, status.as_str()), (0, "403"), "{body}");
+    let ev = r.events();
+    assert!(ev.iter().all(|e| e.exfiltration.is_none()), "{ev:#?}");
+    let (a, b) = PH.split_at(20);
+    for name in [format!("{PH}.other.test"), format!("{a}.{b}.other.test")] {
+        let (code, status, body) = r.curl(&[&format!("http://{name}:{}/", r.plain_port)]);
+        assert_eq!((code, status.as_str()), (0, "403"), "{body}");
+        assert!(
+            body.contains("refused as an exfiltration attempt"),
+            "{body}"
+        );
+        exfil_event(&r.events(), "API_TOKEN");
+    }
+}

@@ -947,6 +947,56 @@ mod tests {
     }
 
     #[test]
+    fn a_trust_bundle_goes_where_each_root_looks() {
+        use std::os::unix::fs::symlink;
+        let names = |spec: &JailSpec| -> Vec<String> {
+            program(Path::new("/root-mp"), &[], spec, 0, 0)
+                .unwrap()
+                .names
+                .into_iter()
+                .filter(|n| n.contains("ssl") || n.contains("pki") || n.contains("bundle"))
+                .collect()
+        };
+        // Positive control: without a bundle, nothing of the kind.
+        let mut spec = JailSpec::new("t", ["/bin/sh"]);
+        assert!(names(&spec).is_empty());
+        assert_eq!(spec.trust_bundle_path(), None);
+        spec.trust_bundle = Some(b"-----BEGIN CERTIFICATE-----\n".to_vec());
+        assert_eq!(spec.trust_bundle_path(), Some(crate::TRUST_BUNDLE));
+        assert_eq!(
+            names(&spec),
+            [
+                "mkdir /etc/ssl",
+                "mkdir /etc/ssl/certs",
+                "mkdir /etc/pki",
+                "mkdir /etc/pki/tls",
+                "mkdir /etc/pki/tls/certs",
+                "write /etc/ssl/certs/ca-certificates.crt",
+                "symlink /etc/pki/tls/certs/ca-bundle.crt",
+                "symlink /etc/ssl/cert.pem",
+            ]
+        );
+        // An image: the bundle is bound over the files the image has,
+        // never through a symlink, and the image is not written.
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path();
+        std::fs::create_dir_all(img.join("etc/ssl/certs")).unwrap();
+        std::fs::write(img.join("etc/ssl/certs/ca-certificates.crt"), "").unwrap();
+        symlink("certs/ca-certificates.crt", img.join("etc/ssl/cert.pem")).unwrap();
+        spec.root = RootFs::Image {
+            rootfs: img.to_path_buf(),
+        };
+        assert_eq!(spec.trust_bundle_path(), Some(crate::TRUST_BUNDLE_IMAGE));
+        assert_eq!(
+            names(&spec),
+            [
+                "write /dev/cordon-ca-bundle.crt",
+                "bind the trust bundle over /etc/ssl/certs/ca-certificates.crt",
+            ]
+        );
+    }
+
+    #[test]
     fn image_root_mirrors_the_top_level() {
         use std::os::unix::fs::symlink;
         let d = tempfile::tempdir().unwrap();

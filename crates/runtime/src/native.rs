@@ -508,6 +508,12 @@ pub const TRUST_BUNDLE_ENV: [&str; 7] = [
     "DENO_CERT",
 ];
 
+/// The host's roots, read once per broker.
+fn system_trust() -> Result<UpstreamTrust, String> {
+    static TRUST: OnceLock<Result<UpstreamTrust, String>> = OnceLock::new();
+    TRUST.get_or_init(UpstreamTrust::system).clone()
+}
+
 /// The session's credential variables, over any of the same name. With
 /// injections and egress doors: a session CA for the doors to intercept
 /// with, made the sandbox's trust (the host's roots plus the CA, in the
@@ -527,7 +533,7 @@ fn add_credentials(
     let tool = js.tool.clone();
     let fail = |e: String| RunError::Setup(format!("{tool}: credential injection: {e}"));
     let ca = Arc::new(SessionCa::new(&format!("{tool} {}", ctx.session)).map_err(fail)?);
-    let trust = UpstreamTrust::system().map_err(fail)?;
+    let trust = system_trust().map_err(fail)?;
     let mut bundle = trust.pem();
     bundle.push_str(ca.cert_pem());
     let icpt = Interception::new(ctx.credentials.injections.clone(), ca, trust).map_err(fail)?;
