@@ -15,7 +15,7 @@ use std::time::Duration;
 use cordon_egress::{Binding, HostPort, Injection, Injections, Placement, TokenSource};
 use cordon_runtime::native::Native;
 use cordon_runtime::{
-    Context, Credentials, EgressEvent, EgressPolicy, Network, Runtime, SandboxSpec, Status,
+    Context, Credentials, EgressEvent, EgressPolicy, Network, Root, Runtime, SandboxSpec, Status,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -23,6 +23,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use zeroize::Zeroizing;
 
+#[path = "../../../tests/support/image.rs"]
+mod image;
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
 
@@ -418,4 +420,94 @@ fn nix_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
         })
         .unwrap_or(false)
+}
+
+#[test]
+fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
+    let test = "an_image_root_gets_the_session_ca_over_its_own_bundle";
+    if let Some(why) = image::missing() {
+        skip::skip_or_fail(test, &why);
+        return;
+    }
+    if !nix_root() {
+        skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
+        return;
+    }
+    let img = image::busybox();
+    let root = img.path();
+    std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
+    std::fs::write(
+        root.join("etc/ssl/certs/ca-certificates.crt"),
+        "IMAGE ROOTS\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).unwrap();
+    for d in ["etc/ssl", "etc/ssl/certs"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let script = "cat /etc/ssl/certs/ca-certificates.crt | busybox grep -c 'BEGIN CERTIFICATE'; \
+                  busybox head -n 1 /etc/ssl/cert.pem; echo \"env $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS\"; \
+                  busybox grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"";
+    let mut spec = SandboxSpec::new("img", ["/bin/sh", "-c", script]);
+    spec.root = Root::Image {
+        rootfs: root.to_path_buf(),
+        digest: "sha256:0000000000000000000000000000000000000000000000000000000000000000".into(),
+    };
+    spec.env[0].1 = "/bin".into();
+    let mut policy = EgressPolicy::allowlist("img", ["api.test:443"]).unwrap();
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    spec.network = Network::Doors(Box::new(policy));
+    let native = Native::new(Default::default()).expect("native runtime");
+    let run = |ctx: &Context| {
+        let o = native.run(&spec, Vec::new(), ctx).expect("run");
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    // Positive control: without injections the image's own bundle.
+    let (out, err) = run(&Context::discard("s"));
+    assert!(out.starts_with("0\nIMAGE ROOTS\nenv  \n"), "{out} {err}");
+    let ctx = Context {
+        session: "s".into(),
+        on_egress: Arc::new(|_| {}),
+        credentials: Credentials {
+            env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],
+            injections: Injections::new(vec![Injection {
+                secret: "JIRA_TOKEN".into(),
+                placeholder: PH.into(),
+                binding: Binding {
+                    host: "api.test".into(),
+                    port: 443,
+                    path_prefix: None,
+                    placement: Placement::Header {
+                        name: "Authorization".into(),
+                        template: "Bearer {token}".into(),
+                    },
+                    upstream_ca: None,
+                },
+                source: Arc::new(Fixed(TOKEN)),
+            }]),
+        },
+    };
+    let (out, err) = run(&ctx);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out} {err}");
+    let n: usize = lines[0].parse().unwrap();
+    assert!(n >= 2, "the host's roots and the session CA: {out}");
+    assert_eq!(
+        lines[1], "-----BEGIN CERTIFICATE-----",
+        "the image's symlink reaches the bundle"
+    );
+    assert_eq!(
+        lines[2],
+        "env /dev/cordon-ca-bundle.crt /dev/cordon-ca-bundle.crt"
+    );
+    assert_eq!(lines[3], lines[0]);
+    // The image itself is untouched.
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
+        "IMAGE ROOTS\n"
+    );
 }
