@@ -811,7 +811,11 @@ pub(crate) async fn serve<C>(
     }
     let client = Prefixed::new(first, client);
     if tls {
-        let cfg = match icpt.ca.server_config(&dest.label, true) {
+        let leaf_name = match &dest.host {
+            Host::Name(n) => n.clone(),
+            Host::Ip(ip) => ip.to_string(),
+        };
+        let cfg = match icpt.ca.server_config(&leaf_name, true) {
             Ok(c) => c,
             Err(e) => {
                 close_event(

@@ -160,6 +160,7 @@ async function c(name, url, opts) {
 }
 (async () => {
   await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
   await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
   await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
 })();
@@ -315,6 +316,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
         "py-https",
         "py-http",
         "node-https",
+        "node-http",
     ] {
         assert_eq!(case(c), "200", "{c}: {out} {err}");
     }
@@ -354,7 +356,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     }
     assert_eq!(
         seen.iter().filter(|s| s.contains(TOKEN_PLAIN)).count(),
-        2,
+        3,
         "{seen:#?}"
     );
     for s in &seen {
