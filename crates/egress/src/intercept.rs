@@ -231,7 +231,7 @@ pub(crate) fn exfil(inj_secret: &str, place: &str, icpt: &Interception) -> Refus
         .injections
         .iter()
         .find(|i| i.secret == inj_secret)
-        .map(|i| binding_text(i))
+        .map(binding_text)
         .unwrap_or_default();
     Refusal::Exfiltration {
         secret: inj_secret.to_string(),
@@ -769,10 +769,7 @@ pub(crate) async fn serve<C>(
     let meter = Meter::new();
     let mut first = vec![0u8; 16 * 1024];
     let n = tokio::select! {
-        r = client.read(&mut first) => match r {
-            Ok(n) => n,
-            Err(_) => 0,
-        },
+        r = client.read(&mut first) => r.unwrap_or(0),
         _ = upstream.readable() => usize::MAX,
         () = tokio::time::sleep(idle) => 0,
     };
