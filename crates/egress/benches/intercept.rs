@@ -116,6 +116,7 @@ async fn run(
     connect: Option<&str>,
     roots: &str,
     auth: &str,
+    host: &str,
     n: usize,
 ) -> (f64, Vec<f64>) {
     let t_first = Instant::now();
@@ -145,10 +146,11 @@ async fn run(
     tokio::spawn(conn);
     let one = async |send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>| {
         let req = Request::get("/small")
-            .header("host", "api.test")
+            .header("host", host)
             .header("authorization", auth)
             .body(Empty::new())
             .expect("request");
+        send.ready().await.expect("connection ready");
         let resp = send.send_request(req).await.expect("request");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"ok\n", "the upstream did not get the token");
@@ -236,12 +238,21 @@ fn main() {
         let direct_to: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let target = format!("api.test:{port}");
         // Warm-up of both paths, then alternate measured rounds.
-        let _ = run(direct_to, None, &ca_pem, &format!("Bearer {TOKEN}"), 200).await;
+        let _ = run(
+            direct_to,
+            None,
+            &ca_pem,
+            &format!("Bearer {TOKEN}"),
+            &target,
+            200,
+        )
+        .await;
         let _ = run(
             proxy,
             Some(&target),
             &session_pem,
             &format!("Bearer {PH}"),
+            &target,
             200,
         )
         .await;
@@ -249,7 +260,15 @@ fn main() {
         let mut i_all = Vec::new();
         let mut firsts = (Vec::new(), Vec::new());
         for _ in 0..3 {
-            let (f, d) = run(direct_to, None, &ca_pem, &format!("Bearer {TOKEN}"), n).await;
+            let (f, d) = run(
+                direct_to,
+                None,
+                &ca_pem,
+                &format!("Bearer {TOKEN}"),
+                &target,
+                n,
+            )
+            .await;
             firsts.0.push(f);
             d_all.extend(d);
             let (f, i) = run(
@@ -257,6 +276,7 @@ fn main() {
                 Some(&target),
                 &session_pem,
                 &format!("Bearer {PH}"),
+                &target,
                 n,
             )
             .await;
