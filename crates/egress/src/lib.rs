@@ -15,6 +15,12 @@
 //! lookup, resolves allowed names itself (or uses `resolve:` pins), refuses non-public
 //! addresses unless `allow_cidrs` names them, and connects to the vetted address with no second
 //! lookup. Each connection attempt and DNS query produces one [`EgressEvent`].
+//!
+//! A sandbox with secrets delivered by the proxy is served with an [`Interception`]
+//! ([`serve_with`]): the doors read its HTTP, terminating TLS with its [`SessionCa`] (except
+//! for `passthrough` destinations), substitute each token only on requests to the endpoint its
+//! secret is bound to, and refuse the placeholder anywhere else as an exfiltration attempt
+//! (an event naming the secret, [`EgressEvent::exfiltration`]).
 #![forbid(unsafe_code)]
 
 mod ca;
