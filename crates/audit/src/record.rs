@@ -97,6 +97,14 @@ pub struct EgressEvent {
     pub bytes_down: u64,
     #[serde(default)]
     pub duration_ms: u64,
+    /// Secrets whose token the egress door substituted into this request
+    /// (names, never values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injected: Vec<String>,
+    /// Refused as an exfiltration attempt: the secret whose placeholder was
+    /// found where it is not bound (its name, never a value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exfiltration: Option<String>,
 }
 
 /// What the output gate did to the result.

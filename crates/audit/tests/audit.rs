@@ -38,6 +38,8 @@ fn records_round_trip_as_one_json_line_each() {
         bytes_up: 10,
         bytes_down: 20,
         duration_ms: 3,
+        injected: Vec::new(),
+        exfiltration: None,
     });
     r.limits_hit.push("memory".into());
     log.record(&r).unwrap();
@@ -174,6 +176,8 @@ fn secrets_are_redacted_everywhere_in_all_forms() {
         bytes_up: 0,
         bytes_down: 0,
         duration_ms: 0,
+        injected: Vec::new(),
+        exfiltration: None,
     });
     r.output = Payload::of(format!("the token is {secret}").as_bytes(), true);
 
@@ -249,6 +253,8 @@ fn query_filters_by_tool_time_and_denial() {
         bytes_up: 0,
         bytes_down: 0,
         duration_ms: 0,
+        injected: Vec::new(),
+        exfiltration: None,
     });
     log.record(&egress_denied).unwrap();
     let mut gate_refused = rec("c", 4);

@@ -428,6 +428,14 @@ impl Broker {
             .unwrap_or_default();
         rec.egress = egress_events.iter().map(audit_event).collect();
         rec.warnings = admitted.warnings.clone();
+        for e in egress_events.iter() {
+            if let Some(secret) = &e.exfiltration {
+                rec.warnings.push(format!(
+                    "exfiltration attempt refused: the placeholder of secret {secret} sent to {}:{}",
+                    e.name, e.port
+                ));
+            }
+        }
         let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
@@ -555,6 +563,8 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
         bytes_up: e.bytes_up,
         bytes_down: e.bytes_down,
         duration_ms: e.duration_ms,
+        injected: e.injected.clone(),
+        exfiltration: e.exfiltration.clone(),
     }
 }
 
@@ -606,4 +616,45 @@ pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
         },
     };
     Gate::new(gp).map_err(|e| format!("{}: {e}", policy.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(decision: Decision) -> EgressEvent {
+        EgressEvent {
+            tool: "jira_search".into(),
+            session: "s".into(),
+            name: "jira.example".into(),
+            port: 443,
+            address: None,
+            door: cordon_egress::Door::Proxy,
+            decision,
+            reason: "r".into(),
+            bytes_up: 1,
+            bytes_down: 2,
+            duration_ms: 3,
+            time: String::new(),
+            injected: Vec::new(),
+            exfiltration: None,
+        }
+    }
+
+    #[test]
+    fn audit_records_name_injected_secrets_and_exfiltration_attempts() {
+        // Positive control: a plain event has neither.
+        let a = audit_event(&event(Decision::Allowed));
+        assert!(a.injected.is_empty() && a.exfiltration.is_none());
+        let mut used = event(Decision::Allowed);
+        used.injected = vec!["JIRA_TOKEN".into()];
+        assert_eq!(audit_event(&used).injected, ["JIRA_TOKEN"]);
+        let mut refused = event(Decision::Refused);
+        refused.exfiltration = Some("JIRA_TOKEN".into());
+        let a = audit_event(&refused);
+        assert_eq!(a.decision, cordon_audit::Decision::Deny);
+        assert_eq!(a.exfiltration.as_deref(), Some("JIRA_TOKEN"));
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(json.contains(r#""exfiltration":"JIRA_TOKEN""#), "{json}");
+    }
 }

@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::event::{Decision, Door, EgressEvent, EventSink, now_rfc3339};
+use crate::intercept::Interception;
 use crate::name::{Host, normalize_host};
 use crate::peek::{Presented, presented};
 use crate::plan::DOOR_RANGE;
@@ -60,6 +61,8 @@ pub(crate) struct Engine {
     /// address book instead.
     pub(crate) local: Option<Arc<dyn LocalAddresses>>,
     conns: Arc<Semaphore>,
+    /// Set when the sandbox has secrets delivered by the proxy.
+    pub(crate) icpt: Option<Arc<Interception>>,
 }
 
 /// Where a connection accepted on a transparent door goes.
@@ -76,11 +79,22 @@ pub(crate) struct Dialled {
 pub(crate) type NotDialled = (String, String, Option<IpAddr>);
 
 impl Engine {
+    #[cfg(test)]
     pub(crate) fn new(
         policy: Arc<EgressPolicy>,
         ctx: DoorContext,
         events: EventSink,
         local: Option<Arc<dyn LocalAddresses>>,
+    ) -> Result<Arc<Self>, EgressError> {
+        Self::with(policy, ctx, events, local, None)
+    }
+
+    pub(crate) fn with(
+        policy: Arc<EgressPolicy>,
+        ctx: DoorContext,
+        events: EventSink,
+        local: Option<Arc<dyn LocalAddresses>>,
+        icpt: Option<Interception>,
     ) -> Result<Arc<Self>, EgressError> {
         policy.validate()?;
         let mut pins = HashMap::new();
@@ -104,7 +118,44 @@ impl Engine {
             book: AddressBook::new(BOOK_CAPACITY),
             answers: Answers::new(BOOK_CAPACITY),
             local,
+            icpt: icpt.map(Arc::new),
         }))
+    }
+
+    /// The secret whose placeholder is in `name` (as written, or with its
+    /// dots left out: split across labels), when the sandbox has injections.
+    fn secret_in_name(&self, name: &str) -> Option<String> {
+        let needles = self.icpt.as_ref()?.needles();
+        needles
+            .find(name.as_bytes())
+            .or_else(|| needles.find(name.replace('.', "").as_bytes()))
+    }
+
+    /// A name carrying a placeholder is never looked up nor connected to
+    /// (a lookup alone would carry it to the name's authoritative server).
+    fn placeholder_in_name(&self, host: &Host) -> Option<String> {
+        let Host::Name(n) = host else {
+            return None;
+        };
+        let secret = self.secret_in_name(n)?;
+        Some(format!(
+            "the name carries the placeholder of secret {secret}: refused as an exfiltration attempt"
+        ))
+    }
+
+    /// The interception for connections to `host:port`: `None` without
+    /// secrets delivered by the proxy, or for a `passthrough` destination.
+    pub(crate) fn interception(&self, host: &Host, port: u16) -> Option<Arc<Interception>> {
+        let i = self.icpt.as_ref()?;
+        if self
+            .policy
+            .passthrough
+            .iter()
+            .any(|hp| hp.port == port && hp.host.matches(host))
+        {
+            return None;
+        }
+        Some(i.clone())
     }
 
     /// Take a connection slot, or `None` when the sandbox is at its limit.
@@ -122,6 +173,9 @@ impl Engine {
     /// The allowlist check on a normalised host and port: `Ok(why allowed)` or
     /// `Err(why refused)`. `raw` is the host as the tool wrote it, for messages.
     pub(crate) fn check(&self, host: &Host, raw: &str, port: u16) -> Check {
+        if let Some(why) = self.placeholder_in_name(host) {
+            return Err(why);
+        }
         let p = &self.policy;
         match host {
             Host::Ip(ip) => {
@@ -172,6 +226,9 @@ impl Engine {
 
     /// May the DNS door hand out an address for this name (on some port)?
     pub(crate) fn name_allowed(&self, host: &Host) -> Check {
+        if let Some(why) = self.placeholder_in_name(host) {
+            return Err(why);
+        }
         let p = &self.policy;
         match host {
             Host::Ip(_) => Err("an IP literal is not a name".to_string()),
@@ -445,7 +502,24 @@ impl Engine {
         bytes: (u64, u64),
         started: (Instant, String),
     ) {
-        self.events.emit(EgressEvent {
+        let e = self.event(door, name, port, address, decision, reason, bytes, started);
+        self.events.emit(e);
+    }
+
+    /// The event of one attempt, to be completed and emitted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn event(
+        &self,
+        door: Door,
+        name: &str,
+        port: u16,
+        address: Option<IpAddr>,
+        decision: Decision,
+        reason: String,
+        bytes: (u64, u64),
+        started: (Instant, String),
+    ) -> EgressEvent {
+        EgressEvent {
             tool: self.ctx.tool.clone(),
             session: self.ctx.session.clone(),
             name: name.to_string(),
@@ -458,7 +532,12 @@ impl Engine {
             bytes_down: bytes.1,
             duration_ms: u64::try_from(started.0.elapsed().as_millis()).unwrap_or(u64::MAX),
             time: started.1,
-        });
+            injected: Vec::new(),
+            exfiltration: match decision {
+                Decision::Refused => self.secret_in_name(name),
+                Decision::Allowed => None,
+            },
+        }
     }
 }
 

@@ -66,6 +66,14 @@ pub struct EgressEvent {
     pub duration_ms: u64,
     /// Start time, RFC 3339 UTC.
     pub time: String,
+    /// Secrets whose token the door substituted into this request (names,
+    /// never values); empty for every other event.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub injected: Vec<String>,
+    /// For a refusal as an exfiltration attempt: the secret whose
+    /// placeholder was found where it is not bound (its name, never a value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exfiltration: Option<String>,
 }
 
 /// Where events go. Cheap to clone; the function must not block for long (it runs on the

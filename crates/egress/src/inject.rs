@@ -49,6 +49,9 @@ pub struct Binding {
     pub path_prefix: Option<String>,
     /// Where the token goes.
     pub placement: Placement,
+    /// A CA certificate file (PEM) trusted for this endpoint besides the
+    /// host's roots, for an internal service; `None`: the host's roots only.
+    pub upstream_ca: Option<std::path::PathBuf>,
 }
 
 /// The current token of one secret.

@@ -26,18 +26,27 @@
 //! allowed names itself (or uses `resolve:` pins), refuses non-public addresses unless
 //! `allow_cidrs` names them, and connects to the vetted address with no second lookup. Each
 //! connection attempt and DNS query produces one [`EgressEvent`].
+//!
+//! A sandbox with secrets delivered by the proxy is served with an [`Interception`]
+//! ([`serve_with`]): the doors read its HTTP, terminating TLS with its [`SessionCa`] (except
+//! for `passthrough` destinations), substitute each token only on requests to the endpoint its
+//! secret is bound to, and refuse the placeholder anywhere else as an exfiltration attempt
+//! (an event naming the secret, [`EgressEvent::exfiltration`]).
 #![forbid(unsafe_code)]
 
+mod ca;
 mod dns;
 mod engine;
 mod event;
 mod inject;
+mod intercept;
 mod io;
 mod name;
 mod peek;
 mod plan;
 mod policy;
 mod proxy;
+mod scan;
 mod transparent;
 mod vet;
 
@@ -49,8 +58,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+pub use ca::{SessionCa, UpstreamTrust, der_to_pem};
 pub use event::{Decision, Door, EgressEvent, EventSink};
 pub use inject::{Binding, Injection, Injections, Placement, TokenSource};
+pub use intercept::Interception;
 pub use name::{Host, NameError, normalize_host, parse_ipv4_literal};
 pub use plan::{DNS_DOOR, DOOR_RANGE, DoorPlan, METADATA, PROXY_DOOR, plan};
 pub use policy::{
@@ -153,8 +164,29 @@ pub async fn serve(
     doors: Doors,
     events: EventSink,
 ) -> Result<DoorHandle, EgressError> {
+    serve_with(policy, ctx, doors, events, None).await
+}
+
+/// [`serve`], intercepting as `interception` says: for a sandbox with
+/// secrets delivered by the proxy, the doors read its HTTP and HTTPS
+/// (terminating TLS with the session CA, except for `passthrough`
+/// destinations), substitute each token only where its secret is bound and
+/// refuse its placeholder anywhere else. `None`: plain tunnels, as [`serve`].
+pub async fn serve_with(
+    policy: Arc<EgressPolicy>,
+    ctx: DoorContext,
+    doors: Doors,
+    events: EventSink,
+    interception: Option<Interception>,
+) -> Result<DoorHandle, EgressError> {
     let plan = plan(&policy);
-    let engine = Engine::new(policy.clone(), ctx, events, doors.local.clone())?;
+    let engine = Engine::with(
+        policy.clone(),
+        ctx,
+        events,
+        doors.local.clone(),
+        interception,
+    )?;
     let unexpected = |addr: SocketAddr| EgressError::UnexpectedDoor {
         addr,
         tool: policy.tool.clone(),
@@ -211,7 +243,18 @@ pub async fn run_proxy(
     ctx: DoorContext,
     events: EventSink,
 ) -> Result<(), EgressError> {
-    let engine = Engine::new(policy, ctx, events, None)?;
+    run_proxy_with(listen, policy, ctx, events, None).await
+}
+
+/// [`run_proxy`], intercepting as [`serve_with`] does.
+pub async fn run_proxy_with(
+    listen: SocketAddr,
+    policy: Arc<EgressPolicy>,
+    ctx: DoorContext,
+    events: EventSink,
+    interception: Option<Interception>,
+) -> Result<(), EgressError> {
+    let engine = Engine::with(policy, ctx, events, None, interception)?;
     let l = TcpListener::bind(listen)
         .await
         .map_err(io_err(format!("listening on {listen}")))?;

@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::engine::{Engine, OpenError, clean, refusal, started};
 use crate::event::{Decision, Door};
+use crate::intercept::{self, Dest, ReqBody, ScanBody, plain_body};
 use crate::io::{Meter, Metered, tunnel_upgraded};
 use crate::name::{Host, normalize_host};
 
@@ -272,6 +273,49 @@ async fn connect(
         Err(resp) => return *resp,
     };
     let idle = engine.policy.idle_timeout;
+    if let Some(icpt) = engine.interception(&t.host, t.port) {
+        let dest = Dest {
+            host: t.host.clone(),
+            port: t.port,
+            label: t.label.clone(),
+            allowed_why: t.allowed_why.clone(),
+            addr,
+            door: Door::Proxy,
+        };
+        let e = engine.clone();
+        let tunnel = async move {
+            match hyper::upgrade::on(req).await {
+                Ok(upgraded) => {
+                    intercept::serve(e, icpt, dest, TokioIo::new(upgraded), upstream, t0).await
+                }
+                Err(err) => {
+                    let msg = format!(
+                        "{}; the client connection was not handed over: {err}",
+                        dest.allowed_why
+                    );
+                    e.emit(
+                        Door::Proxy,
+                        &dest.label,
+                        dest.port,
+                        Some(addr),
+                        Decision::Allowed,
+                        msg,
+                        (0, 0),
+                        t0,
+                    );
+                }
+            }
+        };
+        if tasks.send(Box::pin(tunnel)).is_err() {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "egress door is shutting down",
+            );
+        }
+        let mut r = Response::new(empty());
+        *r.status_mut() = StatusCode::OK;
+        return r;
+    }
     let tunnel = async move {
         let meter = Meter::new();
         let note = match hyper::upgrade::on(req).await {
@@ -330,17 +374,51 @@ async fn forward(
         Err(_) => Uri::from_static("/"),
     };
     parts.version = Version::HTTP_11;
+    let icpt = engine.interception(&t.host, t.port);
+    let mut injected = Vec::new();
+    if let Some(i) = &icpt {
+        let dest = Dest {
+            host: t.host.clone(),
+            port: t.port,
+            label: t.label.clone(),
+            allowed_why: t.allowed_why.clone(),
+            addr,
+            door: Door::Proxy,
+        };
+        match intercept::apply(i, &t.host, t.port, &mut parts) {
+            Ok(v) => injected = v,
+            Err(r) => return r.respond(&engine, &dest, &t0),
+        }
+    }
     strip_hop_by_hop(&mut parts.headers);
     if let Ok(v) = HeaderValue::from_str(auth.as_str()) {
         parts.headers.insert(header::HOST, v);
     }
+    let (body, hit) = match &icpt {
+        Some(i) => match ScanBody::read(body, i.needles().clone()).await {
+            Ok((b, h)) => (b, Some(h)),
+            Err(s) => {
+                let dest = Dest {
+                    host: t.host.clone(),
+                    port: t.port,
+                    label: t.label.clone(),
+                    allowed_why: t.allowed_why.clone(),
+                    addr,
+                    door: Door::Proxy,
+                };
+                return intercept::exfil(&s, "the request body", i).respond(&engine, &dest, &t0);
+            }
+        },
+        None => (plain_body(body), None),
+    };
+    let path = clean(parts.uri.path());
     let upstream_req = Request::from_parts(parts, body);
 
     let meter = Meter::new();
     let io = TokioIo::new(Metered::new(upstream, meter.clone()));
     let idle = engine.policy.idle_timeout;
     let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Incoming>(io)
+        .handshake::<_, ReqBody>(io)
         .await
     {
         Ok(ok) => ok,
@@ -382,6 +460,7 @@ async fn forward(
     let port = t.port;
     let allowed_why = t.allowed_why.clone();
     let report_meter = meter.clone();
+    let report_t0 = t0.clone();
     let report = async move {
         let note = done_rx.await.ok().flatten();
         let reason = match note {
@@ -396,11 +475,35 @@ async fn forward(
             Decision::Allowed,
             reason,
             (report_meter.written_bytes(), report_meter.read_bytes()),
-            t0,
+            report_t0,
         );
     };
     // If the door is shutting down the report is lost with the connection; nothing to do.
     let _ = tasks.send(Box::pin(report));
+    if let (Some(i), Some(hit)) = (&icpt, hit) {
+        let dest = Dest {
+            host: t.host.clone(),
+            port: t.port,
+            label: t.label.clone(),
+            allowed_why: t.allowed_why.clone(),
+            addr,
+            door: Door::Proxy,
+        };
+        let found = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(s) = found {
+            return intercept::exfil(&s, "the request body", i).respond(&engine, &dest, &t0);
+        }
+        if !injected.is_empty() && result.is_ok() {
+            let reason = format!(
+                "{}; substituted the token of {} on a request to {}:{}{path}",
+                t.allowed_why,
+                injected.join(", "),
+                t.label,
+                t.port
+            );
+            dest.event(&engine, Decision::Allowed, reason, injected, None, &t0);
+        }
+    }
     match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -415,7 +518,7 @@ async fn forward(
 }
 
 /// Drop hop-by-hop headers (RFC 9110 7.6.1): those named in `Connection`, and the fixed set.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     let listed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()

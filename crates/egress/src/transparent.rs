@@ -11,6 +11,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::{Engine, OpenError, refusal, started};
 use crate::event::{Decision, Door};
+use crate::intercept::{self, Dest};
 use crate::io::{Meter, tunnel};
 use crate::name::Host;
 
@@ -114,6 +115,18 @@ pub(crate) async fn serve_conn(
             return;
         }
     };
+    if let Some(icpt) = engine.interception(&host, port) {
+        let dest = Dest {
+            host,
+            port,
+            label,
+            allowed_why,
+            addr,
+            door: Door::Transparent,
+        };
+        intercept::serve(engine.clone(), icpt, dest, client, upstream, t0).await;
+        return;
+    }
     let meter = Meter::new();
     let note = tunnel(
         &client,

@@ -120,7 +120,29 @@ pub struct JailSpec {
     /// only of the sandbox's own user namespace, without any capability
     /// in it after the drop before exec.
     pub user: Option<(u32, u32)>,
+    /// A PEM bundle of trusted CA certificates made the sandbox's system
+    /// trust bundle (default `None`: the root's own). Host root: written at
+    /// [`TRUST_BUNDLE`], with `/etc/ssl/cert.pem` and
+    /// `/etc/pki/tls/certs/ca-bundle.crt` linked to it. Image root: written
+    /// at [`TRUST_BUNDLE_IMAGE`] and bound over each of those three paths
+    /// that the image has as a regular file (reached without a symlink).
+    /// [`JailSpec::trust_bundle_path`] says which file to name in variables
+    /// such as `SSL_CERT_FILE`.
+    pub trust_bundle: Option<Vec<u8>>,
 }
+
+/// Where a host root's trust bundle is written.
+pub const TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where an image root's trust bundle is written (the image's `/etc` is
+/// never written; the bundle is bound over its own).
+pub const TRUST_BUNDLE_IMAGE: &str = "/dev/cordon-ca-bundle.crt";
+/// The usual trust-bundle paths of a root, in the order OpenSSL-based
+/// distributions look.
+pub const TRUST_BUNDLE_PATHS: [&str; 3] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
 
 /// The sandbox's root file system.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -169,7 +191,18 @@ impl JailSpec {
             root: RootFs::Host,
             cwd: None,
             user: None,
+            trust_bundle: None,
         }
+    }
+
+    /// The file inside the sandbox holding [`JailSpec::trust_bundle`], when
+    /// there is one.
+    pub fn trust_bundle_path(&self) -> Option<&'static str> {
+        self.trust_bundle.as_ref()?;
+        Some(match self.root {
+            RootFs::Host => TRUST_BUNDLE,
+            RootFs::Image { .. } => TRUST_BUNDLE_IMAGE,
+        })
     }
 }
 

@@ -421,6 +421,91 @@ fn image_root(p: &mut Program, root: &Path, rootfs: &Path) -> Result<(), JailErr
     Ok(())
 }
 
+/// The spec's trust bundle (see [`JailSpec::trust_bundle`]).
+fn trust_bundle(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
+    let Some(bundle) = &spec.trust_bundle else {
+        return Ok(());
+    };
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    match &spec.root {
+        RootFs::Host => {
+            for d in [
+                "etc/ssl",
+                "etc/ssl/certs",
+                "etc/pki",
+                "etc/pki/tls",
+                "etc/pki/tls/certs",
+            ] {
+                p.push(
+                    format!("mkdir /{d}"),
+                    Op::Mkdir {
+                        path: cp(&r(d))?,
+                        mode: 0o755,
+                    },
+                );
+            }
+            p.push(
+                format!("write {}", crate::TRUST_BUNDLE),
+                Op::WriteFile {
+                    path: cp(&r(crate::TRUST_BUNDLE))?,
+                    mode: 0o644,
+                    contents: bundle.clone(),
+                },
+            );
+            for link in &crate::TRUST_BUNDLE_PATHS[1..] {
+                p.push(
+                    format!("symlink {link}"),
+                    Op::Symlink {
+                        target: c(crate::TRUST_BUNDLE)?,
+                        link: cp(&r(link))?,
+                    },
+                );
+            }
+        }
+        RootFs::Image { rootfs } => {
+            let copy = cp(&r(crate::TRUST_BUNDLE_IMAGE))?;
+            p.push(
+                format!("write {}", crate::TRUST_BUNDLE_IMAGE),
+                Op::WriteFile {
+                    path: copy.clone(),
+                    mode: 0o644,
+                    contents: bundle.clone(),
+                },
+            );
+            for path in crate::TRUST_BUNDLE_PATHS {
+                if !image_regular_file(rootfs, Path::new(path)) {
+                    continue;
+                }
+                p.push(
+                    format!("bind the trust bundle over {path}"),
+                    Op::BindReadOnly {
+                        src: copy.clone(),
+                        target: cp(&r(path))?,
+                        flags: libc::MS_NOSUID | libc::MS_NODEV,
+                    },
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Is `path` a regular file of the image, reached without a symlink?
+fn image_regular_file(rootfs: &Path, path: &Path) -> bool {
+    let mut cur = rootfs.to_path_buf();
+    let comps: Vec<_> = path.components().skip(1).collect();
+    for (i, comp) in comps.iter().enumerate() {
+        cur.push(comp);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => return false,
+            Ok(m) if i + 1 == comps.len() => return m.is_file(),
+            Ok(m) if m.is_dir() => {}
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// A bind destination in an image root must not pass through a symlink
 /// of the image: the setup program resolves it before `pivot_root`.
 fn check_image_dst(rootfs: &Path, dst: &Path) -> Result<(), JailError> {
@@ -579,6 +664,7 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
             ))?),
         },
     );
+    trust_bundle(p, root, spec)?;
     // The tool's binds.
     for b in &spec.binds {
         check_dst(&b.dst)?;
@@ -825,6 +911,56 @@ mod tests {
         assert!(check_dst(Path::new("/tmp")).is_err());
         assert!(check_dst(Path::new("/proc/x")).is_err());
         assert!(check_dst(Path::new("/opt/../etc")).is_err());
+    }
+
+    #[test]
+    fn a_trust_bundle_goes_where_each_root_looks() {
+        use std::os::unix::fs::symlink;
+        let names = |spec: &JailSpec| -> Vec<String> {
+            program(Path::new("/root-mp"), &[], spec, 0, 0)
+                .unwrap()
+                .names
+                .into_iter()
+                .filter(|n| n.contains("ssl") || n.contains("pki") || n.contains("bundle"))
+                .collect()
+        };
+        // Positive control: without a bundle, nothing of the kind.
+        let mut spec = JailSpec::new("t", ["/bin/sh"]);
+        assert!(names(&spec).is_empty());
+        assert_eq!(spec.trust_bundle_path(), None);
+        spec.trust_bundle = Some(b"-----BEGIN CERTIFICATE-----\n".to_vec());
+        assert_eq!(spec.trust_bundle_path(), Some(crate::TRUST_BUNDLE));
+        assert_eq!(
+            names(&spec),
+            [
+                "mkdir /etc/ssl",
+                "mkdir /etc/ssl/certs",
+                "mkdir /etc/pki",
+                "mkdir /etc/pki/tls",
+                "mkdir /etc/pki/tls/certs",
+                "write /etc/ssl/certs/ca-certificates.crt",
+                "symlink /etc/pki/tls/certs/ca-bundle.crt",
+                "symlink /etc/ssl/cert.pem",
+            ]
+        );
+        // An image: the bundle is bound over the files the image has,
+        // never through a symlink, and the image is not written.
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path();
+        std::fs::create_dir_all(img.join("etc/ssl/certs")).unwrap();
+        std::fs::write(img.join("etc/ssl/certs/ca-certificates.crt"), "").unwrap();
+        symlink("certs/ca-certificates.crt", img.join("etc/ssl/cert.pem")).unwrap();
+        spec.root = RootFs::Image {
+            rootfs: img.to_path_buf(),
+        };
+        assert_eq!(spec.trust_bundle_path(), Some(crate::TRUST_BUNDLE_IMAGE));
+        assert_eq!(
+            names(&spec),
+            [
+                "write /dev/cordon-ca-bundle.crt",
+                "bind the trust bundle over /etc/ssl/certs/ca-certificates.crt",
+            ]
+        );
     }
 
     #[test]

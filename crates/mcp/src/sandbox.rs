@@ -204,6 +204,12 @@ fn log_egress(
             r.status = cordon_audit::Status::Denied;
             r.reason = Some(e.reason.clone());
         }
+        if let Some(secret) = &e.exfiltration {
+            r.reason = Some(format!(
+                "exfiltration attempt (secret {secret}): {}",
+                e.reason
+            ));
+        }
         if let Err(err) = log.record(&r) {
             tracing::warn!(tool, "audit record of an egress attempt not written: {err}");
         }
@@ -215,12 +221,20 @@ fn log_egress(
             target = %target,
             bytes_up = e.bytes_up,
             bytes_down = e.bytes_down,
+            injected = ?e.injected,
             "egress allowed: {}",
             e.reason
         ),
-        cordon_broker::Decision::Refused => {
-            tracing::warn!(tool, target = %target, "egress refused: {}", e.reason)
-        }
+        cordon_broker::Decision::Refused => match &e.exfiltration {
+            Some(secret) => tracing::warn!(
+                tool,
+                target = %target,
+                secret = %secret,
+                "egress refused as an exfiltration attempt: {}",
+                e.reason
+            ),
+            None => tracing::warn!(tool, target = %target, "egress refused: {}", e.reason),
+        },
     }
 }
 

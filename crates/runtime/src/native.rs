@@ -8,7 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use cordon_egress::{DoorContext, DoorHandle, Doors, EgressPolicy, EventSink};
+use cordon_egress::{
+    DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa, UpstreamTrust,
+};
 use cordon_jail::{
     Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, RootFs, Stdin,
 };
@@ -243,6 +245,7 @@ impl Native {
                 root,
                 cwd: spec.cwd.as_ref().map(PathBuf::from),
                 user: spec.user,
+                trust_bundle: None,
             },
             egress,
         ))
@@ -253,6 +256,7 @@ impl Native {
         &self,
         spec: &JailSpec,
         egress: Option<EgressPolicy>,
+        icpt: Option<Interception>,
         stdin: Stdin,
         ctx: &Context,
     ) -> Result<cordon_jail::Outcome, RunError> {
@@ -260,7 +264,7 @@ impl Native {
             Some(_) => Some(self.net()?.handle().clone()),
             None => None,
         };
-        run_jail(&self.jail, net.as_ref(), spec, egress, stdin, ctx)
+        run_jail(&self.jail, net.as_ref(), spec, egress, icpt, stdin, ctx)
     }
 }
 
@@ -317,8 +321,8 @@ impl Runtime for Native {
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
-        add_credentials(&mut js, ctx);
-        match self.run_jail(&js, egress, Stdin::Bytes(input), ctx) {
+        let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
+        match self.run_jail(&js, egress, icpt, Stdin::Bytes(input), ctx) {
             Ok(o) => Ok(outcome(o)),
             // Nothing ran: say why, as admission would have.
             Err(RunError::Setup(e)) if self.preflight_on_failure => {
@@ -339,7 +343,7 @@ impl Runtime for Native {
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
-        add_credentials(&mut js, ctx);
+        let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
         let tool = spec.tool.clone();
         let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
@@ -372,6 +376,7 @@ impl Runtime for Native {
                     net.as_ref(),
                     &js,
                     egress,
+                    icpt,
                     Stdin::Stream(stream),
                     &ctx,
                 );
@@ -436,6 +441,7 @@ fn run_jail(
     rt: Option<&tokio::runtime::Handle>,
     spec: &JailSpec,
     egress: Option<EgressPolicy>,
+    icpt: Option<Interception>,
     stdin: Stdin,
     ctx: &Context,
 ) -> Result<cordon_jail::Outcome, RunError> {
@@ -465,7 +471,7 @@ fn run_jail(
             }
         }
         let served = rt
-            .block_on(cordon_egress::serve(policy, dctx, doors, sink))
+            .block_on(cordon_egress::serve_with(policy, dctx, doors, sink, icpt))
             .map_err(|e| e.to_string());
         if let Ok(mut h) = handle.lock() {
             *h = Some(served);
@@ -522,10 +528,53 @@ impl SandboxHandle for NativeHandle {
     }
 }
 
-/// The session's credential variables, over any of the same name.
-fn add_credentials(js: &mut JailSpec, ctx: &Context) {
+/// Variables that name a trust bundle, for the usual TLS stacks (OpenSSL,
+/// Python `requests`, curl, Node, git, cargo, Deno).
+pub const TRUST_BUNDLE_ENV: [&str; 7] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+];
+
+/// The host's roots, read once per broker.
+fn system_trust() -> Result<UpstreamTrust, String> {
+    static TRUST: OnceLock<Result<UpstreamTrust, String>> = OnceLock::new();
+    TRUST.get_or_init(UpstreamTrust::system).clone()
+}
+
+/// The session's credential variables, over any of the same name. With
+/// injections and egress doors: a session CA for the doors to intercept
+/// with, made the sandbox's trust (the host's roots plus the CA, in the
+/// root's trust-bundle paths and the [`TRUST_BUNDLE_ENV`] variables).
+fn add_credentials(
+    js: &mut JailSpec,
+    egress: Option<&EgressPolicy>,
+    ctx: &Context,
+) -> Result<Option<Interception>, RunError> {
     for (k, v) in &ctx.credentials.env {
         js.env.retain(|(ek, _)| ek != k);
         js.env.push((k.clone(), v.to_string()));
     }
+    if ctx.credentials.injections.is_empty() || egress.is_none() {
+        return Ok(None);
+    }
+    let tool = js.tool.clone();
+    let fail = |e: String| RunError::Setup(format!("{tool}: credential injection: {e}"));
+    let ca = Arc::new(SessionCa::new(&format!("{tool} {}", ctx.session)).map_err(fail)?);
+    let trust = system_trust().map_err(fail)?;
+    let mut bundle = trust.pem();
+    bundle.push_str(ca.cert_pem());
+    let icpt = Interception::new(ctx.credentials.injections.clone(), ca, trust).map_err(fail)?;
+    js.trust_bundle = Some(bundle.into_bytes());
+    if let Some(path) = js.trust_bundle_path() {
+        for k in TRUST_BUNDLE_ENV {
+            js.env.retain(|(ek, _)| ek != k);
+            js.env.push((k.to_string(), path.to_string()));
+        }
+    }
+    Ok(Some(icpt))
 }

