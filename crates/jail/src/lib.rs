@@ -35,8 +35,8 @@
 //!    random, urandom), a fresh /proc with the OCI masks, tmpfs /tmp of
 //!    `disk_bytes`, the spec's read-only binds, `pivot_root`, old root
 //!    detached, / remounted read-only, cwd /tmp (or the spec's `cwd`);
-//!    then doors, rlimits (NOFILE, FSIZE, CORE=0; AS and NPROC without
-//!    cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
+//!    then doors, rlimits (NOFILE, FSIZE, CORE=0; DATA, an AS backstop and
+//!    NPROC without cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
 //!    seccomp last, execve. A failure is reported as (step, errno) on a
 //!    close-on-exec pipe and becomes [`JailError::Setup`];
 //! 6. the broker feeds stdin, reads stdout up to the cap and stderr, and
@@ -68,6 +68,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
+pub mod fallback;
 pub mod host;
 mod netns;
 mod plan;
@@ -187,7 +188,8 @@ pub struct Bind {
 pub struct Limits {
     /// Wall clock; the whole sandbox is killed after it.
     pub wall: Duration,
-    /// Memory (cgroup, no swap; RLIMIT_AS without cgroups).
+    /// Memory (cgroup, no swap; without a memory cgroup, RLIMIT_DATA per
+    /// process and a far looser RLIMIT_AS, see [`fallback`]).
     pub memory_bytes: u64,
     /// Tasks (pids.max; RLIMIT_NPROC in the sandbox's user namespace
     /// without cgroups).

@@ -280,6 +280,26 @@ pub fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// The hard limit of resource `res` (`RLIMIT_*`) of the calling process:
+/// `None` when it is unlimited or cannot be read.
+pub fn hard_rlimit(res: u32) -> Option<u64> {
+    let mut lim = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 on this process (pid 0) sets nothing (null new
+    // limit) and writes the current one into `lim`, on this stack.
+    let r = unsafe {
+        libc::prlimit64(
+            0,
+            res as libc::__rlimit_resource_t,
+            std::ptr::null(),
+            &mut lim,
+        )
+    };
+    (r == 0 && lim.rlim_max != libc::RLIM64_INFINITY).then_some(lim.rlim_max)
+}
+
 /// `uname -r`.
 pub fn kernel_release() -> String {
     // SAFETY: utsname is plain data; uname fills it.
