@@ -46,8 +46,9 @@ struct Report {
 }
 
 /// A profile's verdict from the mechanisms of the runtime it runs on:
-/// unavailable when a mechanism it requires by default is missing (or the
-/// runtime cannot start), full only when every mechanism is fully
+/// unavailable when a mechanism it requires by default is not fully
+/// enforced (its tools are refused, see `cordon_runtime::mechanism::hold`)
+/// or the runtime cannot start, full only when every mechanism is fully
 /// enforced and nothing else is missing, partial otherwise, each missing
 /// piece named.
 fn verdict(
@@ -72,7 +73,7 @@ fn verdict(
             State::Enforced => {}
             State::Partial(_) | State::Missing(_) => {
                 let req = required.contains(&m.mechanism);
-                blocked |= req && matches!(m.state, State::Missing(_));
+                blocked |= req;
                 missing.push(if req {
                     format!(
                         "{m} (required by {name} by default: tools refused unless `accept: [{}]`)",
@@ -449,6 +450,17 @@ mod tests {
             "{:?}",
             p2.missing
         );
+        // The rlimit fallback is partial, and still blocks P2 by default.
+        let mut ms = all_enforced();
+        ms[6] = MechanismState::partial(Mechanism::Cgroup, "rlimit fallback in force");
+        let p1 = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
+        assert_eq!(p1.strength, "partial");
+        assert_eq!(
+            p1.missing,
+            vec!["cgroup: partial (rlimit fallback in force)"]
+        );
+        let p2 = verdict(Profile::P2, "P2", Some(&ms), None, vec![]);
+        assert_eq!(p2.strength, "unavailable");
         // A missing piece of the profile itself.
         let v = verdict(
             Profile::P2,

@@ -143,10 +143,11 @@ impl Native {
             MechanismState::enforced(Mechanism::Landlock)
         });
         out.push(match self.jail.cgroup_fallback_reason() {
-            Some(why) => MechanismState::missing(
+            Some(why) => MechanismState::partial(
                 Mechanism::Cgroup,
                 format!(
-                    "{why}: memory capped by RLIMIT_AS and tasks by RLIMIT_NPROC, no CPU quota, no OOM or task-limit detection"
+                    "{why}: rlimit fallback in force: memory capped per process by RLIMIT_DATA (RLIMIT_AS only as a backstop of 16x, at least {}), tasks by RLIMIT_NPROC, no CPU quota, no peak memory; a memory-limit failure is reported from the tool's stderr; for real limits run cordon in a delegated cgroup (see `cordon doctor`)",
+                    cordon_jail::format_bytes(cordon_jail::fallback::AS_BACKSTOP_MIN)
                 ),
             ),
             None => {
