@@ -230,6 +230,25 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         (None, Some(e)) => (false, format!("the jail cannot start: {e}")),
         (None, None) => (false, "no native runtime".to_string()),
     };
+    // The native runtime's jail asked (or not) for a delegated scope when
+    // it was made, above.
+    let delegation = cordon_jail::delegate::current();
+    checks.push(Check {
+        name: "systemd delegation",
+        ok: !matches!(
+            delegation,
+            Some(
+                cordon_jail::delegate::Delegation::NoBus(_)
+                    | cordon_jail::delegate::Delegation::NoManager(_)
+                    | cordon_jail::delegate::Delegation::Refused(_)
+            )
+        ),
+        detail: match delegation {
+            Some(d) => d.to_string(),
+            None => "not asked for: the native runtime did not start, or uses no cgroups".into(),
+        },
+        how: "on a pure cgroup v2 host below its root cgroup: StartTransientUnit (a scope with Delegate=yes holding this process) on the systemd manager's D-Bus (the user bus for an unprivileged user, the system bus for root; or the manager's private socket)".into(),
+    });
     checks.push(Check {
         name: "cgroup limits usable",
         ok: cg_usable,

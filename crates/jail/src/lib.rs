@@ -68,6 +68,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
+pub mod delegate;
 pub mod fallback;
 pub mod host;
 mod netns;
@@ -421,6 +422,10 @@ pub struct JailOptions {
     /// `cgroup.procs`, as on a host where such births are killed (see
     /// `cgroup::Pool::new`); for tests of that path.
     pub born_in_cgroup: bool,
+    /// On a pure cgroup v2 host, ask the reachable systemd manager for a
+    /// delegated scope for this process and put the slots under it (default
+    /// true; see [`delegate`]).
+    pub systemd_delegation: bool,
 }
 
 impl Default for JailOptions {
@@ -434,6 +439,7 @@ impl Default for JailOptions {
             pool_network_namespaces: true,
             share_cgroup_slots: false,
             born_in_cgroup: true,
+            systemd_delegation: true,
         }
     }
 }
@@ -492,7 +498,19 @@ impl Jail {
         } else {
             None
         };
-        let facts = host::detect();
+        let mut facts = host::detect();
+        // Delegation moves this process into a new cgroup: the facts are
+        // read again after it, with the slots under the delegated scope.
+        let delegation = if opts.cgroups && opts.systemd_delegation {
+            let d = delegate::ensure(&facts);
+            if let Some(scope) = d.scope() {
+                facts = host::detect();
+                facts.cgroup_layout = host::delegated_layout(scope);
+            }
+            Some(d)
+        } else {
+            None
+        };
         if !facts.user_namespaces {
             return Err(JailError::Host(
                 "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
@@ -504,6 +522,9 @@ impl Jail {
         let root_dir = rootdir::RootDir::new(facts.euid)
             .map_err(|e| JailError::Host(format!("create root mount point: {e}")))?;
         let mut notes = facts.notes.clone();
+        if let Some(d) = delegation {
+            notes.push(format!("systemd delegation: {d}"));
+        }
         let mut pool = None;
         let mut no_cgroup_warning = None;
         let layout = facts.cgroup_layout.clone();
@@ -525,6 +546,13 @@ impl Jail {
                 }
                 Err(e) => no_cgroup_warning = Some(format!("cannot create cgroups ({e})")),
             }
+        }
+        // Without a pool, say too why no delegated subtree was had.
+        if pool.is_none()
+            && let (Some(w), Some(d)) = (&mut no_cgroup_warning, delegation)
+            && d.scope().is_none()
+        {
+            *w = format!("{w}; systemd delegation: {d}");
         }
         let dev_null = std::fs::File::open("/dev/null")
             .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?
