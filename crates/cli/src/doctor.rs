@@ -121,8 +121,10 @@ fn read_trim(p: &str) -> Option<String> {
 }
 
 pub fn run(json: bool) -> anyhow::Result<ExitCode> {
-    let facts = cordon_jail::host::detect();
+    // The registry first: the native runtime's jail may move this process
+    // into a delegated scope, and the facts are read after that.
     let registry = Registry::for_host(Default::default());
+    let facts = cordon_jail::host::detect();
     let native = registry
         .get(
             cordon_policy::policy::Runtime::Native,

@@ -75,7 +75,9 @@ pub struct HostFacts {
     pub notes: Vec<String>,
 }
 
-/// Detect the host (read-only; creates nothing).
+/// Detect the host (read-only; creates nothing). After this process was
+/// given a delegated scope (see [`crate::delegate`]), the cgroup layout is
+/// the one under it.
 pub fn detect() -> HostFacts {
     let mut notes = Vec::new();
     let euid = cordon_sys::io::geteuid();
@@ -94,7 +96,11 @@ pub fn detect() -> HostFacts {
         .unwrap_or(63);
     let (system_dirs, merged_usr) = system_dirs();
     let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
-    let cgroup_layout = layout(&cgroup_hierarchies);
+    // Once this process is in a delegated scope, its slots go under it.
+    let cgroup_layout = match crate::delegate::current().and_then(|d| d.scope()) {
+        Some(scope) => delegated_layout(scope),
+        None => layout(&cgroup_hierarchies),
+    };
     HostFacts {
         kernel: cordon_sys::io::kernel_release(),
         arch: std::env::consts::ARCH.to_string(),

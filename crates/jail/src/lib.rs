@@ -503,9 +503,8 @@ impl Jail {
         // read again after it, with the slots under the delegated scope.
         let delegation = if opts.cgroups && opts.systemd_delegation {
             let d = delegate::ensure(&facts);
-            if let Some(scope) = d.scope() {
+            if d.scope().is_some() {
                 facts = host::detect();
-                facts.cgroup_layout = host::delegated_layout(scope);
             }
             Some(d)
         } else {

@@ -1196,7 +1196,9 @@ fn fallback_memory_bomb_is_stopped_at_the_limit() {
             ),
         );
         spec.limits.memory_bytes = limit;
-        spec.limits.wall = Duration::from_secs(20);
+        // Room for slow (emulated) hosts: the bomb is stopped by its memory
+        // limit, not by the clock.
+        spec.limits.wall = Duration::from_secs(120);
         spec
     };
     let o = run_ok(&j, &bomb(64), Stdin::Null);
@@ -1204,7 +1206,6 @@ fn fallback_memory_bomb_is_stopped_at_the_limit() {
     let before = children_max_rss();
     assert!(before >= 64 << 20, "control reached {before} bytes");
     let o = j.run(&bomb(4096), Stdin::Null).unwrap();
-    within_wall(&o, Duration::from_secs(20));
     assert_eq!(
         o.status,
         Status::MemoryLimit,
@@ -1418,12 +1419,15 @@ fn shared_jail() -> Jail {
 }
 
 /// The host's facts for a test that needs cgroups, or `None` (when
-/// skipping is allowed) when not run as root.
+/// skipping is allowed) when not run as root. A jail is made first, so
+/// that on a pure v2 host with systemd the facts are those under this
+/// process's delegated scope.
 fn cgroup_host(test: &str) -> Option<host::HostFacts> {
     if euid() != 0 {
         skip_or_fail(test, "needs root for cgroups");
         return None;
     }
+    drop(jail());
     Some(host::detect())
 }
 
@@ -1531,10 +1535,12 @@ fn shared_slots_of_different_layouts_never_overlap() {
     let Some(facts) = cgroup_host("shared_slots_of_different_layouts_never_overlap") else {
         return;
     };
-    if facts.cgroup_layout.memory.is_none() || facts.cgroup_layout.v2_base.is_none() {
+    let v1_memory =
+        matches!(&facts.cgroup_layout.memory, Some(p) if p.version == cgroup::Version::V1);
+    if !v1_memory || facts.cgroup_layout.v2_base.is_none() {
         skip_or_fail(
             "shared_slots_of_different_layouts_never_overlap",
-            "needs v1 memory and v2",
+            "needs v1 memory and v2 (a hybrid host)",
         );
         return;
     }
