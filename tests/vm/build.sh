@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 cache=${CORDON_VM_CACHE:-/var/cache/cordon-vm}
 npm_dir=${CORDON_E2E_NPM:-/var/cache/cordon-e2e/npm}
 suite=bookworm
-stamp="$cache/image.v2"
+stamp="$cache/image.v3"
 if [ -f "$stamp" ] && [ -f "$cache/root.img" ] && [ -f "$cache/vmlinuz" ] && [ -f "$cache/initrd.img" ]; then
   echo "vm: cached image in $cache"
   exit 0
@@ -72,6 +72,11 @@ chroot "$root" passwd -d root >/dev/null
 chroot "$root" systemctl mask getty@tty1.service serial-getty@ttyS0.service >/dev/null 2>&1 || true
 id_line=$(chroot "$root" getent passwd cordon || true)
 [ -n "$id_line" ] || chroot "$root" useradd -m -u 1000 -s /bin/bash cordon
+# The user manager gets the cpu controller too (Debian 12's user@.service
+# delegates only memory and pids): the drop-in a host gives its users for
+# cpu quotas in their own cgroups.
+mkdir -p "$root/etc/systemd/system/user@.service.d"
+printf '[Service]\nDelegate=pids memory cpu\n' >"$root/etc/systemd/system/user@.service.d/delegate.conf"
 # Lingering: the user manager (and its D-Bus user bus) starts at boot.
 mkdir -p "$root/var/lib/systemd/linger"
 touch "$root/var/lib/systemd/linger/cordon"

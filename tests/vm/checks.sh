@@ -17,20 +17,24 @@ limits_typed() {
   c=$1
   set -x
   "$c" exec --require cgroup -- /bin/true || return 1
-  "$c" exec --memory 64M -- /usr/bin/python3 -c 'b = bytearray(512 << 20)' 2>"$t-mem.err"
+  "$c" exec --wall 300 --memory 64M -- /usr/bin/python3 -c 'b = bytearray(512 << 20)' 2>"$t-mem.err"
   rc=$?
   cat "$t-mem.err"
   [ $rc -eq 12 ] && grep -q 'memory limit 64M exceeded (OOM kill)' "$t-mem.err" || return 1
-  "$c" exec --tasks 8 -- /bin/sh -c 'for i in $(seq 40); do sleep 3 & done; wait' 2>"$t-tasks.err"
+  "$c" exec --wall 300 --tasks 8 -- /bin/sh -c 'for i in $(seq 40); do sleep 3 & done; wait' 2>"$t-tasks.err"
   rc=$?
   cat "$t-tasks.err"
   [ $rc -eq 13 ] && grep -q 'task limit 8 reached' "$t-tasks.err" || return 1
   # A sandbox that stays a while: its slot has the limits in its v2 files.
-  "$c" exec --memory 96M --tasks 12 --cpu 50% -- /bin/sleep 6 &
-  sleep 3
+  "$c" exec --wall 300 --memory 96M --tasks 12 --cpu 50% -- /bin/sleep 20 &
   slot=
-  for f in $(find /sys/fs/cgroup -path '*/cordon/*' -name memory.max 2>/dev/null); do
-    [ "$(cat "$f")" = 100663296 ] && slot=$(dirname "$f")
+  i=0
+  while [ -z "$slot" ] && [ $i -lt 120 ]; do
+    sleep 1
+    i=$((i + 1))
+    for f in $(find /sys/fs/cgroup -path '*/cordon/*' -name memory.max 2>/dev/null); do
+      [ "$(cat "$f")" = 100663296 ] && [ -n "$(cat "$(dirname "$f")/cgroup.procs")" ] && slot=$(dirname "$f")
+    done
   done
   echo "slot: $slot"
   ok=0

@@ -119,7 +119,7 @@ fn decide(facts: &HostFacts) -> Delegation {
             v2.mount.display()
         ));
     }
-    if let Some(scope) = delegated_already(&v2.own, facts.euid) {
+    if let Some(scope) = delegated_already(&v2.own) {
         return match into_leaf(&scope) {
             Ok(()) => Delegation::AlreadyDelegated { scope },
             Err(e) => Delegation::Refused(format!(
@@ -167,28 +167,21 @@ fn decide(facts: &HostFacts) -> Delegation {
 
 /// The delegated cgroup this process is in, if any: its own cgroup when
 /// systemd marked it delegated (`trusted.delegate` or `user.delegate`
-/// set to 1) or, for an unprivileged process, when it owns it (systemd
-/// hands a delegated subtree to its user); or the parent of a `broker`
-/// leaf of such a cgroup (a process started by a broker that was moved
-/// there).
-fn delegated_already(own: &Path, euid: u32) -> Option<PathBuf> {
+/// set to 1), or the parent of a `broker` leaf of such a cgroup (a process
+/// started by a broker that was moved there). A cgroup the user merely
+/// owns is not enough: every unit of a user manager is owned by its user,
+/// but only a unit with `Delegate=yes` is the user's to split.
+fn delegated_already(own: &Path) -> Option<PathBuf> {
     let marked = |d: &Path| {
         ["trusted.delegate", "user.delegate"]
             .iter()
             .any(|n| cordon_sys::io::get_xattr(d, n).as_deref() == Some(b"1"))
-            || (euid != 0 && owned_by(d, euid))
     };
     if marked(own) {
         return Some(own.to_path_buf());
     }
     let parent = own.parent()?;
     (own.file_name()? == "broker" && marked(parent)).then(|| parent.to_path_buf())
-}
-
-fn owned_by(d: &Path, uid: u32) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata(d).is_ok_and(|m| m.uid() == uid)
-        && fs::metadata(d.join("cgroup.procs")).is_ok_and(|m| m.uid() == uid)
 }
 
 /// Move this process into `<scope>/broker` (made if missing), unless it

@@ -541,6 +541,8 @@ impl Jail {
             match cgroup::Pool::new(layout, shared, opts.born_in_cgroup) {
                 Ok((p, n)) => {
                     notes.extend(n);
+                    // The controllers the pool could use.
+                    facts.cgroup_layout = p.layout().clone();
                     pool = Some(p);
                 }
                 Err(e) => no_cgroup_warning = Some(format!("cannot create cgroups ({e})")),

@@ -161,8 +161,18 @@ impl Native {
                 .filter(|(_, ok)| !ok)
                 .map(|(n, _)| n)
                 .collect();
+                let delegated = cordon_jail::delegate::current().and_then(|d| d.scope());
                 if absent.is_empty() {
                     MechanismState::enforced(Mechanism::Cgroup)
+                } else if let (Some(scope), false) = (delegated, f.root) {
+                    MechanismState::partial(
+                        Mechanism::Cgroup,
+                        format!(
+                            "no {} controller in the delegated scope {} (the systemd user manager was given none: a drop-in for user@.service with `Delegate=pids memory cpu` gives it them)",
+                            absent.join(", "),
+                            scope.display()
+                        ),
+                    )
                 } else {
                     MechanismState::partial(
                         Mechanism::Cgroup,
