@@ -61,14 +61,16 @@ while [ ! -S /run/user/1000/bus ] && [ $i -lt 120 ]; do
   i=$((i + 1))
 done
 
-# The manifests: a P1 tool for the resource probes, and a P2 Node.js MCP
-# server that requires cgroup limits (no `accept:`).
+# The manifests: a P1 tool for the resource probes (a wall limit long
+# enough for the memory and fork probes to meet their own limits under
+# emulation), and a P2 Node.js MCP server that requires cgroup limits (no
+# `accept:`).
 cat >/tmp/probe.yaml <<'EOF'
 tools:
   echo:
     profile: P1
     command: [/bin/cat]
-    limits: {memory: 256M, tasks: 32, wall_seconds: 5}
+    limits: {memory: 256M, tasks: 32, wall_seconds: 90}
 EOF
 cat >/tmp/node.yaml <<'EOF'
 tools:
