@@ -29,6 +29,21 @@ fn euid() -> u32 {
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
+/// The host uid and gid a tool runs as: 65534 when the broker is root, the
+/// broker's own otherwise (uid 65534 under these tests' setpriv; another
+/// user's in the test bed of tests/vm).
+fn tool_host_ids() -> (u32, u32) {
+    if euid() == 0 {
+        return (65534, 65534);
+    }
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let id = |key: &str| -> u32 {
+        let line = s.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    (id("Uid:"), id("Gid:"))
+}
+
 fn reexec(test: &str, unprivileged: bool) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = if unprivileged && euid() == 0 {
@@ -747,7 +762,7 @@ fn uid_is_unprivileged_inside_and_out() {
                 .map(|x| x.parse().unwrap())
                 .collect();
             assert!(
-                uids.iter().all(|&u| u == 65534),
+                uids.iter().all(|&u| u == tool_host_ids().0),
                 "host-side uids of the tool: {uids:?}"
             );
             let cap = st.lines().find(|l| l.starts_with("CapEff:")).unwrap();
@@ -1221,9 +1236,11 @@ fn fallback_memory_bomb_is_stopped_at_the_limit() {
         o.reason
     );
     assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    // The body runs in a process of its own (see `jail_test!`), so the
+    // largest resident set is this bomb's.
     let peak = children_max_rss();
     assert!(
-        peak > before && peak >= limit - (32 << 20) && peak <= limit + (32 << 20),
+        peak >= limit - (32 << 20) && peak <= limit + (32 << 20),
         "resident set {} MiB under a {} MiB limit",
         peak >> 20,
         limit >> 20
@@ -1867,8 +1884,10 @@ fn image_cwd_and_user() {
                     .skip(1)
                     .map(|x| x.parse().unwrap())
                     .collect();
+                let (uid, gid) = tool_host_ids();
+                let want = if key == "Uid:" { uid } else { gid };
                 assert!(
-                    ids.iter().all(|&u| u == 65534),
+                    ids.iter().all(|&u| u == want),
                     "host-side {key} of the tool: {ids:?}"
                 );
             }
