@@ -46,8 +46,9 @@ struct Report {
 }
 
 /// A profile's verdict from the mechanisms of the runtime it runs on:
-/// unavailable when a mechanism it requires by default is missing (or the
-/// runtime cannot start), full only when every mechanism is fully
+/// unavailable when a mechanism it requires by default is not fully
+/// enforced (its tools are refused, see `cordon_runtime::mechanism::hold`)
+/// or the runtime cannot start, full only when every mechanism is fully
 /// enforced and nothing else is missing, partial otherwise, each missing
 /// piece named.
 fn verdict(
@@ -72,7 +73,7 @@ fn verdict(
             State::Enforced => {}
             State::Partial(_) | State::Missing(_) => {
                 let req = required.contains(&m.mechanism);
-                blocked |= req && matches!(m.state, State::Missing(_));
+                blocked |= req;
                 missing.push(if req {
                     format!(
                         "{m} (required by {name} by default: tools refused unless `accept: [{}]`)",
@@ -120,8 +121,10 @@ fn read_trim(p: &str) -> Option<String> {
 }
 
 pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let facts = cordon_jail::host::detect();
+    // The registry first: the native runtime's jail may move this process
+    // into a delegated scope, and the facts are read after that.
     let registry = Registry::for_host(Default::default());
+    let facts = cordon_jail::host::detect();
     let native = registry
         .get(
             cordon_policy::policy::Runtime::Native,
@@ -229,6 +232,25 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         (None, Some(e)) => (false, format!("the jail cannot start: {e}")),
         (None, None) => (false, "no native runtime".to_string()),
     };
+    // The native runtime's jail asked (or not) for a delegated scope when
+    // it was made, above.
+    let delegation = cordon_jail::delegate::current();
+    checks.push(Check {
+        name: "systemd delegation",
+        ok: !matches!(
+            delegation,
+            Some(
+                cordon_jail::delegate::Delegation::NoBus(_)
+                    | cordon_jail::delegate::Delegation::NoManager(_)
+                    | cordon_jail::delegate::Delegation::Refused(_)
+            )
+        ),
+        detail: match delegation {
+            Some(d) => d.to_string(),
+            None => "not asked for: the native runtime did not start, or uses no cgroups".into(),
+        },
+        how: "on a pure cgroup v2 host below its root cgroup: StartTransientUnit (a scope with Delegate=yes holding this process) on the systemd manager's D-Bus (the user bus for an unprivileged user, the system bus for root; or the manager's private socket)".into(),
+    });
     checks.push(Check {
         name: "cgroup limits usable",
         ok: cg_usable,
@@ -476,6 +498,17 @@ mod tests {
             "{:?}",
             p2.missing
         );
+        // The rlimit fallback is partial, and still blocks P2 by default.
+        let mut ms = all_enforced();
+        ms[6] = MechanismState::partial(Mechanism::Cgroup, "rlimit fallback in force");
+        let p1 = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
+        assert_eq!(p1.strength, "partial");
+        assert_eq!(
+            p1.missing,
+            vec!["cgroup: partial (rlimit fallback in force)"]
+        );
+        let p2 = verdict(Profile::P2, "P2", Some(&ms), None, vec![]);
+        assert_eq!(p2.strength, "unavailable");
         // A missing piece of the profile itself.
         let v = verdict(
             Profile::P2,

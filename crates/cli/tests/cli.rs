@@ -245,7 +245,10 @@ fn schema_and_doctor_print_json() {
                 p1["missing"][0]
                     .as_str()
                     .unwrap()
-                    .starts_with("cgroup: missing"),
+                    .starts_with("cgroup: partial (")
+                    && p1["missing"][0].as_str().unwrap().contains(
+                        "rlimit fallback in force: memory capped per process by RLIMIT_DATA"
+                    ),
                 "{p1}"
             );
             // P2 requires cgroup limits by default.
@@ -390,12 +393,19 @@ fn every_failure_class_has_its_status_and_reason() {
     ];
     for who in modes() {
         for (args, want, msg) in cases {
-            if matches!(who, As::Nobody) && (*want == 12 || *want == 13) {
-                // Unprivileged here there is no cgroup delegation: memory and
-                // tasks fall back to rlimits, whose failures look different
+            if matches!(who, As::Nobody) && *want == 13 {
+                // Unprivileged here there is no cgroup delegation: tasks
+                // fall back to RLIMIT_NPROC, whose refusals are not counted
                 // (checked in `unprivileged_fallback_is_announced`).
                 continue;
             }
+            // Memory falls back to RLIMIT_DATA: the tool's MemoryError is
+            // the memory limit, reported as such.
+            let msg = if matches!(who, As::Nobody) && *want == 12 {
+                "exec: memory limit 64M exceeded (an allocation failed under RLIMIT_DATA, the limit without cgroups: \"MemoryError\")"
+            } else {
+                msg
+            };
             let o = cordon(who, args, b"", &[]);
             let e = text(&o.stderr);
             assert_eq!(code(&o), *want, "{who:?} {args:?}: {e}");
@@ -413,8 +423,9 @@ fn unprivileged_fallback_is_announced() {
     assert_eq!(code(&o), 0);
     let e = text(&o.stderr);
     assert!(
-        e.contains("cordon: warning: cgroup: missing (")
-            && e.contains("memory capped by RLIMIT_AS and tasks by RLIMIT_NPROC"),
+        e.contains("cordon: warning: cgroup: partial (")
+            && e.contains("memory capped per process by RLIMIT_DATA")
+            && e.contains("tasks by RLIMIT_NPROC"),
         "no warning about the weaker mechanism: {e}"
     );
 }

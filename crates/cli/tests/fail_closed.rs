@@ -163,8 +163,8 @@ fn serve_probes_every_tool_and_refuses_a_leaky_mcp_server_by_name() {
     assert!(!err.contains("fetcher: refusing"), "{err}");
 }
 
-/// P2 requires cgroup limits by default: where they are missing (uid
-/// 65534 here has no cgroup delegation) a P2 tool is refused at `check`
+/// P2 requires cgroup limits by default: where they are not in force (uid
+/// 65534 here has no cgroup delegation, only the rlimit fallback) a P2 tool is refused at `check`
 /// and at run time with the mechanism named; `accept: [cgroup]` runs it
 /// on the rlimit fallback, said in the call's warnings and audit record.
 /// As root the same manifest runs with cgroups (the positive control).
@@ -201,7 +201,7 @@ fn a_required_mechanism_missing_refuses_and_an_accepted_one_is_named() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(
-        err.contains("would not start here: count: refused: required mechanism not enforced on this host: cgroup: missing"),
+        err.contains("would not start here: count: refused: required mechanism not enforced on this host: cgroup: partial"),
         "{err}"
     );
     assert!(err.contains("`accept: [cgroup]`"), "{err}");
@@ -209,7 +209,7 @@ fn a_required_mechanism_missing_refuses_and_an_accepted_one_is_named() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(21), "{out}{err}");
     assert!(out.is_empty(), "{out}");
-    assert!(err.contains("cgroup: missing"), "{err}");
+    assert!(err.contains("cgroup: partial"), "{err}");
 
     // Accepted: it runs, and says so in the result and the audit record.
     let o = cordon(true, &["check", "-m", l], b"", &audit);
@@ -220,7 +220,7 @@ fn a_required_mechanism_missing_refuses_and_an_accepted_one_is_named() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let warnings = v["warnings"].to_string();
     assert!(
-        warnings.contains("cgroup: missing") && warnings.contains("[accepted]"),
+        warnings.contains("cgroup: partial") && warnings.contains("[accepted]"),
         "{v}"
     );
     let log = std::fs::read_to_string(&audit).unwrap();
@@ -464,7 +464,7 @@ tools:
             if nobody {
                 let w = w.unwrap_or_else(|| panic!("{tool}: no warnings in {:?}", r.meta));
                 assert!(
-                    w.to_string().contains("cgroup: missing")
+                    w.to_string().contains("cgroup: partial")
                         && w.to_string().contains("[accepted]"),
                     "{tool}: {w}"
                 );
@@ -481,7 +481,7 @@ tools:
                 .find(|r| r["tool"] == tool)
                 .unwrap_or_else(|| panic!("no record of {tool}: {log}"));
             assert_eq!(
-                rec["warnings"].to_string().contains("cgroup: missing"),
+                rec["warnings"].to_string().contains("cgroup: partial"),
                 nobody,
                 "{tool}: {rec}"
             );

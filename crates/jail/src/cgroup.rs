@@ -647,7 +647,7 @@ impl Pool {
             shared,
             born_in_v2,
         };
-        let first = match pool.create() {
+        let mut first = match pool.create() {
             Ok(slot) => slot,
             Err(e) if !v2_controllers && pool.shared.is_some() && pool.layout.v2_base.is_some() => {
                 let b = pool.layout.v2_base.take().unwrap_or_default();
@@ -659,6 +659,48 @@ impl Pool {
             }
             Err(e) => return Err(e),
         };
+        // A v2 controller whose files the slot lacks was not enabled above
+        // it (e.g. other processes sit in the broker's own cgroup, which v2
+        // then does not let split): it is dropped, and a slot made again.
+        if let Some(d) = first.v2.clone() {
+            let mut dropped = Vec::new();
+            for (name, file) in [
+                ("memory", "memory.max"),
+                ("pids", "pids.max"),
+                ("cpu", "cpu.max"),
+            ] {
+                let p = match name {
+                    "memory" => &mut pool.layout.memory,
+                    "pids" => &mut pool.layout.pids,
+                    _ => &mut pool.layout.cpu,
+                };
+                if matches!(p, Some(pl) if pl.version == Version::V2) && !d.join(file).exists() {
+                    *p = None;
+                    dropped.push(name);
+                }
+            }
+            if !dropped.is_empty() {
+                let why = if notes.is_empty() {
+                    "not enabled in cgroup.subtree_control above it".to_string()
+                } else {
+                    notes.join("; ")
+                };
+                let _ = first.remove_now();
+                if pool.layout.memory.is_none() && pool.layout.pids.is_none() {
+                    return Err(io::Error::other(format!(
+                        "no {} controller in {} ({why})",
+                        dropped.join(", "),
+                        d.display()
+                    )));
+                }
+                notes.push(format!(
+                    "no {} controller in {} ({why}): that limit falls back",
+                    dropped.join(", "),
+                    d.display()
+                ));
+                first = pool.create()?;
+            }
+        }
         // Limits in v2: the sandbox must be in its v2 directory. If it
         // cannot be born there, it moves itself in with a write to
         // cgroup.procs instead (which can wait an RCU grace period).
@@ -1116,6 +1158,33 @@ mod tests {
         assert!(
             slots.len() == 1 && slots[0].starts_with("shared-"),
             "{slots:?}"
+        );
+    }
+
+    #[test]
+    fn v2_controllers_that_are_not_enabled_are_dropped() {
+        // A v2 base whose slots get no controller files (here a plain
+        // directory: as in a cgroup whose parent could not enable them):
+        // with neither memory nor pids, no pool; the error names them.
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("cordon");
+        let v2 = |b: &Path| {
+            Some(Placement {
+                version: Version::V2,
+                base: b.to_path_buf(),
+            })
+        };
+        let layout = Layout {
+            memory: v2(&base),
+            pids: v2(&base),
+            cpu: None,
+            v2_base: Some(base.clone()),
+        };
+        let e = Pool::new(layout, None, true).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("no memory, pids controller in {}", base.display())),
+            "{e}"
         );
     }
 

@@ -75,7 +75,9 @@ pub struct HostFacts {
     pub notes: Vec<String>,
 }
 
-/// Detect the host (read-only; creates nothing).
+/// Detect the host (read-only; creates nothing). After this process was
+/// given a delegated scope (see [`crate::delegate`]), the cgroup layout is
+/// the one under it.
 pub fn detect() -> HostFacts {
     let mut notes = Vec::new();
     let euid = cordon_sys::io::geteuid();
@@ -94,7 +96,11 @@ pub fn detect() -> HostFacts {
         .unwrap_or(63);
     let (system_dirs, merged_usr) = system_dirs();
     let cgroup_hierarchies = cgroup_hierarchies(&mut notes);
-    let cgroup_layout = layout(&cgroup_hierarchies);
+    // Once this process is in a delegated scope, its slots go under it.
+    let cgroup_layout = match crate::delegate::current().and_then(|d| d.scope()) {
+        Some(scope) => delegated_layout(scope),
+        None => layout(&cgroup_hierarchies),
+    };
     HostFacts {
         kernel: cordon_sys::io::kernel_release(),
         arch: std::env::consts::ARCH.to_string(),
@@ -312,6 +318,28 @@ pub fn layout(h: &[Hierarchy]) -> Layout {
     }
 }
 
+/// The layout under a delegated cgroup `scope` (see [`crate::delegate`]):
+/// every controller the scope offers is v2 at `<scope>/cordon`, and so is
+/// the v2 base.
+pub fn delegated_layout(scope: &Path) -> Layout {
+    let controllers: Vec<String> = read_proc(scope.join("cgroup.controllers"))
+        .map(|s| s.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let base = scope.join("cordon");
+    let place = |name: &str| {
+        controllers.iter().any(|c| c == name).then(|| Placement {
+            version: Version::V2,
+            base: base.clone(),
+        })
+    };
+    Layout {
+        memory: place("memory"),
+        pids: place("pids"),
+        cpu: place("cpu"),
+        v2_base: Some(base.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +398,22 @@ mod tests {
         let l = layout(&h);
         assert!(l.memory.is_none());
         assert!(l.v2_base.is_some());
+    }
+
+    #[test]
+    fn delegated_scope_layout() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let l = delegated_layout(t.path());
+        let base = t.path().join("cordon");
+        for p in [&l.memory, &l.pids, &l.cpu] {
+            let p = p.as_ref().unwrap();
+            assert_eq!((p.version, &p.base), (Version::V2, &base));
+        }
+        assert_eq!(l.v2_base.as_ref(), Some(&base));
+        // A manager that delegates no cpu controller: no cpu placement.
+        fs::write(t.path().join("cgroup.controllers"), "memory pids\n").unwrap();
+        assert!(delegated_layout(t.path()).cpu.is_none());
     }
 
     #[test]

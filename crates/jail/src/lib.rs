@@ -35,8 +35,8 @@
 //!    random, urandom), a fresh /proc with the OCI masks, tmpfs /tmp of
 //!    `disk_bytes`, the spec's read-only binds, `pivot_root`, old root
 //!    detached, / remounted read-only, cwd /tmp (or the spec's `cwd`);
-//!    then doors, rlimits (NOFILE, FSIZE, CORE=0; AS and NPROC without
-//!    cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
+//!    then doors, rlimits (NOFILE, FSIZE, CORE=0; DATA, an AS backstop and
+//!    NPROC without cgroups), `setsid`, no_new_privs, Landlock, all capabilities dropped,
 //!    seccomp last, execve. A failure is reported as (step, errno) on a
 //!    close-on-exec pipe and becomes [`JailError::Setup`];
 //! 6. the broker feeds stdin, reads stdout up to the cap and stderr, and
@@ -68,6 +68,8 @@
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
+pub mod delegate;
+pub mod fallback;
 pub mod host;
 mod netns;
 mod plan;
@@ -220,7 +222,8 @@ pub struct Bind {
 pub struct Limits {
     /// Wall clock; the whole sandbox is killed after it.
     pub wall: Duration,
-    /// Memory (cgroup, no swap; RLIMIT_AS without cgroups).
+    /// Memory (cgroup, no swap; without a memory cgroup, RLIMIT_DATA per
+    /// process and a far looser RLIMIT_AS, see [`fallback`]).
     pub memory_bytes: u64,
     /// Tasks (pids.max; RLIMIT_NPROC in the sandbox's user namespace
     /// without cgroups).
@@ -458,6 +461,10 @@ pub struct JailOptions {
     /// `cgroup.procs`, as on a host where such births are killed (see
     /// `cgroup::Pool::new`); for tests of that path.
     pub born_in_cgroup: bool,
+    /// On a pure cgroup v2 host, ask the reachable systemd manager for a
+    /// delegated scope for this process and put the slots under it (default
+    /// true; see [`delegate`]).
+    pub systemd_delegation: bool,
 }
 
 impl Default for JailOptions {
@@ -471,6 +478,7 @@ impl Default for JailOptions {
             pool_network_namespaces: true,
             share_cgroup_slots: false,
             born_in_cgroup: true,
+            systemd_delegation: true,
         }
     }
 }
@@ -529,7 +537,18 @@ impl Jail {
         } else {
             None
         };
-        let facts = host::detect();
+        let mut facts = host::detect();
+        // Delegation moves this process into a new cgroup: the facts are
+        // read again after it, with the slots under the delegated scope.
+        let delegation = if opts.cgroups && opts.systemd_delegation {
+            let d = delegate::ensure(&facts);
+            if d.scope().is_some() {
+                facts = host::detect();
+            }
+            Some(d)
+        } else {
+            None
+        };
         if !facts.user_namespaces {
             return Err(JailError::Host(
                 "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
@@ -541,6 +560,9 @@ impl Jail {
         let root_dir = rootdir::RootDir::new(facts.euid)
             .map_err(|e| JailError::Host(format!("create root mount point: {e}")))?;
         let mut notes = facts.notes.clone();
+        if let Some(d) = delegation {
+            notes.push(format!("systemd delegation: {d}"));
+        }
         let mut pool = None;
         let mut no_cgroup_warning = None;
         let layout = facts.cgroup_layout.clone();
@@ -558,10 +580,19 @@ impl Jail {
             match cgroup::Pool::new(layout, shared, opts.born_in_cgroup) {
                 Ok((p, n)) => {
                     notes.extend(n);
+                    // The controllers the pool could use.
+                    facts.cgroup_layout = p.layout().clone();
                     pool = Some(p);
                 }
                 Err(e) => no_cgroup_warning = Some(format!("cannot create cgroups ({e})")),
             }
+        }
+        // Without a pool, say too why no delegated subtree was had.
+        if pool.is_none()
+            && let (Some(w), Some(d)) = (&mut no_cgroup_warning, delegation)
+            && d.scope().is_none()
+        {
+            *w = format!("{w}; systemd delegation: {d}");
         }
         let dev_null = std::fs::File::open("/dev/null")
             .map_err(|e| JailError::Host(format!("open /dev/null: {e}")))?

@@ -11,8 +11,8 @@ use cordon_sys::spawn::{Child, ChildFailure, ChildPlan, ChildStep};
 
 use crate::cgroup::{Slot, Stats};
 use crate::{
-    Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, format_bytes,
-    format_duration, plan,
+    Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, fallback,
+    format_bytes, format_duration, plan,
 };
 
 const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
@@ -118,6 +118,7 @@ fn rlimit_name(r: u32) -> &'static str {
         x if x == libc::RLIMIT_FSIZE => "RLIMIT_FSIZE",
         x if x == libc::RLIMIT_CORE => "RLIMIT_CORE",
         x if x == libc::RLIMIT_AS => "RLIMIT_AS",
+        x if x == libc::RLIMIT_DATA => "RLIMIT_DATA",
         x if x == libc::RLIMIT_NPROC => "RLIMIT_NPROC",
         x if x == libc::RLIMIT_CPU => "RLIMIT_CPU",
         _ => "rlimit",
@@ -202,9 +203,18 @@ where
         (libc::RLIMIT_CORE, 0, 0),
     ];
     if !cg_mem {
-        rlimits.push((libc::RLIMIT_AS, limits.memory_bytes, limits.memory_bytes));
+        // Private writable memory per process, and the address space only
+        // as a far looser backstop (see `fallback.rs`); neither above the
+        // broker's own hard limit, which an unprivileged broker cannot
+        // raise (and a lower one is stricter still).
+        let cap = |res: u32, v: u64| sio::hard_rlimit(res).map_or(v, |h| v.min(h));
+        let data = cap(libc::RLIMIT_DATA, limits.memory_bytes);
+        let backstop = cap(libc::RLIMIT_AS, fallback::as_backstop(limits.memory_bytes));
+        rlimits.push((libc::RLIMIT_DATA, data, data));
+        rlimits.push((libc::RLIMIT_AS, backstop, backstop));
         warnings.push(format!(
-            "cgroups unavailable ({why}): memory limit enforced by RLIMIT_AS only (no OOM detection, no peak memory)"
+            "cgroups unavailable ({why}): memory limit enforced per process by RLIMIT_DATA (private writable memory; shared mappings only by an RLIMIT_AS backstop of {}), no OOM kill, no peak memory",
+            format_bytes(backstop)
         ));
     }
     if !cg_pids {
@@ -641,7 +651,7 @@ where
     };
     // A child that died before exec without reporting (killed at the wall
     // limit during setup is the usual case) still ends up here.
-    let (status, stats) = match verdict(killed_for, exit_code, slot.map(Slot::stats)) {
+    let (mut status, stats) = match verdict(killed_for, exit_code, slot.map(Slot::stats)) {
         Ok(v) => v,
         Err(e) => {
             // Without the counters an OOM or task-limit kill would pass for
@@ -654,7 +664,22 @@ where
         }
     };
     let duration = start.elapsed();
+    // Without a memory cgroup nothing counts OOM kills: a tool that failed
+    // is taken at its word on stderr (see `fallback.rs`).
+    let oom_line = if !cg_mem && status == Status::Exited {
+        fallback::oom_line(&io.stderr).or_else(|| fallback::oom_line(&io.stderr_tail))
+    } else {
+        None
+    };
+    if oom_line.is_some() {
+        status = Status::MemoryLimit;
+    }
     let reason = match status {
+        Status::MemoryLimit if !cg_mem => format!(
+            "{tool}: memory limit {} exceeded (an allocation failed under RLIMIT_DATA, the limit without cgroups: {:?})",
+            format_bytes(limits.memory_bytes),
+            oom_line.unwrap_or_default()
+        ),
         Status::TimedOut => format!("{tool}: timed out after {}", format_duration(limits.wall)),
         Status::MemoryLimit => format!(
             "{tool}: memory limit {} exceeded (OOM kill)",
@@ -669,6 +694,10 @@ where
         Status::Killed => format!("{tool}: stopped by the broker"),
         Status::Ok | Status::Exited => match (exit_code, signal) {
             (Some(c), _) => format!("{tool}: exit {c}"),
+            (None, Some(s)) if !cg_mem && let Some(name) = fallback::crash_signal(s) => format!(
+                "{tool}: killed by signal {s} ({name}); without cgroups memory is capped per process by RLIMIT_DATA at {}, and a crash like this can follow a failed allocation: for a real memory limit run cordon where it gets a cgroup (see `cordon doctor`)",
+                format_bytes(limits.memory_bytes)
+            ),
             (None, Some(s)) => format!("{tool}: killed by signal {s}"),
             (None, None) => format!("{tool}: ended"),
         },
@@ -785,6 +814,10 @@ fn drain(fd: BorrowedFd<'_>, buf: &mut [u8], mut sink: impl FnMut(&[u8]) -> bool
     }
 }
 
+/// Stderr bytes kept past the cap, the last ones written (where runtimes
+/// put their fatal errors), for [`fallback::oom_line`].
+const STDERR_TAIL: usize = 16 << 10;
+
 struct IoState {
     out_cap: u64,
     err_cap: u64,
@@ -792,6 +825,9 @@ struct IoState {
     out_total: u64,
     stderr: Vec<u8>,
     err_total: u64,
+    /// The last bytes of stderr beyond `stderr` (up to twice
+    /// [`STDERR_TAIL`] before it is trimmed).
+    stderr_tail: Vec<u8>,
 }
 
 impl IoState {
@@ -803,6 +839,7 @@ impl IoState {
             out_total: 0,
             stderr: Vec::new(),
             err_total: 0,
+            stderr_tail: Vec::new(),
         }
     }
 
@@ -818,8 +855,16 @@ impl IoState {
     fn stderr(&mut self, chunk: &[u8]) {
         self.err_total += chunk.len() as u64;
         let room = self.err_cap.saturating_sub(self.stderr.len() as u64) as usize;
-        self.stderr
-            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let kept = chunk.len().min(room);
+        self.stderr.extend_from_slice(&chunk[..kept]);
+        let rest = &chunk[kept..];
+        if !rest.is_empty() {
+            self.stderr_tail.extend_from_slice(rest);
+            if self.stderr_tail.len() > 2 * STDERR_TAIL {
+                let cut = self.stderr_tail.len() - STDERR_TAIL;
+                self.stderr_tail.drain(..cut);
+            }
+        }
     }
 
     fn finish(self) -> (Vec<u8>, u64, Vec<u8>, u64) {

@@ -29,6 +29,21 @@ fn euid() -> u32 {
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
+/// The host uid and gid a tool runs as: 65534 when the broker is root, the
+/// broker's own otherwise (uid 65534 under these tests' setpriv; another
+/// user's in the test bed of tests/vm).
+fn tool_host_ids() -> (u32, u32) {
+    if euid() == 0 {
+        return (65534, 65534);
+    }
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let id = |key: &str| -> u32 {
+        let line = s.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    (id("Uid:"), id("Gid:"))
+}
+
 fn reexec(test: &str, unprivileged: bool) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = if unprivileged && euid() == 0 {
@@ -111,6 +126,14 @@ fn jail() -> Jail {
 
 fn privileged(j: &Jail) -> bool {
     j.host().root
+}
+
+/// Whether this jail's memory and task limits go through cgroups (root
+/// here; an unprivileged broker too where systemd delegates it a scope, as
+/// in the test bed of tests/vm) rather than the rlimit fallback.
+fn cgroup_limits(j: &Jail) -> bool {
+    let l = &j.host().cgroup_layout;
+    j.uses_cgroups() && l.memory.is_some() && l.pids.is_some()
 }
 
 fn py(tool: &str, code: &str) -> JailSpec {
@@ -220,7 +243,7 @@ fn positive_control() {
     assert_eq!(text(&o.stdout), "12\n");
     // Landlock is on.
     assert_eq!(o.landlock, LandlockStatus::FullyEnforced);
-    if privileged(&j) {
+    if cgroup_limits(&j) {
         assert!(o.warnings.is_empty(), "{:?}", o.warnings);
         assert!(o.peak_memory_bytes.unwrap_or(0) > 0);
     } else {
@@ -248,7 +271,18 @@ fn exit_codes_and_signals() {
         .unwrap();
     assert_eq!(o.status, Status::Exited);
     assert_eq!(o.signal, Some(libc::SIGSEGV));
-    assert_eq!(o.reason, "segv: killed by signal 11");
+    if j.uses_cgroups() {
+        assert_eq!(o.reason, "segv: killed by signal 11");
+    } else {
+        // On the rlimit fallback the reason also names it (see
+        // `fallback_crash_names_the_fallback`).
+        assert!(
+            o.reason
+                .starts_with("segv: killed by signal 11 (SIGSEGV); without cgroups"),
+            "{}",
+            o.reason
+        );
+    }
 }
 jail_test!(exit_codes_and_signals);
 
@@ -728,7 +762,7 @@ fn uid_is_unprivileged_inside_and_out() {
                 .map(|x| x.parse().unwrap())
                 .collect();
             assert!(
-                uids.iter().all(|&u| u == 65534),
+                uids.iter().all(|&u| u == tool_host_ids().0),
                 "host-side uids of the tool: {uids:?}"
             );
             let cap = st.lines().find(|l| l.starts_with("CapEff:")).unwrap();
@@ -1162,7 +1196,7 @@ fn memory_bomb() {
     let o = j.run(&spec, Stdin::Null).unwrap();
     within_wall(&o, spec.limits.wall);
     assert!(o.stdout.is_empty());
-    if privileged(&j) {
+    if cgroup_limits(&j) {
         assert_eq!(
             o.status,
             Status::MemoryLimit,
@@ -1174,21 +1208,210 @@ fn memory_bomb() {
         assert_eq!(o.signal, Some(libc::SIGKILL));
         assert!(o.peak_memory_bytes.unwrap() <= 64 << 20);
     } else {
-        // RLIMIT_AS: the allocation fails inside the tool.
-        assert_eq!(o.status, Status::Exited, "{}", o.reason);
+        // RLIMIT_DATA: the allocation fails inside the tool, which says so.
+        assert_eq!(o.status, Status::MemoryLimit, "{}", o.reason);
+        assert_eq!(
+            o.reason,
+            "bomb: memory limit 64M exceeded (an allocation failed under RLIMIT_DATA, the limit without cgroups: \"MemoryError\")"
+        );
         assert!(
             text(&o.stderr).contains("MemoryError"),
             "{}",
             text(&o.stderr)
         );
         assert!(
-            o.warnings.iter().any(|w| w.contains("RLIMIT_AS")),
+            o.warnings.iter().any(|w| w.contains("RLIMIT_DATA")),
             "{:?}",
             o.warnings
         );
     }
 }
 jail_test!(memory_bomb);
+
+/// A jail on the rlimit fallback as root too (cgroups turned off), as an
+/// unprivileged broker here has it anyway.
+fn fallback_jail() -> Jail {
+    let _g = NEW_JAIL.read().unwrap_or_else(|e| e.into_inner());
+    let j = Jail::with_options(JailOptions {
+        cgroups: false,
+        ..Default::default()
+    })
+    .expect("Jail::with_options");
+    assert!(!j.uses_cgroups());
+    j
+}
+
+/// The largest resident set of any process this (test) process has reaped,
+/// sandboxes included: measured by the kernel, not by cordon.
+fn children_max_rss() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer.
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) },
+        0
+    );
+    ru.ru_maxrss as u64 * 1024
+}
+
+/// Without cgroups, a memory bomb is stopped by RLIMIT_DATA within the
+/// limit plus a small margin (the interpreter's own text and libraries),
+/// measured by the kernel's count of the sandbox's resident set, and is
+/// reported as the memory limit. Positive control: the same loop with a
+/// smaller goal finishes.
+fn fallback_memory_bomb_is_stopped_at_the_limit() {
+    let j = fallback_jail();
+    let limit: u64 = 256 << 20;
+    let bomb = |goal_mib: u64| {
+        let mut spec = py(
+            "bomb",
+            &format!(
+                "import sys\nl = []\nfor i in range({goal_mib}):\n    l.append(bytearray(1 << 20))\nprint(len(l))"
+            ),
+        );
+        spec.limits.memory_bytes = limit;
+        // Room for slow (emulated) hosts: the bomb is stopped by its memory
+        // limit, not by the clock.
+        spec.limits.wall = Duration::from_secs(120);
+        spec
+    };
+    let o = run_ok(&j, &bomb(64), Stdin::Null);
+    assert_eq!(text(&o.stdout), "64\n");
+    let before = children_max_rss();
+    assert!(before >= 64 << 20, "control reached {before} bytes");
+    let o = j.run(&bomb(4096), Stdin::Null).unwrap();
+    assert_eq!(
+        o.status,
+        Status::MemoryLimit,
+        "{} {}",
+        o.reason,
+        text(&o.stderr)
+    );
+    assert!(
+        o.reason.starts_with(
+            "bomb: memory limit 256M exceeded (an allocation failed under RLIMIT_DATA"
+        ),
+        "{}",
+        o.reason
+    );
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    // The body runs in a process of its own (see `jail_test!`), so the
+    // largest resident set is this bomb's.
+    let peak = children_max_rss();
+    assert!(
+        peak >= limit - (32 << 20) && peak <= limit + (32 << 20),
+        "resident set {} MiB under a {} MiB limit",
+        peak >> 20,
+        limit >> 20
+    );
+}
+jail_test!(fallback_memory_bomb_is_stopped_at_the_limit);
+
+/// Without cgroups, address space that is only reserved does not count
+/// (V8, the JVM and Go reserve far more than they use): 8 GiB reserved and
+/// 16 MiB written pass under a 64 MiB limit, 128 MiB written do not.
+/// Shared mappings, which RLIMIT_DATA does not count, meet the RLIMIT_AS
+/// backstop (64 GiB here): 1 GiB maps, 80 GiB does not.
+fn fallback_counts_written_memory_not_reservations() {
+    let j = fallback_jail();
+    let run = |code: &str| {
+        let mut spec = py("reserve", code);
+        spec.limits.memory_bytes = 64 << 20;
+        j.run(&spec, Stdin::Null).unwrap()
+    };
+    let reserve = "import mmap\nr = mmap.mmap(-1, 8 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)\nb = bytearray(__N__ << 20)\nprint('ok')";
+    let o = run(&reserve.replace("__N__", "16"));
+    assert_eq!(
+        (o.status, text(&o.stdout)),
+        (Status::Ok, "ok\n".into()),
+        "{} {}",
+        o.reason,
+        text(&o.stderr)
+    );
+    let o = run(&reserve.replace("__N__", "128"));
+    assert_eq!(
+        o.status,
+        Status::MemoryLimit,
+        "{} {}",
+        o.reason,
+        text(&o.stderr)
+    );
+    let shared = "import mmap\ntry:\n    mmap.mmap(-1, __N__ << 30, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n    print('mapped')\nexcept OSError as e:\n    print('refused', e.errno)";
+    let o = run(&shared.replace("__N__", "1"));
+    assert_eq!(
+        text(&o.stdout),
+        "mapped\n",
+        "{} {}",
+        o.reason,
+        text(&o.stderr)
+    );
+    let o = run(&shared.replace("__N__", "80"));
+    assert_eq!(
+        text(&o.stdout),
+        format!("refused {}\n", libc::ENOMEM),
+        "{} {}",
+        o.reason,
+        text(&o.stderr)
+    );
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("RLIMIT_AS backstop of 64G")),
+        "{:?}",
+        o.warnings
+    );
+}
+jail_test!(fallback_counts_written_memory_not_reservations);
+
+/// Without cgroups, a tool that crashes is not a bare "killed by signal":
+/// the reason names the fallback and the way to real limits. A failure
+/// that says nothing of memory stays a plain exit (the control), and with
+/// a memory cgroup (root here) a crash is reported as it is.
+fn fallback_crash_names_the_fallback() {
+    let j = fallback_jail();
+    let o = j
+        .run(
+            &py("crash", "import ctypes\nctypes.string_at(0)"),
+            Stdin::Null,
+        )
+        .unwrap();
+    assert_eq!(
+        (o.status, o.signal),
+        (Status::Exited, Some(libc::SIGSEGV)),
+        "{}",
+        o.reason
+    );
+    assert!(
+        o.reason.starts_with("crash: killed by signal 11 (SIGSEGV); without cgroups memory is capped per process by RLIMIT_DATA at 512M")
+            && o.reason.contains("see `cordon doctor`"),
+        "{}",
+        o.reason
+    );
+    let o = j
+        .run(
+            &py("fail", "import sys\nsys.exit('bad input')"),
+            Stdin::Null,
+        )
+        .unwrap();
+    assert_eq!(
+        (o.status, o.reason.as_str()),
+        (Status::Exited, "fail: exit 1")
+    );
+    let j = jail();
+    if j.uses_cgroups() {
+        let o = j
+            .run(
+                &py("crash", "import ctypes\nctypes.string_at(0)"),
+                Stdin::Null,
+            )
+            .unwrap();
+        assert_eq!(
+            (o.status, o.reason.as_str()),
+            (Status::Exited, "crash: killed by signal 11")
+        );
+    }
+}
+jail_test!(fallback_crash_names_the_fallback);
 
 fn fork_bomb() {
     let j = jail();
@@ -1201,7 +1424,7 @@ fn fork_bomb() {
     let o = j.run(&spec, Stdin::Null).unwrap();
     within_wall(&o, spec.limits.wall);
     assert!(text(&o.stderr).contains("fork"), "{}", text(&o.stderr));
-    if privileged(&j) {
+    if cgroup_limits(&j) {
         assert_eq!(
             o.status,
             Status::TaskLimit,
@@ -1272,12 +1495,15 @@ fn shared_jail() -> Jail {
 }
 
 /// The host's facts for a test that needs cgroups, or `None` (when
-/// skipping is allowed) when not run as root.
+/// skipping is allowed) when not run as root. A jail is made first, so
+/// that on a pure v2 host with systemd the facts are those under this
+/// process's delegated scope.
 fn cgroup_host(test: &str) -> Option<host::HostFacts> {
     if euid() != 0 {
         skip_or_fail(test, "needs root for cgroups");
         return None;
     }
+    drop(jail());
     Some(host::detect())
 }
 
@@ -1385,10 +1611,12 @@ fn shared_slots_of_different_layouts_never_overlap() {
     let Some(facts) = cgroup_host("shared_slots_of_different_layouts_never_overlap") else {
         return;
     };
-    if facts.cgroup_layout.memory.is_none() || facts.cgroup_layout.v2_base.is_none() {
+    let v1_memory =
+        matches!(&facts.cgroup_layout.memory, Some(p) if p.version == cgroup::Version::V1);
+    if !v1_memory || facts.cgroup_layout.v2_base.is_none() {
         skip_or_fail(
             "shared_slots_of_different_layouts_never_overlap",
-            "needs v1 memory and v2",
+            "needs v1 memory and v2 (a hybrid host)",
         );
         return;
     }
@@ -1525,7 +1753,7 @@ fn cpu_quota() {
     let mut spec = sh("cpu", "echo ok");
     spec.limits.cpu_percent = Some(50);
     let o = run_ok(&j, &spec, Stdin::Null);
-    if privileged(&j) {
+    if cgroup_limits(&j) && j.host().cgroup_layout.cpu.is_some() {
         assert!(o.warnings.is_empty(), "{:?}", o.warnings);
     } else {
         assert!(
@@ -1715,8 +1943,10 @@ fn image_cwd_and_user() {
                     .skip(1)
                     .map(|x| x.parse().unwrap())
                     .collect();
+                let (uid, gid) = tool_host_ids();
+                let want = if key == "Uid:" { uid } else { gid };
                 assert!(
-                    ids.iter().all(|&u| u == 65534),
+                    ids.iter().all(|&u| u == want),
                     "host-side {key} of the tool: {ids:?}"
                 );
             }
@@ -1894,7 +2124,7 @@ fn image_limits_hold() {
     let o = j.run(&spec, Stdin::Null).unwrap();
     within_wall(&o, spec.limits.wall);
     assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
-    if privileged(&j) {
+    if cgroup_limits(&j) {
         assert_eq!(
             o.status,
             Status::MemoryLimit,
@@ -1903,9 +2133,15 @@ fn image_limits_hold() {
             text(&o.stderr)
         );
     } else {
-        assert_eq!(o.status, Status::Exited, "{} {}", o.reason, text(&o.stderr));
+        assert_eq!(
+            o.status,
+            Status::MemoryLimit,
+            "{} {}",
+            o.reason,
+            text(&o.stderr)
+        );
         assert!(
-            o.warnings.iter().any(|w| w.contains("RLIMIT_AS")),
+            o.warnings.iter().any(|w| w.contains("RLIMIT_DATA")),
             "{:?}",
             o.warnings
         );
@@ -1924,7 +2160,7 @@ fn image_limits_hold() {
     let o = j.run(&spec, Stdin::Null).unwrap();
     within_wall(&o, spec.limits.wall);
     assert!(text(&o.stderr).contains("fork"), "{}", text(&o.stderr));
-    if privileged(&j) {
+    if cgroup_limits(&j) {
         assert_eq!(
             o.status,
             Status::TaskLimit,

@@ -145,10 +145,11 @@ impl Native {
             MechanismState::enforced(Mechanism::Landlock)
         });
         out.push(match self.jail.cgroup_fallback_reason() {
-            Some(why) => MechanismState::missing(
+            Some(why) => MechanismState::partial(
                 Mechanism::Cgroup,
                 format!(
-                    "{why}: memory capped by RLIMIT_AS and tasks by RLIMIT_NPROC, no CPU quota, no OOM or task-limit detection"
+                    "{why}: rlimit fallback in force: memory capped per process by RLIMIT_DATA (RLIMIT_AS only as a backstop of 16x, at least {}), tasks by RLIMIT_NPROC, no CPU quota, no peak memory; a memory-limit failure is reported from the tool's stderr; for real limits run cordon in a delegated cgroup (see `cordon doctor`)",
+                    cordon_jail::format_bytes(cordon_jail::fallback::AS_BACKSTOP_MIN)
                 ),
             ),
             None => {
@@ -162,8 +163,18 @@ impl Native {
                 .filter(|(_, ok)| !ok)
                 .map(|(n, _)| n)
                 .collect();
+                let delegated = cordon_jail::delegate::current().and_then(|d| d.scope());
                 if absent.is_empty() {
                     MechanismState::enforced(Mechanism::Cgroup)
+                } else if let (Some(scope), false) = (delegated, f.root) {
+                    MechanismState::partial(
+                        Mechanism::Cgroup,
+                        format!(
+                            "no {} controller in the delegated scope {} (the systemd user manager was given none: a drop-in for user@.service with `Delegate=pids memory cpu` gives it them)",
+                            absent.join(", "),
+                            scope.display()
+                        ),
+                    )
                 } else {
                     MechanismState::partial(
                         Mechanism::Cgroup,

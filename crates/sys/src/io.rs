@@ -280,6 +280,40 @@ pub fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// The hard limit of resource `res` (`RLIMIT_*`) of the calling process:
+/// `None` when it is unlimited or cannot be read.
+pub fn hard_rlimit(res: u32) -> Option<u64> {
+    let mut lim = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 on this process (pid 0) sets nothing (null new
+    // limit) and writes the current one into `lim`, on this stack.
+    let r = unsafe {
+        libc::prlimit64(
+            0,
+            res as libc::__rlimit_resource_t,
+            std::ptr::null(),
+            &mut lim,
+        )
+    };
+    (r == 0 && lim.rlim_max != libc::RLIM64_INFINITY).then_some(lim.rlim_max)
+}
+
+/// The value of extended attribute `name` of `path` (following symlinks),
+/// at most 64 bytes; `None` when it is not set or cannot be read.
+pub fn get_xattr(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let n = std::ffi::CString::new(name).ok()?;
+    let mut buf = [0u8; 64];
+    // SAFETY: both names are NUL-terminated strings that outlive the call;
+    // getxattr writes at most `buf.len()` bytes into `buf`.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let len = usize::try_from(r).ok()?;
+    buf.get(..len).map(<[u8]>::to_vec)
+}
+
 /// `uname -r`.
 pub fn kernel_release() -> String {
     // SAFETY: utsname is plain data; uname fills it.
