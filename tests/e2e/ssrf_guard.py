@@ -91,18 +91,18 @@ tools:
             async with ClientSession(streams[0], streams[1]) as s:
                 await s.initialize()
                 names = {t.name for t in (await s.list_tools()).tools}
-                check("guarded.fetch listed", "guarded.fetch" in names, sorted(names))
+                check("guarded.fetch listed", "guarded__fetch" in names, sorted(names))
                 url = f"http://api.test:{port}/page"
-                r = await s.call_tool("guarded.fetch", {"url": url, "raw": True})
+                r = await s.call_tool("guarded__fetch", {"url": url, "raw": True})
                 check("the guard accepts the DNS door's answer and the fetch arrives",
                       "marker-ssrf-guard-ok" in text_of(r), text_of(r))
                 url = f"http://internal.test:{port}/page"
-                r = await s.call_tool("guarded.fetch", {"url": url, "raw": True})
+                r = await s.call_tool("guarded__fetch", {"url": url, "raw": True})
                 check("the guard refuses a private answer (it is on)",
                       f"Refused to fetch {url}: internal.test resolves to 10.0.0.1, which is not a public address"
                       in text_of(r) and "marker-ssrf-guard-ok" not in text_of(r), text_of(r))
                 url = f"http://evil.test:{port}/page"
-                r = await s.call_tool("guarded.fetch", {"url": url, "raw": True})
+                r = await s.call_tool("guarded__fetch", {"url": url, "raw": True})
                 check("an unlisted host is refused by the door",
                       "status code 403" in text_of(r) and "marker-ssrf-guard-ok" not in text_of(r),
                       text_of(r))

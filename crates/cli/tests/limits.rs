@@ -263,7 +263,7 @@ tools:
             .spawn()
             .expect("spawn cordon serve");
         let c = ().serve(transport).await.expect("initialize");
-        let p = CallToolRequestParams::new("scratch.list_allowed_directories".to_owned());
+        let p = CallToolRequestParams::new("scratch__list_allowed_directories".to_owned());
         let r = c
             .peer()
             .call_tool(p)
