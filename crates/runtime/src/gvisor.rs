@@ -52,6 +52,10 @@ use crate::outcome::{Outcome, RunError};
 use crate::spec::{Network, SandboxSpec};
 use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
 
+/// Numbers this process's bundles (every runtime of it shares the state
+/// directory).
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
 /// The oldest `runsc` release cordon runs (its systrap platform).
 pub const MIN_RUNSC: u32 = 20240101;
 
@@ -121,7 +125,6 @@ pub struct Gvisor {
     state: Result<PathBuf, String>,
     rootless: bool,
     platforms: OnceLock<Vec<PlatformState>>,
-    seq: AtomicU64,
     net: OnceLock<tokio::runtime::Runtime>,
     notes: Vec<String>,
 }
@@ -299,7 +302,6 @@ impl Gvisor {
             state,
             rootless: euid != 0,
             platforms: OnceLock::new(),
-            seq: AtomicU64::new(0),
             net: OnceLock::new(),
             notes,
         }
@@ -443,7 +445,7 @@ impl Gvisor {
         let setup = |what: &str, e: std::io::Error| {
             RunError::Setup(format!("{}: gVisor bundle: {what}: {e}", spec.tool))
         };
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let id = format!("cordon-{}-{n}", std::process::id());
         let dir = state.join(&id);
         fs::DirBuilder::new()

@@ -7,7 +7,7 @@
 //! binds into it: the host's system directories (with `/etc` written by
 //! cordon) or each top-level entry of an unpacked image's rootfs, its
 //! top-level symlinks made again; then the spec's mounts, read-only; a
-//! fresh `/proc`, and `/tmp` as a tmpfs of `disk_bytes`. The process gets
+//! fresh `/proc`, and `/tmp` and `/dev/shm` as tmpfs of `disk_bytes` each. The process gets
 //! the spec's environment, user (1000:1000 by default), working directory
 //! (`/tmp` by default) and rlimits, no capabilities and no new privileges.
 
@@ -275,6 +275,20 @@ pub fn config(
             ])
             .build()
             .map_err(e("mount /tmp"))?,
+        // Shared memory (a browser's renderers need it), as small.
+        MountBuilder::default()
+            .destination("/dev/shm")
+            .typ("tmpfs")
+            .source("shm")
+            .options(vec![
+                "nosuid".into(),
+                "nodev".into(),
+                "noexec".into(),
+                "mode=1777".into(),
+                format!("size={}", l.disk_bytes.max(4096)),
+            ])
+            .build()
+            .map_err(e("mount /dev/shm"))?,
     ];
     for (src, dst) in binds {
         mounts.push(bind(src, dst)?);
