@@ -629,7 +629,7 @@ fn try_platform(
         .stderr(Stdio::piped());
     let r = (|| {
         let mut child = cmd.spawn().map_err(|e| format!("run runsc: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match child.try_wait() {
                 Ok(Some(st)) if st.success() => return Ok(()),
@@ -647,7 +647,7 @@ fn try_platform(
                 Ok(None) if Instant::now() >= deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err("runsc do /bin/true did not finish within 10 s".into());
+                    return Err("runsc do /bin/true did not finish within 5 s".into());
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
                 Err(e) => return Err(format!("wait for runsc: {e}")),
