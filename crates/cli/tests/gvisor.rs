@@ -1,0 +1,206 @@
+//! `cordon exec --runtime gvisor`, `cordon run` of a P3 gVisor tool and
+//! `cordon doctor`'s gVisor lines, as root and as uid 65534 (through
+//! setpriv; no cgroup delegation for it here, so P3, which requires cgroup
+//! limits, is refused unless the call accepts their absence).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+use skip::{skip_or_fail, this_test};
+
+const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `runsc` is there and new enough, or the test fails (skips only when
+/// allowed).
+fn have_runsc() -> bool {
+    let o = Command::new(CORDON)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let check = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "gvisor (runsc)")
+        .cloned()
+        .unwrap();
+    if check["ok"] != true {
+        skip_or_fail(&this_test(), &format!("gvisor: {}", check["detail"]));
+        return false;
+    }
+    true
+}
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cordon-gv-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    d
+}
+
+fn cordon(nobody: bool, args: &[&str], stdin: &[u8], audit: &Path) -> Output {
+    let mut cmd = if nobody {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            CORDON,
+        ]);
+        c
+    } else {
+        Command::new(CORDON)
+    };
+    cmd.args(args)
+        .env_remove("CORDON_MANIFEST")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("CORDON_AUDIT", audit)
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn cordon");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exec_runtime_gvisor_runs_in_its_own_kernel() {
+    if !is_root() {
+        skip_or_fail(
+            &this_test(),
+            "needs root (and runs the unprivileged case through setpriv)",
+        );
+        return;
+    }
+    if !have_runsc() {
+        return;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let d = dir("exec");
+    let script = "cat; echo; uname -r; id -u";
+    // Root: admitted, runs, the output is gVisor's.
+    let o = cordon(
+        false,
+        &["exec", "--runtime", "gvisor", "--", "/bin/sh", "-c", script],
+        b"in",
+        &d.join("root.jsonl"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "in");
+    assert_ne!(lines[1], host.trim(), "the host kernel answered");
+    assert_eq!(lines[2], "1000");
+    // uid 65534: no cgroup delegation, so P3 is refused, naming it...
+    let o = cordon(
+        true,
+        &["exec", "--runtime", "gvisor", "--", "/bin/sh", "-c", script],
+        b"in",
+        &d.join("nobody.jsonl"),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(21),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert!(
+        text(&o.stderr).contains("required mechanism not enforced on this host: cgroup: missing"),
+        "{}",
+        text(&o.stderr)
+    );
+    // ...and runs (under --rootless) when the call accepts that.
+    let o = cordon(
+        true,
+        &[
+            "exec",
+            "--runtime",
+            "gvisor",
+            "--accept",
+            "cgroup",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
+        b"in",
+        &d.join("nobody.jsonl"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().nth(2), Some("1000"));
+}
+
+#[test]
+fn a_p3_tool_runs_with_the_proxy_door_and_the_metadata_address_refused() {
+    if !have_runsc() {
+        return;
+    }
+    let d = dir("run");
+    let m = d.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  web:\n    profile: P3\n    runtime: gvisor\n    egress: proxy\n    limits: {wall_seconds: 30}\n    command: [/usr/bin/curl, -sS, -m, \"10\", \"http://169.254.169.254/latest/meta-data/\"]\n",
+    )
+    .unwrap();
+    let audit = d.join("audit.jsonl");
+    let o = cordon(
+        false,
+        &["run", "-m", m.to_str().unwrap(), "--json", "web"],
+        b"",
+        &audit,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&o.stdout), text(&o.stderr)));
+    assert_eq!(v["status"], "ok", "{v}");
+    let egress = v["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 1, "{v}");
+    assert_eq!(egress[0]["decision"], "refused");
+    assert_eq!(
+        egress[0]["reason"],
+        "egress to 169.254.169.254:80 refused: IP literal 169.254.169.254 is not in the allowlist of web"
+    );
+    let rec = std::fs::read_to_string(&audit).unwrap();
+    assert!(rec.contains("\"runtime\":\"gvisor\""), "{rec}");
+}
+
+#[test]
+fn doctor_names_the_gvisor_platforms() {
+    if !have_runsc() {
+        return;
+    }
+    let o = Command::new(CORDON).arg("doctor").output().unwrap();
+    let out = text(&o.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.contains("gvisor platforms"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(
+        line.contains("systrap works") && line.contains("chosen: systrap"),
+        "{line}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("P3: ")), "{out}");
+}
