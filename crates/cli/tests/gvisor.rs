@@ -204,3 +204,50 @@ fn doctor_names_the_gvisor_platforms() {
     );
     assert!(out.lines().any(|l| l.starts_with("P3: ")), "{out}");
 }
+
+#[test]
+fn probe_holds_inside_gvisor_and_says_who_answered() {
+    if !have_runsc() {
+        return;
+    }
+    let d = dir("probe");
+    let m = d.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  p3:\n    profile: P3\n    runtime: gvisor\n    command: [/bin/true]\n    limits: {wall_seconds: 5, memory: 512M, tasks: 128}\n",
+    )
+    .unwrap();
+    let o = cordon(
+        false,
+        &["probe", "-m", m.to_str().unwrap(), "--only", "escape"],
+        b"",
+        &d.join("audit.jsonl"),
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    assert!(out.contains("cordon gvisor runtime"), "{out}");
+    let line = |p: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(p))
+            .unwrap_or_else(|| panic!("no {p}: {out}"))
+            .to_string()
+    };
+    // The P3 probe: nothing of one task in the next.
+    let fresh = line("fresh_task");
+    assert!(fresh.starts_with("HELD"), "{fresh}");
+    assert!(
+        fresh.contains("/dev/shm/.cordon-fresh-")
+            && fresh.contains("no process of the earlier task is visible"),
+        "{fresh}"
+    );
+    // Where gVisor itself answers, the evidence says so.
+    assert!(
+        line("io_uring").contains("[answered inside gVisor"),
+        "{out}"
+    );
+    assert!(
+        line("network").contains("[answered by gVisor's own network stack"),
+        "{out}"
+    );
+    assert!(line("host_fs").contains("/sys is empty"), "{out}");
+}

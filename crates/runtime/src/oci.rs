@@ -7,7 +7,8 @@
 //! binds into it: the host's system directories (with `/etc` written by
 //! cordon) or each top-level entry of an unpacked image's rootfs, its
 //! top-level symlinks made again; then the spec's mounts, read-only; a
-//! fresh `/proc`, and `/tmp` and `/dev/shm` as tmpfs of `disk_bytes` each. The process gets
+//! fresh `/proc`, an empty read-only `/sys`, and `/tmp` and `/dev/shm` as
+//! tmpfs of `disk_bytes` each. The process gets
 //! the spec's environment, user (1000:1000 by default), working directory
 //! (`/tmp` by default) and rlimits, no capabilities and no new privileges.
 
@@ -275,6 +276,18 @@ pub fn config(
             ])
             .build()
             .map_err(e("mount /tmp"))?,
+        // No /sys: an empty read-only directory over gVisor's own.
+        MountBuilder::default()
+            .destination("/sys")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .options(
+                ["ro", "nosuid", "nodev", "noexec", "size=4k"]
+                    .map(String::from)
+                    .to_vec(),
+            )
+            .build()
+            .map_err(e("mount /sys"))?,
         // Shared memory (a browser's renderers need it), as small.
         MountBuilder::default()
             .destination("/dev/shm")
