@@ -21,6 +21,7 @@ pub mod mechanism;
 pub mod native;
 pub mod oci;
 pub mod outcome;
+pub mod pool;
 pub mod spec;
 
 use std::os::unix::net::UnixStream;

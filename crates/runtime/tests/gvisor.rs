@@ -450,3 +450,65 @@ fn a_missing_or_old_runsc_is_named_by_check() {
     let Some(g) = gvisor() else { return };
     assert!(g.runsc_version().unwrap() >= cordon_runtime::gvisor::MIN_RUNSC);
 }
+
+gvisor_root_test!(a_pool_gives_each_task_a_never_used_sandbox);
+fn a_pool_gives_each_task_a_never_used_sandbox() {
+    use cordon_runtime::pool::{Pool, Settings};
+    let Some(g) = gvisor() else { return };
+    let g: Arc<dyn Runtime> = Arc::new(g);
+    let s = sh("cat; ls -A /tmp; echo mark > /tmp/mark; cat /tmp/mark");
+    let pool = Pool::new(
+        g,
+        s,
+        Settings {
+            size: 2,
+            refill: true,
+        },
+        None,
+    )
+    .expect("pool");
+    assert!(
+        pool.wait_idle(2, Duration::from_secs(60)),
+        "{:?}",
+        pool.stopped()
+    );
+    for i in 0..3 {
+        let (o, pooled) = pool
+            .run(format!("task{i}\n").into_bytes(), &Context::discard("t"))
+            .expect("run");
+        assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+        // Within the task the write is there; nothing of the task before.
+        assert_eq!(text(&o.stdout), format!("task{i}\nmark\n"));
+        if i == 0 {
+            assert!(pooled, "the first task did not get a pooled sandbox");
+        }
+        // Refilled in the background.
+        assert!(
+            pool.wait_idle(2, Duration::from_secs(60)),
+            "{:?}",
+            pool.stopped()
+        );
+    }
+    // The task's own wall clock holds in a pooled sandbox.
+    let mut s = sh("sleep 60");
+    s.limits.wall = Duration::from_secs(2);
+    let g2: Arc<dyn Runtime> = Arc::new(gvisor().unwrap());
+    let p2 = Pool::new(
+        g2,
+        s,
+        Settings {
+            size: 1,
+            refill: false,
+        },
+        None,
+    )
+    .expect("pool");
+    assert!(p2.wait_idle(1, Duration::from_secs(60)));
+    let (o, pooled) = p2.run(Vec::new(), &Context::discard("t")).unwrap();
+    assert!(pooled);
+    assert_eq!(o.status, Status::TimedOut, "{o:?}");
+    assert_eq!(o.reason, "gv: timed out after 2s");
+    // refill: false: drained, the next task cold-starts.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p2.idle(), 0);
+}
