@@ -397,6 +397,9 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             Vec::new(),
         )
     };
+    for (pid, why) in cordon_runtime::pool::stopped_pools() {
+        notes.push(format!("broker {pid}: {why}"));
+    }
     for n in &gv_notes {
         let n = format!("gvisor: {n}");
         if !notes.contains(&n) {

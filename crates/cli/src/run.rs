@@ -433,6 +433,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         mounts,
         env,
         lifetime: Lifetime::Call,
+        pool: None,
         input: cordon_policy::policy::Input {
             stdin: None,
             encoding: cordon_policy::policy::Encoding::Text,

@@ -251,3 +251,57 @@ fn probe_holds_inside_gvisor_and_says_who_answered() {
     );
     assert!(line("host_fs").contains("/sys is empty"), "{out}");
 }
+
+/// `lifetime: pool` through the broker (as `cordon serve` makes calls):
+/// every call gets a sandbox no other call used, and is audited.
+#[test]
+fn a_pooled_tool_gets_a_fresh_sandbox_per_call() {
+    if !is_root() {
+        skip_or_fail(&this_test(), "needs root (cgroup limits for P3)");
+        return;
+    }
+    if !have_runsc() {
+        return;
+    }
+    let d = dir("pool");
+    let m = d.join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  fresh:\n    profile: P3\n    runtime: gvisor\n    lifetime: pool\n    pool: {size: 1}\n    limits: {wall_seconds: 20}\n    command: [/bin/sh, -c, \"ls -A /tmp /dev/shm; touch /tmp/seen /dev/shm/seen; cat\"]\n",
+    )
+    .unwrap();
+    let loaded = cordon_policy::load(&m).unwrap();
+    let policy = &loaded.policy.tools["fresh"];
+    let audit = d.join("audit.jsonl");
+    let broker = cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+        audit: Some(audit.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    for i in 0..3 {
+        let r = broker
+            .call(policy, format!("call {i}").into_bytes())
+            .unwrap();
+        assert_eq!(
+            r.outcome.status,
+            cordon_broker::Status::Ok,
+            "{:?}",
+            r.outcome
+        );
+        // Nothing of the call before: both listings are empty.
+        assert_eq!(
+            text(&r.outcome.stdout),
+            format!("/dev/shm:\n\n/tmp:\ncall {i}")
+        );
+        // Give the refill a moment, so the next call is a pooled one.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    let records = std::fs::read_to_string(&audit).unwrap();
+    assert_eq!(records.lines().count(), 3, "{records}");
+    assert!(
+        records
+            .lines()
+            .all(|l| l.contains("\"runtime\":\"gvisor\"")),
+        "{records}"
+    );
+}

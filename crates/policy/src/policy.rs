@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow, Profile,
-    Runtime,
+    Encoding, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind, Overflow,
+    PoolSettings, Profile, Runtime,
 };
 
 /// All tools of a manifest, resolved.
@@ -33,6 +33,8 @@ pub struct ToolPolicy {
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
+    /// The warm pool's settings (`lifetime: pool` only).
+    pub pool: Option<PoolSettings>,
     pub input: Input,
     pub input_schema: Option<serde_json::Value>,
     pub output_schema: Option<serde_json::Value>,

@@ -194,6 +194,22 @@ impl Admitted {
         Ok(o)
     }
 
+    /// Run one call in a sandbox of `pool` (or a cold one when it is
+    /// empty); a pool whose refill stopped says so in the warnings.
+    pub fn run_pooled(
+        &self,
+        pool: &pool::Pool,
+        input: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<Outcome, RunError> {
+        let (mut o, _pooled) = pool.run(input, ctx)?;
+        if let Some(why) = pool.stopped() {
+            o.warnings.push(why);
+        }
+        merge_warnings(&mut o.warnings, &self.warnings);
+        Ok(o)
+    }
+
     /// Start a long-lived sandbox.
     pub fn spawn(&self, ctx: &Context) -> Result<Spawned, RunError> {
         self.runtime.spawn(&self.spec, ctx)
