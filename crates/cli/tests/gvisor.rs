@@ -305,3 +305,146 @@ fn a_pooled_tool_gets_a_fresh_sandbox_per_call() {
         "{records}"
     );
 }
+
+/// Serve `examples/data/web/index.html` for every request on
+/// 127.0.0.80:80 (the example pins `news.example` there); the request
+/// lines seen.
+fn web_upstream() -> Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>> {
+    use std::io::{BufRead, BufReader};
+    let l = match std::net::TcpListener::bind("127.0.0.80:80") {
+        Ok(l) => l,
+        Err(e) => {
+            skip_or_fail(
+                &this_test(),
+                &format!("bind 127.0.0.80:80 for the example's upstream: {e}"),
+            );
+            return None;
+        }
+    };
+    let page = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/web/index.html"),
+    )
+    .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut r = BufReader::new(c.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = r.read_line(&mut first);
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+            }
+            s.lock().unwrap().push(first.trim().to_string());
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                page.len()
+            );
+            let _ = c.write_all(&page);
+        }
+    });
+    Some(seen)
+}
+
+/// The example `browse` tool: headless Chromium under gVisor fetches the
+/// page through the proxy door and returns its text; the cookie the page
+/// sets does not survive into the next task (positive control: within one
+/// task, a second load sees it).
+#[test]
+fn the_browse_example_fetches_through_the_proxy_and_keeps_no_cookie() {
+    if !is_root() {
+        skip_or_fail(
+            &this_test(),
+            "needs root (P3 cgroup limits, port 80 upstream)",
+        );
+        return;
+    }
+    if !have_runsc() {
+        return;
+    }
+    if !Path::new("/usr/lib/chromium/chromium").exists() {
+        skip_or_fail(&this_test(), "chromium is not installed (scripts/setup.sh)");
+        return;
+    }
+    let Some(seen) = web_upstream() else { return };
+    let d = dir("browse");
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/browse.yaml");
+    // No public name resolves: nothing Chromium might ask for leaves the
+    // machine (the pinned news.example needs no lookup).
+    let run = || {
+        let mut cmd = Command::new(CORDON);
+        cmd.args(["run", "-m", m.to_str().unwrap(), "--json", "browse"])
+            .env("CORDON_UPSTREAM_DNS", "127.0.0.1:9")
+            .env("CORDON_AUDIT", d.join("audit.jsonl"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"http://news.example/\n")
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}{}", text(&o.stdout), text(&o.stderr)));
+        v
+    };
+    for _ in 0..2 {
+        let v = run();
+        assert_eq!(v["status"], "ok", "{v}");
+        let out = v["output"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"));
+        assert!(out.contains("Hello from the local upstream"), "{out}");
+        // The script ran, and found no cookie of an earlier task.
+        assert!(out.contains("cookies before: []"), "{out}");
+        let egress = v["egress"].as_array().unwrap();
+        assert!(
+            egress.iter().any(|e| e["name"] == "news.example"
+                && e["decision"] == "allowed"
+                && e["door"] == "proxy"),
+            "{v}"
+        );
+    }
+    assert!(seen.lock().unwrap().iter().any(|l| l == "GET / HTTP/1.1"));
+    // Positive control: within one task the profile keeps the cookie.
+    let script = "for i in 1 2; do /usr/lib/chromium/chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking --disable-component-update --disable-sync --disable-extensions --user-data-dir=/tmp/profile --proxy-server=\"$HTTP_PROXY\" --dump-dom http://news.example/ 2>/dev/null | grep -o 'cookies before: \\[[^]]*\\]' | head -n 1; done";
+    let o = Command::new(CORDON)
+        .args([
+            "exec",
+            "--runtime",
+            "gvisor",
+            "--egress-proxy",
+            "--resolve",
+            "news.example=127.0.0.80",
+            "--allow-cidr",
+            "127.0.0.80/32",
+            "--memory",
+            "2G",
+            "--tasks",
+            "512",
+            "--wall",
+            "90",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+        .env("CORDON_UPSTREAM_DNS", "127.0.0.1:9")
+        .env("CORDON_AUDIT", d.join("audit.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "cookies before: []\ncookies before: [seen=1]\n"
+    );
+}
