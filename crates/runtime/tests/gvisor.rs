@@ -4,7 +4,7 @@
 //! 65534 through `setpriv`. A missing or too old `runsc` fails the tests
 //! (unless `CORDON_TEST_ALLOW_SKIP=1`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
