@@ -118,15 +118,24 @@ struct Runsc {
     version: u32,
 }
 
+/// What the runtime finds on first use: `runsc`, the state directory, and
+/// what the sweep of a dead broker's leftovers did.
+struct Found {
+    runsc: Result<Runsc, String>,
+    state: Result<PathBuf, String>,
+    notes: Vec<String>,
+}
+
 /// The gVisor runtime.
 pub struct Gvisor {
     jail: Arc<Jail>,
-    runsc: Result<Runsc, String>,
-    state: Result<PathBuf, String>,
+    opts: Options,
+    /// Looked up on first use, so that a process that never runs a gVisor
+    /// sandbox (a one-shot P1 call) pays nothing for it.
+    found: OnceLock<Found>,
     rootless: bool,
     platforms: OnceLock<Vec<PlatformState>>,
     net: OnceLock<tokio::runtime::Runtime>,
-    notes: Vec<String>,
 }
 
 impl Drop for Gvisor {
@@ -278,10 +287,10 @@ impl Drop for Bundle {
 }
 
 impl Gvisor {
-    /// Find `runsc`, prepare the state directory (removing what a dead
-    /// broker left) and the jail that holds the supervisor. Fails only
-    /// when the jail cannot be made; a missing or old `runsc` is reported
-    /// by [`Runtime::check`].
+    /// The runtime over a jail of its own. Fails only when the jail
+    /// cannot be made. `runsc` and the state directory are found (and what
+    /// a dead broker left removed) on first use; a missing or old `runsc`
+    /// is reported by [`Runtime::check`].
     pub fn new(opts: Options, jail: JailOptions) -> Result<Gvisor, String> {
         let jail = Jail::with_options(jail).map_err(|e| e.to_string())?;
         Ok(Gvisor::with_jail(opts, Arc::new(jail)))
@@ -291,32 +300,45 @@ impl Gvisor {
     /// with the native runtime's).
     pub fn with_jail(opts: Options, jail: Arc<Jail>) -> Gvisor {
         let euid = jail.host().euid;
-        let state = state_dir(opts.state_dir.as_deref(), euid);
-        let mut notes = Vec::new();
-        if let Ok(s) = &state {
-            notes.extend(sweep(s));
-        }
         Gvisor {
-            runsc: find_runsc(opts.runsc.as_deref()),
             jail,
-            state,
+            opts,
+            found: OnceLock::new(),
             rootless: euid != 0,
             platforms: OnceLock::new(),
             net: OnceLock::new(),
-            notes,
         }
+    }
+
+    fn found(&self) -> &Found {
+        self.found.get_or_init(|| {
+            let state = state_dir(self.opts.state_dir.as_deref(), self.jail.host().euid);
+            let notes = match &state {
+                Ok(s) => sweep(s),
+                Err(_) => Vec::new(),
+            };
+            Found {
+                runsc: find_runsc(self.opts.runsc.as_deref()),
+                state,
+                notes,
+            }
+        })
     }
 
     /// The `runsc` version (`YYYYMMDD`), or why there is none.
     pub fn runsc_version(&self) -> Result<u32, String> {
-        self.runsc.as_ref().map(|r| r.version).map_err(Clone::clone)
+        self.found()
+            .runsc
+            .as_ref()
+            .map(|r| r.version)
+            .map_err(Clone::clone)
     }
 
     /// Whether each platform works here (tried once, briefly, and cached
     /// in the state directory per `runsc` release and kernel).
     pub fn platforms(&self) -> Vec<PlatformState> {
         self.platforms
-            .get_or_init(|| match (&self.runsc, &self.state) {
+            .get_or_init(|| match (&self.found().runsc, &self.found().state) {
                 (Ok(r), Ok(s)) => probe_platforms(r, s, self.rootless),
                 (Err(e), _) | (_, Err(e)) => Platform::ALL
                     .into_iter()
@@ -351,11 +373,11 @@ impl Gvisor {
 
     fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if let Err(e) = &self.runsc {
+        if let Err(e) = &self.found().runsc {
             out.push(format!("runtime gvisor: {e}"));
             return out;
         }
-        if let Err(e) = &self.state {
+        if let Err(e) = &self.found().state {
             out.push(format!("runtime gvisor: state directory: {e}"));
             return out;
         }
@@ -436,7 +458,9 @@ impl Gvisor {
                 problems.join("; ")
             )));
         }
-        let (Ok(runsc), Ok(state), Ok(platform)) = (&self.runsc, &self.state, self.chosen()) else {
+        let (Ok(runsc), Ok(state), Ok(platform)) =
+            (&self.found().runsc, &self.found().state, self.chosen())
+        else {
             return Err(RunError::Refused(format!(
                 "{}: runtime gvisor cannot start here",
                 spec.tool
@@ -554,7 +578,7 @@ impl Gvisor {
     /// Where bundles go; each is `cordon-<broker pid>-<n>`, which is also
     /// its `runsc` container id.
     pub fn state_dir(&self) -> Result<&Path, String> {
-        self.state.as_deref().map_err(Clone::clone)
+        self.found().state.as_deref().map_err(Clone::clone)
     }
 }
 
@@ -747,7 +771,8 @@ impl Runtime for Gvisor {
     fn facts(&self) -> Facts {
         let spec = SandboxSpec::new("doctor", ["/bin/true"]);
         let mut notes = Vec::new();
-        match &self.runsc {
+        let found = self.found();
+        match &found.runsc {
             Ok(r) => notes.push(format!(
                 "runsc {} (release {}){}",
                 r.path.display(),
@@ -756,7 +781,7 @@ impl Runtime for Gvisor {
             )),
             Err(e) => notes.push(format!("refused: {e}")),
         }
-        if self.runsc.is_ok() {
+        if found.runsc.is_ok() {
             let ps = self.platforms();
             notes.push(format!(
                 "platforms: {}",
@@ -773,13 +798,13 @@ impl Runtime for Gvisor {
                 Err(e) => notes.push(format!("refused: {e}")),
             }
         }
-        if let Ok(s) = &self.state {
+        if let Ok(s) = &found.state {
             notes.push(format!("state: {}", s.display()));
-        } else if let Err(e) = &self.state {
+        } else if let Err(e) = &found.state {
             notes.push(format!("refused: state directory: {e}"));
         }
         notes.push("network: egress doors in a network namespace of the sandbox's own, reached with --network=host (gVisor's network stack unused); without network, --network=none".into());
-        notes.extend(self.notes.iter().cloned());
+        notes.extend(found.notes.iter().cloned());
         Facts {
             runtime: "gvisor",
             mechanisms: self.mechanisms(&spec),
