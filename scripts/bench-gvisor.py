@@ -109,9 +109,10 @@ def bench_cold(rounds):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bench_pool(rounds):
-    exe = os.path.join(ROOT, "target/release/examples/pool-bench")
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "cordon-runtime", "--example", "pool-bench"],
+def bench_pool(rounds, profile):
+    exe = os.path.join(ROOT, f"target/{profile}/examples/pool-bench")
+    flags = ["--release"] if profile == "release" else []
+    subprocess.run(["cargo", "build", *flags, "-q", "-p", "cordon-runtime", "--example", "pool-bench"],
                    cwd=ROOT, check=True)
     out = subprocess.run([exe, str(rounds)], capture_output=True, check=True, env=ENV).stdout
     return json.loads(out)
@@ -150,6 +151,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--chromium-rounds", type=int, default=5)
+    ap.add_argument("--pool-profile", choices=["release", "debug"], default="release",
+                    help="build of the pool benchmark (the pool's own code is not on a hot path)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (P3 needs cgroup limits; the page's upstream binds port 80)")
@@ -157,7 +160,7 @@ def main():
         sys.exit(f"{CORDON} missing: cargo build --release --bin cordon")
     c, b = bench_cold(a.rounds)
     print(f"cold P3 /bin/true: cordon run {c:.1f} ms, bare runsc run {b:.1f} ms: {c / b:.2f}x")
-    p = bench_pool(a.rounds)
+    p = bench_pool(a.rounds, a.pool_profile)
     print(f"pool: program runs {p['pool_take_to_start_ms']:.2f} ms after the take "
           f"(cold: {p['cold_start_ms']:.1f} ms); task total {p['pool_total_ms']:.1f} ms "
           f"(cold {p['cold_total_ms']:.1f} ms); idle pooled sandbox PSS {p['idle_pooled_pss_mib']:.1f} MiB")
