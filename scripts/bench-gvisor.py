@@ -10,7 +10,8 @@
    the same Chromium run directly on the host.
 
 Run as root on a release build: `cargo build --release --bin cordon &&
-python3 scripts/bench-gvisor.py [--rounds N]`. Nothing leaves the machine:
+python3 scripts/bench-gvisor.py [--rounds N]` (`CORDON_BIN` for another
+binary). Nothing leaves the machine:
 the page comes from a loopback upstream, and no public name resolves.
 """
 
@@ -27,7 +28,7 @@ import time
 from http.server import HTTPServer, SimpleHTTPRequestHandler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORDON = os.path.join(ROOT, "target/release/cordon")
+CORDON = os.environ.get("CORDON_BIN", os.path.join(ROOT, "target/release/cordon"))
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

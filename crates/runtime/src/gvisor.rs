@@ -158,7 +158,47 @@ pub fn parse_version(text: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-fn find_runsc(opt: Option<&Path>) -> Result<Runsc, String> {
+/// `runsc --version` of `path`, remembered in `state` per binary (path,
+/// size and modification time): a one-shot call does not pay for starting
+/// `runsc` once more just to ask.
+fn runsc_version_text(path: &Path, state: Option<&Path>) -> Result<String, String> {
+    let key = fs::metadata(path).ok().and_then(|m| {
+        let t = m
+            .modified()
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        Some(format!(
+            "{}\n{}\n{}\n",
+            path.display(),
+            m.len(),
+            t.as_nanos()
+        ))
+    });
+    let cache = state.map(|s| s.join("runsc-version"));
+    if let (Some(k), Some(c)) = (&key, &cache)
+        && let Ok(text) = fs::read_to_string(c)
+        && let Some(rest) = text.strip_prefix(k.as_str())
+    {
+        return Ok(rest.to_string());
+    }
+    let out = Command::new(path)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("run {} --version: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if let (Some(k), Some(c)) = (key, cache) {
+        let tmp = c.with_extension(format!("{}", std::process::id()));
+        if fs::write(&tmp, format!("{k}{text}")).is_ok() {
+            let _ = fs::rename(&tmp, &c);
+        }
+    }
+    Ok(text)
+}
+
+fn find_runsc(opt: Option<&Path>, state: Option<&Path>) -> Result<Runsc, String> {
     let path = match opt {
         Some(p) => p.to_path_buf(),
         None => match std::env::var_os("CORDON_RUNSC") {
@@ -182,13 +222,7 @@ fn find_runsc(opt: Option<&Path>) -> Result<Runsc, String> {
     if !path.is_absolute() {
         return Err(format!("runsc {} is not an absolute path", path.display()));
     }
-    let out = Command::new(&path)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|e| format!("run {} --version: {e}", path.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = runsc_version_text(&path, state)?;
     let version = parse_version(&text).ok_or_else(|| {
         format!(
             "{} --version: no release date in {:?}",
@@ -318,7 +352,7 @@ impl Gvisor {
                 Err(_) => Vec::new(),
             };
             Found {
-                runsc: find_runsc(self.opts.runsc.as_deref()),
+                runsc: find_runsc(self.opts.runsc.as_deref(), state.as_deref().ok()),
                 state,
                 notes,
             }
