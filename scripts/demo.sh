@@ -2,7 +2,8 @@
 # Set up a fresh machine and run cordon's main job on the bundled example
 # manifest: validate it, show what this host can enforce, then run each
 # example tool on bundled untrusted input inside its P1 jail, and a P2 tool
-# whose root is an OCI image built and loaded here (examples/images.yaml).
+# whose root is an OCI image built and loaded here (examples/images.yaml), and
+# a P3 browser under gVisor (examples/browse.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -30,6 +31,22 @@ $cordon image load "$img/busybox" --name busybox
 rm -rf "$img"
 $cordon check -m examples/images.yaml
 echo "an image is the root here" | $cordon run shout -m examples/images.yaml
+echo "== P3: headless Chromium under gVisor (examples/browse.yaml), twice: no cookie survives a task"
+$cordon check -m examples/browse.yaml
+# The page comes from a local upstream the example pins news.example to; no
+# public name resolves (CORDON_UPSTREAM_DNS points at a closed port), so
+# nothing the browser asks for leaves this machine.
+if [ "$(id -u)" -eq 0 ]; then
+  python3 -m http.server 80 --bind 127.0.0.80 --directory examples/data/web >/dev/null 2>&1 &
+  web=$!
+  sleep 0.5
+  for _ in 1 2; do
+    echo http://news.example/ | CORDON_UPSTREAM_DNS=127.0.0.1:9 $cordon run browse -m examples/browse.yaml
+  done
+  kill "$web"
+else
+  echo "(skipped: the demo's upstream binds port 80, which needs root)"
+fi
 echo "== an agent's MCP session through cordon serve (tools/list, tools/call)"
 python3 scripts/mcp-demo.py --cordon $cordon
 echo "== the audit log of this run"

@@ -22,6 +22,43 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# gVisor (runtime: gvisor): bookworm's runsc is a 2022 build that works only
+# on the ptrace platform; bookworm-backports has one whose systrap platform
+# works (cordon needs 20240101 or newer). Headless chromium: the P3 browse
+# example and its test.
+runsc_min=20240101
+runsc_version() {
+  runsc --version 2>/dev/null | sed -n 's/^runsc version [^0-9]*\([0-9.~]*~\)\{0,1\}\([0-9]\{8\}\).*/\2/p' | head -n1
+}
+have_runsc=$(runsc_version || true)
+if [ -z "$have_runsc" ] || [ "$have_runsc" -lt "$runsc_min" ] ||
+    ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed"; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: runsc >= $runsc_min (bookworm-backports) or chromium missing; run as root or install them" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "setup: adding bookworm-backports to apt's sources"
+    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  fi
+  apt-get update -qq
+  echo "setup: installing runsc (bookworm-backports) and chromium"
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  have_runsc=$(runsc_version || true)
+  if [ -z "$have_runsc" ] || [ "$have_runsc" -lt "$runsc_min" ]; then
+    echo "setup: runsc ${have_runsc:-absent} is older than $runsc_min" >&2
+    exit 1
+  fi
+fi
+
 # The MCP end-to-end tests: the Python MCP SDK client, and the reference MCP
 # servers that run inside their sandboxes (read-only mounted from here).
 # Tests whose prerequisite is missing fail (unless CORDON_TEST_ALLOW_SKIP=1):

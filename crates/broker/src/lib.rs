@@ -12,6 +12,7 @@ pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
+use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
     Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
     Status, Use,
@@ -53,6 +54,9 @@ pub struct Broker {
     audit_fail_open: bool,
     /// Compiled gates (JSON schemas compile once), keyed by their policy.
     gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
+    /// Warm pools of `lifetime: pool` tools, by tool; `None`: this broker
+    /// keeps none (one-shot).
+    pools: Option<Mutex<std::collections::HashMap<String, Arc<Pool>>>>,
     pub session: String,
     pub caller: String,
 }
@@ -187,6 +191,9 @@ pub struct BrokerOptions {
     /// The credential broker (`None`: tools that declare secrets are
     /// refused).
     pub credentials: Option<Arc<CredentialBroker>>,
+    /// A broker that makes one call and exits: no warm pools (`lifetime:
+    /// pool` tools cold-start; a pool's sandboxes would start for nothing).
+    pub one_shot: bool,
 }
 
 impl BrokerOptions {
@@ -198,6 +205,7 @@ impl BrokerOptions {
             audit_fail_open,
             native: cordon_runtime::native::Options::one_shot(),
             credentials: None,
+            one_shot: true,
         }
     }
 }
@@ -249,8 +257,41 @@ impl Broker {
             audit_warning,
             audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
+            pools: (!opts.one_shot).then(|| Mutex::new(std::collections::HashMap::new())),
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
+        })
+    }
+
+    /// The warm pool of a `lifetime: pool` tool (made on its first call),
+    /// `None` for other tools or a one-shot broker, `Err` (the call
+    /// cold-starts, saying why) when its sandbox cannot be pooled.
+    fn pool_for(
+        &self,
+        policy: &ToolPolicy,
+        admitted: &Admitted,
+    ) -> Option<Result<Arc<Pool>, String>> {
+        let settings = policy.pool?;
+        let pools = self.pools.as_ref()?;
+        let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pools.get(&policy.name) {
+            return Some(Ok(p.clone()));
+        }
+        let made = Pool::new(
+            admitted.runtime.clone(),
+            admitted.spec.clone(),
+            cordon_runtime::pool::Settings {
+                size: settings.size as usize,
+                refill: settings.refill,
+            },
+            cordon_runtime::pool::status_dir(),
+        );
+        Some(match made {
+            Ok(p) => {
+                pools.insert(policy.name.clone(), p.clone());
+                Ok(p)
+            }
+            Err(e) => Err(format!("{e}; cold start")),
         })
     }
 
@@ -417,7 +458,20 @@ impl Broker {
             }),
             credentials,
         };
-        let ran = admitted.run(input, &ctx);
+        // A call with credentials cold-starts: a pooled sandbox was made
+        // before this session's secrets were minted.
+        let pool = match &lease {
+            Some(_) => None,
+            None => self.pool_for(policy, &admitted),
+        };
+        let ran = match pool {
+            Some(Ok(pool)) => admitted.run_pooled(&pool, input, &ctx),
+            Some(Err(why)) => admitted.run(input, &ctx).map(|mut o| {
+                o.warnings.push(why);
+                o
+            }),
+            None => admitted.run(input, &ctx),
+        };
         drop(ctx);
         if let Some(l) = lease {
             l.revoke("the call ended");

@@ -308,13 +308,53 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         },
         how: "open(/dev/kvm, O_RDWR)".into(),
     });
-    let runsc = which("runsc");
+    // gVisor: runsc, its release, and which platforms start a sandbox here.
+    let gvisor = registry
+        .get(
+            cordon_policy::policy::Runtime::Gvisor,
+            cordon_runtime::Use::Call,
+        )
+        .ok();
+    let gv_problems: Vec<String> = match &gvisor {
+        Some(g) => g
+            .check(&cordon_runtime::SandboxSpec::new("doctor", ["/bin/true"]))
+            .problems
+            .iter()
+            .map(|p| p.trim_start_matches("runtime gvisor: ").to_string())
+            .collect(),
+        None => vec!["runtime gvisor is not available in this build".into()],
+    };
+    let gv_facts = gvisor.as_ref().map(|g| g.facts());
+    let gv_notes: Vec<String> = gv_facts
+        .as_ref()
+        .map(|f| f.notes.clone())
+        .unwrap_or_default();
+    let gv_note = |prefix: &str| {
+        gv_notes
+            .iter()
+            .find_map(|n| n.strip_prefix(prefix).map(str::to_string))
+    };
     checks.push(Check {
         name: "gvisor (runsc)",
-        ok: runsc.is_some(),
-        detail: runsc.clone().unwrap_or_else(|| "not found".into()),
-        how: "runsc in PATH".into(),
+        ok: gv_problems.is_empty(),
+        detail: if gv_problems.is_empty() {
+            gv_note("runsc ").unwrap_or_default()
+        } else {
+            gv_problems.join("; ")
+        },
+        how: "$CORDON_RUNSC or runsc in PATH; `runsc --version` (release 20240101 or newer)".into(),
     });
+    if let Some(platforms) = gv_note("platforms: ") {
+        checks.push(Check {
+            name: "gvisor platforms",
+            ok: gv_note("chosen platform: ").is_some(),
+            detail: format!(
+                "{platforms}; chosen: {}",
+                gv_note("chosen platform: ").unwrap_or_else(|| "none".into())
+            ),
+            how: "runsc --platform=P --network=none --ignore-cgroups do /bin/true for systrap, kvm, ptrace (cached per runsc release and kernel)".into(),
+        });
+    }
     let qemu = which("qemu-system-x86_64");
     checks.push(Check {
         name: "qemu",
@@ -385,16 +425,42 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
 
     let ms = native_facts.as_ref().map(|f| f.mechanisms.as_slice());
     let p1 = verdict(Profile::P1, "P1", ms, native_err.clone(), Vec::new());
-    let p2 = verdict(Profile::P2, "P2", ms, native_err.clone(), broker_missing);
-    let mut p3_missing =
-        vec!["a gVisor or microVM runtime in this build (P3 tools are refused)".to_string()];
-    if runsc.is_none() {
-        p3_missing.push("runsc not installed".into());
+    let p2 = verdict(
+        Profile::P2,
+        "P2",
+        ms,
+        native_err.clone(),
+        broker_missing.clone(),
+    );
+    let p3 = if gv_problems.is_empty() {
+        verdict(
+            Profile::P3,
+            "P3",
+            gv_facts.as_ref().map(|f| f.mechanisms.as_slice()),
+            None,
+            broker_missing,
+        )
+    } else {
+        verdict(
+            Profile::P3,
+            "P3",
+            None,
+            Some(format!(
+                "runtime gvisor (P3 tools are refused): {}",
+                gv_problems.join("; ")
+            )),
+            Vec::new(),
+        )
+    };
+    for (pid, why) in cordon_runtime::pool::stopped_pools() {
+        notes.push(format!("broker {pid}: {why}"));
     }
-    if !kvm {
-        p3_missing.push("no usable /dev/kvm for a microVM".into());
+    for n in &gv_notes {
+        let n = format!("gvisor: {n}");
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
     }
-    let p3 = verdict(Profile::P3, "P3", None, None, p3_missing);
     let runtimes = registry
         .runtimes()
         .iter()

@@ -1,4 +1,5 @@
-//! `cordon run` (a manifest's tool) and `cordon exec` (an ad-hoc P1 jail).
+//! `cordon run` (a manifest's tool) and `cordon exec` (an ad-hoc P1 jail,
+//! or a P3 gVisor sandbox).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -296,12 +297,25 @@ impl EgressArgs {
     }
 }
 
+/// The runtime of an ad-hoc `cordon exec`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecRuntime {
+    /// cordon's own jail (P1).
+    Native,
+    /// A fresh gVisor application kernel (P3), destroyed at the end.
+    Gvisor,
+}
+
 /// `cordon exec` flags.
 #[derive(clap::Args, Debug)]
 pub struct ExecArgs {
-    /// Profile whose defaults apply (only P1 is available for ad-hoc runs).
-    #[arg(long, default_value = "P1")]
-    pub profile: String,
+    /// Profile whose defaults apply: P1 (native), or P3 (with
+    /// `--runtime gvisor`, its default there).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// The runtime: native (the P1 jail) or gvisor (a P3 sandbox).
+    #[arg(long, value_enum, default_value = "native")]
+    pub runtime: ExecRuntime,
     /// Memory cap, e.g. 512M.
     #[arg(long)]
     pub memory: Option<String>,
@@ -355,16 +369,25 @@ pub struct ExecArgs {
     pub cmd: Vec<String>,
 }
 
-/// The policy of an ad-hoc `cordon exec`: P1 defaults and the flags.
+/// The policy of an ad-hoc `cordon exec`: P1 defaults (P3 with
+/// `--runtime gvisor`) and the flags.
 pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
-    if a.profile != "P1" {
-        return Err(anyhow!(
-            "--profile {}: ad-hoc runs use the P1 jail; declare other profiles in a manifest",
-            a.profile
-        ));
-    }
-    let mut l = cordon_policy::resolve::default_limits(Profile::P1)
-        .ok_or_else(|| anyhow!("P1 has default limits"))?;
+    let (profile, runtime) = match (a.runtime, a.profile.as_deref()) {
+        (ExecRuntime::Native, None | Some("P1")) => (Profile::P1, Runtime::Native),
+        (ExecRuntime::Gvisor, None | Some("P3")) => (Profile::P3, Runtime::Gvisor),
+        (ExecRuntime::Native, Some(p)) => {
+            return Err(anyhow!(
+                "--profile {p}: ad-hoc runs use the P1 jail, or P3 with `--runtime gvisor`; declare other profiles in a manifest"
+            ));
+        }
+        (ExecRuntime::Gvisor, Some(p)) => {
+            return Err(anyhow!(
+                "--profile {p}: `--runtime gvisor` runs P3; declare other profiles in a manifest"
+            ));
+        }
+    };
+    let mut l = cordon_policy::resolve::default_limits(profile)
+        .ok_or_else(|| anyhow!("{profile:?} has default limits"))?;
     if let Some(m) = &a.memory {
         l.memory_bytes = parse_size_str(m).map_err(|e| anyhow!("--memory: {e}"))?;
     }
@@ -414,7 +437,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let network = a.net.network()?;
     let accept = mechanisms("--accept", &a.accept)?;
-    let mut require: Vec<Mechanism> = cordon_policy::resolve::default_requirements(Profile::P1)
+    let mut require: Vec<Mechanism> = cordon_policy::resolve::default_requirements(profile)
         .iter()
         .copied()
         .chain(mechanisms("--require", &a.require)?)
@@ -424,9 +447,9 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
     require.dedup();
     Ok(ToolPolicy {
         name: "exec".into(),
-        profile: Profile::P1,
+        profile,
         description: String::new(),
-        runtime: Runtime::Native,
+        runtime,
         exec: match &a.image {
             None => Exec::Command {
                 argv: a.cmd.clone(),
@@ -448,6 +471,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         mounts,
         env,
         lifetime: Lifetime::Call,
+        pool: None,
         input: cordon_policy::policy::Input {
             stdin: None,
             encoding: cordon_policy::policy::Encoding::Text,

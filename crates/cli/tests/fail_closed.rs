@@ -360,7 +360,7 @@ fn probe_counts_an_unprobeable_tool() {
     let m = write(
         &d,
         "m.yaml",
-        "tools:\n  count:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 3}\n  browser:\n    profile: P3\n    runtime: gvisor\n    command: [/usr/bin/true]\n",
+        "tools:\n  count:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {wall_seconds: 3}\n  browser:\n    profile: P3\n    runtime: microvm\n    command: [/usr/bin/true]\n",
     );
     let o = cordon(
         false,
@@ -372,7 +372,7 @@ fn probe_counts_an_unprobeable_tool() {
     assert_eq!(o.status.code(), Some(3), "{out}{err}");
     assert!(
         out.contains("NOT PROBED tool browser: ")
-            && out.contains("runtime gvisor is not available in this build"),
+            && out.contains("runtime microvm is not available in this build"),
         "{out}"
     );
     assert!(out.contains("HELD     control"), "{out}");

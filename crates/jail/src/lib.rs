@@ -88,6 +88,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cordon_sys::Errno;
 pub use host::HostFacts;
+pub use plan::etc_files;
 
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -667,6 +668,32 @@ impl Jail {
         F: FnOnce(Vec<OwnedFd>) + Send,
     {
         run::run(self, spec, stdin, on_doors)
+    }
+
+    /// Run a supervisor: a host program that builds a sandbox of its own
+    /// for the tool (gVisor's `runsc`), held by the jail as a tool is. Its
+    /// `argv[0]` is an absolute host path; it runs in new pid, mount (with
+    /// its own `/proc`) and network namespaces (an empty one, or one with
+    /// the spec's doors exactly as a tool's), inside a new user namespace
+    /// (uid 0 inside, the broker's uid outside) only when the broker is
+    /// unprivileged; in a cgroup slot with the spec's limits, under its wall
+    /// clock and output caps, and with the parent-death signal, so that a
+    /// broker that dies takes it and everything it started with it. Unlike
+    /// a tool it keeps its capabilities within those namespaces (it needs
+    /// them to build its sandbox) and has no seccomp filter, Landlock or
+    /// rlimits of the jail's (the root, `RootFs` and binds of the spec are
+    /// not used): what it runs is confined by the supervisor. The door
+    /// sockets are handed to `on_doors` as by [`Jail::run_with_doors`].
+    pub fn run_supervisor<F>(
+        &self,
+        spec: &JailSpec,
+        stdin: Stdin,
+        on_doors: F,
+    ) -> Result<Outcome, JailError>
+    where
+        F: FnOnce(Vec<OwnedFd>) + Send,
+    {
+        run::run_as(self, spec, stdin, on_doors, true)
     }
 
     fn filters_for(

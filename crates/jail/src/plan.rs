@@ -235,6 +235,37 @@ pub fn program(
     Ok(p)
 }
 
+/// The filesystem program of a supervisor ([`crate::Jail::run_supervisor`]):
+/// its mount namespace private, and a `/proc` of its own pid namespace
+/// (the host's would show the wrong pids); nothing else changes.
+pub fn supervisor_program() -> Result<Program, JailError> {
+    let mut p = Program {
+        steps: Vec::with_capacity(2),
+        names: Vec::with_capacity(2),
+    };
+    p.push(
+        "make every mount private".into(),
+        Op::Mount {
+            src: None,
+            target: c("/")?,
+            fstype: None,
+            flags: libc::MS_REC | libc::MS_PRIVATE,
+            data: None,
+        },
+    );
+    p.push(
+        "mount /proc of the new pid namespace".into(),
+        Op::Mount {
+            src: Some(c("proc")?),
+            target: c("/proc")?,
+            fstype: Some(c("proc")?),
+            flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data: None,
+        },
+    );
+    Ok(p)
+}
+
 /// The host's system directories and a written `/etc`.
 fn host_root(
     p: &mut Program,

@@ -22,6 +22,11 @@ const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as u64;
 
+/// A supervisor's namespaces (a new user namespace is added when the
+/// broker is unprivileged).
+const SUPERVISOR_NS_FLAGS: u64 =
+    (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET) as u64;
+
 /// Returns a cgroup slot to the pool when the call ends (also on error),
 /// or discards it (`discard`, or when it will not empty or was killed).
 struct SlotGuard<'a> {
@@ -133,6 +138,21 @@ pub fn run<F>(jail: &Jail, spec: &JailSpec, stdin: Stdin, on_doors: F) -> Result
 where
     F: FnOnce(Vec<std::os::fd::OwnedFd>) + Send,
 {
+    run_as(jail, spec, stdin, on_doors, false)
+}
+
+/// [`run`] of a tool, or (`supervisor`) of a supervisor (see
+/// [`Jail::run_supervisor`]).
+pub fn run_as<F>(
+    jail: &Jail,
+    spec: &JailSpec,
+    stdin: Stdin,
+    on_doors: F,
+    supervisor: bool,
+) -> Result<Outcome, JailError>
+where
+    F: FnOnce(Vec<std::os::fd::OwnedFd>) + Send,
+{
     let start = Instant::now();
     let tool = spec.tool.as_str();
     let broker = |step: &str, e: io::Error| JailError::broker(tool, step, e);
@@ -152,18 +172,51 @@ where
     } else {
         (facts.euid, facts.egid)
     };
-    let (uid, gid) = spec
-        .user
-        .unwrap_or((jail.opts.inner_uid, jail.opts.inner_gid));
+    let (uid, gid) = if supervisor {
+        // Root of its namespaces: it builds the tool's sandbox.
+        (0, 0)
+    } else {
+        spec.user
+            .unwrap_or((jail.opts.inner_uid, jail.opts.inner_gid))
+    };
+    let (host_uid, host_gid) = if supervisor {
+        (facts.euid, facts.egid)
+    } else {
+        (host_uid, host_gid)
+    };
 
     // Everything the child needs, built now.
-    let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;
-    let exec_paths = plan::exec_paths(spec)?;
-    let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
-    let (landlock, landlock_status) = if spec.landlock {
-        plan::landlock(facts.landlock_abi, doors_req.is_some())
+    let (program, exec_paths, filters, landlock, landlock_status) = if supervisor {
+        let Some(arg0) = spec.argv.first().filter(|a| a.starts_with('/')) else {
+            return Err(JailError::Spec(
+                "a supervisor's program must be an absolute host path".into(),
+            ));
+        };
+        let exec = std::ffi::CString::new(arg0.as_bytes())
+            .map_err(|_| JailError::Spec("argv contains a NUL byte".into()))?;
+        (
+            plan::supervisor_program()?,
+            vec![exec],
+            Vec::new(),
+            None,
+            LandlockStatus::Disabled,
+        )
     } else {
-        (None, LandlockStatus::Disabled)
+        let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;
+        let exec_paths = plan::exec_paths(spec)?;
+        let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
+        let (landlock, landlock_status) = if spec.landlock {
+            plan::landlock(facts.landlock_abi, doors_req.is_some())
+        } else {
+            (None, LandlockStatus::Disabled)
+        };
+        (
+            program,
+            exec_paths,
+            filters.as_ref().clone(),
+            landlock,
+            landlock_status,
+        )
     };
     let doors = doors_req.map(plan::doors).transpose()?;
     let n_doors = doors
@@ -191,18 +244,30 @@ where
         .no_cgroup_warning
         .as_deref()
         .unwrap_or("controller not available");
-    let mut rlimits = vec![
-        (libc::RLIMIT_NOFILE, limits.nofile, limits.nofile),
-        // A page over the tmpfs size, so filling /tmp ends in ENOSPC
-        // rather than SIGXFSZ.
-        (
-            libc::RLIMIT_FSIZE,
-            limits.disk_bytes.saturating_add(4096),
-            limits.disk_bytes.saturating_add(4096),
-        ),
-        (libc::RLIMIT_CORE, 0, 0),
-    ];
-    if !cg_mem {
+    // A supervisor gets none of the tool's rlimits (an application
+    // kernel reserves far more address space and descriptors than it
+    // uses): without a cgroup its memory and tasks are not limited, and
+    // the runtime above must refuse what requires them.
+    let mut rlimits = if supervisor {
+        vec![(libc::RLIMIT_CORE, 0, 0)]
+    } else {
+        vec![
+            (libc::RLIMIT_NOFILE, limits.nofile, limits.nofile),
+            // A page over the tmpfs size, so filling /tmp ends in ENOSPC
+            // rather than SIGXFSZ.
+            (
+                libc::RLIMIT_FSIZE,
+                limits.disk_bytes.saturating_add(4096),
+                limits.disk_bytes.saturating_add(4096),
+            ),
+            (libc::RLIMIT_CORE, 0, 0),
+        ]
+    };
+    if !cg_mem && supervisor {
+        warnings.push(format!(
+            "cgroups unavailable ({why}): memory limit not enforced"
+        ));
+    } else if !cg_mem {
         // Private writable memory per process, and the address space only
         // as a far looser backstop (see `fallback.rs`); neither above the
         // broker's own hard limit, which an unprivileged broker cannot
@@ -217,7 +282,11 @@ where
             format_bytes(backstop)
         ));
     }
-    if !cg_pids {
+    if !cg_pids && supervisor {
+        warnings.push(format!(
+            "cgroups unavailable ({why}): task limit not enforced"
+        ));
+    } else if !cg_pids {
         // RLIMIT_NPROC is counted per user namespace: the sandbox's fresh
         // namespace makes it a per-sandbox task limit.
         rlimits.push((libc::RLIMIT_NPROC, limits.tasks, limits.tasks));
@@ -280,7 +349,7 @@ where
     // (declared before the child, so it is returned only after the child
     // has been killed and reaped on every path).
     let net_lease = match (&jail.net_pool, doors_req) {
-        (Some(pool), None) => pool
+        (Some(pool), None) if !supervisor => pool
             .acquire()
             .map(|fd| crate::netns::NetLease { pool, fd: Some(fd) }),
         _ => None,
@@ -289,11 +358,16 @@ where
         .as_ref()
         .and_then(|l| l.fd.as_ref())
         .map(|f| f.as_raw_fd());
-    let namespaces = if join_net.is_some() {
+    let namespaces = if supervisor && facts.root {
+        SUPERVISOR_NS_FLAGS
+    } else if supervisor {
+        SUPERVISOR_NS_FLAGS | libc::CLONE_NEWUSER as u64
+    } else if join_net.is_some() {
         NS_FLAGS & !(libc::CLONE_NEWNET as u64)
     } else {
         NS_FLAGS
     };
+    let new_user_ns = namespaces & libc::CLONE_NEWUSER as u64 != 0;
     // The child moves itself into its v1 cgroups (and into v2 where it
     // cannot be born there) through these (see `ChildPlan::join_cgroups`).
     let born_in_v2 = jail.pool.as_ref().is_none_or(|p| p.born_in_v2());
@@ -328,7 +402,7 @@ where
         sync_read: sync_r.as_raw_fd(),
         err_write: fail_w.as_raw_fd(),
         doors_sock: doors_pair.as_ref().map(|(_, c)| c.as_raw_fd()),
-        cgroup_ns: true,
+        cgroup_ns: !supervisor,
         clear_groups: facts.root,
         uid,
         gid,
@@ -337,7 +411,8 @@ where
         rlimits,
         landlock,
         cap_last: facts.cap_last_cap,
-        seccomp: filters.as_ref().clone(),
+        keep_capabilities: supervisor,
+        seccomp: filters,
         exec_paths,
         argv: spec
             .argv
@@ -380,14 +455,16 @@ where
 
     // uid/gid maps. An unprivileged broker must deny setgroups first.
     let proc = format!("/proc/{pid}");
-    if !facts.root {
-        std::fs::write(format!("{proc}/setgroups"), "deny")
-            .map_err(|e| broker("write setgroups", e))?;
+    if new_user_ns {
+        if !facts.root {
+            std::fs::write(format!("{proc}/setgroups"), "deny")
+                .map_err(|e| broker("write setgroups", e))?;
+        }
+        std::fs::write(format!("{proc}/uid_map"), format!("{uid} {host_uid} 1\n"))
+            .map_err(|e| broker(&format!("write uid_map ({uid} -> host {host_uid})"), e))?;
+        std::fs::write(format!("{proc}/gid_map"), format!("{gid} {host_gid} 1\n"))
+            .map_err(|e| broker(&format!("write gid_map ({gid} -> host {host_gid})"), e))?;
     }
-    std::fs::write(format!("{proc}/uid_map"), format!("{uid} {host_uid} 1\n"))
-        .map_err(|e| broker(&format!("write uid_map ({uid} -> host {host_uid})"), e))?;
-    std::fs::write(format!("{proc}/gid_map"), format!("{gid} {host_gid} 1\n"))
-        .map_err(|e| broker(&format!("write gid_map ({gid} -> host {host_gid})"), e))?;
     sio::write(sync_w.as_fd(), b"g").map_err(p("release the sandbox"))?;
 
     let setup_failure = |buf: [u8; 8]| {

@@ -160,6 +160,10 @@ pub struct Tool {
     /// How long a sandbox lives: one call (default), one agent session, or a pool.
     #[serde(default)]
     pub lifetime: Option<Lifetime>,
+    /// With `lifetime: pool`: how many never-used sandboxes are kept ready,
+    /// and whether the pool refills after each task.
+    #[serde(default)]
+    pub pool: Option<PoolSettings>,
     /// How an MCP call's arguments reach the tool: one argument's bytes on
     /// stdin, others as argv slots (never passed through a shell).
     #[serde(default)]
@@ -347,6 +351,35 @@ pub enum MountMode {
     Ro,
     /// Read-write: the tool can change the host's files.
     Rw,
+}
+
+/// A tool's warm pool (`lifetime: pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSettings {
+    /// Sandboxes kept ready (default 2).
+    #[serde(default = "default_pool_size")]
+    pub size: u32,
+    /// Start a new one after each task (default true).
+    #[serde(default = "default_true")]
+    pub refill: bool,
+}
+
+fn default_pool_size() -> u32 {
+    2
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for PoolSettings {
+    fn default() -> PoolSettings {
+        PoolSettings {
+            size: default_pool_size(),
+            refill: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

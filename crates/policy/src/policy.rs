@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
     Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind,
-    Overflow, Profile, Runtime,
+    Overflow, PoolSettings, Profile, Runtime,
 };
 
 /// All tools of a manifest, resolved.
@@ -37,6 +37,8 @@ pub struct ToolPolicy {
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
+    /// The warm pool's settings (`lifetime: pool` only).
+    pub pool: Option<PoolSettings>,
     pub input: Input,
     pub input_schema: Option<serde_json::Value>,
     pub output_schema: Option<serde_json::Value>,

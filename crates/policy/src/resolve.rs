@@ -164,6 +164,7 @@ const RULES: &[Rule] = &[
     rule_p1_no_secrets,
     rule_p2_explicit_allowlist,
     rule_p3_runtime,
+    rule_pool,
     rule_image_pinned,
     rule_egress_entries,
     rule_resolve_and_cidrs,
@@ -346,6 +347,34 @@ fn rule_p3_runtime(c: &Ctx<'_>) -> Vec<Diagnostic> {
             Some("P3 tools run attacker-authored content and need a separate kernel boundary"),
         )],
     }
+}
+
+fn rule_pool(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let t = c.tool;
+    let pooled = t.lifetime == Some(manifest::Lifetime::Pool);
+    let mut out = Vec::new();
+    if t.pool.is_some() && !pooled {
+        out.push(c.diag(
+            c.profile_at(),
+            "`pool:` applies only with `lifetime: pool`".into(),
+            Some("write `lifetime: pool`, or remove `pool:`"),
+        ));
+    }
+    if pooled && t.mcp.is_some() {
+        out.push(c.diag(
+            c.profile_at(),
+            "`lifetime: pool` is for tools called once per task, not `mcp:` servers".into(),
+            Some("an MCP server's sandbox lives for its session (`lifetime: session`)"),
+        ));
+    }
+    if pooled && t.pool.is_some_and(|p| p.size == 0) {
+        out.push(c.diag(
+            c.profile_at(),
+            "`pool: {size: 0}` keeps nothing ready".into(),
+            Some("give a size of 1 or more, or write `lifetime: call`"),
+        ));
+    }
+    out
 }
 
 /// Split `name@sha256:hex` into (reference, digest); Err says why not.
@@ -1435,6 +1464,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         mounts,
         env,
         lifetime,
+        pool: (lifetime == manifest::Lifetime::Pool).then(|| t.pool.unwrap_or_default()),
         input: {
             let i = t.input.clone().unwrap_or_default();
             policy::Input {

@@ -639,3 +639,34 @@ fn a_server_start_up_deadline_is_set_or_defaults() {
     let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      startup_seconds: 0\n"));
     assert_one(&y, 10, "`startup_seconds` is 0");
 }
+
+#[test]
+fn a_pool_has_a_size_and_refill_only_with_lifetime_pool() {
+    let base = "tools:\n  b:\n    profile: P3\n    runtime: gvisor\n    command: [/bin/true]\n";
+    // Positive control: the defaults, and the manifest's settings.
+    let l = load_str(Path::new("m.yaml"), &format!("{base}    lifetime: pool\n")).unwrap();
+    let p = l.policy.tools["b"].pool.unwrap();
+    assert_eq!((p.size, p.refill), (2, true));
+    let l = load_str(
+        Path::new("m.yaml"),
+        &format!("{base}    lifetime: pool\n    pool: {{size: 4, refill: false}}\n"),
+    )
+    .unwrap();
+    let p = l.policy.tools["b"].pool.unwrap();
+    assert_eq!((p.size, p.refill), (4, false));
+    assert!(
+        load_str(Path::new("m.yaml"), base).unwrap().policy.tools["b"]
+            .pool
+            .is_none()
+    );
+    assert_one(
+        &format!("{base}    pool: {{size: 4}}\n"),
+        3,
+        "`pool:` applies only with `lifetime: pool`",
+    );
+    assert_one(
+        &format!("{base}    lifetime: pool\n    pool: {{size: 0}}\n"),
+        3,
+        "keeps nothing ready",
+    );
+}

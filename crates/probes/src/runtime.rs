@@ -180,6 +180,32 @@ impl Sandbox for RuntimeSandbox {
         )
     }
 
+    fn answered_by(&self, probe: &str) -> Option<String> {
+        if self.runtime.name() != "gvisor" {
+            return None;
+        }
+        let doors = self.base.egress().is_some();
+        Some(match probe {
+            // With doors the Sentry's sockets are host sockets in the
+            // sandbox's own network namespace; without, gVisor's netstack.
+            "network" | "metadata" | "host_loopback" | "private" | "egress" | "dns" if doors => {
+                "answered by the host kernel in the sandbox's own network namespace, through gVisor's Sentry (--network=host: only the doors are there)".into()
+            }
+            "network" | "metadata" | "host_loopback" | "private" | "egress" | "dns" => {
+                "answered by gVisor's own network stack (--network=none: a loopback only)".into()
+            }
+            "io_uring" => "answered inside gVisor: the Sentry applies cordon's filter (EPERM), and gVisor has no io_uring of the host's to reach".into(),
+            "host_fs" | "processes" | "uid" | "caps" | "mount" | "userns" | "ptrace"
+            | "raw_socket" | "keyctl" | "bpf" | "no_new_privs" | "tty" | "fds" => {
+                "answered by gVisor's Sentry, its own kernel: the call never reaches the host's".into()
+            }
+            "memory" | "fork" | "time" | "output" => {
+                "limit of the whole gVisor sandbox (Sentry, gofer and stubs in one cgroup slot, or the broker's clock and caps)".into()
+            }
+            _ => return None,
+        })
+    }
+
     fn run(&self, req: &ProbeRun) -> Result<RunResult, SandboxError> {
         let spec = self.spec_for(req)?;
         let rt = self.runtime.clone();

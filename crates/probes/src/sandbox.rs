@@ -208,6 +208,11 @@ pub trait Sandbox {
     fn name(&self) -> String;
     /// Run the agent once. `Err` means the sandbox could not even try.
     fn run(&self, req: &ProbeRun) -> Result<RunResult, SandboxError>;
+    /// Who answers `probe`'s system calls when it is not the host kernel
+    /// (an application kernel such as gVisor's): added to the evidence.
+    fn answered_by(&self, _probe: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Run a prepared command with stdin, an outer timeout, and capped capture

@@ -110,6 +110,11 @@ pub const CATALOGUE: &[ProbeInfo] = &[
         Category::Escape,
         "a /tmp marker from one call seen by the next",
     ),
+    p(
+        "fresh_task",
+        Category::Escape,
+        "anything one task wrote (/tmp, /dev/shm, $HOME) or left running seen by the next",
+    ),
     p("mount", Category::Escape, "mount a tmpfs"),
     p(
         "userns",
@@ -836,7 +841,7 @@ pub fn run_suite(
         let marker = format!("cordonprobe{}", token().replace('-', ""));
         let mut args = args_for(info.name, profile, targets, loopback, &marker);
         let timeout = outer_timeout(info.name, profile);
-        if info.name == "tmp_persist" {
+        if info.name == "tmp_persist" || info.name == "fresh_task" {
             report.results.push(tmp_persist(&runner, info, &marker, t0));
             continue;
         }
@@ -874,9 +879,16 @@ pub fn run_suite(
         report.results.push(result(info, v, e, Some(&run), t0));
     }
     drop(listener);
+    for r in &mut report.results {
+        if let Some(by) = sb.answered_by(&r.probe) {
+            r.evidence = format!("{} [{by}]", r.evidence);
+        }
+    }
     report
 }
 
+/// A two-call probe (`tmp_persist`, `fresh_task`): call 1 leaves its
+/// marks, call 2 (a later task) escapes if it sees any.
 fn tmp_persist(runner: &Runner<'_>, info: &ProbeInfo, marker: &str, t0: Instant) -> ProbeResult {
     let args = |phase: &str| {
         vec![
@@ -886,7 +898,7 @@ fn tmp_persist(runner: &Runner<'_>, info: &ProbeInfo, marker: &str, t0: Instant)
             marker.to_string(),
         ]
     };
-    let first = match runner.run("tmp_persist", args("write"), OUTER_TIMEOUT) {
+    let first = match runner.run(info.name, args("write"), OUTER_TIMEOUT) {
         Ok(r) => r,
         Err(e) => {
             return result(
@@ -898,7 +910,7 @@ fn tmp_persist(runner: &Runner<'_>, info: &ProbeInfo, marker: &str, t0: Instant)
             );
         }
     };
-    let (v1, e1) = judge_escape("tmp_persist", &first);
+    let (v1, e1) = judge_escape(info.name, &first);
     if v1 != Verdict::Held {
         return result(
             info,
@@ -908,12 +920,24 @@ fn tmp_persist(runner: &Runner<'_>, info: &ProbeInfo, marker: &str, t0: Instant)
             t0,
         );
     }
-    match runner.run("tmp_persist", args("check"), OUTER_TIMEOUT) {
+    match runner.run(info.name, args("check"), OUTER_TIMEOUT) {
         Ok(r) => {
-            let (v, e) = judge_escape("tmp_persist", &r);
-            // The host copy of the marker, if the sandbox's /tmp is the host's.
+            let (v, e) = judge_escape(info.name, &r);
+            // The host copy of the marks, if the sandbox's /tmp is the
+            // host's, and a sleeper that outlived its sandbox.
             let _ = fs::remove_file(format!("/tmp/.cordon-persist-{marker}"));
             let _ = fs::remove_file(format!("/.cordon-persist-{marker}"));
+            let mut homes = vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
+            homes.extend(std::env::var_os("HOME").map(PathBuf::from));
+            for d in homes {
+                let _ = fs::remove_file(d.join(format!(".cordon-fresh-{marker}")));
+            }
+            for (pid, _) in processes_with(marker) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
             result(info, v, e, Some(&r), t0)
         }
         Err(e) => result(

@@ -59,6 +59,7 @@ fn p0_escapes_are_reported() {
     );
     escaped("write", "created /usr/.cordon-probe-");
     escaped("tmp_persist", "from an earlier call is still there");
+    escaped("fresh_task", "from the earlier task is still there");
     escaped("uid", "host root");
     escaped("caps", "CAP_SYS_ADMIN");
     escaped("no_new_privs", "PR_GET_NO_NEW_PRIVS = 0");

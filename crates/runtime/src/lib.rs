@@ -15,10 +15,13 @@
 //! spawn, facts) and one line in [`Registry::for_host`].
 #![forbid(unsafe_code)]
 
+pub mod gvisor;
 pub mod images;
 pub mod mechanism;
 pub mod native;
+pub mod oci;
 pub mod outcome;
+pub mod pool;
 pub mod spec;
 
 use std::os::unix::net::UnixStream;
@@ -157,6 +160,11 @@ pub trait Runtime: Send + Sync {
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError>;
     /// What it can do on this host.
     fn facts(&self) -> Facts;
+    /// The jail it runs on, when it has one (so that runtimes on one host
+    /// share cgroup slots).
+    fn jail(&self) -> Option<Arc<cordon_jail::Jail>> {
+        None
+    }
 }
 
 /// A policy admitted to run: its spec, the runtime that builds it, and how
@@ -190,6 +198,22 @@ impl Admitted {
     /// Run one call.
     pub fn run(&self, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
         let mut o = self.runtime.run(&self.spec, input, ctx)?;
+        merge_warnings(&mut o.warnings, &self.warnings);
+        Ok(o)
+    }
+
+    /// Run one call in a sandbox of `pool` (or a cold one when it is
+    /// empty); a pool whose refill stopped says so in the warnings.
+    pub fn run_pooled(
+        &self,
+        pool: &pool::Pool,
+        input: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<Outcome, RunError> {
+        let (mut o, _pooled) = pool.run(input, ctx)?;
+        if let Some(why) = pool.stopped() {
+            o.warnings.push(why);
+        }
         merge_warnings(&mut o.warnings, &self.warnings);
         Ok(o)
     }
@@ -273,7 +297,35 @@ impl Registry {
             }
             Err(e) => r.unavailable.push((RuntimeKind::Native, e.to_string())),
         }
-        r
+        r.with_gvisor()
+    }
+
+    /// Register the gVisor runtime over the native runtime's jail (or a
+    /// jail of its own), for calls and servers.
+    fn with_gvisor(mut self) -> Registry {
+        let jail = self
+            .entries
+            .iter()
+            .find(|(k, _, _)| *k == RuntimeKind::Native)
+            .and_then(|(_, _, rt)| rt.jail());
+        let g = match jail {
+            Some(j) => Ok(gvisor::Gvisor::with_jail(gvisor::Options::default(), j)),
+            None => gvisor::Gvisor::new(gvisor::Options::default(), Default::default()),
+        };
+        match g {
+            Ok(g) => {
+                let g: Arc<dyn Runtime> = Arc::new(g);
+                self.with(RuntimeKind::Gvisor, Use::Call, g.clone()).with(
+                    RuntimeKind::Gvisor,
+                    Use::Serve,
+                    g,
+                )
+            }
+            Err(e) => {
+                self.unavailable.push((RuntimeKind::Gvisor, e));
+                self
+            }
+        }
     }
 
     /// The runtime for `kind` and `use_`, if this build has one here.

@@ -275,7 +275,16 @@ impl Native {
             Some(_) => Some(self.net()?.handle().clone()),
             None => None,
         };
-        run_jail(&self.jail, net.as_ref(), spec, egress, icpt, stdin, ctx)
+        run_jail(
+            &self.jail,
+            net.as_ref(),
+            spec,
+            egress,
+            icpt,
+            stdin,
+            ctx,
+            false,
+        )
     }
 }
 
@@ -390,6 +399,7 @@ impl Runtime for Native {
                     icpt,
                     Stdin::Stream(stream),
                     &ctx,
+                    false,
                 );
                 h.finish(r.map(outcome));
             })
@@ -398,6 +408,10 @@ impl Runtime for Native {
             stream: ours,
             handle,
         })
+    }
+
+    fn jail(&self) -> Option<Arc<Jail>> {
+        Some(self.jail.clone())
     }
 
     fn facts(&self) -> Facts {
@@ -444,10 +458,11 @@ impl cordon_egress::LocalAddresses for RouteSocket {
     }
 }
 
-/// Run `spec` in `jail`; with `egress`, its doors are served on `rt` for
-/// the sandbox's whole life and shut down once it is gone. Blocks the
-/// calling thread, which must not be one of `rt`'s workers.
-fn run_jail(
+/// Run `spec` in `jail` (as a supervisor, see `Jail::run_supervisor`,
+/// when `supervisor`); with `egress`, its doors are served on `rt` for the
+/// sandbox's whole life and shut down once it is gone. Blocks the calling
+/// thread, which must not be one of `rt`'s workers.
+pub(crate) fn run_jail(
     jail: &Jail,
     rt: Option<&tokio::runtime::Handle>,
     spec: &JailSpec,
@@ -455,9 +470,15 @@ fn run_jail(
     icpt: Option<Interception>,
     stdin: Stdin,
     ctx: &Context,
+    supervisor: bool,
 ) -> Result<cordon_jail::Outcome, RunError> {
     let (Some(rt), Some(policy)) = (rt, egress) else {
-        return jail.run(spec, stdin).map_err(setup);
+        return if supervisor {
+            jail.run_supervisor(spec, stdin, |_| {})
+        } else {
+            jail.run(spec, stdin)
+        }
+        .map_err(setup);
     };
     let plan = cordon_egress::plan(&policy);
     let n_tcp = plan.tcp.len();
@@ -470,7 +491,7 @@ fn run_jail(
     let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
     let policy = Arc::new(policy);
     let n_udp = plan.udp.len();
-    let out = jail.run_with_doors(spec, stdin, |fds| {
+    let on_doors = |fds: Vec<OwnedFd>| {
         let mut doors = Doors::default();
         for (i, fd) in fds.into_iter().enumerate() {
             if i < n_tcp {
@@ -487,7 +508,12 @@ fn run_jail(
         if let Ok(mut h) = handle.lock() {
             *h = Some(served);
         }
-    });
+    };
+    let out = if supervisor {
+        jail.run_supervisor(spec, stdin, on_doors)
+    } else {
+        jail.run_with_doors(spec, stdin, on_doors)
+    };
     let served = handle.lock().ok().and_then(|mut h| h.take());
     match served {
         Some(Ok(h)) => rt.block_on(h.shutdown()),

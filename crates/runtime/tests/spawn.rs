@@ -87,3 +87,95 @@ fn kill_stops_the_sandbox() {
     let mut st = s.stream;
     assert_eq!(st.read(&mut buf).unwrap(), 0);
 }
+
+/// The warm pool is generic: here over the native runtime. Starts that
+/// keep failing stop the refill, and it says why; tasks then cold-start.
+#[test]
+fn a_pool_whose_starts_fail_stops_refilling_and_says_why() {
+    use cordon_runtime::pool::{Pool, Settings};
+    use std::sync::Arc;
+    let rt: Arc<dyn Runtime> = Arc::new(native());
+    // Positive control: a working spec fills its pool and serves a task.
+    let p = Pool::new(
+        rt.clone(),
+        cat(1024),
+        Settings {
+            size: 1,
+            refill: true,
+        },
+        None,
+    )
+    .unwrap();
+    assert!(p.wait_idle(1, Duration::from_secs(20)), "{:?}", p.stopped());
+    let (o, pooled) = p.run(b"hi".to_vec(), &Context::discard("t")).unwrap();
+    assert!(pooled);
+    assert_eq!(
+        (o.status, o.stdout.as_slice()),
+        (Status::Ok, &b"hi"[..]),
+        "{o:?}"
+    );
+    // A runtime whose sandboxes never start.
+    struct Failing;
+    impl Runtime for Failing {
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+        fn check(&self, _: &SandboxSpec) -> cordon_runtime::Check {
+            Default::default()
+        }
+        fn run(
+            &self,
+            _: &SandboxSpec,
+            _: Vec<u8>,
+            _: &Context,
+        ) -> Result<cordon_runtime::Outcome, cordon_runtime::RunError> {
+            Err(cordon_runtime::RunError::Setup(
+                "cold start failed too".into(),
+            ))
+        }
+        fn spawn(
+            &self,
+            _: &SandboxSpec,
+            _: &Context,
+        ) -> Result<cordon_runtime::Spawned, cordon_runtime::RunError> {
+            Err(cordon_runtime::RunError::Setup("no sandbox today".into()))
+        }
+        fn facts(&self) -> cordon_runtime::Facts {
+            cordon_runtime::Facts {
+                runtime: "failing",
+                mechanisms: Vec::new(),
+                notes: Vec::new(),
+            }
+        }
+    }
+    let bad = cat(1024);
+    let dir = tempfile::tempdir().unwrap();
+    let p = Pool::new(
+        Arc::new(Failing),
+        bad,
+        Settings {
+            size: 2,
+            refill: true,
+        },
+        Some(dir.path().into()),
+    )
+    .unwrap();
+    let mut why = None;
+    for _ in 0..400 {
+        why = p.stopped();
+        if why.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let why = why.expect("the refill stopped");
+    assert!(
+        why == "pool of cat: refill stopped after 3 failed starts in a row (last: no sandbox today); tasks cold-start",
+        "{why}"
+    );
+    let status = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(status, 1, "no status file for doctor");
+    // An empty pool cold-starts.
+    let r = p.run(Vec::new(), &Context::discard("t"));
+    assert_eq!(r.unwrap_err().to_string(), "cold start failed too");
+}

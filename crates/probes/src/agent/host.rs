@@ -393,6 +393,92 @@ pub(super) fn tmp_persist(opts: &Opts) -> Verdict {
     }
 }
 
+/// Two-call probe of a fresh sandbox per task: `--phase write --marker
+/// M` leaves M in every writable place it finds (`/tmp`, `/dev/shm`,
+/// `$HOME`, where a browser keeps its profile) and a detached
+/// sleeper whose argv carries M; `--phase check --marker M` (the next
+/// task) escapes if it sees any of them. /tmp must take the mark (the
+/// control writes there); the others may not exist.
+pub(super) fn fresh_task(opts: &Opts) -> Verdict {
+    let Some(marker) = opts
+        .get("marker")
+        .filter(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+    else {
+        return Verdict::error("--marker [A-Za-z0-9-]+ is required");
+    };
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute());
+    let mut dirs = vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
+    if let Some(h) = home.filter(|h| h != Path::new("/tmp")) {
+        dirs.push(h);
+    }
+    let files: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.join(format!(".cordon-fresh-{marker}")))
+        .collect();
+    match opts.get("phase") {
+        Some("write") => {
+            if let Err(e) = fs::write(&files[0], marker) {
+                return Verdict::error(format!("write {}: {}", files[0].display(), errname(&e)));
+            }
+            let mut wrote = vec![files[0].display().to_string()];
+            for (d, f) in dirs.iter().zip(&files).skip(1) {
+                if d.is_dir() && fs::write(f, marker).is_ok() {
+                    wrote.push(f.display().to_string());
+                }
+            }
+            // A sleeper that outlives this call if the sandbox does.
+            // (`sh -c 'sleep 300; :' TAG`: the tag is the shell's argv, and
+            // the shell stays, not exec'ing its last command.)
+            let started = std::process::Command::new("/bin/sh")
+                .args(["-c", "sleep 300; :", &format!("cordon-fresh-{marker}")])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .is_ok();
+            Verdict::held(format!(
+                "wrote {}{}",
+                wrote.join(", "),
+                if started { "; started a sleeper" } else { "" }
+            ))
+        }
+        Some("check") => {
+            let mut f = Vec::new();
+            for p in &files {
+                f.push(match fs::read_to_string(p) {
+                    Ok(s) => Finding::escaped(format!(
+                        "{} from the earlier task is still there ({} bytes)",
+                        p.display(),
+                        s.len()
+                    )),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        Finding::held(format!("{} from the earlier task is gone", p.display()))
+                    }
+                    Err(e) => Finding::held(format!("{}: {}", p.display(), errname(&e))),
+                });
+            }
+            let tag = format!("cordon-fresh-{marker}");
+            let seen = fs::read_dir("/proc")
+                .map(|rd| {
+                    rd.flatten().any(|e| {
+                        fs::read(e.path().join("cmdline"))
+                            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&tag))
+                    })
+                })
+                .unwrap_or(false);
+            f.push(if seen {
+                Finding::escaped(format!("the earlier task's sleeper {tag} is still running"))
+            } else {
+                Finding::held("no process of the earlier task is visible".to_string())
+            });
+            Verdict::combine(f)
+        }
+        _ => Verdict::error("--phase write|check is required"),
+    }
+}
+
 /// Identity: escaped when the effective uid is 0 and maps to uid 0 of the
 /// parent user namespace (root of the host, or of whatever contains us).
 pub(super) fn uid() -> Verdict {

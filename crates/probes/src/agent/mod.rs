@@ -70,6 +70,7 @@ pub fn main(args: &[String]) -> i32 {
         "processes" => host::processes(),
         "write" => host::write(),
         "tmp_persist" => host::tmp_persist(&opts),
+        "fresh_task" => host::fresh_task(&opts),
         "mount" => kernel::mount(),
         "userns" => kernel::userns(),
         "ptrace" => kernel::ptrace(),

@@ -174,6 +174,11 @@ pub struct ChildPlan {
     pub landlock: Option<LandlockPlan>,
     /// Highest capability number (`/proc/sys/kernel/cap_last_cap`).
     pub cap_last: u32,
+    /// Keep the capabilities the child has in its namespaces instead of
+    /// dropping every one: only for a supervisor that builds a sandbox of
+    /// its own (an application kernel such as gVisor's `runsc`), never for
+    /// a tool.
+    pub keep_capabilities: bool,
     /// seccomp filters, installed in this order, last of all.
     pub seccomp: Vec<Vec<libc::sock_filter>>,
     /// Candidate paths for `execve`, tried in order.

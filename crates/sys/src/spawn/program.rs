@@ -127,8 +127,12 @@ impl Shared {
         }
 
         // 13. Capabilities: bounding set, ambient, then all three sets.
-        // SAFETY: child only.
-        unsafe { Capabilities::of(plan).install(err) };
+        //     A supervisor that builds its own sandbox keeps them (see
+        //     `ChildPlan::keep_capabilities`).
+        if !plan.keep_capabilities {
+            // SAFETY: child only.
+            unsafe { Capabilities::of(plan).install(err) };
+        }
 
         // 14. seccomp, last before exec.
         // SAFETY: child only; the filters point into `plan.seccomp`.

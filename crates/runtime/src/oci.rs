@@ -1,0 +1,400 @@
+//! An OCI bundle (`config.json` and its root directory) built from the
+//! neutral [`SandboxSpec`], for runtimes that take one (gVisor's `runsc`).
+//!
+//! The bundle's root is a fresh empty directory of cordon's own, never an
+//! image's rootfs: the OCI runtime creates mount points in it, which must
+//! not touch the image store. What the sandbox sees at `/` is read-only
+//! binds into it: the host's system directories (with `/etc` written by
+//! cordon) or each top-level entry of an unpacked image's rootfs, its
+//! top-level symlinks made again; then the spec's mounts, read-only; a
+//! fresh `/proc`, an empty read-only `/sys`, and `/tmp` and `/dev/shm` as
+//! tmpfs of `disk_bytes` each. The process gets
+//! the spec's environment, user (1000:1000 by default), working directory
+//! (`/tmp` by default) and rlimits, no capabilities and no new privileges.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Component, Path, PathBuf};
+
+use cordon_jail::host::SystemDir;
+use oci_spec::runtime::{
+    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
+    LinuxSeccompBuilder, LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+
+use crate::spec::{Root, SandboxSpec, Seccomp};
+
+/// Default uid and gid of the sandbox's process.
+pub const DEFAULT_USER: (u32, u32) = (1000, 1000);
+
+/// Names at the top of the root that are always the sandbox's own.
+const OWN_DIRS: [&str; 3] = ["dev", "proc", "tmp"];
+
+/// How the bundle's network is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// A network namespace of the OCI runtime's own (`--network=none`).
+    Own,
+    /// The namespace the runtime runs in (`--network=host`): no network
+    /// namespace in `config.json`.
+    Inherit,
+}
+
+/// Write a bundle for `spec` into `dir` (which must exist and be empty):
+/// `config.json`, `rootfs/` and, for a host root, `etc/`. `env` is the
+/// complete environment of the process.
+pub fn write_bundle(
+    dir: &Path,
+    spec: &SandboxSpec,
+    env: &[(String, String)],
+    system_dirs: &[SystemDir],
+    net: Net,
+) -> Result<(), String> {
+    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    let rootfs = dir.join("rootfs");
+    fs::create_dir(&rootfs).map_err(|e| io("create", &rootfs, e))?;
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
+        .map_err(|e| io("chmod", &rootfs, e))?;
+    let (uid, gid) = spec.user.unwrap_or(DEFAULT_USER);
+    let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
+    match &spec.root {
+        Root::HostBinds => {
+            binds.push(("/usr".into(), "/usr".into()));
+            for d in system_dirs {
+                let rel = d.path.strip_prefix("/").unwrap_or(&d.path);
+                match &d.symlink {
+                    Some(target) => {
+                        let link = rootfs.join(rel);
+                        symlink(target, &link).map_err(|e| io("symlink", &link, e))?;
+                    }
+                    None => binds.push((d.path.clone(), d.path.clone())),
+                }
+            }
+            let etc = dir.join("etc");
+            fs::create_dir(&etc).map_err(|e| io("create", &etc, e))?;
+            fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))
+                .map_err(|e| io("chmod", &etc, e))?;
+            for (name, content) in cordon_jail::etc_files(uid, gid) {
+                let p = etc.join(name);
+                fs::write(&p, content).map_err(|e| io("write", &p, e))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
+                    .map_err(|e| io("chmod", &p, e))?;
+            }
+            for name in ["alternatives", "ssl"] {
+                let p = etc.join(name);
+                if Path::new("/etc").join(name).is_dir() {
+                    fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
+                }
+            }
+            binds.push((etc.clone(), "/etc".into()));
+            if Path::new("/etc/ld.so.cache").is_file() {
+                let p = etc.join("ld.so.cache");
+                fs::write(&p, b"").map_err(|e| io("write", &p, e))?;
+                binds.push(("/etc/ld.so.cache".into(), "/etc/ld.so.cache".into()));
+            }
+            for name in ["alternatives", "ssl"] {
+                let host = Path::new("/etc").join(name);
+                if host.is_dir() {
+                    binds.push((host.clone(), host));
+                }
+            }
+        }
+        Root::Image { rootfs: image, .. } => {
+            if !image.is_absolute() {
+                return Err(format!(
+                    "image root {} is not an absolute path",
+                    image.display()
+                ));
+            }
+            for e in fs::read_dir(image).map_err(|e| io("read", image, e))? {
+                let e = e.map_err(|e| io("read", image, e))?;
+                let name = e.file_name();
+                if OWN_DIRS.iter().any(|d| name == *d) {
+                    continue;
+                }
+                let ty = e
+                    .file_type()
+                    .map_err(|e| io("stat", &e_path(image, &name), e))?;
+                let src = image.join(&name);
+                if ty.is_symlink() {
+                    let target = fs::read_link(&src).map_err(|e| io("readlink", &src, e))?;
+                    let link = rootfs.join(&name);
+                    symlink(&target, &link).map_err(|e| io("symlink", &link, e))?;
+                } else if ty.is_dir() || ty.is_file() {
+                    binds.push((src, Path::new("/").join(&name)));
+                }
+            }
+        }
+    }
+    for m in &spec.mounts {
+        check_dst(&m.dst)?;
+        if m.writable {
+            return Err(format!(
+                "mount {}:{}:rw: the gvisor runtime binds host paths read-only only",
+                m.src.display(),
+                m.dst.display()
+            ));
+        }
+        binds.push((m.src.clone(), m.dst.clone()));
+    }
+    let config = config(spec, env, &binds, net)?;
+    let path = dir.join("config.json");
+    config
+        .save(&path)
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+    Ok(())
+}
+
+fn e_path(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
+    dir.join(name)
+}
+
+/// A destination inside the sandbox: absolute, normal components only.
+fn check_dst(dst: &Path) -> Result<(), String> {
+    if !dst.is_absolute()
+        || dst
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err(format!(
+            "mount destination {} is not a plain absolute path",
+            dst.display()
+        ));
+    }
+    if let Some(Component::Normal(top)) = dst.components().nth(1)
+        && OWN_DIRS.iter().any(|d| top == *d)
+        && dst.components().count() == 2
+    {
+        return Err(format!(
+            "mount destination {} is the sandbox's own",
+            dst.display()
+        ));
+    }
+    Ok(())
+}
+
+fn bind(src: &Path, dst: &Path) -> Result<Mount, String> {
+    MountBuilder::default()
+        .destination(dst)
+        .typ("bind")
+        .source(src)
+        .options(
+            ["rbind", "ro", "nosuid", "nodev"]
+                .map(String::from)
+                .to_vec(),
+        )
+        .build()
+        .map_err(|e| format!("mount {}: {e}", dst.display()))
+}
+
+/// The `config.json` of a bundle whose root directory is `rootfs` (relative
+/// to the bundle) with these read-only binds `(host, sandbox)`.
+pub fn config(
+    spec: &SandboxSpec,
+    env: &[(String, String)],
+    binds: &[(PathBuf, PathBuf)],
+    net: Net,
+) -> Result<Spec, String> {
+    fn e(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> String {
+        move |err| format!("OCI {what}: {err}")
+    }
+    let (uid, gid) = spec.user.unwrap_or(DEFAULT_USER);
+    let l = &spec.limits;
+    let rlimit = |typ: PosixRlimitType, v: u64| {
+        PosixRlimitBuilder::default()
+            .typ(typ)
+            .soft(v)
+            .hard(v)
+            .build()
+            .map_err(e("rlimit"))
+    };
+    let none: HashSet<oci_spec::runtime::Capability> = HashSet::new();
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(
+            UserBuilder::default()
+                .uid(uid)
+                .gid(gid)
+                .build()
+                .map_err(e("user"))?,
+        )
+        .args(spec.argv.clone())
+        .env(
+            env.iter()
+                .map(|(k, v)| {
+                    if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                        Err(format!("bad environment variable {k:?}"))
+                    } else {
+                        Ok(format!("{k}={v}"))
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .cwd(spec.cwd.clone().unwrap_or_else(|| "/tmp".into()))
+        .capabilities(
+            LinuxCapabilitiesBuilder::default()
+                .bounding(none.clone())
+                .effective(none.clone())
+                .inheritable(none.clone())
+                .permitted(none.clone())
+                .ambient(none)
+                .build()
+                .map_err(e("capabilities"))?,
+        )
+        .rlimits(vec![
+            rlimit(PosixRlimitType::RlimitNofile, l.nofile)?,
+            // A page over the tmpfs size, so filling /tmp ends in ENOSPC.
+            rlimit(
+                PosixRlimitType::RlimitFsize,
+                l.disk_bytes.saturating_add(4096),
+            )?,
+            rlimit(PosixRlimitType::RlimitCore, 0)?,
+        ])
+        .no_new_privileges(true)
+        .build()
+        .map_err(e("process"))?;
+    let mut mounts = vec![
+        MountBuilder::default()
+            .destination("/proc")
+            .typ("proc")
+            .source("proc")
+            .options(["nosuid", "noexec", "nodev"].map(String::from).to_vec())
+            .build()
+            .map_err(e("mount /proc"))?,
+        MountBuilder::default()
+            .destination("/tmp")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .options(vec![
+                "nosuid".into(),
+                "nodev".into(),
+                "mode=1777".into(),
+                format!("size={}", l.disk_bytes.max(4096)),
+            ])
+            .build()
+            .map_err(e("mount /tmp"))?,
+        // No /sys: an empty read-only directory over gVisor's own.
+        MountBuilder::default()
+            .destination("/sys")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .options(
+                ["ro", "nosuid", "nodev", "noexec", "size=4k"]
+                    .map(String::from)
+                    .to_vec(),
+            )
+            .build()
+            .map_err(e("mount /sys"))?,
+        // Shared memory (a browser's renderers need it), as small.
+        MountBuilder::default()
+            .destination("/dev/shm")
+            .typ("tmpfs")
+            .source("shm")
+            .options(vec![
+                "nosuid".into(),
+                "nodev".into(),
+                "noexec".into(),
+                "mode=1777".into(),
+                format!("size={}", l.disk_bytes.max(4096)),
+            ])
+            .build()
+            .map_err(e("mount /dev/shm"))?,
+    ];
+    for (src, dst) in binds {
+        mounts.push(bind(src, dst)?);
+    }
+    let mut namespaces = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+    ];
+    if net == Net::Own {
+        namespaces.push(LinuxNamespaceType::Network);
+    }
+    let linux = LinuxBuilder::default()
+        .namespaces(
+            namespaces
+                .into_iter()
+                .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(e("namespace"))?,
+        )
+        .resources(
+            LinuxResourcesBuilder::default()
+                .memory(
+                    LinuxMemoryBuilder::default()
+                        .limit(i64::try_from(l.memory_bytes).unwrap_or(i64::MAX))
+                        .build()
+                        .map_err(e("memory"))?,
+                )
+                .pids(
+                    LinuxPidsBuilder::default()
+                        .limit(i64::try_from(l.tasks).unwrap_or(i64::MAX))
+                        .build()
+                        .map_err(e("pids"))?,
+                )
+                .build()
+                .map_err(e("resources"))?,
+        )
+        .seccomp(seccomp(&spec.seccomp)?)
+        .build()
+        .map_err(e("linux"))?;
+    SpecBuilder::default()
+        .version("1.0.2")
+        .hostname("cordon")
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(true)
+                .build()
+                .map_err(e("root"))?,
+        )
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .map_err(e("spec"))
+}
+
+/// cordon's filter in OCI form (applied by the OCI runtime to the tool):
+/// the deny table with `EPERM`, or the allow list with `EPERM` for the
+/// rest.
+fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
+    let e = |err: oci_spec::OciSpecError| format!("OCI seccomp: {err}");
+    // EPERM.
+    let eperm = 1u32;
+    let (default, names, action): (LinuxSeccompAction, Vec<String>, LinuxSeccompAction) = match s {
+        Seccomp::DenyList => (
+            LinuxSeccompAction::ScmpActAllow,
+            cordon_jail::seccomp::DENY_ALWAYS
+                .iter()
+                .map(|(n, _)| n.to_string())
+                .collect(),
+            LinuxSeccompAction::ScmpActErrno,
+        ),
+        Seccomp::AllowList(extra) => (
+            LinuxSeccompAction::ScmpActErrno,
+            cordon_jail::seccomp::ALLOW_BASE
+                .iter()
+                .map(|n| n.to_string())
+                .chain(extra.iter().cloned())
+                .collect(),
+            LinuxSeccompAction::ScmpActAllow,
+        ),
+    };
+    let mut rule = LinuxSyscallBuilder::default().names(names).action(action);
+    if action == LinuxSeccompAction::ScmpActErrno {
+        rule = rule.errno_ret(eperm);
+    }
+    let mut b = LinuxSeccompBuilder::default()
+        .default_action(default)
+        .syscalls(vec![rule.build().map_err(e)?]);
+    if default == LinuxSeccompAction::ScmpActErrno {
+        b = b.default_errno_ret(eperm);
+    }
+    b.build().map_err(e)
+}

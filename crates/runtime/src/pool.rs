@@ -1,0 +1,473 @@
+//! Warm pools (`lifetime: pool`): sandboxes started ahead of the task that
+//! will use them, for any runtime that can [`Runtime::spawn`].
+//!
+//! A pooled sandbox is the tool's own sandbox, fully built (for gVisor: the
+//! Sentry booted, the gofer serving the root), whose first process is a
+//! shell waiting for one line on its stdin before it `exec`s the tool's
+//! program: `/bin/sh -c 'IFS= read -r _ || exit 125; exec "$0" "$@"' ARGV`.
+//! A task takes one (writes that line, then its input, and closes stdin),
+//! reads its whole stdout under the output cap and its own wall clock,
+//! and the sandbox is destroyed when the task ends: never reused, never
+//! given to a second task. The pool then starts another in the background.
+//! An empty pool falls back to a cold start ([`Runtime::run`]), as does a
+//! call with credentials (a pooled sandbox was made before its session
+//! was known). After [`MAX_FAILURES`] starts in a row fail, the pool stops
+//! refilling and says why ([`Pool::stopped`]; the broker puts it in the
+//! call's audit record, and a status file in cordon's state directory
+//! tells `cordon doctor`).
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::outcome::{Outcome, RunError, Status};
+use crate::spec::{Root, SandboxSpec};
+use crate::{Context, EgressSink, Runtime, Spawned};
+
+/// Starts that fail in a row before the refill stops.
+pub const MAX_FAILURES: u32 = 3;
+
+/// How long an idle pooled sandbox is kept before it is replaced by a new
+/// one (its wall clock is this plus the task's).
+pub const MAX_IDLE: Duration = Duration::from_secs(600);
+
+/// The gate in front of the tool's program.
+const GATE: &str = "IFS= read -r _ || exit 125; exec \"$0\" \"$@\"";
+
+/// A pool's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Idle sandboxes kept ready.
+    pub size: usize,
+    /// Start a new one after each take (false: the pool drains and then
+    /// every task cold-starts).
+    pub refill: bool,
+}
+
+struct Idle {
+    spawned: Spawned,
+    /// Where the sandbox's egress events go: the task's sink once taken.
+    sink: Arc<Mutex<Option<EgressSink>>>,
+    born: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    idle: VecDeque<Idle>,
+    failures: u32,
+    stopped: Option<String>,
+    closing: bool,
+    /// Starts under way.
+    starting: usize,
+    /// Sandboxes started successfully so far.
+    started: usize,
+}
+
+/// A pool of never-used sandboxes for one tool's spec.
+pub struct Pool {
+    runtime: Arc<dyn Runtime>,
+    spec: SandboxSpec,
+    settings: Settings,
+    state: Mutex<State>,
+    wake: Condvar,
+    status_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("tool", &self.spec.tool)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where pools whose refill stopped leave a status file
+/// (`<broker pid>-<tool>.stopped`) for `cordon doctor`: `/run/cordon/pools`
+/// for root, `$XDG_RUNTIME_DIR/cordon/pools` or `$TMPDIR/cordon-pools-<uid>`
+/// otherwise. Made (0700) if missing.
+pub fn status_dir() -> Option<PathBuf> {
+    let euid = cordon_sys::io::geteuid();
+    let d = if euid == 0 {
+        PathBuf::from("/run/cordon/pools")
+    } else {
+        match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+            Some(x) if x.is_absolute() && x.is_dir() => x.join("cordon").join("pools"),
+            _ => std::env::temp_dir().join(format!("cordon-pools-{euid}")),
+        }
+    };
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&d);
+    let m = std::fs::symlink_metadata(&d).ok()?;
+    (m.is_dir() && m.uid() == euid).then_some(d)
+}
+
+/// Pools of live brokers whose refill stopped: `(broker pid, why)`.
+pub fn stopped_pools() -> Vec<(u32, String)> {
+    let Some(d) = status_dir() else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(&d) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !cordon_sys::io::pid_alive(pid as i32) {
+            let _ = std::fs::remove_file(e.path());
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(e.path()) {
+            out.push((pid, text.lines().nth(1).unwrap_or("").to_string()));
+        }
+    }
+    out
+}
+
+/// Whether `spec` can be pooled (its root has the gate's `/bin/sh`).
+pub fn poolable(spec: &SandboxSpec) -> Result<(), String> {
+    let sh = match &spec.root {
+        Root::HostBinds => PathBuf::from("/bin/sh"),
+        Root::Image { rootfs, .. } => rootfs.join("bin/sh"),
+    };
+    if sh.exists() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: lifetime: pool needs /bin/sh in the sandbox's root to hold a sandbox until its task",
+            spec.tool
+        ))
+    }
+}
+
+impl Pool {
+    /// A pool of `settings.size` sandboxes of `spec` on `runtime`, filled
+    /// in the background; `status_dir` gets a status file while the
+    /// refill is stopped (for `cordon doctor`).
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        spec: SandboxSpec,
+        settings: Settings,
+        status_dir: Option<PathBuf>,
+    ) -> Result<Arc<Pool>, String> {
+        poolable(&spec)?;
+        let status_file = status_dir.map(|d| {
+            d.join(format!(
+                "{}-{}.stopped",
+                std::process::id(),
+                spec.tool.replace(['/', '\0'], "_")
+            ))
+        });
+        let pool = Arc::new(Pool {
+            runtime,
+            spec,
+            settings,
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            status_file,
+        });
+        let weak = Arc::downgrade(&pool);
+        std::thread::Builder::new()
+            .name(format!("pool-{}", pool.spec.tool))
+            .spawn(move || refill(weak))
+            .map_err(|e| format!("start the pool's refill thread: {e}"))?;
+        Ok(pool)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Idle sandboxes now.
+    pub fn idle(&self) -> usize {
+        self.lock().idle.len()
+    }
+
+    /// Why the refill stopped, if it did.
+    pub fn stopped(&self) -> Option<String> {
+        self.lock().stopped.clone()
+    }
+
+    /// Block until `n` sandboxes are idle or the refill stopped (tests,
+    /// benchmarks); false on timeout.
+    pub fn wait_idle(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if st.idle.len() >= n {
+                return true;
+            }
+            if st.stopped.is_some() {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .wake
+                .wait_timeout(st, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The spec a pooled sandbox runs: the gate, then the tool, with a wall
+    /// clock long enough to wait idle.
+    fn pooled_spec(&self) -> SandboxSpec {
+        let mut s = self.spec.clone();
+        let mut argv = vec!["/bin/sh".to_string(), "-c".into(), GATE.into()];
+        argv.extend(self.spec.argv.iter().cloned());
+        s.argv = argv;
+        s.limits.wall = self.spec.limits.wall + MAX_IDLE;
+        // The task's whole output is capped below; a message cap as large.
+        s.limits.output_bytes = self.spec.limits.output_bytes;
+        s
+    }
+
+    fn start_one(&self) -> Result<Idle, RunError> {
+        let sink: Arc<Mutex<Option<EgressSink>>> = Arc::default();
+        let fwd = sink.clone();
+        let ctx = Context {
+            session: "pool".into(),
+            on_egress: Arc::new(move |e| {
+                if let Some(s) = fwd.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    s(e);
+                }
+            }),
+            credentials: Default::default(),
+        };
+        let spawned = self.runtime.spawn(&self.pooled_spec(), &ctx)?;
+        Ok(Idle {
+            spawned,
+            sink,
+            born: Instant::now(),
+        })
+    }
+
+    /// One task: a pooled sandbox if one is idle (and the call carries no
+    /// credentials), else a cold start. The second value says which.
+    pub fn run(&self, input: Vec<u8>, ctx: &Context) -> Result<(Outcome, bool), RunError> {
+        let taken = if ctx.credentials.is_empty() {
+            let mut st = self.lock();
+            let mut t = None;
+            while let Some(i) = st.idle.pop_front() {
+                if i.spawned.handle.outcome().is_none() {
+                    t = Some(i);
+                    break;
+                }
+                self.failed(&mut st, "a pooled sandbox ended before its task");
+            }
+            self.wake.notify_all();
+            t
+        } else {
+            None
+        };
+        match taken {
+            Some(idle) => Ok((self.run_taken(idle, input, ctx)?, true)),
+            None => Ok((self.runtime.run(&self.spec, input, ctx)?, false)),
+        }
+    }
+
+    fn run_taken(&self, idle: Idle, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        let start = Instant::now();
+        *idle.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(ctx.on_egress.clone());
+        let Spawned { stream, handle } = idle.spawned;
+        let tool = self.spec.tool.clone();
+        let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
+        let mut w = stream.try_clone().map_err(|e| io("pooled stream", e))?;
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(b"\n");
+            let _ = w.write_all(&input);
+            let _ = w.shutdown(std::net::Shutdown::Write);
+        });
+        // The task's wall clock, from the take.
+        let h = handle.clone();
+        let wall = self.spec.limits.wall;
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let d = done.clone();
+        let timer = std::thread::spawn(move || {
+            let (m, c) = &*d;
+            let mut fin = m.lock().unwrap_or_else(|p| p.into_inner());
+            let deadline = Instant::now() + wall;
+            while !*fin {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    h.kill();
+                    return true;
+                }
+                fin = c
+                    .wait_timeout(fin, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            false
+        });
+        let cap = self.spec.limits.output_bytes;
+        let mut out = Vec::new();
+        let mut total: u64 = 0;
+        let mut over = false;
+        let mut r = stream;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n as u64;
+                    if total > cap {
+                        over = true;
+                        handle.kill();
+                        break;
+                    }
+                    out.extend_from_slice(&buf[..n]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        drop(r);
+        let waited = handle.wait();
+        {
+            let (m, c) = &*done;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            c.notify_all();
+        }
+        let timed_out = timer.join().unwrap_or(false);
+        let _ = writer.join();
+        let mut o = waited?;
+        o.duration = start.elapsed();
+        o.stdout = out;
+        o.output_bytes = total;
+        if over {
+            o.status = Status::OutputCap;
+            o.reason = format!("{}: output over cap ({cap} bytes)", self.spec.tool);
+        } else if timed_out && matches!(o.status, Status::Killed | Status::Exited | Status::Ok) {
+            o.status = Status::TimedOut;
+            o.reason = format!(
+                "{}: timed out after {}",
+                self.spec.tool,
+                cordon_jail::format_duration(wall)
+            );
+        }
+        Ok(o)
+    }
+
+    /// Count a failed start; the last of [`MAX_FAILURES`] in a row stops
+    /// the refill.
+    fn failed(&self, st: &mut State, why: &str) {
+        st.failures += 1;
+        if st.failures >= MAX_FAILURES && st.stopped.is_none() {
+            let why = format!(
+                "pool of {}: refill stopped after {} failed starts in a row (last: {why}); tasks cold-start",
+                self.spec.tool, st.failures
+            );
+            tracing::warn!("{why}");
+            self.write_status(&why);
+            st.stopped = Some(why);
+        }
+    }
+
+    fn write_status(&self, why: &str) {
+        if let Some(f) = &self.status_file {
+            let _ = std::fs::write(f, format!("{}\n{why}\n", self.spec.tool));
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let mut st = self.lock();
+        st.closing = true;
+        for i in st.idle.drain(..) {
+            i.spawned.handle.kill();
+        }
+        if let Some(f) = &self.status_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// The refill loop: keep `size` idle, replace the stale, stop after
+/// [`MAX_FAILURES`] failed starts in a row. Ends with the pool.
+fn refill(pool: Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        // Replace sandboxes idle too long; a sandbox that ended before any
+        // task took it is a failed start.
+        let stale: Vec<Idle> = {
+            let mut st = p.lock();
+            if st.closing {
+                return;
+            }
+            let mut dead = Vec::new();
+            let mut keep = VecDeque::new();
+            let mut old = Vec::new();
+            for i in st.idle.drain(..) {
+                if let Some(o) = i.spawned.handle.outcome() {
+                    dead.push(match o {
+                        Ok(o) => o.reason,
+                        Err(e) => e.to_string(),
+                    });
+                } else if i.born.elapsed() > MAX_IDLE - Duration::from_secs(30) {
+                    old.push(i);
+                } else {
+                    keep.push_back(i);
+                }
+            }
+            st.idle = keep;
+            for why in dead {
+                p.failed(&mut st, &why);
+            }
+            old
+        };
+        for i in stale {
+            i.spawned.handle.kill();
+        }
+        let need = {
+            let mut st = p.lock();
+            let need = st.stopped.is_none()
+                && st.idle.len() + st.starting < p.settings.size
+                && (p.settings.refill || st.started + st.starting < p.settings.size);
+            if need {
+                st.starting += 1;
+            }
+            need
+        };
+        if need {
+            let r = p.start_one();
+            let mut st = p.lock();
+            st.starting -= 1;
+            match r {
+                Ok(i) => {
+                    st.failures = 0;
+                    st.started += 1;
+                    st.idle.push_back(i);
+                }
+                Err(e) => p.failed(&mut st, &e.to_string()),
+            }
+            p.wake.notify_all();
+            // A sandbox that dies right after its start is counted too.
+            drop(st);
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        // Wait for a take (or a stale sandbox to replace).
+        let st = p.lock();
+        let _ = p
+            .wake
+            .wait_timeout(st, Duration::from_secs(5))
+            .unwrap_or_else(|p| p.into_inner());
+        drop(p);
+    }
+}

@@ -1,0 +1,514 @@
+//! The gVisor runtime against the real `runsc`. Every test body runs in a
+//! re-executed copy of this test binary, as root and (where it does not
+//! need cgroup limits, which uid 65534 has no delegation for here) as uid
+//! 65534 through `setpriv`. A missing or too old `runsc` fails the tests
+//! (unless `CORDON_TEST_ALLOW_SKIP=1`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_runtime::gvisor::{Gvisor, Options};
+use cordon_runtime::{Context, EgressEvent, EgressPolicy, Network, Runtime, SandboxSpec, Status};
+
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+use skip::skip_or_fail;
+
+const CHILD_ENV: &str = "CORDON_GVISOR_TEST_CHILD";
+
+fn euid() -> u32 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn reexec(test: &str, unprivileged: bool) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = if unprivileged && euid() == 0 {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
+        c.arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    cmd.args([
+        "--exact",
+        test,
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "1")
+    // An unprivileged broker's state directory: its own under /tmp.
+    .env_remove("XDG_RUNTIME_DIR");
+    let out = cmd.output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "{test} (unprivileged={unprivileged}) failed:\n{so}\n{se}"
+    );
+    for l in so.lines().chain(se.lines()).filter(|l| l.contains("SKIP")) {
+        println!("{l}");
+    }
+}
+
+fn as_root(test: &str) {
+    if euid() != 0 {
+        let name = format!("{}::as_root", test.trim_end_matches("::body"));
+        skip_or_fail(&name, &format!("the tests run as uid {}, not root", euid()));
+        return;
+    }
+    reexec(test, false);
+}
+
+fn in_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+/// Both as root and as uid 65534.
+macro_rules! gvisor_test {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn as_root() {
+                super::as_root(concat!(stringify!($name), "::body"));
+            }
+            #[test]
+            fn as_nobody() {
+                super::reexec(concat!(stringify!($name), "::body"), true);
+            }
+            #[test]
+            #[ignore = "runs through as_root / as_nobody"]
+            fn body() {
+                if super::in_child() {
+                    super::$name();
+                }
+            }
+        }
+    };
+}
+
+/// As root only: needs cgroup limits.
+macro_rules! gvisor_root_test {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn as_root() {
+                super::as_root(concat!(stringify!($name), "::body"));
+            }
+            #[test]
+            #[ignore = "runs through as_root"]
+            fn body() {
+                if super::in_child() {
+                    super::$name();
+                }
+            }
+        }
+    };
+}
+
+/// The runtime, or a failure (skip only when allowed) naming what is
+/// missing.
+fn gvisor() -> Option<Gvisor> {
+    let g = Gvisor::new(Options::default(), Default::default()).expect("gvisor runtime");
+    let problems = g.check(&SandboxSpec::new("probe", ["/bin/true"])).problems;
+    if !problems.is_empty() {
+        skip_or_fail(&skip::this_test(), &problems.join("; "));
+        return None;
+    }
+    Some(g)
+}
+
+fn spec(argv: &[&str]) -> SandboxSpec {
+    let mut s = SandboxSpec::new("gv", argv.iter().copied());
+    s.profile = cordon_policy::policy::Profile::P3;
+    let l = cordon_policy::resolve::default_limits(s.profile).expect("P3 limits");
+    s.limits = l.into();
+    s.limits.wall = Duration::from_secs(30);
+    s
+}
+
+fn sh(script: &str) -> SandboxSpec {
+    spec(&["/bin/sh", "-c", script])
+}
+
+fn run(g: &Gvisor, s: &SandboxSpec, input: &[u8]) -> cordon_runtime::Outcome {
+    g.run(s, input.to_vec(), &Context::discard("t"))
+        .expect("run")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+gvisor_test!(runs_a_program_with_stdin_and_stdout);
+fn runs_a_program_with_stdin_and_stdout() {
+    let Some(g) = gvisor() else { return };
+    let o = run(&g, &sh("cat; echo; id -u; uname -r; exit 3"), b"hello");
+    assert_eq!(o.status, Status::Exited, "{o:?} {}", text(&o.stderr));
+    assert_eq!(o.exit_code, Some(3));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello");
+    assert_eq!(lines[1], "1000");
+    // gVisor's own kernel answers, not the host's.
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(lines[2], host.trim(), "uname came from the host kernel");
+}
+
+gvisor_root_test!(a_memory_bomb_is_a_memory_limit);
+fn a_memory_bomb_is_a_memory_limit() {
+    let Some(g) = gvisor() else { return };
+    // Positive control: well under the limit, it runs.
+    let mut s = spec(&[
+        "/usr/bin/python3",
+        "-c",
+        "b = b'x' * (32 << 20); print(len(b))",
+    ]);
+    s.limits.memory_bytes = 384 << 20;
+    let o = run(&g, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), (32u64 << 20).to_string());
+    // The bomb: the whole sandbox (Sentry included) is over its cgroup.
+    let mut s = spec(&[
+        "/usr/bin/python3",
+        "-c",
+        "b = b'x' * (1 << 30); print(len(b))",
+    ]);
+    s.limits.memory_bytes = 384 << 20;
+    let o = run(&g, &s, b"");
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    assert_eq!(o.status, Status::MemoryLimit, "{o:?} {}", text(&o.stderr));
+    assert_eq!(o.reason, "gv: memory limit 384M exceeded (OOM kill)");
+}
+
+gvisor_root_test!(a_fork_bomb_is_a_task_limit);
+fn a_fork_bomb_is_a_task_limit() {
+    let Some(g) = gvisor() else { return };
+    let sleepers = |n: u32, secs: u32| {
+        format!(
+            "i=0; while [ $i -lt {n} ]; do sleep {secs} & i=$((i+1)); done; echo started; wait; echo waited"
+        )
+    };
+    // Positive control: a few processes under the limit.
+    let mut s = sh(&sleepers(4, 1));
+    s.limits.tasks = 128;
+    let o = run(&g, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "started\nwaited\n");
+    let mut s = sh(&sleepers(400, 30));
+    s.limits.wall = Duration::from_secs(20);
+    s.limits.tasks = 128;
+    let o = run(&g, &s, b"");
+    assert_eq!(o.status, Status::TaskLimit, "{o:?} {}", text(&o.stderr));
+    assert_eq!(o.reason, "gv: task limit 128 reached");
+}
+
+/// Processes whose command line names one of this process's bundles, and
+/// the bundles left in the state directory.
+fn leftovers(g: &Gvisor) -> (Vec<String>, Vec<String>) {
+    let tag = format!("cordon-{}-", std::process::id());
+    let mut procs = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || name == std::process::id().to_string() {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(&tag) {
+                procs.push(format!("{name}: {c}"));
+            }
+        }
+    }
+    let dirs = std::fs::read_dir(g.state_dir().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&tag))
+        .collect();
+    (procs, dirs)
+}
+
+gvisor_test!(a_wall_clock_kill_leaves_no_process_or_state);
+fn a_wall_clock_kill_leaves_no_process_or_state() {
+    let Some(g) = gvisor() else { return };
+    // Positive control: while a sandbox runs, the scan sees its runsc
+    // processes and its bundle.
+    let s = g
+        .spawn(&sh("sleep 60"), &Context::discard("t"))
+        .expect("spawn");
+    let mut seen = (Vec::new(), Vec::new());
+    for _ in 0..100 {
+        seen = leftovers(&g);
+        if seen.0.len() >= 2 && !seen.1.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        seen.0.len() >= 2,
+        "the scan found no runsc processes: {seen:?}"
+    );
+    assert_eq!(seen.1.len(), 1, "{seen:?}");
+    s.handle.kill();
+    let o = s.handle.wait().expect("outcome");
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    assert_eq!(leftovers(&g), (vec![], vec![]));
+    // The wall clock: the whole sandbox is gone, its state removed.
+    let mut sp = sh("sleep 60; echo never");
+    sp.limits.wall = Duration::from_secs(2);
+    let o = run(&g, &sp, b"");
+    assert_eq!(o.status, Status::TimedOut, "{o:?}");
+    assert_eq!(o.reason, "gv: timed out after 2s");
+    assert!(o.stdout.is_empty());
+    assert_eq!(leftovers(&g), (vec![], vec![]));
+}
+
+gvisor_test!(without_network_there_is_only_lo);
+fn without_network_there_is_only_lo() {
+    let Some(g) = gvisor() else { return };
+    let o = run(
+        &g,
+        &sh(
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; curl -sS -m 3 http://10.0.0.1/ 2>&1 >/dev/null | head -c 80; echo; curl -sS -m 3 http://127.0.0.1:1/ 2>&1 >/dev/null | head -c 60",
+        ),
+        b"",
+    );
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("lo"), "{out}");
+    let next = lines.next().unwrap_or("");
+    assert!(next.starts_with("curl: (7)"), "10.0.0.1 reached? {out}");
+}
+
+/// A loopback HTTP upstream: answers every request with `upstream saw
+/// <request line>`; counts requests.
+fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut r = BufReader::new(c.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = r.read_line(&mut first);
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+            }
+            let body = format!("upstream saw {}", first.trim());
+            s.lock().unwrap().push(first.trim().to_string());
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, seen)
+}
+
+gvisor_test!(egress_goes_through_the_doors_only);
+fn egress_goes_through_the_doors_only() {
+    let Some(g) = gvisor() else { return };
+    let (up, seen) = upstream();
+    let (other, other_seen) = upstream();
+    let port = up.port();
+    let mut ep = EgressPolicy::allowlist(
+        "gv",
+        [format!("web.test:{port}"), format!("private.test:{port}")],
+    )
+    .unwrap();
+    ep.resolve.insert("web.test".into(), up.ip());
+    ep.resolve
+        .insert("private.test".into(), "10.0.0.1".parse().unwrap());
+    ep.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    let mut s = sh(&format!(
+        "for u in http://web.test:{port}/hello http://169.254.169.254/latest/meta-data/ http://private.test:{port}/ http://localhost:{port}/; do \
+           code=$(curl -sS -m 10 -o /tmp/body -w '%{{http_code}}' $u); echo \"$code $(cat /tmp/body)\"; done; \
+           curl -sS -m 3 --noproxy '*' http://{other}/direct 2>&1 >/dev/null | head -c 9; echo"
+    ));
+    s.network = Network::Doors(Box::new(ep));
+    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
+    let ev = events.clone();
+    let mut ctx = Context::discard("t");
+    ctx.on_egress = Arc::new(move |e| ev.lock().unwrap().push(e));
+    let o = g.run(&s, Vec::new(), &ctx).expect("run");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    // Positive control: the allowed name, through the proxy door.
+    assert_eq!(lines[0], "200 upstream saw GET /hello HTTP/1.1", "{out}");
+    // The metadata address, a name pinned to a private address, loopback:
+    // refused by the door with its reason, as for a native sandbox.
+    assert_eq!(
+        lines[1],
+        "403 egress to 169.254.169.254:80 refused: IP literal 169.254.169.254 is not in the allowlist of gv"
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "403 egress to private.test:{port} refused: private.test resolves to 10.0.0.1, a private address (RFC 1918), not in allow_cidrs"
+        )
+    );
+    assert!(lines[3].starts_with("403 "), "{out}");
+    assert!(lines[3].contains("refused"), "{out}");
+    // Around the doors, the host's loopback is not there.
+    assert_eq!(lines[4], "curl: (7)", "{out}");
+    assert!(other_seen.lock().unwrap().is_empty());
+    assert_eq!(seen.lock().unwrap().clone(), vec!["GET /hello HTTP/1.1"]);
+    let ev = events.lock().unwrap();
+    assert_eq!(ev.len(), 4, "{ev:?}");
+    assert_eq!(ev[0].decision, cordon_runtime::Decision::Allowed);
+    assert!(
+        ev[1..]
+            .iter()
+            .all(|e| e.decision == cordon_runtime::Decision::Refused),
+        "{ev:?}"
+    );
+}
+
+gvisor_test!(nothing_written_in_one_task_is_seen_in_the_next);
+fn nothing_written_in_one_task_is_seen_in_the_next() {
+    let Some(g) = gvisor() else { return };
+    // Every place the tool can write: /tmp (also $HOME) and /dev/shm.
+    let write = "for d in /tmp /dev/shm; do echo mark > $d/mark && echo wrote $d; done; \
+                 sleep 300 & echo $! > /tmp/pid; \
+                 for d in /tmp /dev/shm; do cat $d/mark; done; kill -0 $(cat /tmp/pid) && echo alive";
+    let o = run(&g, &sh(write), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    // Positive control: within the task, each write is there, and so is
+    // the process it started.
+    assert_eq!(
+        text(&o.stdout),
+        "wrote /tmp\nwrote /dev/shm\nmark\nmark\nalive\n"
+    );
+    // The next task: none of it.
+    let read = "for d in /tmp /dev/shm; do ls -A $d; done; echo listed; \
+                ps -e -o comm= 2>/dev/null | grep -c sleep || true";
+    let o = run(&g, &sh(read), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "listed\n0\n");
+}
+
+#[test]
+fn a_missing_or_old_runsc_is_named_by_check() {
+    let state = tempfile::tempdir().unwrap();
+    let opts = |runsc: &std::path::Path| Options {
+        runsc: Some(runsc.to_path_buf()),
+        state_dir: Some(state.path().join("gv")),
+    };
+    let g = Gvisor::new(
+        opts(std::path::Path::new("/nonexistent/runsc")),
+        Default::default(),
+    )
+    .expect("gvisor runtime");
+    let p = g.check(&SandboxSpec::new("t", ["/bin/true"])).problems;
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("runtime gvisor: run /nonexistent/runsc --version:"),
+        "{p:?}"
+    );
+    let refused = g.run(
+        &SandboxSpec::new("t", ["/bin/true"]),
+        Vec::new(),
+        &Context::discard("t"),
+    );
+    assert!(
+        matches!(refused, Err(cordon_runtime::RunError::Refused(_))),
+        "{refused:?}"
+    );
+    // Bookworm's own 2022 build.
+    let old = state.path().join("runsc");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\necho 'runsc version 0.0~20221219.0'\necho 'spec: 1.0.2-dev'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let g = Gvisor::new(opts(&old), Default::default()).expect("gvisor runtime");
+    let p = g.check(&SandboxSpec::new("t", ["/bin/true"])).problems;
+    assert_eq!(
+        p,
+        vec![format!(
+            "runtime gvisor: runsc {} is release 20221219, older than 20240101 (no working systrap platform); install bookworm-backports' runsc",
+            old.display()
+        )]
+    );
+    // Positive control: the installed runsc passes.
+    let Some(g) = gvisor() else { return };
+    assert!(g.runsc_version().unwrap() >= cordon_runtime::gvisor::MIN_RUNSC);
+}
+
+gvisor_root_test!(a_pool_gives_each_task_a_never_used_sandbox);
+fn a_pool_gives_each_task_a_never_used_sandbox() {
+    use cordon_runtime::pool::{Pool, Settings};
+    let Some(g) = gvisor() else { return };
+    let g: Arc<dyn Runtime> = Arc::new(g);
+    let s = sh("cat; ls -A /tmp; echo mark > /tmp/mark; cat /tmp/mark");
+    let pool = Pool::new(
+        g,
+        s,
+        Settings {
+            size: 2,
+            refill: true,
+        },
+        None,
+    )
+    .expect("pool");
+    assert!(
+        pool.wait_idle(2, Duration::from_secs(60)),
+        "{:?}",
+        pool.stopped()
+    );
+    for i in 0..3 {
+        let (o, pooled) = pool
+            .run(format!("task{i}\n").into_bytes(), &Context::discard("t"))
+            .expect("run");
+        assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+        // Within the task the write is there; nothing of the task before.
+        assert_eq!(text(&o.stdout), format!("task{i}\nmark\n"));
+        if i == 0 {
+            assert!(pooled, "the first task did not get a pooled sandbox");
+        }
+        // Refilled in the background.
+        assert!(
+            pool.wait_idle(2, Duration::from_secs(60)),
+            "{:?}",
+            pool.stopped()
+        );
+    }
+    // The task's own wall clock holds in a pooled sandbox.
+    let mut s = sh("sleep 60");
+    s.limits.wall = Duration::from_secs(2);
+    let g2: Arc<dyn Runtime> = Arc::new(gvisor().unwrap());
+    let p2 = Pool::new(
+        g2,
+        s,
+        Settings {
+            size: 1,
+            refill: false,
+        },
+        None,
+    )
+    .expect("pool");
+    assert!(p2.wait_idle(1, Duration::from_secs(60)));
+    let (o, pooled) = p2.run(Vec::new(), &Context::discard("t")).unwrap();
+    assert!(pooled);
+    assert_eq!(o.status, Status::TimedOut, "{o:?}");
+    assert_eq!(o.reason, "gv: timed out after 2s");
+    // refill: false: drained, the next task cold-starts.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p2.idle(), 0);
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""P3 on gVisor, same run (docs/benchmarks/gvisor.md):
+
+1. cold `cordon run` of a P3 gVisor `/bin/true` tool against bare `runsc
+   run` of an equivalent bundle (the same binds, tmpfs, flags and platform);
+2. a task taken from a warm pool: how long after the hand-over the tool's
+   program runs, against a cold start (crates/runtime/examples/pool-bench.rs);
+3. memory (PSS) of an idle pooled sandbox;
+4. a Chromium page fetch through cordon P3 (examples/browse.yaml) against
+   the same Chromium run directly on the host.
+
+Run as root on a release build: `cargo build --release --bin cordon &&
+python3 scripts/bench-gvisor.py [--rounds N]` (`CORDON_BIN` for another
+binary). Nothing leaves the machine:
+the page comes from a loopback upstream, and no public name resolves.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORDON = os.environ.get("CORDON_BIN", os.path.join(ROOT, "target/release/cordon"))
+CHROMIUM = "/usr/lib/chromium/chromium"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-extensions", "--disable-default-apps", "--no-default-browser-check",
+    "--disable-client-side-phishing-detection", "--disable-domain-reliability",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,AutofillServerCommunication",
+]
+ENV = dict(os.environ, CORDON_UPSTREAM_DNS="127.0.0.1:9", CORDON_AUDIT="/dev/null")
+
+
+def timed(cmd, stdin=b"", env=ENV):
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, input=stdin, capture_output=True, env=env)
+    dt = (time.perf_counter() - t0) * 1e3
+    if p.returncode != 0:
+        sys.exit(f"{cmd[0]} failed ({p.returncode}): {p.stderr.decode()[-400:]}")
+    return dt, p.stdout
+
+
+def runsc_bundle(tmp):
+    """A bundle like cordon's for /bin/true (host binds, tmpfs /tmp and
+    /dev/shm, an empty /sys, P3 rlimits, no capabilities)."""
+    rootfs = os.path.join(tmp, "rootfs")
+    os.makedirs(rootfs)
+    binds = [("/usr", "/usr")]
+    for d in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        p = "/" + d
+        if os.path.islink(p):
+            os.symlink(os.readlink(p), os.path.join(rootfs, d))
+        elif os.path.isdir(p):
+            binds.append((p, p))
+    binds.append(("/etc", "/etc"))
+    mounts = [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", "size=536870912"]},
+        {"destination": "/sys", "type": "tmpfs", "source": "tmpfs", "options": ["ro", "nosuid", "nodev", "noexec", "size=4k"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=536870912"]},
+    ] + [{"destination": d, "type": "bind", "source": s, "options": ["rbind", "ro", "nosuid", "nodev"]} for s, d in binds]
+    cfg = {
+        "ociVersion": "1.0.2",
+        "hostname": "cordon",
+        "root": {"path": "rootfs", "readonly": True},
+        "process": {
+            "terminal": False, "user": {"uid": 1000, "gid": 1000}, "args": ["/bin/true"],
+            "env": ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/tmp"], "cwd": "/tmp",
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}], "noNewPrivileges": True,
+        },
+        "mounts": mounts,
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
+    }
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def bench_cold(rounds):
+    tmp = tempfile.mkdtemp(prefix="cordon-bench-gv-")
+    try:
+        m = os.path.join(tmp, "m.yaml")
+        with open(m, "w") as f:
+            f.write("tools:\n  t:\n    profile: P3\n    runtime: gvisor\n    command: [/bin/true]\n")
+        bundle = os.path.join(tmp, "bundle")
+        os.makedirs(bundle)
+        runsc_bundle(bundle)
+        state = os.path.join(tmp, "state")
+        runsc = shutil.which("runsc") or "/usr/bin/runsc"
+        bare = [runsc, "--root", state, "--platform=systrap", "--network=none", "--ignore-cgroups",
+                "--overlay2=none", "run", "--bundle", bundle]
+        # Warm both (page cache, the platform cache).
+        timed([CORDON, "run", "-m", m, "t"])
+        timed(bare + ["warm"])
+        c, b = [], []
+        for i in range(rounds):  # interleaved
+            c.append(timed([CORDON, "run", "-m", m, "t"])[0])
+            b.append(timed(bare + [f"b{i}"])[0])
+        return statistics.median(c), statistics.median(b)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_pool(rounds, profile):
+    exe = os.path.join(ROOT, f"target/{profile}/examples/pool-bench")
+    flags = ["--release"] if profile == "release" else []
+    subprocess.run(["cargo", "build", *flags, "-q", "-p", "cordon-runtime", "--example", "pool-bench"],
+                   cwd=ROOT, check=True)
+    out = subprocess.run([exe, str(rounds)], capture_output=True, check=True, env=ENV).stdout
+    return json.loads(out)
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+def bench_chromium(rounds):
+    web = os.path.join(ROOT, "examples/data/web")
+    srv = HTTPServer(("127.0.0.80", 80), lambda *a: Quiet(*a, directory=web))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        direct, cordon = [], []
+        m = os.path.join(ROOT, "examples/browse.yaml")
+        for _ in range(rounds):
+            prof = tempfile.mkdtemp(prefix="cordon-bench-chromium-")
+            try:
+                dt, out = timed([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={prof}", "--dump-dom",
+                                 "http://127.0.0.80/"])
+                assert b"Hello from the local upstream" in out, out[:200]
+                direct.append(dt)
+            finally:
+                shutil.rmtree(prof, ignore_errors=True)
+            dt, out = timed([CORDON, "run", "-m", m, "browse"], stdin=b"http://news.example/\n")
+            assert b"Hello from the local upstream" in out, out[:200]
+            cordon.append(dt)
+        return statistics.median(cordon), statistics.median(direct)
+    finally:
+        srv.shutdown()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--chromium-rounds", type=int, default=5)
+    ap.add_argument("--pool-profile", choices=["release", "debug"], default="release",
+                    help="build of the pool benchmark (the pool's own code is not on a hot path)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (P3 needs cgroup limits; the page's upstream binds port 80)")
+    if not os.path.exists(CORDON):
+        sys.exit(f"{CORDON} missing: cargo build --release --bin cordon")
+    c, b = bench_cold(a.rounds)
+    print(f"cold P3 /bin/true: cordon run {c:.1f} ms, bare runsc run {b:.1f} ms: {c / b:.2f}x")
+    p = bench_pool(a.rounds, a.pool_profile)
+    print(f"pool: program runs {p['pool_take_to_start_ms']:.2f} ms after the take "
+          f"(cold: {p['cold_start_ms']:.1f} ms); task total {p['pool_total_ms']:.1f} ms "
+          f"(cold {p['cold_total_ms']:.1f} ms); idle pooled sandbox PSS {p['idle_pooled_pss_mib']:.1f} MiB")
+    cc, cd = bench_chromium(a.chromium_rounds)
+    print(f"chromium page fetch: cordon P3 {cc:.0f} ms, directly {cd:.0f} ms: {cc / cd:.2f}x")
+    print(json.dumps({"cold_cordon_ms": c, "cold_runsc_ms": b, "ratio": c / b, "pool": p,
+                      "chromium_cordon_ms": cc, "chromium_direct_ms": cd}))
+
+
+if __name__ == "__main__":
+    main()
