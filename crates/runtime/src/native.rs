@@ -279,8 +279,7 @@ impl Native {
             &self.jail,
             net.as_ref(),
             spec,
-            egress,
-            icpt,
+            egress.map(|e| (e, icpt)),
             stdin,
             ctx,
             false,
@@ -395,8 +394,7 @@ impl Runtime for Native {
                     &jail,
                     net.as_ref(),
                     &js,
-                    egress,
-                    icpt,
+                    egress.map(|e| (e, icpt)),
                     Stdin::Stream(stream),
                     &ctx,
                     false,
@@ -466,13 +464,12 @@ pub(crate) fn run_jail(
     jail: &Jail,
     rt: Option<&tokio::runtime::Handle>,
     spec: &JailSpec,
-    egress: Option<EgressPolicy>,
-    icpt: Option<Interception>,
+    egress: Option<(EgressPolicy, Option<Interception>)>,
     stdin: Stdin,
     ctx: &Context,
     supervisor: bool,
 ) -> Result<cordon_jail::Outcome, RunError> {
-    let (Some(rt), Some(policy)) = (rt, egress) else {
+    let (Some(rt), Some((policy, icpt))) = (rt, egress) else {
         return if supervisor {
             jail.run_supervisor(spec, stdin, |_| {})
         } else {
