@@ -570,7 +570,15 @@ pub(crate) fn judge_resource(probe: &str, run: &RunResult, limits: &Limits) -> (
             _ => None,
         }
     };
-    match checked_result(&p, run) {
+    // A typed stop by the sandbox outranks the agent's own line, which it
+    // may have printed just before the stop (a flood's write failing as
+    // the sandbox cuts its output, then the kill): judged, as a stop
+    // without a result is, by how far the probe got.
+    let checked = match checked_result(&p, run) {
+        Err(_) if matches!(run.status, RunStatus::Limit(_)) => Ok(None),
+        c => c,
+    };
+    match checked {
         Err(e) => (Verdict::Error, e),
         Ok(Some(r)) => match r.outcome {
             Some(AgentOutcome::Escaped) => {
@@ -1077,6 +1085,29 @@ mod tests {
         // Killed by something untyped (SIGTERM) is not a clean limit.
         let r = run_with(&out, None, Some(15), RunStatus::Signaled);
         assert_eq!(judge_resource("memory", &r, &lim).0, Verdict::Error);
+    }
+
+    #[test]
+    fn a_typed_stop_outranks_a_result_printed_just_before_it() {
+        use crate::sandbox::LimitKind;
+        let lim = Limits {
+            output_bytes: Some(1 << 20),
+            ..Limits::default()
+        };
+        let out = "{\"probe\":\"output\",\"event\":\"start\",\"value\":2}\n{\"probe\":\"output\",\"outcome\":\"held\",\"evidence\":\"write failed\"}\n";
+        // The flood cut by the sandbox's output limit, the agent's line
+        // notwithstanding: held, by what reached the caller.
+        let r = run_with(
+            out,
+            None,
+            Some(SIGKILL),
+            RunStatus::Limit(LimitKind::Output),
+        );
+        let (v, e) = judge_resource("output", &r, &lim);
+        assert_eq!(v, Verdict::Held, "{e}");
+        // Control: the same mismatch without a typed stop is not trusted.
+        let r = run_with(out, None, Some(SIGKILL), RunStatus::Signaled);
+        assert_eq!(judge_resource("output", &r, &lim).0, Verdict::Error);
     }
 
     #[test]
