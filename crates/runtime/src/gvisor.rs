@@ -40,7 +40,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_jail::{DoorRequest, Jail, JailOptions, JailSpec, NetMode, RootFs, Stdin};
@@ -50,7 +50,7 @@ use crate::mechanism::{Mechanism, MechanismState};
 use crate::oci::{self, Net};
 use crate::outcome::{Outcome, RunError};
 use crate::spec::{Network, SandboxSpec};
-use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
+use crate::{Check, Context, Facts, Runtime, Spawned};
 
 /// Numbers this process's bundles (every runtime of it shares the state
 /// directory).
@@ -596,16 +596,7 @@ impl Gvisor {
             argv,
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
             binds: Vec::new(),
-            limits: cordon_jail::Limits {
-                wall: l.wall,
-                memory_bytes: l.memory_bytes,
-                tasks: l.tasks,
-                cpu_percent: l.cpu_percent,
-                output_bytes: l.output_bytes,
-                stderr_bytes: l.stderr_bytes,
-                nofile: l.nofile,
-                disk_bytes: l.disk_bytes,
-            },
+            limits: crate::native::jail_limits(l),
             network,
             seccomp: cordon_jail::SeccompMode::DenyList,
             landlock: false,
@@ -780,12 +771,10 @@ impl Runtime for Gvisor {
             socket: std::os::fd::OwnedFd::from(theirs),
             stop: std::os::fd::OwnedFd::from(stop_r),
         };
-        let handle = Arc::new(GvisorHandle {
-            tool: tool.clone(),
-            stop: Mutex::new(Some(std::os::fd::OwnedFd::from(stop_w))),
-            done: Mutex::new(None),
-            ended: Condvar::new(),
-        });
+        let handle = Arc::new(crate::native::NativeHandle::new(
+            tool.clone(),
+            std::os::fd::OwnedFd::from(stop_w),
+        ));
         let jail = self.jail.clone();
         let net = match &egress {
             Some(_) => Some(self.net()?.handle().clone()),
@@ -856,45 +845,6 @@ impl Runtime for Gvisor {
             runtime: "gvisor",
             mechanisms: self.mechanisms(&spec),
             notes,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct GvisorHandle {
-    tool: String,
-    stop: Mutex<Option<std::os::fd::OwnedFd>>,
-    done: Mutex<Option<Result<Outcome, RunError>>>,
-    ended: Condvar,
-}
-
-impl GvisorHandle {
-    fn finish(&self, r: Result<Outcome, RunError>) {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        *d = Some(r);
-        self.ended.notify_all();
-    }
-}
-
-impl SandboxHandle for GvisorHandle {
-    fn kill(&self) {
-        let mut s = self.stop.lock().unwrap_or_else(|p| p.into_inner());
-        if s.take().is_some() {
-            tracing::debug!(tool = %self.tool, "stopping the gVisor sandbox");
-        }
-    }
-
-    fn outcome(&self) -> Option<Result<Outcome, RunError>> {
-        self.done.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn wait(&self) -> Result<Outcome, RunError> {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = d.as_ref() {
-                return r.clone();
-            }
-            d = self.ended.wait(d).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

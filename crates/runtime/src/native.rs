@@ -237,16 +237,7 @@ impl Native {
                         dst: m.dst.clone(),
                     })
                     .collect(),
-                limits: cordon_jail::Limits {
-                    wall: l.wall,
-                    memory_bytes: l.memory_bytes,
-                    tasks: l.tasks,
-                    cpu_percent: l.cpu_percent,
-                    output_bytes: l.output_bytes,
-                    stderr_bytes: l.stderr_bytes,
-                    nofile: l.nofile,
-                    disk_bytes: l.disk_bytes,
-                },
+                limits: jail_limits(l),
                 network,
                 seccomp: match &spec.seccomp {
                     Seccomp::DenyList => cordon_jail::SeccompMode::DenyList,
@@ -372,12 +363,7 @@ impl Runtime for Native {
             socket: OwnedFd::from(theirs),
             stop: OwnedFd::from(stop_r),
         };
-        let handle = Arc::new(NativeHandle {
-            tool: tool.clone(),
-            stop: Mutex::new(Some(OwnedFd::from(stop_w))),
-            done: Mutex::new(None),
-            ended: Condvar::new(),
-        });
+        let handle = Arc::new(NativeHandle::new(tool.clone(), OwnedFd::from(stop_w)));
         // The jail blocks its thread for the sandbox's life; the doors are
         // served on this runtime's own workers.
         let jail = self.jail.clone();
@@ -522,8 +508,10 @@ pub(crate) fn run_jail(
     out.map_err(setup)
 }
 
+/// A sandbox run on a thread of its own: a stop pipe to kill it, and its
+/// outcome once it has ended (the native and gVisor runtimes' handle).
 #[derive(Debug)]
-struct NativeHandle {
+pub(crate) struct NativeHandle {
     tool: String,
     /// Dropping it stops the sandbox.
     stop: Mutex<Option<OwnedFd>>,
@@ -532,7 +520,17 @@ struct NativeHandle {
 }
 
 impl NativeHandle {
-    fn finish(&self, r: Result<Outcome, RunError>) {
+    /// The handle of `tool`'s sandbox, stopped when `stop` is dropped.
+    pub(crate) fn new(tool: String, stop: OwnedFd) -> NativeHandle {
+        NativeHandle {
+            tool,
+            stop: Mutex::new(Some(stop)),
+            done: Mutex::new(None),
+            ended: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn finish(&self, r: Result<Outcome, RunError>) {
         let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
         *d = Some(r);
         self.ended.notify_all();
@@ -611,4 +609,18 @@ fn add_credentials(
         }
     }
     Ok(Some(icpt))
+}
+
+/// The jail's limits for a sandbox's.
+pub(crate) fn jail_limits(l: &crate::spec::Limits) -> cordon_jail::Limits {
+    cordon_jail::Limits {
+        wall: l.wall,
+        memory_bytes: l.memory_bytes,
+        tasks: l.tasks,
+        cpu_percent: l.cpu_percent,
+        output_bytes: l.output_bytes,
+        stderr_bytes: l.stderr_bytes,
+        nofile: l.nofile,
+        disk_bytes: l.disk_bytes,
+    }
 }
