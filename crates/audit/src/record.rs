@@ -198,6 +198,13 @@ pub struct AuditRecord {
     pub runtime: String,
     pub session: String,
     pub caller: String,
+    /// The authenticated principal of the session (`sub`, token name,
+    /// `local:<uid>`); absent in records written before principals existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// The session's tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub input: Payload,
     pub output: Payload,
     pub duration_ms: u64,
@@ -234,6 +241,8 @@ impl AuditRecord {
             runtime: String::new(),
             session: String::new(),
             caller: String::new(),
+            principal: None,
+            tenant: None,
             input: Payload::of(b"", false),
             output: Payload::of(b"", false),
             duration_ms: 0,

@@ -43,6 +43,9 @@ pub mod exit {
     pub const AUDIT_FAILED: u8 = 22;
 }
 
+/// Warm pools by (tenant, tool).
+type Pools = std::collections::HashMap<(String, String), Arc<Pool>>;
+
 /// Long-lived: the runtimes, the credential broker and the audit log.
 pub struct Broker {
     registry: Registry,
@@ -54,11 +57,37 @@ pub struct Broker {
     audit_fail_open: bool,
     /// Compiled gates (JSON schemas compile once), keyed by their policy.
     gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
-    /// Warm pools of `lifetime: pool` tools, by tool; `None`: this broker
+    /// Warm pools of `lifetime: pool` tools, by tenant and tool (a pooled
+    /// sandbox is never handed to another tenant); `None`: this broker
     /// keeps none (one-shot).
-    pools: Option<Mutex<std::collections::HashMap<String, Arc<Pool>>>>,
+    pools: Option<Mutex<Pools>>,
     pub session: String,
     pub caller: String,
+}
+
+/// Who a call is for: the agent session, its client, the session's
+/// principal and tenant. Everything made for a call (pooled sandboxes,
+/// minted credentials) is its tenant's.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub session: String,
+    /// The client, e.g. `cli`, `mcp:<client name>`.
+    pub client: String,
+    /// The authenticated principal (`None`: not known, e.g. `cordon run`).
+    pub principal: Option<String>,
+    pub tenant: String,
+}
+
+impl Caller {
+    /// A caller of the default tenant without a principal.
+    pub fn new(session: &str, client: &str) -> Caller {
+        Caller {
+            session: session.to_string(),
+            client: client.to_string(),
+            principal: None,
+            tenant: cordon_auth::DEFAULT_TENANT.to_string(),
+        }
+    }
 }
 
 /// Why a call did not produce a gated result.
@@ -269,12 +298,14 @@ impl Broker {
     fn pool_for(
         &self,
         policy: &ToolPolicy,
+        tenant: &str,
         admitted: &Admitted,
     ) -> Option<Result<Arc<Pool>, String>> {
         let settings = policy.pool?;
         let pools = self.pools.as_ref()?;
         let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = pools.get(&policy.name) {
+        let key = (tenant.to_string(), policy.name.clone());
+        if let Some(p) = pools.get(&key) {
             return Some(Ok(p.clone()));
         }
         let made = Pool::new(
@@ -288,7 +319,7 @@ impl Broker {
         );
         Some(match made {
             Ok(p) => {
-                pools.insert(policy.name.clone(), p.clone());
+                pools.insert(key, p.clone());
                 Ok(p)
             }
             Err(e) => Err(format!("{e}; cold start")),
@@ -369,7 +400,8 @@ impl Broker {
 
     /// Run one call of `policy` with `input` on stdin.
     pub fn call(&self, policy: &ToolPolicy, input: Vec<u8>) -> Result<CallResult, CallError> {
-        self.call_as(&self.session, &self.caller, policy, input)
+        let who = Caller::new(&self.session, &self.caller);
+        self.call_as(&who, policy, input)
     }
 
     /// [`Broker::call`] on behalf of another agent session and caller (one
@@ -377,21 +409,19 @@ impl Broker {
     /// names them.
     pub fn call_as(
         &self,
-        session: &str,
-        caller: &str,
+        who: &Caller,
         policy: &ToolPolicy,
         input: Vec<u8>,
     ) -> Result<CallResult, CallError> {
         let admitted = self.registry.admit(policy, Use::Call);
-        self.call_admitted(session, caller, policy, admitted, input)
+        self.call_admitted(who, policy, admitted, input)
     }
 
     /// [`Broker::call_as`] with the admission already made (a gateway
     /// admits each tool once); a refused admission is audited as such.
     pub fn call_admitted(
         &self,
-        session: &str,
-        caller: &str,
+        who: &Caller,
         policy: &ToolPolicy,
         admitted: Result<Admitted, String>,
         input: Vec<u8>,
@@ -399,10 +429,12 @@ impl Broker {
         let started = Instant::now();
         let mut rec = AuditRecord::new(&policy.name, profile_name(policy.profile));
         rec.runtime = cordon_runtime::kind_name(policy.runtime).to_string();
-        rec.session = session.to_string();
-        rec.caller = caller.to_string();
+        rec.session = who.session.clone();
+        rec.caller = who.client.clone();
+        rec.principal = who.principal.clone();
+        rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&input, false);
-        let result = self.call_inner(session, policy, admitted, input, &mut rec);
+        let result = self.call_inner(who, policy, admitted, input, &mut rec);
         rec.duration_ms = started.elapsed().as_millis() as u64;
         self.record(&rec)?;
         result
@@ -410,7 +442,7 @@ impl Broker {
 
     fn call_inner(
         &self,
-        session: &str,
+        who: &Caller,
         policy: &ToolPolicy,
         admitted: Result<Admitted, String>,
         input: Vec<u8>,
@@ -431,7 +463,7 @@ impl Broker {
         };
         // A call of a command tool is its own credential session: minted
         // now, revoked once the sandbox is gone.
-        let lease = match self.mint(policy, session) {
+        let lease = match self.mint(policy, &who.session) {
             Ok(l) => l,
             Err(msg) => {
                 rec.status = cordon_audit::Status::Error;
@@ -450,7 +482,8 @@ impl Broker {
         let events = Arc::new(Mutex::new(Vec::new()));
         let ev = events.clone();
         let ctx = Context {
-            session: session.to_string(),
+            session: who.session.clone(),
+            tenant: who.tenant.clone(),
             on_egress: Arc::new(move |e| {
                 if let Ok(mut v) = ev.lock() {
                     v.push(e);
@@ -462,7 +495,7 @@ impl Broker {
         // before this session's secrets were minted.
         let pool = match &lease {
             Some(_) => None,
-            None => self.pool_for(policy, &admitted),
+            None => self.pool_for(policy, &who.tenant, &admitted),
         };
         let ran = match pool {
             Some(Ok(pool)) => admitted.run_pooled(&pool, input, &ctx),

@@ -138,6 +138,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             addr,
             opts: HttpOptions {
                 extra_allowed_hosts: args.allow_host.clone(),
+                authenticator: None,
             },
         },
         None => Transport::Stdio,

@@ -19,6 +19,7 @@
 
 pub mod args;
 mod cache;
+pub mod http;
 mod names;
 pub mod render;
 pub mod resources;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cordon_broker::{Admitted, Broker, CallError, Status, Use};
+use cordon_broker::{Admitted, Broker, CallError, Caller, Status, Use};
 use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -49,6 +50,7 @@ pub use rmcp;
 
 pub use args::{ArgError, ArgMapper, Prepared};
 pub use cache::default_dir as default_listing_dir;
+pub use http::{HTTP_PATH, HttpOptions, bind, serve_http};
 pub use render::Refusal;
 pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
@@ -254,6 +256,7 @@ impl Gateway {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{transport}-{}-{n}", std::process::id());
         let log_level = upstream::LogLevel::default();
+        let principal = Who::default();
         let upstreams = self
             .servers
             .iter()
@@ -265,7 +268,8 @@ impl Gateway {
                             u.with_offers(offers.clone())
                                 .with_log_level(log_level.clone())
                                 .with_cache(self.cache.clone())
-                                .with_audit(self.broker.clone(), &id),
+                                .with_audit(self.broker.clone(), &id)
+                                .with_principal(principal.clone()),
                         )
                     })
             })
@@ -273,6 +277,7 @@ impl Gateway {
         Session {
             gw: self.clone(),
             id,
+            principal,
             upstreams,
             log_level,
         }
@@ -393,8 +398,7 @@ impl CallAudit {
     pub(crate) fn finish(
         self,
         broker: &Broker,
-        session: &str,
-        caller: &str,
+        who: &Caller,
         result: &Result<CallToolResult, ErrorData>,
     ) -> Result<(), ErrorData> {
         let outcome = result.as_ref().map(|r| {
@@ -405,7 +409,7 @@ impl CallAudit {
                 .collect();
             (text, r.is_error == Some(true))
         });
-        self.finish_with(broker, session, caller, outcome)
+        self.finish_with(broker, who, outcome)
     }
 
     /// Write the record for an outcome: the text that went back and
@@ -413,15 +417,16 @@ impl CallAudit {
     pub(crate) fn finish_with(
         self,
         broker: &Broker,
-        session: &str,
-        caller: &str,
+        who: &Caller,
         outcome: Result<(String, bool), &ErrorData>,
     ) -> Result<(), ErrorData> {
         use cordon_audit::{AuditRecord, Payload, Status as A};
         let mut rec = AuditRecord::new(&self.tool, &self.profile);
         rec.runtime = self.runtime.into();
-        rec.session = session.into();
-        rec.caller = caller.into();
+        rec.session = who.session.clone();
+        rec.caller = who.client.clone();
+        rec.principal = who.principal.clone();
+        rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&self.input, self.record_input);
         rec.warnings = self.warnings;
         match outcome {
@@ -491,10 +496,31 @@ fn command_tool(p: &ToolPolicy) -> Tool {
     t.with_meta(meta)
 }
 
+/// The principal of a session: set once, from the session's first request
+/// (HTTP) or at its start (stdio), and shared with the session's servers.
+pub(crate) type Who = Arc<std::sync::OnceLock<cordon_auth::Principal>>;
+
+/// The [`Caller`] of `session` for `client`; a principal not set yet is
+/// the unauthenticated one.
+pub(crate) fn caller_of(session: &str, client: &str, who: &Who) -> Caller {
+    let p = who
+        .get()
+        .cloned()
+        .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+    Caller {
+        session: session.to_string(),
+        client: client.to_string(),
+        principal: Some(p.subject),
+        tenant: p.tenant,
+    }
+}
+
 /// One agent session: the MCP server handler.
 pub struct Session {
     gw: Arc<Gateway>,
     id: String,
+    /// Who the session is for.
+    principal: Who,
     upstreams: Vec<Arc<upstream::Upstream>>,
     /// The level the client set with `logging/setLevel` (`None`: not set,
     /// every level is sent). Shared with the session's servers, whose log
@@ -543,6 +569,24 @@ impl Session {
         &self.id
     }
 
+    /// The session's principal, once known.
+    pub fn principal(&self) -> Option<&cordon_auth::Principal> {
+        self.principal.get()
+    }
+
+    /// Fix the session's principal (the first call wins: a session never
+    /// changes hands). `Err` with the principal already set when it is
+    /// another.
+    pub fn set_principal(&self, p: cordon_auth::Principal) -> Result<(), &cordon_auth::Principal> {
+        let now = self.principal.get_or_init(|| p.clone());
+        if *now == p { Ok(()) } else { Err(now) }
+    }
+
+    /// The [`Caller`] of this session for `client`.
+    pub(crate) fn who(&self, client: &str) -> Caller {
+        caller_of(&self.id, client, &self.principal)
+    }
+
     /// Tell the client something at `level` (cordon's own text, logger
     /// `cordon`), when the level the client set lets it through.
     #[allow(deprecated)]
@@ -581,8 +625,7 @@ impl Session {
                 let r = Err(err);
                 CallAudit::new(&t.policy.name, profile, "native", args).finish(
                     &self.gw.broker,
-                    &self.id,
-                    &caller,
+                    &self.who(&caller),
                     &r,
                 )?;
                 return r;
@@ -592,10 +635,10 @@ impl Session {
         let mut admitted = t.admitted.clone();
         admitted.spec.argv.extend(prepared.argv);
         let broker = self.gw.broker.clone();
-        let session = self.id.clone();
+        let who = self.who(&caller);
         let pol = policy.clone();
         let ran = tokio::task::spawn_blocking(move || {
-            broker.call_admitted(&session, &caller, &pol, Ok(admitted), prepared.stdin)
+            broker.call_admitted(&who, &pol, Ok(admitted), prepared.stdin)
         })
         .await
         .map_err(|e| {
@@ -808,6 +851,23 @@ impl ServerHandler for Session {
         request: rmcp::model::InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        // On HTTP the principal is the request's (the authentication layer
+        // puts it in the request's extensions); without one, unauthenticated.
+        // On stdio it was set when the session was made.
+        let p = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<cordon_auth::Principal>())
+            .cloned()
+            .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+        if self.principal.get().is_none()
+            && let Err(was) = self.set_principal(p)
+        {
+            return Err(ErrorData::invalid_request(
+                format!("this session belongs to {}", was.subject),
+                None,
+            ));
+        }
         context.peer.set_peer_info(request.clone());
         for u in &self.upstreams {
             u.set_agent(&context.peer);
@@ -978,7 +1038,7 @@ impl ServerHandler for Session {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             let r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
-            audit.finish(&self.gw.broker, &self.id, &caller, &r)?;
+            audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
             return r.map(Into::into);
         }
         // A name a listing refused says why.
@@ -986,8 +1046,7 @@ impl ServerHandler for Session {
         let r = Err(refused.unwrap_or_else(|| self.unknown(&name)));
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
-            &self.id,
-            &caller,
+            &self.who(&caller),
             &r,
         )?;
         r.map(Into::into)
@@ -997,6 +1056,7 @@ impl ServerHandler for Session {
 /// Serve one session over stdin/stdout until the client closes it.
 pub async fn serve_stdio(gw: Arc<Gateway>) -> Result<(), GatewayError> {
     let session = gw.session("stdio");
+    let _ = session.set_principal(cordon_auth::Principal::local(cordon_sys::io::geteuid()));
     let running = session
         .serve(rmcp::transport::stdio())
         .await
@@ -1006,74 +1066,6 @@ pub async fn serve_stdio(gw: Arc<Gateway>) -> Result<(), GatewayError> {
         .await
         .map_err(|e| GatewayError::Transport(e.to_string()))?;
     Ok(())
-}
-
-/// Options of the streamable HTTP transport.
-#[derive(Debug, Clone, Default)]
-pub struct HttpOptions {
-    /// `Host` values accepted besides the loopback names (rmcp's
-    /// DNS-rebinding check stays on).
-    pub extra_allowed_hosts: Vec<String>,
-}
-
-/// The path the MCP endpoint is served on.
-pub const HTTP_PATH: &str = "/mcp";
-
-/// Serve streamable HTTP on `listener` (at [`HTTP_PATH`]) until `shutdown`
-/// is cancelled. Each MCP session gets its own [`Session`].
-pub async fn serve_http(
-    gw: Arc<Gateway>,
-    listener: tokio::net::TcpListener,
-    opts: HttpOptions,
-    shutdown: CancellationToken,
-) -> Result<(), GatewayError> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
-    if !opts.extra_allowed_hosts.is_empty() {
-        let mut hosts = config.allowed_hosts.clone();
-        hosts.extend(opts.extra_allowed_hosts.iter().cloned());
-        config = config.with_allowed_hosts(hosts);
-    }
-    let g = gw.clone();
-    let service: StreamableHttpService<Session, LocalSessionManager> =
-        StreamableHttpService::new(move || Ok(g.session("http")), Default::default(), config);
-    let router = axum::Router::new()
-        .nest_service(HTTP_PATH, service)
-        .layer(axum::middleware::from_fn(session_delete_ok));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
-        .await
-        .map_err(|e| GatewayError::Io {
-            what: "HTTP server".into(),
-            source: e,
-        })
-}
-
-/// A session `DELETE` that rmcp accepted (`202`) is answered `200`: the
-/// session is gone once the answer is sent, and clients (the Python SDK)
-/// take only 200 or 204 as success.
-async fn session_delete_ok(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let delete = req.method() == axum::http::Method::DELETE;
-    let mut resp = next.run(req).await;
-    if delete && resp.status() == axum::http::StatusCode::ACCEPTED {
-        *resp.status_mut() = axum::http::StatusCode::OK;
-    }
-    resp
-}
-
-/// Bind `addr` for [`serve_http`].
-pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, GatewayError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| GatewayError::Io {
-            what: format!("bind {addr}"),
-            source: e,
-        })
 }
 
 /// Install the process-wide TLS crypto provider (ring) that rmcp's HTTP

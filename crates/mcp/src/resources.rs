@@ -325,7 +325,7 @@ impl Session {
                 .join("\n");
             (text, false)
         });
-        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome)?;
+        audit.finish_with(&self.gw.broker, &self.who(&Self::caller(context)), outcome)?;
         r
     }
 
@@ -390,7 +390,7 @@ impl Session {
                 .join("\n");
             (text, false)
         });
-        audit.finish_with(&self.gw.broker, &self.id, &Self::caller(context), outcome)?;
+        audit.finish_with(&self.gw.broker, &self.who(&Self::caller(context)), outcome)?;
         r
     }
 

@@ -35,13 +35,13 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
 /// Starts MCP servers in a sandbox.
 pub trait ServerSandbox: Send + Sync {
     /// Start the server `argv` under `policy` (its limits, network, mounts,
-    /// environment, seccomp) for the agent session `session`; an empty
+    /// environment, seccomp) for the session, tenant and principal of `who`; an empty
     /// `argv` runs the image's entrypoint. The server speaks MCP on its
-    /// stdin/stdout. Its secrets are minted for `session` as the sandbox
+    /// stdin/stdout. Its secrets are minted for `who`'s session as the sandbox
     /// starts and revoked when it is stopped.
     fn start(
         &self,
-        session: &str,
+        who: &cordon_broker::Caller,
         policy: &ToolPolicy,
         argv: &[String],
     ) -> Result<ServerProcess, String>;
@@ -128,10 +128,11 @@ impl ServerHandle for Handle {
 impl ServerSandbox for RuntimeServers {
     fn start(
         &self,
-        session: &str,
+        who: &cordon_broker::Caller,
         policy: &ToolPolicy,
         argv: &[String],
     ) -> Result<ServerProcess, String> {
+        let session = who.session.as_str();
         let mut p = policy.clone();
         if let Exec::Mcp { command, .. } = &mut p.exec
             && !argv.is_empty()
@@ -159,6 +160,7 @@ impl ServerSandbox for RuntimeServers {
         };
         let ctx = Context {
             session: session.to_string(),
+            tenant: who.tenant.clone(),
             on_egress: Arc::new(move |e| log_egress(&t, profile, audit.as_deref(), &e)),
             credentials,
         };

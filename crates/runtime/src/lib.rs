@@ -43,17 +43,24 @@ pub type EgressSink = Arc<dyn Fn(EgressEvent) + Send + Sync>;
 pub struct Context {
     /// The agent session.
     pub session: String,
+    /// The session's tenant: nothing made for this call is handed to
+    /// another tenant.
+    pub tenant: String,
     /// Every egress attempt, allowed or refused.
     pub on_egress: EgressSink,
     /// The session's credentials for this tool (empty: none).
     pub credentials: Credentials,
 }
 
+/// The tenant of a [`Context`] made without one (`cordon run`, tests).
+pub const DEFAULT_TENANT: &str = "default";
+
 impl Context {
     /// A context whose egress events are dropped.
     pub fn discard(session: &str) -> Context {
         Context {
             session: session.to_string(),
+            tenant: DEFAULT_TENANT.to_string(),
             on_egress: Arc::new(|_| {}),
             credentials: Credentials::default(),
         }
@@ -99,6 +106,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("session", &self.session)
+            .field("tenant", &self.tenant)
             .finish_non_exhaustive()
     }
 }

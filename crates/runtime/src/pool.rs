@@ -241,6 +241,7 @@ impl Pool {
         let fwd = sink.clone();
         let ctx = Context {
             session: "pool".into(),
+            tenant: crate::DEFAULT_TENANT.into(),
             on_egress: Arc::new(move |e| {
                 if let Some(s) = fwd.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                     s(e);

@@ -284,6 +284,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     let ev = events.clone();
     let ctx = Context {
         session: "sess-inject".into(),
+        tenant: cordon_runtime::DEFAULT_TENANT.into(),
         on_egress: Arc::new(move |e| ev.lock().unwrap().push(e)),
         credentials: Credentials {
             env: vec![
@@ -473,6 +474,7 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
     assert!(out.starts_with("0\nIMAGE ROOTS\nenv  \n"), "{out} {err}");
     let ctx = Context {
         session: "s".into(),
+        tenant: cordon_runtime::DEFAULT_TENANT.into(),
         on_egress: Arc::new(|_| {}),
         credentials: Credentials {
             env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],

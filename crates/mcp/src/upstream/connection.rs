@@ -57,7 +57,9 @@ pub(super) struct Forwarder {
 /// What the server's requests to the client (sampling, elicitation) need.
 pub(crate) struct Asks {
     pub(super) policy: Arc<cordon_policy::policy::ToolPolicy>,
-    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String)>,
+    /// The broker whose log records the server's requests, the session
+    /// and its principal.
+    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String, crate::Who)>,
 }
 
 impl Asks {
@@ -113,7 +115,7 @@ impl Asks {
         params: &serde_json::Value,
         outcome: &Result<T, ErrorData>,
     ) {
-        let Some((broker, session)) = &self.audit else {
+        let Some((broker, session, who)) = &self.audit else {
             return;
         };
         let input =
@@ -127,7 +129,8 @@ impl Asks {
             "mcp",
             input,
         );
-        if let Err(e) = audit.finish_with(broker, session, "mcp-server", out) {
+        let who = crate::caller_of(session, "mcp-server", who);
+        if let Err(e) = audit.finish_with(broker, &who, out) {
             tracing::warn!(tool = %self.policy.name, "audit record of {method} not written: {}", e.message);
         }
     }
@@ -372,7 +375,11 @@ impl Upstream {
         let name = &self.policy.name;
         let proc = self
             .sandbox
-            .start(&self.session, &self.policy, &self.argv)
+            .start(
+                &crate::caller_of(&self.session, "mcp", &self.principal),
+                &self.policy,
+                &self.argv,
+            )
             .map_err(|e| render::refusal(Refusal::SandboxFailed, e, json!({"tool": name})))?;
         let handle = proc.handle.clone();
         if let Ok(mut w) = self.warnings.lock() {

@@ -81,6 +81,8 @@ pub(crate) struct Upstream {
     /// The agent session this server runs for (its credentials are this
     /// session's; audit records name it).
     session: String,
+    /// The session's principal (its tenant owns the server's sandbox).
+    principal: crate::Who,
     argv: Vec<String>,
     expose: Expose,
     /// The gateway's record of which server owns each exposed name.
@@ -152,6 +154,7 @@ impl Upstream {
         let wall = Duration::from_secs(policy.require_limits()?.wall_seconds);
         Ok(Upstream {
             session: session.to_string(),
+            principal: crate::Who::default(),
             argv,
             expose: *expose,
             names,
@@ -204,8 +207,20 @@ impl Upstream {
     pub fn with_audit(mut self, broker: Arc<cordon_broker::Broker>, session: &str) -> Upstream {
         self.asks = Arc::new(connection::Asks {
             policy: self.policy.clone(),
-            audit: Some((broker, session.to_owned())),
+            audit: Some((broker, session.to_owned(), self.principal.clone())),
         });
+        self
+    }
+
+    /// Share the session's principal. Call before [`Upstream::with_audit`].
+    pub fn with_principal(mut self, who: crate::Who) -> Upstream {
+        self.principal = who;
+        if let Some((b, s, _)) = &self.asks.audit {
+            self.asks = Arc::new(connection::Asks {
+                policy: self.policy.clone(),
+                audit: Some((b.clone(), s.clone(), self.principal.clone())),
+            });
+        }
         self
     }
 
