@@ -8,11 +8,14 @@ mod doctor;
 mod exit;
 mod explain;
 mod image;
+mod import;
+mod inventory;
 mod probe;
 mod proxy;
 mod run;
 mod schema;
 mod serve;
+mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -179,6 +182,19 @@ enum Cmd {
     Proxy(proxy::ProxyArgs),
     /// Serve the manifest's tools as one MCP server (stdio, or streamable HTTP with --http).
     Serve(serve::ServeArgs),
+    /// Write a manifest from MCP client configurations (Claude Desktop,
+    /// Claude Code, Cursor, VS Code, Windsurf, Zed, Continue, Gemini CLI,
+    /// Codex): one `mcp:` tool per server, each proposal's reason as a comment.
+    Import(import::ImportArgs),
+    /// Point a client configuration at `cordon serve` for the servers
+    /// imported into a manifest (a backup is kept; the diff is printed).
+    Wrap(import::wrap::WrapArgs),
+    /// Restore a client configuration that `cordon wrap` changed, byte for byte.
+    Unwrap(import::wrap::UnwrapArgs),
+    /// One table of every tool: what it parses and reaches, its secrets,
+    /// profile, runtime and mechanisms, whether this host enforces it, and
+    /// when `cordon probe` last passed for it.
+    Inventory(inventory::InventoryArgs),
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -247,6 +263,10 @@ fn main() -> ExitCode {
         Cmd::Image(args) => image::run(args),
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Serve(args) => serve::run(&args),
+        Cmd::Import(args) => import::run(&args),
+        Cmd::Wrap(args) => import::wrap::wrap(&args),
+        Cmd::Unwrap(args) => import::wrap::unwrap(&args),
+        Cmd::Inventory(args) => inventory::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);

@@ -14,7 +14,7 @@ use cordon_policy::policy::{Profile as PolicyProfile, ToolPolicy};
 use cordon_probes::{Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets};
 use cordon_runtime::{Registry, SandboxSpec, Use};
 
-use crate::exit;
+use crate::{exit, state};
 
 /// Exit status of a probe run: nothing escaped, but a probe or a tool
 /// could not be judged.
@@ -233,6 +233,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             ],
             None => loaded.policy.tools.values().collect(),
         };
+        let mut records = Vec::new();
         for p in tools {
             if p.profile == PolicyProfile::P0 {
                 let prof = cordon_probes::Profile::unclaimed(format!("{} (P0)", p.name));
@@ -244,12 +245,22 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             match tool_sandbox(p, &registry) {
                 Ok(sb) => {
                     let prof = sb.profile(&profile_label(p));
-                    reports.push(cordon_probes::run_suite(
-                        &sb, &agent, &prof, &targets, &filter,
-                    ));
+                    let report = cordon_probes::run_suite(&sb, &agent, &prof, &targets, &filter);
+                    // Only a run of the whole catalogue says the tool's
+                    // sandbox holds.
+                    if filter.only.is_empty() && filter.skip.is_empty() {
+                        records.push(state::record_of(p, &report, state::now_rfc3339()));
+                    }
+                    reports.push(report);
                 }
                 Err(why) => skipped.push((p.name.clone(), why)),
             }
+        }
+        // For `cordon inventory`: a failure to record does not change the run's verdict.
+        if !records.is_empty()
+            && let Err(e) = state::save_probe_records(&state::state_dir(), records)
+        {
+            eprintln!("cordon probe: the results could not be recorded for `cordon inventory`: {e:#}");
         }
     }
 

@@ -1,0 +1,124 @@
+//! cordon's state directory, and what `cordon probe` records there for
+//! `cordon inventory`: per tool, when its sandbox's probes last ran, with
+//! which verdicts, and for which resolved policy.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+use cordon_policy::ToolPolicy;
+use cordon_probes::{Report, Verdict};
+
+/// `$CORDON_STATE_DIR`, else `/var/lib/cordon` as root, else
+/// `$XDG_STATE_HOME/cordon` (or `~/.local/state/cordon`): the same
+/// directory the MCP listing cache lives under.
+pub fn state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CORDON_STATE_DIR") {
+        return PathBuf::from(d);
+    }
+    if cordon_sys::io::geteuid() == 0 {
+        return PathBuf::from("/var/lib/cordon");
+    }
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("cordon")
+}
+
+/// The package store's default root: `<state dir>/store`.
+pub fn store_dir() -> PathBuf {
+    state_dir().join("store")
+}
+
+/// One tool's last probe run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    pub tool: String,
+    /// When it ran (RFC 3339, UTC).
+    pub at: String,
+    /// Every probe held (or was skipped as not applicable) and the
+    /// controls passed.
+    pub passed: bool,
+    pub held: usize,
+    pub escaped: usize,
+    pub skipped: usize,
+    /// Probes that could not be judged (errors, failed controls).
+    pub other: usize,
+    /// sha256 of the tool's resolved policy the run was for.
+    pub policy_sha256: String,
+    /// When `passed`, the same as `at`; otherwise the last run that passed
+    /// (kept from the previous record).
+    pub last_passed: Option<String>,
+}
+
+/// The digest of a resolved policy (its JSON form).
+pub fn policy_digest(p: &ToolPolicy) -> String {
+    let json = serde_json::to_vec(p).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(json))
+}
+
+fn probes_file(dir: &Path) -> PathBuf {
+    dir.join("probes.json")
+}
+
+/// Every recorded tool, by name (empty when nothing was recorded).
+pub fn probe_records(dir: &Path) -> anyhow::Result<BTreeMap<String, ProbeRecord>> {
+    let path = probes_file(dir);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("reading {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// A record for `report`, a run on `p`'s sandbox.
+pub fn record_of(p: &ToolPolicy, report: &Report, now: String) -> ProbeRecord {
+    let count = |v: Verdict| report.results.iter().filter(|r| r.verdict == v).count();
+    let held = count(Verdict::Held);
+    let escaped = count(Verdict::Escaped);
+    let skipped = count(Verdict::Skipped);
+    let passed = report.exit_code() == cordon_probes::report::EXIT_ALL_HELD;
+    ProbeRecord {
+        tool: p.name.clone(),
+        at: now.clone(),
+        passed,
+        held,
+        escaped,
+        skipped,
+        other: report.results.len() - held - escaped - skipped,
+        policy_sha256: policy_digest(p),
+        last_passed: passed.then_some(now),
+    }
+}
+
+/// Merge `new` into the records in `dir` (made if missing), keeping each
+/// tool's last passing run, and replace the file in one rename.
+pub fn save_probe_records(dir: &Path, new: Vec<ProbeRecord>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut all = probe_records(dir).unwrap_or_default();
+    for mut r in new {
+        if r.last_passed.is_none()
+            && let Some(old) = all.get(&r.tool)
+            && old.policy_sha256 == r.policy_sha256
+        {
+            r.last_passed = old.last_passed.clone();
+        }
+        all.insert(r.tool.clone(), r);
+    }
+    let path = probes_file(dir);
+    let tmp = dir.join(format!(".probes.json.{}", std::process::id()));
+    let text = serde_json::to_string_pretty(&all)?;
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Now, RFC 3339 in UTC.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
