@@ -747,6 +747,14 @@ fn inventory_reflects_a_probe_run() {
     let o = import(d.path(), &[&cfg], &[]);
     assert!(o.status.success(), "{}", out(&o));
     let m = d.path().join("cordon.yaml");
+    // Short limits: the resource probes run into them in seconds.
+    let text = std::fs::read_to_string(&m).unwrap();
+    let short = text.replace(
+        "limits: {memory: \"1G\"}",
+        "limits: {memory: \"128M\", wall_seconds: 3}",
+    );
+    assert_ne!(short, text);
+    std::fs::write(&m, short).unwrap();
     let inventory = || {
         let o = cordon(d.path(), &["inventory", "--json", "-m", m.to_str().unwrap()], &[]);
         assert!(o.status.success(), "{}", out(&o));
@@ -790,10 +798,21 @@ fn inventory_reflects_a_probe_run() {
 
     // A different policy is not the one that was probed.
     let text = std::fs::read_to_string(&m).unwrap();
-    std::fs::write(&m, text.replace("memory: \"1G\"", "memory: \"768M\"")).unwrap();
+    std::fs::write(&m, text.replace("memory: \"128M\"", "memory: \"96M\"")).unwrap();
     let row = inventory()["tools"][0].clone();
     assert_eq!(row["probe"], "policy changed since the last run", "{row}");
     assert_eq!(row["probe_passed"], Value::Null);
+
+    // A tool this host cannot start (a mount source that does not exist)
+    // is not enforceable, and the row says why.
+    let gone = d.path().join("no-such-dir");
+    let text = std::fs::read_to_string(&m).unwrap();
+    let broken = text.replacen("    mounts:\n", &format!("    mounts:\n      - \"{}\"\n", gone.display()), 1);
+    assert_ne!(broken, text);
+    std::fs::write(&m, broken).unwrap();
+    let row = inventory()["tools"][0].clone();
+    assert_eq!(row["enforceable"], false, "{row}");
+    assert!(row["enforcement"][0].as_str().unwrap().contains("no-such-dir"), "{row}");
 }
 
 /// `npx -y PKG@V` and `uvx PKG==V` entries become the store's install (no
