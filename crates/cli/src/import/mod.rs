@@ -40,10 +40,10 @@ pub struct ImportArgs {
     #[arg(long = "skip", value_name = "NAME")]
     pub skip: Vec<String>,
     /// cordon's package store, where `npx` and `uvx` servers are installed
-    /// once. Default: $CORDON_STATE_DIR/store, else /var/lib/cordon/store
-    /// as root, else ~/.local/state/cordon/store.
-    #[arg(long, value_name = "DIR", env = "CORDON_STORE")]
-    pub store: Option<PathBuf>,
+    /// once. Default: $CORDON_STATE_DIR/packages, else
+    /// /var/lib/cordon/packages as root, else ~/.local/state/cordon/packages.
+    #[arg(long, value_name = "DIR", env = "CORDON_PACKAGE_STORE")]
+    pub package_store: Option<PathBuf>,
 }
 
 /// Questions on the terminal (stderr), answers from stdin.
@@ -88,7 +88,7 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     });
     let (servers, mut refused) = map::group(servers);
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let store = cordon_store::Store::at(a.store.clone().unwrap_or_else(crate::state::store_dir));
+    let store = cordon_store::Store::at(a.package_store.clone().unwrap_or_else(crate::state::package_store_dir));
     let interactive = !a.yes && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let mut term = Terminal;
     let mut defaults = map::Defaults;
