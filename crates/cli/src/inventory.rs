@@ -125,10 +125,7 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
             None => "never".to_string(),
             Some(_) if !same => "policy changed since the last run".to_string(),
             Some(r) if r.passed => "passed".to_string(),
-            Some(r) => format!(
-                "failed ({} escaped, {} not judged)",
-                r.escaped, r.other
-            ),
+            Some(r) => format!("failed ({} escaped, {} not judged)", r.escaped, r.other),
         };
         out.push(Row {
             tool: p.name.clone(),
@@ -152,9 +149,7 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
             accepts: p.accept.iter().map(|m| m.name().to_string()).collect(),
             enforceable,
             enforcement,
-            probe_passed: rec
-                .filter(|_| same)
-                .and_then(|r| r.last_passed.clone()),
+            probe_passed: rec.filter(|_| same).and_then(|r| r.last_passed.clone()),
             probe,
         });
     }
@@ -182,7 +177,14 @@ pub fn run(a: &InventoryArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(exit::OK));
     }
     let header = [
-        "tool", "profile", "runtime", "parses", "egress", "secrets", "requires", "enforced here",
+        "tool",
+        "profile",
+        "runtime",
+        "parses",
+        "egress",
+        "secrets",
+        "requires",
+        "enforced here",
         "probe passed",
     ];
     let table: Vec<[String; 9]> = rows

@@ -260,7 +260,9 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         if !records.is_empty()
             && let Err(e) = state::save_probe_records(&state::state_dir(), records)
         {
-            eprintln!("cordon probe: the results could not be recorded for `cordon inventory`: {e:#}");
+            eprintln!(
+                "cordon probe: the results could not be recorded for `cordon inventory`: {e:#}"
+            );
         }
     }
 

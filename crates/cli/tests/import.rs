@@ -136,20 +136,29 @@ fn providers(d: &Path) -> PathBuf {
 
 /// One configuration file of every format, each naming one reference
 /// server in that format's own shape, with `node` relative (on PATH).
-fn every_format(d: &Path, everything: &Path, fs: &Path, data: &Path) -> Vec<(PathBuf, &'static str)> {
+fn every_format(
+    d: &Path,
+    everything: &Path,
+    fs: &Path,
+    data: &Path,
+) -> Vec<(PathBuf, &'static str)> {
     let (e, f, data) = (everything.display(), fs.display(), data.display());
     vec![
         (
             write(
                 &d.join("claude/claude_desktop_config.json"),
-                &format!(r#"{{"mcpServers": {{"everything": {{"command": "node", "args": ["{e}", "stdio"]}}}}}}"#),
+                &format!(
+                    r#"{{"mcpServers": {{"everything": {{"command": "node", "args": ["{e}", "stdio"]}}}}}}"#
+                ),
             ),
             "everything",
         ),
         (
             write(
                 &d.join("proj/.mcp.json"),
-                &format!(r#"{{"mcpServers": {{"files": {{"type": "stdio", "command": "node", "args": ["{f}", "{data}"], "env": {{}}}}}}}}"#),
+                &format!(
+                    r#"{{"mcpServers": {{"files": {{"type": "stdio", "command": "node", "args": ["{f}", "{data}"], "env": {{}}}}}}}}"#
+                ),
             ),
             "files",
         ),
@@ -166,7 +175,9 @@ fn every_format(d: &Path, everything: &Path, fs: &Path, data: &Path) -> Vec<(Pat
         (
             write(
                 &d.join("c/.cursor/mcp.json"),
-                &format!(r#"{{"mcpServers": {{"cursor-everything": {{"command": "node", "args": ["{e}"]}}}}}}"#),
+                &format!(
+                    r#"{{"mcpServers": {{"cursor-everything": {{"command": "node", "args": ["{e}"]}}}}}}"#
+                ),
             ),
             "cursor-everything",
         ),
@@ -196,7 +207,9 @@ fn every_format(d: &Path, everything: &Path, fs: &Path, data: &Path) -> Vec<(Pat
         (
             write(
                 &d.join("w/.codeium/windsurf/mcp_config.json"),
-                &format!(r#"{{"mcpServers": {{"windsurf-everything": {{"command": "node", "args": ["{e}"], "disabled": false}}}}}}"#),
+                &format!(
+                    r#"{{"mcpServers": {{"windsurf-everything": {{"command": "node", "args": ["{e}"], "disabled": false}}}}}}"#
+                ),
             ),
             "windsurf-everything",
         ),
@@ -237,7 +250,9 @@ fn every_format(d: &Path, everything: &Path, fs: &Path, data: &Path) -> Vec<(Pat
         (
             write(
                 &d.join("g/.gemini/settings.json"),
-                &format!(r#"{{"mcpServers": {{"gemini-files": {{"command": "node", "args": ["{f}", "{data}"], "cwd": "{data}", "timeout": 30000}}}}}}"#),
+                &format!(
+                    r#"{{"mcpServers": {{"gemini-files": {{"command": "node", "args": ["{f}", "{data}"], "cwd": "{data}", "timeout": 30000}}}}}}"#
+                ),
             ),
             "gemini-files",
         ),
@@ -282,7 +297,13 @@ fn every_format_is_imported_checked_and_served() {
             let p = providers(&sub);
             let o = cordon(
                 &sub,
-                &["check", "-m", m.to_str().unwrap(), "--providers", p.to_str().unwrap()],
+                &[
+                    "check",
+                    "-m",
+                    m.to_str().unwrap(),
+                    "--providers",
+                    p.to_str().unwrap(),
+                ],
                 &[],
             );
             assert!(o.status.success(), "{}", out(&o));
@@ -295,7 +316,9 @@ fn every_format_is_imported_checked_and_served() {
             assert!(warnings[0].contains("`deliver: env`"), "{}", out(&o));
             let text = std::fs::read_to_string(&m).unwrap();
             assert!(
-                text.contains("# `deliver: env` (the server holds the token itself, and `cordon check` warns)"),
+                text.contains(
+                    "# `deliver: env` (the server holds the token itself, and `cordon check` warns)"
+                ),
                 "{text}"
             );
         } else {
@@ -327,7 +350,9 @@ fn every_format_is_imported_checked_and_served() {
             // The directory the server is given, mounted read-only.
             assert_eq!(a.last().unwrap(), &data.display().to_string(), "{a:?}");
             assert!(
-                tool.mounts.iter().any(|m| Path::new(&m.src) == data && !m.writable),
+                tool.mounts
+                    .iter()
+                    .any(|m| Path::new(&m.src) == data && !m.writable),
                 "{:?}",
                 tool.mounts
             );
@@ -359,7 +384,11 @@ fn every_format_is_imported_checked_and_served() {
     assert!(o.status.success(), "{}", out(&o));
     check_clean(&all);
     let names = served_tools(&all.join("cordon.yaml"), &all);
-    for want in ["everything__echo", "files__read_text_file", "zed-flat__list_directory"] {
+    for want in [
+        "everything__echo",
+        "files__read_text_file",
+        "zed-flat__list_directory",
+    ] {
         assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
     }
 }
@@ -423,7 +452,11 @@ fn odd_entries_are_refused_naming_server_and_field() {
         ("winarg", "args[0]", "Windows path"),
         ("shell", "command", "is a shell"),
         ("pipeline", "command", "shell command line"),
-        ("unset", "args[0]", "`CORDON_TEST_NOT_SET_ANYWHERE` is not set"),
+        (
+            "unset",
+            "args[0]",
+            "`CORDON_TEST_NOT_SET_ANYWHERE` is not set",
+        ),
         ("prompt", "args[1]", "${input:dir}"),
         ("remote", "url", "remote servers are not yet supported"),
         ("intmp", "args[1]", "is under /tmp"),
@@ -440,7 +473,9 @@ fn odd_entries_are_refused_naming_server_and_field() {
 
     // The positive control: the rest of the file imports.
     let mut skip = Vec::new();
-    for s in ["win", "winarg", "shell", "pipeline", "unset", "prompt", "remote", "intmp"] {
+    for s in [
+        "win", "winarg", "shell", "pipeline", "unset", "prompt", "remote", "intmp",
+    ] {
         skip.push("--skip");
         skip.push(s);
     }
@@ -451,12 +486,18 @@ fn odd_entries_are_refused_naming_server_and_field() {
     // And an expansion that is set resolves.
     let cfg2 = write(
         &d.path().join("b/claude_desktop_config.json"),
-        &format!(r#"{{"mcpServers": {{"set": {{"command": "node", "args": ["${{CORDON_TEST_SERVER}}", "${{MODE:-stdio}}"]}}}}}}"#),
+        r#"{"mcpServers": {"set": {"command": "node", "args": ["${CORDON_TEST_SERVER}", "${MODE:-stdio}"]}}}"#,
     );
     let m2 = d.path().join("b/cordon.yaml");
     let o = cordon(
         d.path(),
-        &["import", "--yes", "-o", m2.to_str().unwrap(), cfg2.to_str().unwrap()],
+        &[
+            "import",
+            "--yes",
+            "-o",
+            m2.to_str().unwrap(),
+            cfg2.to_str().unwrap(),
+        ],
         &[("CORDON_TEST_SERVER", &e.to_string())],
     );
     assert!(o.status.success(), "{}", out(&o));
@@ -526,11 +567,20 @@ fn credentials_become_secrets_and_urls_egress() {
     // Valid (no provider file here: the manifest alone).
     let o = cordon(
         d.path(),
-        &["check", "--no-host", "-m", d.path().join("cordon.yaml").to_str().unwrap()],
+        &[
+            "check",
+            "--no-host",
+            "-m",
+            d.path().join("cordon.yaml").to_str().unwrap(),
+        ],
         &[],
     );
     assert!(o.status.success(), "{}", out(&o));
-    assert!(!stderr(&o).contains("looks like a credential"), "{}", out(&o));
+    assert!(
+        !stderr(&o).contains("looks like a credential"),
+        "{}",
+        out(&o)
+    );
 }
 
 /// A server named in two files: the same definition is imported once
@@ -544,15 +594,24 @@ fn duplicates_across_files() {
     let d = dir();
     let a = write(
         &d.path().join("a/.cursor/mcp.json"),
-        &format!(r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#, everything.display()),
+        &format!(
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#,
+            everything.display()
+        ),
     );
     let b = write(
         &d.path().join("b/claude_desktop_config.json"),
-        &format!(r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#, everything.display()),
+        &format!(
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#,
+            everything.display()
+        ),
     );
     let c = write(
         &d.path().join("c/.mcp.json"),
-        &format!(r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}", "/srv"]}}}}}}"#, fs.display()),
+        &format!(
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}", "/srv"]}}}}}}"#,
+            fs.display()
+        ),
     );
     let o = import(d.path(), &[&a, &b], &[]);
     assert!(o.status.success(), "{}", out(&o));
@@ -563,7 +622,14 @@ fn duplicates_across_files() {
     let m = d.path().join("other.yaml");
     let o = cordon(
         d.path(),
-        &["import", "--yes", "-o", m.to_str().unwrap(), a.to_str().unwrap(), c.to_str().unwrap()],
+        &[
+            "import",
+            "--yes",
+            "-o",
+            m.to_str().unwrap(),
+            a.to_str().unwrap(),
+            c.to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
@@ -587,13 +653,19 @@ fn never_overwrites_without_force() {
     let d = dir();
     let cfg = write(
         &d.path().join("claude_desktop_config.json"),
-        &format!(r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#, everything.display()),
+        &format!(
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#,
+            everything.display()
+        ),
     );
     std::fs::write(d.path().join("cordon.yaml"), "mine\n").unwrap();
     let o = import(d.path(), &[&cfg], &[]);
     assert!(!o.status.success(), "{}", out(&o));
     assert!(stderr(&o).contains("exists; pass --force"), "{}", out(&o));
-    assert_eq!(std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap(), "mine\n");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap(),
+        "mine\n"
+    );
     let o = import(d.path(), &[&cfg], &["--force"]);
     assert!(o.status.success(), "{}", out(&o));
     assert!(tools(&d.path().join("cordon.yaml")).contains_key("ref"));
@@ -666,8 +738,14 @@ fn wrap_then_unwrap_restores_the_original_and_the_client_sees_the_same_tools() {
     );
     let original = std::fs::read(&cfg).unwrap();
     let before = client_tools(d.path(), &cfg, "servers");
-    assert!(before["everything"].iter().any(|t| t == "echo"), "{before:?}");
-    assert!(before["files"].iter().any(|t| t == "read_text_file"), "{before:?}");
+    assert!(
+        before["everything"].iter().any(|t| t == "echo"),
+        "{before:?}"
+    );
+    assert!(
+        before["files"].iter().any(|t| t == "read_text_file"),
+        "{before:?}"
+    );
 
     let o = import(d.path(), &[&cfg], &["--skip", "remote"]);
     assert!(o.status.success(), "{}", out(&o));
@@ -676,30 +754,46 @@ fn wrap_then_unwrap_restores_the_original_and_the_client_sees_the_same_tools() {
     // --dry-run prints the diff and changes nothing.
     let o = cordon(
         d.path(),
-        &["wrap", "--dry-run", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+        &[
+            "wrap",
+            "--dry-run",
+            "-m",
+            m.to_str().unwrap(),
+            cfg.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(o.status.success(), "{}", out(&o));
     let diff = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
-        diff.lines().any(|l| l.starts_with('+') && l.contains("\"cordon\"")),
+        diff.lines()
+            .any(|l| l.starts_with('+') && l.contains("\"cordon\"")),
         "{}",
         out(&o)
     );
     assert!(
-        diff.lines().any(|l| l.starts_with('-') && l.contains("\"files\"")),
+        diff.lines()
+            .any(|l| l.starts_with('-') && l.contains("\"files\"")),
         "{}",
         out(&o)
     );
     assert_eq!(std::fs::read(&cfg).unwrap(), original);
 
-    let o = cordon(d.path(), &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()], &[]);
+    let o = cordon(
+        d.path(),
+        &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+        &[],
+    );
     assert!(o.status.success(), "{}", out(&o));
     let wrapped = std::fs::read_to_string(&cfg).unwrap();
     assert!(wrapped.contains("// Project servers."), "{wrapped}");
     assert!(wrapped.contains("https://mcp.example.com/mcp"), "{wrapped}");
     // A second wrap is refused: the backup is not overwritten.
-    let o = cordon(d.path(), &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()], &[]);
+    let o = cordon(
+        d.path(),
+        &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+        &[],
+    );
     assert!(!o.status.success(), "{}", out(&o));
 
     let after = client_tools(d.path(), &cfg, "servers");
@@ -715,7 +809,11 @@ fn wrap_then_unwrap_restores_the_original_and_the_client_sees_the_same_tools() {
     std::fs::write(&cfg, format!("{wrapped}\n")).unwrap();
     let o = cordon(d.path(), &["unwrap", cfg.to_str().unwrap()], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
-    assert!(stderr(&o).contains("changed since `cordon wrap`"), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("changed since `cordon wrap`"),
+        "{}",
+        out(&o)
+    );
     std::fs::write(&cfg, &wrapped).unwrap();
     let o = cordon(d.path(), &["unwrap", cfg.to_str().unwrap()], &[]);
     assert!(o.status.success(), "{}", out(&o));
@@ -723,7 +821,11 @@ fn wrap_then_unwrap_restores_the_original_and_the_client_sees_the_same_tools() {
     assert!(!cfg.with_file_name("mcp.json.cordon-backup").exists());
 
     // And --force restores over a later edit.
-    let o = cordon(d.path(), &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()], &[]);
+    let o = cordon(
+        d.path(),
+        &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+        &[],
+    );
     assert!(o.status.success(), "{}", out(&o));
     std::fs::write(&cfg, "{}\n").unwrap();
     let o = cordon(d.path(), &["unwrap", "--force", cfg.to_str().unwrap()], &[]);
@@ -742,7 +844,10 @@ fn inventory_reflects_a_probe_run() {
     let d = dir();
     let cfg = write(
         &d.path().join("claude_desktop_config.json"),
-        &format!(r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#, everything.display()),
+        &format!(
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#,
+            everything.display()
+        ),
     );
     let o = import(d.path(), &[&cfg], &[]);
     assert!(o.status.success(), "{}", out(&o));
@@ -756,15 +861,30 @@ fn inventory_reflects_a_probe_run() {
     assert_ne!(short, text);
     std::fs::write(&m, short).unwrap();
     let inventory = || {
-        let o = cordon(d.path(), &["inventory", "--json", "-m", m.to_str().unwrap()], &[]);
+        let o = cordon(
+            d.path(),
+            &["inventory", "--json", "-m", m.to_str().unwrap()],
+            &[],
+        );
         assert!(o.status.success(), "{}", out(&o));
         serde_json::from_slice::<Value>(&o.stdout).unwrap()
     };
     let v = inventory();
     let row = &v["tools"][0];
     for k in [
-        "tool", "kind", "parses", "egress", "secrets", "profile", "runtime", "requires",
-        "accepts", "enforceable", "enforcement", "probe_passed", "probe",
+        "tool",
+        "kind",
+        "parses",
+        "egress",
+        "secrets",
+        "profile",
+        "runtime",
+        "requires",
+        "accepts",
+        "enforceable",
+        "enforcement",
+        "probe_passed",
+        "probe",
     ] {
         assert!(row.get(k).is_some(), "no {k}: {row}");
     }
@@ -774,7 +894,14 @@ fn inventory_reflects_a_probe_run() {
     assert_eq!(row["runtime"], "native");
     assert_eq!(row["egress"], serde_json::json!(["none"]));
     assert_eq!(row["enforceable"], true, "{row}");
-    assert!(row["requires"].as_array().unwrap().iter().any(|r| r == "seccomp"), "{row}");
+    assert!(
+        row["requires"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "seccomp"),
+        "{row}"
+    );
     assert_eq!(row["probe"], "never");
     assert_eq!(row["probe_passed"], Value::Null);
 
@@ -788,10 +915,19 @@ fn inventory_reflects_a_probe_run() {
     let v = inventory();
     let row = &v["tools"][0];
     assert_eq!(row["probe"], "passed", "{row}");
-    assert!(row["probe_passed"].as_str().is_some_and(|t| t.ends_with('Z')), "{row}");
+    assert!(
+        row["probe_passed"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{row}"
+    );
 
     // The markdown table names the tool and the run.
-    let o = cordon(d.path(), &["inventory", "--markdown", "-m", m.to_str().unwrap()], &[]);
+    let o = cordon(
+        d.path(),
+        &["inventory", "--markdown", "-m", m.to_str().unwrap()],
+        &[],
+    );
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(md.starts_with("| tool | profile |"), "{md}");
     assert!(md.contains("| ref | P2 | native |"), "{md}");
@@ -807,12 +943,22 @@ fn inventory_reflects_a_probe_run() {
     // is not enforceable, and the row says why.
     let gone = d.path().join("no-such-dir");
     let text = std::fs::read_to_string(&m).unwrap();
-    let broken = text.replacen("    mounts:\n", &format!("    mounts:\n      - \"{}\"\n", gone.display()), 1);
+    let broken = text.replacen(
+        "    mounts:\n",
+        &format!("    mounts:\n      - \"{}\"\n", gone.display()),
+        1,
+    );
     assert_ne!(broken, text);
     std::fs::write(&m, broken).unwrap();
     let row = inventory()["tools"][0].clone();
     assert_eq!(row["enforceable"], false, "{row}");
-    assert!(row["enforcement"][0].as_str().unwrap().contains("no-such-dir"), "{row}");
+    assert!(
+        row["enforcement"][0]
+            .as_str()
+            .unwrap()
+            .contains("no-such-dir"),
+        "{row}"
+    );
 }
 
 /// `npx -y PKG@V` and `uvx PKG==V` entries become the store's install (no
@@ -832,12 +978,18 @@ fn launcher_entries_are_installed_into_the_store() {
     let o = import(d.path(), &[&cfg], &[]);
     assert!(o.status.success(), "{}", out(&o));
     let text = std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap();
-    assert!(text.contains("npm:@modelcontextprotocol/server-memory@"), "{text}");
+    assert!(
+        text.contains("npm:@modelcontextprotocol/server-memory@"),
+        "{text}"
+    );
     assert!(text.contains("pypi:mcp-server-time@"), "{text}");
     let t = tools(&d.path().join("cordon.yaml"));
     for name in ["memory", "time"] {
         let a = argv(&t[name]);
-        assert!(!a.iter().any(|w| w.ends_with("npx") || w.ends_with("uvx")), "{a:?}");
+        assert!(
+            !a.iter().any(|w| w.ends_with("npx") || w.ends_with("uvx")),
+            "{a:?}"
+        );
     }
     check_clean(d.path());
     let names = served_tools(&d.path().join("cordon.yaml"), d.path());

@@ -74,7 +74,8 @@ pub fn q(s: &str) -> String {
 /// A mapping key: bare when it cannot be read as anything but a string.
 pub fn key(s: &str) -> String {
     let plain = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         && !matches!(
             s.to_ascii_lowercase().as_str(),
             "y" | "n" | "yes" | "no" | "true" | "false" | "on" | "off" | "null"

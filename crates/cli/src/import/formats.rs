@@ -118,9 +118,7 @@ pub fn detect(path: &Path, text: &str) -> anyhow::Result<Format> {
         ("mcp.json", ".vscode") => Format::Vscode,
         ("mcp_config.json", _) => Format::Windsurf,
         ("config.toml", _) => Format::Codex,
-        (_, ".continue") | (_, "mcpServers") if ext == "yaml" || ext == "json" => {
-            Format::Continue
-        }
+        (_, ".continue") | (_, "mcpServers") if ext == "yaml" || ext == "json" => Format::Continue,
         _ if ext == "toml" => Format::Codex,
         _ if ext == "yaml" || ext == "yml" => Format::Continue,
         _ => {
@@ -167,7 +165,8 @@ pub fn parse_jsonc(path: &Path, text: &str) -> anyhow::Result<Value> {
 /// Every server `path` declares.
 pub fn read(path: &Path, format: Option<Format>) -> anyhow::Result<Vec<ClientServer>> {
     // Absolute: relative paths in the file are taken from its directory.
-    let path = &std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))?;
+    let path =
+        &std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))?;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let format = match format {
@@ -180,10 +179,8 @@ pub fn read(path: &Path, format: Option<Format>) -> anyhow::Result<Vec<ClientSer
                 .map_err(|e| anyhow!("{}: not valid TOML: {e}", path.display()))?;
             serde_json::to_value(t).with_context(|| format!("reading {}", path.display()))?
         }
-        Format::Continue if !text.trim_start().starts_with('{') => {
-            serde_saphyr::from_str(&text)
-                .map_err(|e| anyhow!("{}: not valid YAML: {e}", path.display()))?
-        }
+        Format::Continue if !text.trim_start().starts_with('{') => serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow!("{}: not valid YAML: {e}", path.display()))?,
         _ => parse_jsonc(path, &text)?,
     };
     let mut out = Vec::new();
@@ -219,7 +216,11 @@ pub fn read(path: &Path, format: Option<Format>) -> anyhow::Result<Vec<ClientSer
                 .get("experimental")
                 .and_then(|e| e.get("modelContextProtocolServers"))
             {
-                add("experimental.modelContextProtocolServers", s, &BTreeMap::new())?;
+                add(
+                    "experimental.modelContextProtocolServers",
+                    s,
+                    &BTreeMap::new(),
+                )?;
             }
         }
         Format::ClaudeCode => {
@@ -325,7 +326,11 @@ fn strings(path: &Path, at: &str, v: Option<&Value>) -> anyhow::Result<Vec<Strin
     }
 }
 
-fn string_map(path: &Path, at: &str, v: Option<&Value>) -> anyhow::Result<BTreeMap<String, String>> {
+fn string_map(
+    path: &Path,
+    at: &str,
+    v: Option<&Value>,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     match v {
         None | Some(Value::Null) => {}
@@ -418,7 +423,10 @@ mod tests {
         let d = |p: &str, t: &str| detect(Path::new(p), t).unwrap();
         assert_eq!(d("/h/.cursor/mcp.json", "{}"), Format::Cursor);
         assert_eq!(d("/h/.vscode/mcp.json", "{}"), Format::Vscode);
-        assert_eq!(d("/h/x/settings.json", r#"{"context_servers": {}}"#), Format::Zed);
+        assert_eq!(
+            d("/h/x/settings.json", r#"{"context_servers": {}}"#),
+            Format::Zed
+        );
         assert_eq!(
             d("/h/.gemini/settings.json", r#"{"mcpServers": {}}"#),
             Format::Gemini

@@ -56,7 +56,11 @@ pub const KNOWN: &[Known] = &[
         scope: None,
     },
     Known {
-        names: &["mcp-server-fetch", "mcp_server_fetch", "@modelcontextprotocol/server-fetch"],
+        names: &[
+            "mcp-server-fetch",
+            "mcp_server_fetch",
+            "@modelcontextprotocol/server-fetch",
+        ],
         what: "fetches any URL the agent names and converts the page to markdown",
         net: Net::Any,
         paths: Paths::Read,
@@ -152,7 +156,10 @@ pub const KNOWN: &[Known] = &[
         scope: None,
     },
     Known {
-        names: &["@modelcontextprotocol/server-puppeteer", "puppeteer-mcp-server"],
+        names: &[
+            "@modelcontextprotocol/server-puppeteer",
+            "puppeteer-mcp-server",
+        ],
         what: "drives a headless Chromium on any page the agent names",
         net: Net::Any,
         paths: Paths::Read,
@@ -160,7 +167,10 @@ pub const KNOWN: &[Known] = &[
         scope: None,
     },
     Known {
-        names: &["@playwright/mcp", "@executeautomation/playwright-mcp-server"],
+        names: &[
+            "@playwright/mcp",
+            "@executeautomation/playwright-mcp-server",
+        ],
         what: "drives a browser (Playwright) on any page the agent names",
         net: Net::Any,
         paths: Paths::Read,

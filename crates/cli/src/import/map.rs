@@ -79,24 +79,51 @@ pub fn tool_name(server: &str) -> String {
 /// Environment names that hold credentials.
 pub fn credential_name(name: &str) -> bool {
     let u = name.to_ascii_uppercase();
-    ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PAT", "COOKIE"]
-        .iter()
-        .any(|w| {
-            // `PAT` and `KEY` as whole words (not `PATH`, `KEYBOARD`).
-            if *w == "PAT" || *w == "KEY" {
-                u.split('_').any(|part| part == *w || (*w == "KEY" && part.ends_with("KEY")))
-            } else {
-                u.contains(w)
-            }
-        })
+    [
+        "TOKEN",
+        "KEY",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "AUTH",
+        "PAT",
+        "COOKIE",
+    ]
+    .iter()
+    .any(|w| {
+        // `PAT` and `KEY` as whole words (not `PATH`, `KEYBOARD`).
+        if *w == "PAT" || *w == "KEY" {
+            u.split('_')
+                .any(|part| part == *w || (*w == "KEY" && part.ends_with("KEY")))
+        } else {
+            u.contains(w)
+        }
+    })
 }
 
 /// Values shaped like tokens: well-known prefixes, or a long run of
 /// letters and digits with no spaces.
 pub fn credential_value(v: &str) -> bool {
     const PREFIXES: &[&str] = &[
-        "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "xoxa-",
-        "sk-", "sk_live_", "sk_test_", "rk_live_", "AKIA", "ASIA", "AIza", "ya29.", "Bearer ",
+        "ghp_",
+        "gho_",
+        "ghs_",
+        "ghu_",
+        "github_pat_",
+        "glpat-",
+        "xoxb-",
+        "xoxp-",
+        "xoxa-",
+        "sk-",
+        "sk_live_",
+        "sk_test_",
+        "rk_live_",
+        "AKIA",
+        "ASIA",
+        "AIza",
+        "ya29.",
+        "Bearer ",
         "eyJ",
     ];
     if PREFIXES.iter().any(|p| v.starts_with(p)) {
@@ -136,7 +163,10 @@ fn base_dir(s: &ClientServer) -> PathBuf {
     }
     let dir = s.file.parent().map(Path::to_path_buf).unwrap_or_default();
     let inner = dir.file_name().and_then(|f| f.to_str()).unwrap_or("");
-    if matches!(inner, ".vscode" | ".cursor" | ".gemini" | ".continue" | ".zed") {
+    if matches!(
+        inner,
+        ".vscode" | ".cursor" | ".gemini" | ".continue" | ".zed"
+    ) {
         return dir.parent().map(Path::to_path_buf).unwrap_or(dir);
     }
     dir
@@ -206,9 +236,11 @@ fn expand(
 
 /// The system directories every sandbox already has read-only.
 fn in_system_dir(p: &str) -> bool {
-    ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
-        .iter()
-        .any(|d| p == *d || p.starts_with(&format!("{d}/")))
+    [
+        "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    ]
+    .iter()
+    .any(|d| p == *d || p.starts_with(&format!("{d}/")))
 }
 
 /// Paths inside a sandbox that cordon builds itself (a mount there is refused).
@@ -228,11 +260,16 @@ fn script_root(p: &Path) -> PathBuf {
     if let Some(i) = s.find("/site-packages/") {
         return PathBuf::from(&s[..i + "/site-packages".len()]);
     }
-    p.parent().map(Path::to_path_buf).unwrap_or_else(|| p.to_path_buf())
+    p.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| p.to_path_buf())
 }
 
 fn which(cmd: &str, env: &BTreeMap<String, String>) -> Option<PathBuf> {
-    let path = env.get("PATH").map(String::as_str).unwrap_or("/usr/bin:/bin");
+    let path = env
+        .get("PATH")
+        .map(String::as_str)
+        .unwrap_or("/usr/bin:/bin");
     path.split(':')
         .filter(|d| d.starts_with('/'))
         .map(|d| Path::new(d).join(cmd))
@@ -369,7 +406,9 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         return Err(refuse(
             s,
             "envFile",
-            format!("`{f}` is read by the client at start: write its variables in `env` (credentials become secrets)"),
+            format!(
+                "`{f}` is read by the client at start: write its variables in `env` (credentials become secrets)"
+            ),
         ));
     }
     let name = tool_name(&s.name);
@@ -383,7 +422,11 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
 
     // Windows paths and shells, before anything is expanded.
     for (field, v) in std::iter::once(("command".to_string(), command.as_str()))
-        .chain(args.iter().enumerate().map(|(i, a)| (format!("args[{i}]"), a.as_str())))
+        .chain(
+            args.iter()
+                .enumerate()
+                .map(|(i, a)| (format!("args[{i}]"), a.as_str())),
+        )
         .chain(cwd.iter().map(|c| ("cwd".to_string(), c.as_str())))
     {
         if windows_path(v) {
@@ -410,7 +453,9 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             ),
         ));
     }
-    if command.contains(|c: char| c.is_whitespace() || "|&;<>()$`*?".contains(c)) && !command.contains("${") {
+    if command.contains(|c: char| c.is_whitespace() || "|&;<>()$`*?".contains(c))
+        && !command.contains("${")
+    {
         return Err(refuse(
             s,
             "command",
@@ -438,7 +483,11 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
     };
     if let Some(c) = cwd {
         let c = exp("cwd", c, &base)?;
-        let c = if c.starts_with('/') { PathBuf::from(c) } else { base.join(c) };
+        let c = if c.starts_with('/') {
+            PathBuf::from(c)
+        } else {
+            base.join(c)
+        };
         notes.push(format!(
             "The client starts it in {}; the manifest has no working directory, so relative paths in its arguments were made absolute from there.",
             c.display()
@@ -452,7 +501,8 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         .map(|(i, a)| exp(&format!("args[{i}]"), a, &base))
         .collect::<Result<_, _>>()?;
 
-    let known = known::lookup(std::iter::once(command.as_str()).chain(args.iter().map(String::as_str)));
+    let known =
+        known::lookup(std::iter::once(command.as_str()).chain(args.iter().map(String::as_str)));
     let mut mounts: Vec<MountEntry> = Vec::new();
     let mut out_env: Vec<(String, String, Option<String>)> = Vec::new();
     let mut argv: Vec<String>;
@@ -492,7 +542,11 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 });
             }
             for (k, v) in &inst.env {
-                out_env.push((k.clone(), v.clone(), Some("the installed package's environment".into())));
+                out_env.push((
+                    k.clone(),
+                    v.clone(),
+                    Some("the installed package's environment".into()),
+                ));
             }
             interpreter = Some(match l.pkg.ecosystem {
                 Ecosystem::Npm => "node",
@@ -505,10 +559,18 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             // The program: absolute, relative to the base, or on PATH.
             let path = if command.contains('/') {
                 let p = Path::new(&command);
-                if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
+                if p.is_absolute() {
+                    p.to_path_buf()
+                } else {
+                    base.join(p)
+                }
             } else {
                 which(&command, cx.env).ok_or_else(|| {
-                    refuse(s, "command", format!("`{command}` is not on this host's PATH"))
+                    refuse(
+                        s,
+                        "command",
+                        format!("`{command}` is not on this host's PATH"),
+                    )
                 })?
             };
             if !path.is_file() {
@@ -520,7 +582,13 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             }
             let p = path.display().to_string();
             if let Some(d) = in_reserved_dir(&p) {
-                return Err(refuse(s, "command", format!("`{p}` is under {d}, which each sandbox builds itself: install the program elsewhere")));
+                return Err(refuse(
+                    s,
+                    "command",
+                    format!(
+                        "`{p}` is under {d}, which each sandbox builds itself: install the program elsewhere"
+                    ),
+                ));
             }
             if !in_system_dir(&p) {
                 // A program in `<prefix>/bin` needs its prefix (nvm, pyenv).
@@ -566,7 +634,9 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         let looks_relative = !val.starts_with('-')
             && !val.starts_with('/')
             && (val.contains('/')
-                || [".js", ".mjs", ".cjs", ".ts", ".py"].iter().any(|e| val.ends_with(e)))
+                || [".js", ".mjs", ".cjs", ".ts", ".py"]
+                    .iter()
+                    .any(|e| val.ends_with(e)))
             && base.join(&val).exists();
         let abs = if val.starts_with('/') {
             PathBuf::from(&val)
@@ -580,6 +650,15 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         let shown = abs.display().to_string();
         if in_system_dir(&shown) {
             continue;
+        }
+        if shown == "/" || shown.contains(':') {
+            return Err(refuse(
+                s,
+                format!("args[{i}]"),
+                format!(
+                    "`{shown}` cannot be mounted (the whole root, or a path with `:`): give the server a directory of its own"
+                ),
+            ));
         }
         if let Some(d) = in_reserved_dir(&shown) {
             return Err(refuse(
@@ -629,7 +708,11 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
     for (k, v) in env {
         let field = format!("env.{k}");
         if k.starts_with("LD_") {
-            return Err(refuse(s, field, "changes how every program is loaded; cordon refuses it"));
+            return Err(refuse(
+                s,
+                field,
+                "changes how every program is loaded; cordon refuses it",
+            ));
         }
         let input = expand(v, &base, cx.env, &mut String::new()).err().flatten();
         let reason = if let Some(id) = &input {
@@ -643,9 +726,13 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 "env {k}: the client prompts for it (input `{id}`{desc}); the credential broker supplies it"
             ))
         } else if credential_name(k) {
-            Some(format!("env {k}: its name says it is a credential; the value was not copied"))
+            Some(format!(
+                "env {k}: its name says it is a credential; the value was not copied"
+            ))
         } else if credential_value(v) {
-            Some(format!("env {k}: its value is shaped like a token; the value was not copied"))
+            Some(format!(
+                "env {k}: its value is shaped like a token; the value was not copied"
+            ))
         } else {
             None
         };
@@ -697,7 +784,9 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         ..Entry::default()
     };
     if let Some(k) = known {
-        entry.notes.push(format!("Known server {}: {}.", k.names[0], k.what));
+        entry
+            .notes
+            .push(format!("Known server {}: {}.", k.names[0], k.what));
     } else {
         entry.notes.push(
             "Not a server cordon knows: its network and mounts are what its arguments name; review them.".into(),
@@ -708,10 +797,17 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
     entry.profile = if hostile {
         ("P3".into(), "P3: it opens or renders content from anywhere (its worst input is a hostile page): a fresh runtime with its own kernel.".into())
     } else {
-        ("P2".into(), "P2: a third-party MCP server, with an explicit egress allowlist and scoped secrets.".into())
+        (
+            "P2".into(),
+            "P2: a third-party MCP server, with an explicit egress allowlist and scoped secrets."
+                .into(),
+        )
     };
     if hostile {
-        entry.runtime = Some(("gvisor".into(), "P3 needs a separate kernel (gVisor; `microvm` also fits).".into()));
+        entry.runtime = Some((
+            "gvisor".into(),
+            "P3 needs a separate kernel (gVisor; `microvm` also fits).".into(),
+        ));
     }
     entry.network = match net {
         Net::Any if hostile => Network::Proxy(
@@ -837,7 +933,14 @@ mod tests {
 
     #[test]
     fn credential_names_and_values() {
-        for n in ["GITHUB_TOKEN", "API_KEY", "OPENAI_APIKEY", "DB_PASSWORD", "CLIENT_SECRET", "GITHUB_PAT"] {
+        for n in [
+            "GITHUB_TOKEN",
+            "API_KEY",
+            "OPENAI_APIKEY",
+            "DB_PASSWORD",
+            "CLIENT_SECRET",
+            "GITHUB_PAT",
+        ] {
             assert!(credential_name(n), "{n}");
         }
         for n in ["PATH", "KEYBOARD_LAYOUT", "LOG_LEVEL", "ROOT_DIR"] {
@@ -852,8 +955,11 @@ mod tests {
 
     #[test]
     fn expansions() {
-        let env: BTreeMap<String, String> =
-            [("HOME".to_string(), "/home/u".to_string()), ("A".into(), "x".into())].into();
+        let env: BTreeMap<String, String> = [
+            ("HOME".to_string(), "/home/u".to_string()),
+            ("A".into(), "x".into()),
+        ]
+        .into();
         let base = Path::new("/proj");
         let e = |v: &str| expand(v, base, &env, &mut String::new());
         assert_eq!(e("${A}/b").unwrap(), "x/b");
@@ -867,12 +973,18 @@ mod tests {
 
     #[test]
     fn urls_give_host_and_port() {
-        assert_eq!(url_host("https://api.x.com/v1"), Some(("api.x.com".into(), 443)));
+        assert_eq!(
+            url_host("https://api.x.com/v1"),
+            Some(("api.x.com".into(), 443))
+        );
         assert_eq!(
             url_host("postgresql://u:p@db.x.com:6543/app"),
             Some(("db.x.com".into(), 6543))
         );
-        assert_eq!(url_host("postgres://db.x.com/app"), Some(("db.x.com".into(), 5432)));
+        assert_eq!(
+            url_host("postgres://db.x.com/app"),
+            Some(("db.x.com".into(), 5432))
+        );
         assert_eq!(url_host("file:///x"), None);
     }
 

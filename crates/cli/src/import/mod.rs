@@ -88,11 +88,19 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     });
     let (servers, mut refused) = map::group(servers);
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let store = cordon_store::Store::at(a.package_store.clone().unwrap_or_else(crate::state::package_store_dir));
+    let store = cordon_store::Store::at(
+        a.package_store
+            .clone()
+            .unwrap_or_else(crate::state::package_store_dir),
+    );
     let interactive = !a.yes && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let mut term = Terminal;
     let mut defaults = map::Defaults;
-    let ask: &mut dyn map::Ask = if interactive { &mut term } else { &mut defaults };
+    let ask: &mut dyn map::Ask = if interactive {
+        &mut term
+    } else {
+        &mut defaults
+    };
     let mut cx = map::Ctx {
         store: &store,
         env: &env,

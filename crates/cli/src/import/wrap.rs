@@ -108,7 +108,10 @@ pub fn wrapped(
         .ok_or_else(|| anyhow!("{}: not a JSON object", config.display()))?;
     let (servers, at) = match obj.object_value(key) {
         Some(s) => (s, key.to_string()),
-        None => match obj.object_value("mcp").and_then(|m| m.object_value("servers")) {
+        None => match obj
+            .object_value("mcp")
+            .and_then(|m| m.object_value("servers"))
+        {
             Some(s) if format == Format::Vscode => (s, "mcp.servers".to_string()),
             _ => bail!("{}: no `{key}` object", config.display()),
         },
@@ -234,7 +237,8 @@ pub fn unwrap(a: &UnwrapArgs) -> anyhow::Result<ExitCode> {
             a.config.display()
         )
     })?;
-    let now = std::fs::read(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
+    let now =
+        std::fs::read(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
     let recorded = std::fs::read_to_string(digest_path(&a.config)).unwrap_or_default();
     if recorded.trim() != sha256(&now) && !a.force {
         eprintln!(
@@ -276,7 +280,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(replaced, ["files"]);
-        assert!(new.contains("// my servers") && new.contains("// kept"), "{new}");
+        assert!(
+            new.contains("// my servers") && new.contains("// kept"),
+            "{new}"
+        );
         let v = formats::parse_jsonc(Path::new("x"), &new).unwrap();
         assert!(v["servers"].get("files").is_none(), "{new}");
         assert_eq!(v["servers"]["remote"]["url"], "https://example.com/mcp");
