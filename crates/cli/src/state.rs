@@ -123,3 +123,46 @@ pub fn now_rfc3339() -> String {
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(tool: &str, passed: bool, at: &str, digest: &str) -> ProbeRecord {
+        ProbeRecord {
+            tool: tool.into(),
+            at: at.into(),
+            passed,
+            held: 1,
+            escaped: usize::from(!passed),
+            skipped: 0,
+            other: 0,
+            policy_sha256: digest.into(),
+            last_passed: passed.then(|| at.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_failed_run_keeps_the_last_pass_of_the_same_policy_only() {
+        let d = std::env::temp_dir().join(format!("cordon-state-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(probe_records(&d).unwrap().is_empty());
+        save_probe_records(
+            &d,
+            vec![rec("a", true, "t1", "x"), rec("b", true, "t1", "x")],
+        )
+        .unwrap();
+        save_probe_records(
+            &d,
+            vec![rec("a", false, "t2", "x"), rec("b", false, "t2", "y")],
+        )
+        .unwrap();
+        let all = probe_records(&d).unwrap();
+        assert_eq!(all["a"].at, "t2");
+        assert!(!all["a"].passed);
+        assert_eq!(all["a"].last_passed.as_deref(), Some("t1"));
+        // Another policy: its earlier pass was for something else.
+        assert_eq!(all["b"].last_passed, None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
