@@ -517,6 +517,8 @@ fn credentials_become_secrets_and_urls_egress() {
     let node = "/usr/bin/node";
     let script = d.path().join("srv/index.js");
     write(&script, "// a local server\n");
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
     let cfg = write(
         &d.path().join("proj/.mcp.json"),
         &format!(
@@ -524,9 +526,11 @@ fn credentials_become_secrets_and_urls_egress() {
   "github": {{"command": "npx", "args": ["-y", "@modelcontextprotocol/server-github"],
              "env": {{"GITHUB_PERSONAL_ACCESS_TOKEN": "ghp_0123456789abcdefghijABCDEFGHIJ012345"}}}},
   "api": {{"command": "{node}", "args": ["{s}", "--base=https://api.example.com/v2"],
-          "env": {{"UPSTREAM_CONFIG": "q8Zr2vKx9Lm4Np7Ts1Wy6Bc3Df5Gh0Jk", "LOG_LEVEL": "debug", "DB_PASSWORD": "hunter2"}}}}
+          "env": {{"UPSTREAM_CONFIG": "q8Zr2vKx9Lm4Np7Ts1Wy6Bc3Df5Gh0Jk", "LOG_LEVEL": "debug", "DB_PASSWORD": "hunter2",
+                   "DATA_DIR": "{data}"}}}}
 }}}}"#,
-            s = script.display()
+            s = script.display(),
+            data = data.display()
         ),
     );
     // npx needs cordon's store (cordon add); leave that server out here.
@@ -561,6 +565,15 @@ fn credentials_become_secrets_and_urls_egress() {
         api.mounts
             .iter()
             .any(|m| Path::new(&m.src) == script.parent().unwrap() && !m.writable),
+        "{:?}",
+        api.mounts
+    );
+    // A host path in a variable: kept, and mounted read-only.
+    assert_eq!(api.env["DATA_DIR"], data.display().to_string());
+    assert!(
+        api.mounts
+            .iter()
+            .any(|m| Path::new(&m.src) == data && !m.writable),
         "{:?}",
         api.mounts
     );

@@ -763,9 +763,34 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                         hosts.push((format!("{h}:{port}"), format!("named in env {k}")));
                     }
                 }
+                // A host path in a variable: mounted read-only, as in args.
+                let p = Path::new(&val);
+                if p.is_absolute()
+                    && p.exists()
+                    && !in_system_dir(&val)
+                    && in_reserved_dir(&val).is_none()
+                    && val != "/"
+                    && !val.contains(':')
+                {
+                    mounts.push(MountEntry {
+                        src: val.clone(),
+                        dst: None,
+                        rw: false,
+                        reason: format!("env {k}, read-only"),
+                    });
+                }
                 out_env.push((k.clone(), val, None));
             }
         }
+    }
+    if known.is_some_and(|k| k.names[0] == "@modelcontextprotocol/server-memory")
+        && !env.contains_key("MEMORY_FILE_PATH")
+    {
+        out_env.push((
+            "MEMORY_FILE_PATH".into(),
+            "/tmp/memory.jsonl".into(),
+            Some("Unset, the server writes its graph next to its script, on a read-only mount: the sandbox's own /tmp instead (the graph lasts as long as the sandbox)".into()),
+        ));
     }
     if !skipped_hosts.is_empty() {
         notes.push(format!(
