@@ -440,6 +440,8 @@ fn odd_entries_are_refused_naming_server_and_field() {
   "unset": {{"command": "node", "args": ["${{CORDON_TEST_NOT_SET_ANYWHERE}}/server.js"]}},
   "prompt": {{"command": "node", "args": ["{e}", "${{input:dir}}"]}},
   "remote": {{"url": "https://mcp.example.com/sse"}},
+  "remote2": {{"httpUrl": "https://mcp.example.com/mcp"}},
+  "envfile": {{"command": "node", "args": ["{e}"], "envFile": "${{workspaceFolder}}/.env"}},
   "intmp": {{"command": "node", "args": ["{e}", "/tmp"]}}
 }}}}"#
         ),
@@ -459,6 +461,8 @@ fn odd_entries_are_refused_naming_server_and_field() {
         ),
         ("prompt", "args[1]", "${input:dir}"),
         ("remote", "url", "remote servers are not yet supported"),
+        ("remote2", "httpUrl", "remote servers are not yet supported"),
+        ("envfile", "envFile", "is read by the client at start"),
         ("intmp", "args[1]", "is under /tmp"),
     ] {
         let line = err
@@ -474,7 +478,8 @@ fn odd_entries_are_refused_naming_server_and_field() {
     // The positive control: the rest of the file imports.
     let mut skip = Vec::new();
     for s in [
-        "win", "winarg", "shell", "pipeline", "unset", "prompt", "remote", "intmp",
+        "win", "winarg", "shell", "pipeline", "unset", "prompt", "remote", "remote2", "envfile",
+        "intmp",
     ] {
         skip.push("--skip");
         skip.push(s);
@@ -667,7 +672,7 @@ fn never_overwrites_without_force() {
     let cfg = write(
         &d.path().join("claude_desktop_config.json"),
         &format!(
-            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}}}}}"#,
+            r#"{{"mcpServers": {{"ref": {{"command": "node", "args": ["{}"]}}, "off": {{"command": "node", "disabled": true}}}}}}"#,
             everything.display()
         ),
     );
@@ -681,7 +686,15 @@ fn never_overwrites_without_force() {
     );
     let o = import(d.path(), &[&cfg], &["--force"]);
     assert!(o.status.success(), "{}", out(&o));
-    assert!(tools(&d.path().join("cordon.yaml")).contains_key("ref"));
+    assert_eq!(
+        tools(&d.path().join("cordon.yaml"))
+            .keys()
+            .collect::<Vec<_>>(),
+        ["ref"]
+    );
+    // A disabled server is left out, and the header says so.
+    let text = std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap();
+    assert!(text.contains("# Not imported: off (disabled in "), "{text}");
 }
 
 fn python_mcp() -> Result<(), String> {
