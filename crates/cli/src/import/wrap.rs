@@ -2,8 +2,8 @@
 //! `cordon serve -m MANIFEST` (stdio) in place of the servers imported into
 //! that manifest, keeping the original byte for byte next to it;
 //! `cordon unwrap` puts the original back. The edit keeps the file's
-//! comments and layout (a JSON-with-comments syntax tree is edited, not
-//! re-serialised).
+//! comments and layout (a JSON-with-comments syntax tree, or Codex's TOML
+//! document, is edited, not re-serialised).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,8 +21,8 @@ pub const ENTRY: &str = "cordon";
 
 #[derive(clap::Args, Debug)]
 pub struct WrapArgs {
-    /// The client's configuration (a JSON format: Claude Desktop, Claude
-    /// Code, Cursor, VS Code, Windsurf, Zed, Gemini CLI).
+    /// The client's configuration (Claude Desktop, Claude Code, Cursor,
+    /// VS Code, Windsurf, Zed, Gemini CLI; Codex's TOML).
     pub config: PathBuf,
     /// The manifest the servers were imported into; the client starts
     /// `cordon serve -m` with it.
@@ -82,16 +82,14 @@ pub fn wrapped(
     cordon: &Path,
     manifest: &Path,
 ) -> anyhow::Result<(String, Vec<String>)> {
+    if format == Format::Codex {
+        return wrapped_toml(config, text, tools, cordon, manifest);
+    }
     let Some(key) = format.servers_key() else {
         bail!(
-            "{}: wrap edits JSON configurations; {} keeps its servers in {}: point it at `{} serve -m {}` by hand",
+            "{}: wrap edits JSON and TOML configurations; {} keeps its servers in YAML or a list: point it at `{} serve -m {}` by hand",
             config.display(),
             format.name(),
-            if format == Format::Codex {
-                "TOML"
-            } else {
-                "YAML or a list"
-            },
             cordon.display(),
             manifest.display()
         );
@@ -158,6 +156,57 @@ pub fn wrapped(
     ));
     servers.append(ENTRY, CstInputValue::Object(entry));
     Ok((root.to_string(), replaced))
+}
+
+/// Codex's `config.toml`: the `[mcp_servers.NAME]` tables of the
+/// manifest's servers out, `[mcp_servers.cordon]` in.
+fn wrapped_toml(
+    config: &Path,
+    text: &str,
+    tools: &[String],
+    cordon: &Path,
+    manifest: &Path,
+) -> anyhow::Result<(String, Vec<String>)> {
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| anyhow!("{}: not valid TOML: {e}", config.display()))?;
+    let servers = doc
+        .get_mut("mcp_servers")
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .ok_or_else(|| anyhow!("{}: no `[mcp_servers]` table", config.display()))?;
+    let names: Vec<String> = servers.iter().map(|(k, _)| k.to_string()).collect();
+    if names.iter().any(|n| n == ENTRY) {
+        bail!(
+            "{}: `mcp_servers` already has a `{ENTRY}` entry: already wrapped? (`cordon unwrap` restores the original)",
+            config.display()
+        );
+    }
+    let mut replaced = Vec::new();
+    for n in names {
+        if tools.contains(&tool_name(&n)) {
+            servers.remove(&n);
+            replaced.push(n);
+        }
+    }
+    if replaced.is_empty() {
+        bail!(
+            "{}: none of the servers in `mcp_servers` is a tool of {}: import them first (`cordon import`)",
+            config.display(),
+            manifest.display()
+        );
+    }
+    let mut t = toml_edit::Table::new();
+    t.insert("command", toml_edit::value(cordon.display().to_string()));
+    let args: toml_edit::Array = [
+        "serve".to_string(),
+        "-m".into(),
+        manifest.display().to_string(),
+    ]
+    .into_iter()
+    .collect();
+    t.insert("args", toml_edit::value(args));
+    servers.insert(ENTRY, toml_edit::Item::Table(t));
+    Ok((doc.to_string(), replaced))
 }
 
 fn diff(old: &str, new: &str, path: &Path) -> String {
@@ -258,6 +307,31 @@ pub fn unwrap(a: &UnwrapArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrap_edits_codex_toml_keeping_the_rest() {
+        let text = "# my settings\nmodel = \"o3\"\n\n[mcp_servers.files]\ncommand = \"node\"\nargs = [\"x.js\"]\n\n[mcp_servers.files.env]\nA = \"1\"\n\n[mcp_servers.other]\ncommand = \"other\"\n";
+        let (new, replaced) = wrapped(
+            Path::new("config.toml"),
+            text,
+            Format::Codex,
+            &["files".to_string()],
+            Path::new("/usr/local/bin/cordon"),
+            Path::new("/p/cordon.yaml"),
+        )
+        .unwrap();
+        assert_eq!(replaced, ["files"]);
+        assert!(new.starts_with("# my settings\nmodel = \"o3\"\n"), "{new}");
+        let v: toml::Value = toml::from_str(&new).unwrap();
+        let s = &v["mcp_servers"];
+        assert!(s.get("files").is_none(), "{new}");
+        assert_eq!(s["other"]["command"].as_str(), Some("other"));
+        assert_eq!(
+            s["cordon"]["command"].as_str(),
+            Some("/usr/local/bin/cordon")
+        );
+        assert_eq!(s["cordon"]["args"].as_array().unwrap().len(), 3, "{new}");
+    }
 
     #[test]
     fn wrap_keeps_comments_and_the_servers_it_does_not_replace() {
