@@ -1022,3 +1022,45 @@ fn launcher_entries_are_installed_into_the_store() {
     assert!(names.iter().any(|n| n.starts_with("memory__")), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("time__")), "{names:?}");
 }
+
+/// wrap then unwrap gives back each format's file byte for byte (JSON
+/// with and without comments, Zed's settings, Codex's TOML), and the
+/// wrapped file starts `cordon serve` with the manifest.
+#[test]
+fn wrap_and_unwrap_every_format_byte_for_byte() {
+    let Some((everything, fs)) = servers() else {
+        return;
+    };
+    let d = dir();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for (cfg, server) in every_format(d.path(), &everything, &fs, &data) {
+        // Continue's files are pointed at cordon by hand; ~/.claude.json's
+        // servers here are a project's, which wrap leaves alone.
+        if server.starts_with("continue") || server == "proj-files" {
+            continue;
+        }
+        let sub = d.path().join(format!("w-{server}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let o = import(&sub, &[&cfg], &[]);
+        assert!(o.status.success(), "{}", out(&o));
+        let m = sub.join("cordon.yaml");
+        let original = std::fs::read(&cfg).unwrap();
+        let o = cordon(
+            &sub,
+            &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+            &[],
+        );
+        assert!(o.status.success(), "{}: {}", cfg.display(), out(&o));
+        let wrapped = std::fs::read_to_string(&cfg).unwrap();
+        assert!(
+            !wrapped.contains(&everything.display().to_string()),
+            "{wrapped}"
+        );
+        assert!(wrapped.contains(&m.display().to_string()), "{wrapped}");
+        assert!(wrapped.contains(CORDON), "{wrapped}");
+        let o = cordon(&sub, &["unwrap", cfg.to_str().unwrap()], &[]);
+        assert!(o.status.success(), "{}: {}", cfg.display(), out(&o));
+        assert_eq!(std::fs::read(&cfg).unwrap(), original, "{}", cfg.display());
+    }
+}
