@@ -79,27 +79,21 @@ pub fn tool_name(server: &str) -> String {
 /// Environment names that hold credentials.
 pub fn credential_name(name: &str) -> bool {
     let u = name.to_ascii_uppercase();
-    [
+    const ANYWHERE: &[&str] = &[
         "TOKEN",
-        "KEY",
         "SECRET",
         "PASSWORD",
         "PASSWD",
         "CREDENTIAL",
-        "AUTH",
-        "PAT",
         "COOKIE",
-    ]
-    .iter()
-    .any(|w| {
-        // `PAT` and `KEY` as whole words (not `PATH`, `KEYBOARD`).
-        if *w == "PAT" || *w == "KEY" {
-            u.split('_')
-                .any(|part| part == *w || (*w == "KEY" && part.ends_with("KEY")))
-        } else {
-            u.contains(w)
-        }
-    })
+    ];
+    // Whole words only: not `PATH`, `KEYBOARD`, `GIT_AUTHOR_NAME`.
+    const WORDS: &[&str] = &["KEY", "PAT", "AUTH", "OAUTH", "AUTHORIZATION", "PASS"];
+    ANYWHERE.iter().any(|w| u.contains(w))
+        || u.split('_').any(|part| {
+            WORDS.contains(&part)
+                || (part.ends_with("KEY") && part != "KEY" && !part.starts_with("KEYB"))
+        })
 }
 
 /// Values shaped like tokens: well-known prefixes, or a long run of
@@ -964,11 +958,20 @@ mod tests {
             "OPENAI_APIKEY",
             "DB_PASSWORD",
             "CLIENT_SECRET",
+            "DB_PASS",
+            "OAUTH_CLIENT",
             "GITHUB_PAT",
         ] {
             assert!(credential_name(n), "{n}");
         }
-        for n in ["PATH", "KEYBOARD_LAYOUT", "LOG_LEVEL", "ROOT_DIR"] {
+        for n in [
+            "PATH",
+            "KEYBOARD_LAYOUT",
+            "LOG_LEVEL",
+            "ROOT_DIR",
+            "GIT_AUTHOR_NAME",
+            "PWD_DIR_X",
+        ] {
             assert!(!credential_name(n), "{n}");
         }
         assert!(credential_value("ghp_abcdefghijklmnopqrstuvwxyz0123456789"));
