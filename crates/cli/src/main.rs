@@ -2,6 +2,7 @@
 //! its risk. See `cordon --help`, the README and docs/architecture.md.
 #![forbid(unsafe_code)]
 
+mod add;
 mod audit;
 mod check;
 mod doctor;
@@ -179,6 +180,9 @@ enum Cmd {
     Proxy(proxy::ProxyArgs),
     /// Serve the manifest's tools as one MCP server (stdio, or streamable HTTP with --http).
     Serve(serve::ServeArgs),
+    /// Install an MCP server from npm or PyPI into cordon's store and add its
+    /// `mcp:` tool to the manifest (or print it).
+    Add(add::AddArgs),
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -247,6 +251,7 @@ fn main() -> ExitCode {
         Cmd::Image(args) => image::run(args),
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Serve(args) => serve::run(&args),
+        Cmd::Add(args) => add::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);

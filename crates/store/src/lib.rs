@@ -107,7 +107,10 @@ impl PackageRef {
             Ecosystem::Pypi => pypi::valid_name(name),
         };
         if !name_ok {
-            return refused(&format!("`{name}` is not a valid {} package name", ecosystem.name()));
+            return refused(&format!(
+                "`{name}` is not a valid {} package name",
+                ecosystem.name()
+            ));
         }
         if let Some(v) = version
             && !valid_version(v)
@@ -252,6 +255,23 @@ impl Store {
 
     /// Install `pkg` (once: an install already in the store is reused).
     pub fn install(&self, pkg: &PackageRef) -> Result<Installed, StoreError> {
+        // The installers run in the install's directory, and the manifest
+        // needs absolute mount sources.
+        let absolute =
+            |p: &Path| std::path::absolute(p).map_err(io(format!("the directory {}", p.display())));
+        let store = Store {
+            root: absolute(&self.root)?,
+            source: match &self.source {
+                Source::Offline { from: Some(d) } => Source::Offline {
+                    from: Some(absolute(d)?),
+                },
+                s => s.clone(),
+            },
+        };
+        store.install_absolute(pkg)
+    }
+
+    fn install_absolute(&self, pkg: &PackageRef) -> Result<Installed, StoreError> {
         let eco_dir = self.root.join(pkg.ecosystem.name());
         if let Some(v) = &pkg.version
             && let Some(found) = self.find(pkg, v)?
@@ -361,7 +381,11 @@ impl Store {
         let r: Record = serde_json::from_slice(&text)
             .map_err(|e| corrupt(format!("its record {RECORD}: {e}")))?;
         if r.ecosystem != pkg.ecosystem || r.name != pkg.name {
-            return Err(corrupt(format!("it records {}:{}", r.ecosystem.name(), r.name)));
+            return Err(corrupt(format!(
+                "it records {}:{}",
+                r.ecosystem.name(),
+                r.name
+            )));
         }
         if pkg.version.as_ref().is_some_and(|v| *v != r.version) {
             return Err(corrupt(format!("it records version {}", r.version)));
@@ -376,8 +400,8 @@ impl Store {
         if !matches!(r.lock_file.as_str(), npm::LOCK | pypi::LOCK) {
             return Err(corrupt(format!("unknown lock file {}", r.lock_file)));
         }
-        let now = digest_file(&dir.join(&r.lock_file))
-            .map_err(|e| corrupt(format!("its lock: {e}")))?;
+        let now =
+            digest_file(&dir.join(&r.lock_file)).map_err(|e| corrupt(format!("its lock: {e}")))?;
         if now != r.lock_digest {
             return Err(corrupt(format!(
                 "its lock {} has digest {now}, recorded {}",
@@ -663,6 +687,9 @@ mod tests {
         std::fs::write(inst.join(npm::LOCK), b"{\"lockfileVersion\": 2}").unwrap();
         let e = store.install(&pkg).unwrap_err().to_string();
         std::fs::remove_dir_all(&root).unwrap();
-        assert!(e.contains("is not intact") && e.contains("has digest"), "{e}");
+        assert!(
+            e.contains("is not intact") && e.contains("has digest"),
+            "{e}"
+        );
     }
 }

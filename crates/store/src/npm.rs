@@ -76,14 +76,16 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
     if let Err(out) = out {
         return Err(StoreError::Refused(explain_failure(pkg, source, &out)));
     }
-    let manifest_path = dir.join("node_modules").join(&pkg.name).join("package.json");
+    let manifest_path = dir
+        .join("node_modules")
+        .join(&pkg.name)
+        .join("package.json");
     let text = std::fs::read(&manifest_path).map_err(io(format!(
         "{pkg}: npm installed no {}",
         manifest_path.display()
     )))?;
-    let meta: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
-        StoreError::Refused(format!("{pkg}: its package.json is not JSON: {e}"))
-    })?;
+    let meta: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| StoreError::Refused(format!("{pkg}: its package.json is not JSON: {e}")))?;
     let version = meta
         .get("version")
         .and_then(|v| v.as_str())
@@ -192,7 +194,11 @@ pub(crate) fn interpreter() -> Result<(String, Option<Mount>), StoreError> {
         .canonicalize()
         .map_err(io(format!("resolve {}", found.display())))?;
     if real.starts_with("/usr") {
-        let shown = if found.starts_with("/usr") { &found } else { &real };
+        let shown = if found.starts_with("/usr") {
+            &found
+        } else {
+            &real
+        };
         return Ok((shown.to_string_lossy().into_owned(), None));
     }
     // <prefix>/bin/node
@@ -202,7 +208,10 @@ pub(crate) fn interpreter() -> Result<(String, Option<Mount>), StoreError> {
         .filter(|p| p.parent().is_some())
         .map(Path::to_path_buf)
         .ok_or_else(|| {
-            StoreError::Refused(format!("node at {} has no installation prefix", real.display()))
+            StoreError::Refused(format!(
+                "node at {} has no installation prefix",
+                real.display()
+            ))
         })?;
     let first = prefix
         .components()
@@ -232,10 +241,17 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["x", "server-memory", "@modelcontextprotocol/server-memory", "a.b_c~d"] {
+        for ok in [
+            "x",
+            "server-memory",
+            "@modelcontextprotocol/server-memory",
+            "a.b_c~d",
+        ] {
             assert!(valid_name(ok), "{ok}");
         }
-        for bad in ["", "X", "-x", ".x", "@x", "@x/", "a/b", "x y", "file:x", "../x", "@a/b/c"] {
+        for bad in [
+            "", "X", "-x", ".x", "@x", "@x/", "a/b", "x y", "file:x", "../x", "@a/b/c",
+        ] {
             assert!(!valid_name(bad), "{bad}");
         }
     }
@@ -244,8 +260,14 @@ mod tests {
     fn bin_entries() {
         let pkg = PackageRef::parse("npm:@s/server-x@1.0.0").unwrap();
         let e = |v: serde_json::Value| entry_script(&pkg, &serde_json::json!({ "bin": v }));
-        assert_eq!(e(serde_json::json!("./dist/index.js")).unwrap(), "dist/index.js");
-        assert_eq!(e(serde_json::json!({"mcp-x": "dist/a.js"})).unwrap(), "dist/a.js");
+        assert_eq!(
+            e(serde_json::json!("./dist/index.js")).unwrap(),
+            "dist/index.js"
+        );
+        assert_eq!(
+            e(serde_json::json!({"mcp-x": "dist/a.js"})).unwrap(),
+            "dist/a.js"
+        );
         assert_eq!(
             e(serde_json::json!({"a": "a.js", "server-x": "x.js"})).unwrap(),
             "x.js"

@@ -13,9 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{
-    Built, HOST_PYTHON, PackageRef, Source, StoreError, io, network_failed, run, tail,
-};
+use crate::{Built, HOST_PYTHON, PackageRef, Source, StoreError, io, network_failed, run, tail};
 
 pub(crate) const LOCK: &str = "cordon-lock.txt";
 
@@ -67,7 +65,9 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
     };
     let venv = dir;
     if let Err(out) = run(
-        Command::new(HOST_PYTHON).args(["-m", "venv", "--"]).arg(venv),
+        Command::new(HOST_PYTHON)
+            .args(["-m", "venv", "--"])
+            .arg(venv),
         "python3 -m venv",
     )? {
         return Err(StoreError::Refused(format!(
@@ -97,7 +97,11 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
     }
     cmd.arg("--").arg(spec(pkg));
     if let Err(out) = run(&mut cmd, "pip install")? {
-        return Err(StoreError::Refused(explain_failure(pkg, wheels.as_deref(), &out)));
+        return Err(StoreError::Refused(explain_failure(
+            pkg,
+            wheels.as_deref(),
+            &out,
+        )));
     }
     let freeze = match run(
         Command::new(&python)
@@ -122,7 +126,9 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
             (normalize(n) == want).then(|| v.trim().to_string())
         })
         .ok_or_else(|| {
-            StoreError::Refused(format!("{pkg}: pip installed it, but pip freeze does not list it"))
+            StoreError::Refused(format!(
+                "{pkg}: pip installed it, but pip freeze does not list it"
+            ))
         })?;
     let run = entry(venv, pkg, &want)?;
     Ok(Built {
@@ -143,7 +149,10 @@ fn spec(pkg: &PackageRef) -> String {
 fn dist_info(venv: &Path, want: &str) -> Result<Option<PathBuf>, StoreError> {
     let lib = venv.join("lib");
     for py in std::fs::read_dir(&lib).map_err(io(format!("read {}", lib.display())))? {
-        let site = py.map_err(io("read the environment"))?.path().join("site-packages");
+        let site = py
+            .map_err(io("read the environment"))?
+            .path()
+            .join("site-packages");
         let Ok(entries) = std::fs::read_dir(&site) else {
             continue;
         };
@@ -171,7 +180,9 @@ fn entry(venv: &Path, pkg: &PackageRef, want: &str) -> Result<Vec<String>, Store
     let info = dist_info(venv, want)?.ok_or_else(|| {
         StoreError::Refused(format!("{pkg}: no .dist-info of it in the environment"))
     })?;
-    let scripts = console_scripts(&std::fs::read_to_string(info.join("entry_points.txt")).unwrap_or_default());
+    let scripts = console_scripts(
+        &std::fs::read_to_string(info.join("entry_points.txt")).unwrap_or_default(),
+    );
     let chosen = match scripts.iter().find(|s| normalize(s) == want) {
         Some(s) => Some(s.clone()),
         None if scripts.len() == 1 => scripts.first().cloned(),
@@ -199,7 +210,13 @@ fn entry(venv: &Path, pkg: &PackageRef, want: &str) -> Result<Vec<String>, Store
             .into_iter()
             .flatten()
             .flatten()
-            .any(|py| py.path().join("site-packages").join(m).join("__main__.py").is_file());
+            .any(|py| {
+                py.path()
+                    .join("site-packages")
+                    .join(m)
+                    .join("__main__.py")
+                    .is_file()
+            });
         if found {
             return Ok(vec!["-m".into(), m.clone()]);
         }
