@@ -64,22 +64,46 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
         }
     };
     let venv = dir;
-    if let Err(out) = run(
-        Command::new(HOST_PYTHON)
-            .args(["-m", "venv", "--"])
-            .arg(venv),
-        "python3 -m venv",
-    )? {
+    let python = venv.join("bin/python3");
+    // The host's pip, run for the environment (`--python`, pip 22.3 and
+    // later), saves installing pip into each one; else the environment's
+    // own, from ensurepip.
+    let host_pip = Command::new(HOST_PYTHON)
+        .args(["-m", "pip", "--python"])
+        .arg(HOST_PYTHON)
+        .args(["--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut mkvenv = Command::new(HOST_PYTHON);
+    mkvenv.args(["-m", "venv"]);
+    if host_pip {
+        mkvenv.arg("--without-pip");
+    }
+    if let Err(out) = run(mkvenv.arg("--").arg(venv), "python3 -m venv")? {
         return Err(StoreError::Refused(format!(
             "{pkg}: {HOST_PYTHON} -m venv failed (Debian: apt install python3-venv):\n{}",
             tail(&out)
         )));
     }
-    let python = venv.join("bin/python3");
-    let mut cmd = Command::new(&python);
+    let pip = || {
+        let mut c;
+        if host_pip {
+            c = Command::new(HOST_PYTHON);
+            c.args(["-m", "pip", "--python"]).arg(&python);
+        } else {
+            c = Command::new(&python);
+            c.args(["-m", "pip"]);
+        }
+        c.env("PYTHONNOUSERSITE", "1")
+            .env_remove("PYTHONPATH")
+            .env_remove("PYTHONHOME")
+            .env_remove("VIRTUAL_ENV");
+        c
+    };
+    let mut cmd = pip();
     cmd.args([
-        "-m",
-        "pip",
         "install",
         "--disable-pip-version-check",
         "--no-input",
@@ -87,11 +111,7 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
         "--root-user-action=ignore",
         "--only-binary",
         ":all:",
-    ])
-    .env("PYTHONNOUSERSITE", "1")
-    .env_remove("PYTHONPATH")
-    .env_remove("PYTHONHOME")
-    .env_remove("VIRTUAL_ENV");
+    ]);
     if let Some(w) = &wheels {
         cmd.arg("--no-index").arg("--find-links").arg(w);
     }
@@ -104,9 +124,7 @@ pub(crate) fn build(dir: &Path, pkg: &PackageRef, source: &Source) -> Result<Bui
         )));
     }
     let freeze = match run(
-        Command::new(&python)
-            .args(["-m", "pip", "freeze", "--disable-pip-version-check"])
-            .env("PYTHONNOUSERSITE", "1"),
+        pip().args(["freeze", "--disable-pip-version-check"]),
         "pip freeze",
     )? {
         Ok(f) => f,
@@ -244,6 +262,13 @@ fn console_scripts(text: &str) -> Vec<String> {
 }
 
 fn explain_failure(pkg: &PackageRef, wheels: Option<&Path>, out: &str) -> String {
+    // Before the missing distribution it causes.
+    if network_failed(out) {
+        return format!(
+            "{pkg}: PyPI cannot be reached (network unavailable?); install from a directory of wheels with --from DIR\n{}",
+            tail(out)
+        );
+    }
     if out.contains("No matching distribution found") || out.contains("Could not find a version") {
         let missing = out
             .lines()
@@ -261,12 +286,6 @@ fn explain_failure(pkg: &PackageRef, wheels: Option<&Path>, out: &str) -> String
                 "{pkg}: PyPI has no wheel of {missing} for this host's Python (no such package or version, or only an sdist: cordon add installs wheels only, never building one, which runs its setup code and may need a compiler)"
             ),
         };
-    }
-    if network_failed(out) {
-        return format!(
-            "{pkg}: PyPI cannot be reached (network unavailable?); install from a directory of wheels with --from DIR\n{}",
-            tail(out)
-        );
     }
     format!("{pkg}: pip install failed:\n{}", tail(out))
 }
