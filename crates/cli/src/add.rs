@@ -513,7 +513,7 @@ fn insert(text: &str, name: &str, make: impl Fn(&str) -> String) -> anyhow::Resu
         block.push(String::new());
     }
     block.extend(make(&unit).lines().map(str::to_string));
-    if at < lines.len() {
+    if lines.get(at).is_some_and(|l| !l.trim().is_empty()) {
         block.push(String::new());
     }
     lines.splice(at..at, block);

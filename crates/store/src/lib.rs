@@ -510,9 +510,8 @@ fn readable_by_all(root: &Path) -> Result<(), StoreError> {
             continue;
         }
         let mode = m.permissions().mode();
-        let want = if m.is_dir() {
-            mode | 0o555
-        } else if mode & 0o111 != 0 {
+        // Directories and executables: read and search; files: read.
+        let want = if m.is_dir() || mode & 0o111 != 0 {
             mode | 0o555
         } else {
             mode | 0o444
