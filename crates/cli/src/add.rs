@@ -35,8 +35,9 @@ pub struct AddArgs {
     /// Replace a tool of the same name already in the manifest.
     #[arg(long)]
     force: bool,
-    /// The package store. Default: $CORDON_STORE, else
-    /// /var/lib/cordon/store as root, else ~/.local/share/cordon/store.
+    /// The package store. Default: `store/` beside the image store:
+    /// $CORDON_STORE/store, else /var/lib/cordon/store as root, else
+    /// ~/.local/share/cordon/store.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
     /// Install without the network: npm from its cache (or --from's),

@@ -232,12 +232,13 @@ impl Store {
         self
     }
 
-    /// The default store: `$CORDON_STORE`, else `/var/lib/cordon/store`
-    /// as root, else `$XDG_DATA_HOME/cordon/store` (default
-    /// `~/.local/share/cordon/store`).
+    /// The default store: `store/` in the directory cordon's image store
+    /// uses, so that `$CORDON_STORE` moves both: `$CORDON_STORE/store`,
+    /// else `/var/lib/cordon/store` as root, else
+    /// `$XDG_DATA_HOME/cordon/store` (default `~/.local/share/cordon/store`).
     pub fn default_root() -> Result<PathBuf, StoreError> {
         if let Some(p) = std::env::var_os("CORDON_STORE").filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(p));
+            return Ok(PathBuf::from(p).join("store"));
         }
         if cordon_sys::io::geteuid() == 0 {
             return Ok(PathBuf::from("/var/lib/cordon/store"));
