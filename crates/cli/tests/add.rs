@@ -359,8 +359,9 @@ async fn pypi_servers_are_added_checked_and_served() {
 }
 
 /// What cannot be done is refused, naming why: a package the offline
-/// source does not have, an unreachable registry, a spec that is not an
-/// exact package, `--image`; nothing is written and no install is left.
+/// source does not have, one it has only as an sdist, an unreachable
+/// registry, a spec that is not an exact package, `--image`; nothing is
+/// written and no install is left.
 #[test]
 fn what_cannot_be_installed_is_refused() {
     let Some(w) = work() else { return };
@@ -376,6 +377,23 @@ fn what_cannot_be_installed_is_refused() {
     refused(
         w.add("pypi:mcp-server-fetch==2025.4.7", &[]),
         "no wheel of mcp-server-fetch==2025.4.7 in ",
+    );
+    // Only an sdist: never built (its setup code would run on the host).
+    let sdists = w.root.join("sdists");
+    std::fs::create_dir(&sdists).unwrap();
+    std::fs::write(sdists.join("cordon_sdist_only-1.0.tar.gz"), b"not built").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["add", "pypi:cordon-sdist-only==1.0", "--store"])
+        .arg(&w.store)
+        .arg("--from")
+        .arg(&sdists)
+        .arg("-m")
+        .arg(&w.manifest)
+        .output()
+        .unwrap();
+    refused(
+        o,
+        "cordon add installs wheels only, never building an sdist",
     );
     refused(w.add("npm:left-pad@^1.0", &[]), "is not an exact version");
     refused(
