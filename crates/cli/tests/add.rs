@@ -104,6 +104,11 @@ impl Work {
         } else {
             &self.wheels
         };
+        self.add_from(pkg, from, args)
+    }
+
+    /// `cordon add PKG --from FROM ARGS...`, with no network.
+    fn add_from(&self, pkg: &str, from: &Path, args: &[&str]) -> Output {
         let mut cmd = if euid() == 0 {
             let mut c = Command::new("unshare");
             c.args(["--net", "--"]).arg(env!("CARGO_BIN_EXE_cordon"));
@@ -382,15 +387,7 @@ fn what_cannot_be_installed_is_refused() {
     let sdists = w.root.join("sdists");
     std::fs::create_dir(&sdists).unwrap();
     std::fs::write(sdists.join("cordon_sdist_only-1.0.tar.gz"), b"not built").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["add", "pypi:cordon-sdist-only==1.0", "--store"])
-        .arg(&w.store)
-        .arg("--from")
-        .arg(&sdists)
-        .arg("-m")
-        .arg(&w.manifest)
-        .output()
-        .unwrap();
+    let o = w.add_from("pypi:cordon-sdist-only==1.0", &sdists, &[]);
     refused(
         o,
         "cordon add installs wheels only, never building an sdist",

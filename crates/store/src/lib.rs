@@ -255,7 +255,13 @@ impl Store {
     }
 
     /// Install `pkg` (once: an install already in the store is reused).
+    /// A `pkg` built by hand is held to the same rules as a parsed one.
     pub fn install(&self, pkg: &PackageRef) -> Result<Installed, StoreError> {
+        if PackageRef::parse(&pkg.to_string())? != *pkg {
+            return Err(StoreError::Refused(format!(
+                "`{pkg}`: not a package name and exact version"
+            )));
+        }
         // The installers run in the install's directory, and the manifest
         // needs absolute mount sources.
         let absolute =
@@ -646,6 +652,21 @@ mod tests {
             let e = PackageRef::parse(s).unwrap_err().to_string();
             assert!(e.starts_with(&format!("`{s}`: ")), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn a_hand_built_reference_is_checked_too() {
+        let store = Store::at(std::env::temp_dir().join("cordon-store-unit-never-made"));
+        for (name, version) in [("../x", None), ("x==1", None), ("x", Some("1 2"))] {
+            let pkg = PackageRef {
+                ecosystem: Ecosystem::Pypi,
+                name: name.into(),
+                version: version.map(String::from),
+            };
+            let e = store.install(&pkg).unwrap_err().to_string();
+            assert!(e.starts_with('`'), "{name}: {e}");
+        }
+        assert!(!store.root.exists());
     }
 
     #[test]
