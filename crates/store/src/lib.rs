@@ -167,7 +167,8 @@ pub struct Installed {
     pub command: Vec<String>,
     /// Host paths the sandbox needs (the install, the interpreter).
     pub mounts: Vec<Mount>,
-    /// Environment the server needs (e.g. `NODE_PATH`, `PYTHONHOME`).
+    /// Environment the server needs (PyPI: `PYTHONDONTWRITEBYTECODE`, the
+    /// environment being mounted read-only).
     pub env: BTreeMap<String, String>,
     /// Digest of the dependency lock the install was keyed by.
     pub lock_digest: String,
