@@ -163,3 +163,39 @@ if command -v npm >/dev/null 2>&1; then
 else
   missing "npm not found: the conformance suite cannot be installed; the conformance run will fail"
 fi
+# `cordon add`'s tests (crates/cli/tests/add.rs) install MCP servers from
+# these, offline (`cordon add --from`): an npm cache holding two reference
+# servers and every dependency of theirs, and a wheelhouse (wheels only:
+# cordon add never builds an sdist) for three PyPI servers.
+add_npm="@modelcontextprotocol/server-memory@2026.8.31 @modelcontextprotocol/server-sequential-thinking@2026.8.31"
+add_pypi="mcp-server-time==2026.10.19 mcp-server-git==2026.10.19 markitdown-mcp==0.0.1a8"
+add_npm_cache=$cache/add/npm-cache
+add_wheels=$cache/add/wheels
+if [ ! -f "$cache/add/npm.done" ] || [ "$(cat "$cache/add/npm.done")" != "$add_npm" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "setup: fill the npm cache $add_npm_cache for cordon add's tests"
+    scratch=$(mktemp -d)
+    mkdir -p "$add_npm_cache"
+    # shellcheck disable=SC2086
+    if (cd "$scratch" && npm install --cache "$add_npm_cache" --ignore-scripts --no-audit --no-fund \
+          --silent $add_npm >/dev/null); then
+      echo "$add_npm" >"$cache/add/npm.done"
+    else
+      missing "npm could not fetch $add_npm; cordon add's npm tests will fail"
+    fi
+    rm -rf "$scratch"
+  else
+    missing "npm not found: cordon add's npm tests will fail"
+  fi
+fi
+if [ ! -f "$cache/add/wheels.done" ] || [ "$(cat "$cache/add/wheels.done")" != "$add_pypi" ]; then
+  echo "setup: pip download $add_pypi into $add_wheels"
+  mkdir -p "$add_wheels"
+  # shellcheck disable=SC2086
+  if /usr/bin/python3 -m pip download -q --only-binary :all: -d "$add_wheels" $add_pypi >/dev/null; then
+    echo "$add_pypi" >"$cache/add/wheels.done"
+  else
+    missing "pip download of $add_pypi failed; cordon add's PyPI tests will fail"
+  fi
+fi
+[ -d "$cache/add" ] && chmod -R a+rX "$cache/add" || true

@@ -2,6 +2,7 @@
 //! its risk. See `cordon --help`, the README and docs/architecture.md.
 #![forbid(unsafe_code)]
 
+mod add;
 mod audit;
 mod check;
 mod doctor;
@@ -195,6 +196,9 @@ enum Cmd {
     /// profile, runtime and mechanisms, whether this host enforces it, and
     /// when `cordon probe` last passed for it.
     Inventory(inventory::InventoryArgs),
+    /// Install an MCP server from npm or PyPI into cordon's store and add its
+    /// `mcp:` tool to the manifest (or print it).
+    Add(add::AddArgs),
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -267,6 +271,7 @@ fn main() -> ExitCode {
         Cmd::Wrap(args) => import::wrap::wrap(&args),
         Cmd::Unwrap(args) => import::wrap::unwrap(&args),
         Cmd::Inventory(args) => inventory::run(&args),
+        Cmd::Add(args) => add::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);

@@ -29,12 +29,6 @@ pub fn state_dir() -> PathBuf {
         .join("cordon")
 }
 
-/// The package store's default root: `<state dir>/packages` (the image
-/// store, `CORDON_STORE`, is another).
-pub fn package_store_dir() -> PathBuf {
-    state_dir().join("packages")
-}
-
 /// One tool's last probe run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeRecord {

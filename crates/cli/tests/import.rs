@@ -991,8 +991,18 @@ fn inventory_reflects_a_probe_run() {
 /// download at every start): the command, mounts and environment come from
 /// `Store::install`, the version is recorded in a comment.
 #[test]
-#[ignore = "needs the package store's install (`cordon add`), which lands separately"]
 fn launcher_entries_are_installed_into_the_store() {
+    let cache = std::env::var_os("CORDON_E2E_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e"))
+        .join("add");
+    if !cache.join("npm.done").is_file() || !cache.join("wheels.done").is_file() {
+        skip_or_fail(
+            &this_test(),
+            "cordon add's npm cache and wheelhouse are missing; run scripts/setup.sh",
+        );
+        return;
+    }
     let d = dir();
     let cfg = write(
         &d.path().join("claude_desktop_config.json"),
@@ -1001,7 +1011,23 @@ fn launcher_entries_are_installed_into_the_store() {
   "time": {"command": "uvx", "args": ["mcp-server-time"]}
 }}"#,
     );
-    let o = import(d.path(), &[&cfg], &[]);
+    // Offline, from the caches setup.sh fills: no test downloads.
+    let store = d.path().join("store");
+    let npm_cache = cache.join("npm-cache");
+    let wheels = cache.join("wheels");
+    let o = import(
+        d.path(),
+        &[&cfg],
+        &[
+            "--offline",
+            "--npm-cache",
+            npm_cache.to_str().unwrap(),
+            "--wheels",
+            wheels.to_str().unwrap(),
+            "--package-store",
+            store.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success(), "{}", out(&o));
     let text = std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap();
     assert!(

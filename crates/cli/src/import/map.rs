@@ -49,7 +49,10 @@ impl Ask for Defaults {
 
 /// How a server is mapped.
 pub struct Ctx<'a> {
+    /// The package store, with npm's source.
     pub store: &'a Store,
+    /// The same store, with PyPI's source.
+    pub pypi_store: &'a Store,
     /// The process environment (for `${VAR}` expansions).
     pub env: &'a BTreeMap<String, String>,
     pub ask: &'a mut dyn Ask,
@@ -508,7 +511,11 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 Ecosystem::Npm => "npm",
                 Ecosystem::Pypi => "pypi",
             };
-            let inst = cx.store.install(&l.pkg).map_err(|e| {
+            let store = match l.pkg.ecosystem {
+                Ecosystem::Npm => cx.store,
+                Ecosystem::Pypi => cx.pypi_store,
+            };
+            let inst = store.install(&l.pkg).map_err(|e| {
                 refuse(
                     s,
                     "command",
@@ -516,7 +523,7 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                         "`{command} {}` would download {what}:{} at every start; cordon installs it once into its store ({}) and that failed: {e}",
                         args.join(" "),
                         l.pkg.name,
-                        cx.store.root.display()
+                        store.root.display()
                     ),
                 )
             })?;

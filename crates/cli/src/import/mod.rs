@@ -40,10 +40,21 @@ pub struct ImportArgs {
     #[arg(long = "skip", value_name = "NAME")]
     pub skip: Vec<String>,
     /// cordon's package store, where `npx` and `uvx` servers are installed
-    /// once. Default: $CORDON_STATE_DIR/packages, else
-    /// /var/lib/cordon/packages as root, else ~/.local/state/cordon/packages.
+    /// once (the store of `cordon add`). Default: $CORDON_STORE/store, else
+    /// /var/lib/cordon/store as root, else ~/.local/share/cordon/store.
     #[arg(long, value_name = "DIR", env = "CORDON_PACKAGE_STORE")]
     pub package_store: Option<PathBuf>,
+    /// Install `npx`/`uvx` servers without the network: npm from its cache,
+    /// pip from a directory of wheels (see --npm-cache, --wheels).
+    #[arg(long)]
+    pub offline: bool,
+    /// The npm cache to install from (implies --offline for npm packages).
+    #[arg(long, value_name = "DIR")]
+    pub npm_cache: Option<PathBuf>,
+    /// The directory of wheels to install from (implies --offline for PyPI
+    /// packages; PyPI installs offline need it).
+    #[arg(long, value_name = "DIR")]
+    pub wheels: Option<PathBuf>,
 }
 
 /// Questions on the terminal (stderr), answers from stdin.
@@ -88,11 +99,19 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     });
     let (servers, mut refused) = map::group(servers);
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let store = cordon_store::Store::at(
-        a.package_store
-            .clone()
-            .unwrap_or_else(crate::state::package_store_dir),
-    );
+    let root = match &a.package_store {
+        Some(d) => d.clone(),
+        None => cordon_store::Store::default_root()?,
+    };
+    let source = |from: &Option<PathBuf>| {
+        if a.offline || from.is_some() {
+            cordon_store::Source::Offline { from: from.clone() }
+        } else {
+            cordon_store::Source::Network
+        }
+    };
+    let store = cordon_store::Store::at(root.clone()).with_source(source(&a.npm_cache));
+    let pypi_store = cordon_store::Store::at(root).with_source(source(&a.wheels));
     let interactive = !a.yes && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     let mut term = Terminal;
     let mut defaults = map::Defaults;
@@ -103,6 +122,7 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     };
     let mut cx = map::Ctx {
         store: &store,
+        pypi_store: &pypi_store,
         env: &env,
         ask,
     };
