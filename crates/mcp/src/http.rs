@@ -60,8 +60,8 @@ pub async fn serve_http(
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     use rmcp::transport::streamable_http_server::session::local::SessionConfig;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     let gp = gw.caps.policy();
     let idle = opts
         .idle_timeout

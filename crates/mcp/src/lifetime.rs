@@ -113,7 +113,8 @@ impl HttpSessions {
     /// How often the SSE streams carry a keep-alive comment: a dropped
     /// connection shows at the next write.
     pub(crate) fn keep_alive(&self) -> Duration {
-        self.grace.clamp(Duration::from_secs(1), Duration::from_secs(15))
+        self.grace
+            .clamp(Duration::from_secs(1), Duration::from_secs(15))
     }
 
     fn with_live<R>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> R) -> Option<R> {
@@ -322,7 +323,8 @@ pub(crate) async fn track(
             t
         }
         None => {
-            req.extensions_mut().insert(Arc::new(SessionLink::default()));
+            req.extensions_mut()
+                .insert(Arc::new(SessionLink::default()));
             false
         }
     };
@@ -392,8 +394,7 @@ struct Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let lost = !self.ended && !(self.post && self.answered);
-        self.sessions
-            .response_done(&self.id, self.post, true, lost);
+        self.sessions.response_done(&self.id, self.post, true, lost);
     }
 }
 

@@ -4,8 +4,9 @@
 //!
 //! - a burst above a tool's `max_concurrent` gets exactly the busy refusals
 //!   beyond its queue bound, and a call under the cap then succeeds;
-//! - a principal's `calls_per_minute` and `sessions` hold, each refusal
-//!   typed and audited with the principal;
+//! - a principal's `calls_per_minute` and `sessions` and the gateway's
+//!   `max_sandboxes` hold, each refusal typed and audited with the
+//!   principal;
 //! - an idle session is ended (audited so), and a later request with its id
 //!   is answered `404` saying it expired;
 //! - clients that go away mid-call (an rmcp client dropped, a Python client
@@ -267,7 +268,9 @@ async fn a_burst_above_max_concurrent_gets_exactly_the_busy_refusals() {
     // are refused (a call takes six).
     let mut clients = Vec::new();
     for i in 0..5 {
-        clients.push(Arc::new(client(&s.url, &format!("burst-{i}")).await.unwrap()));
+        clients.push(Arc::new(
+            client(&s.url, &format!("burst-{i}")).await.unwrap(),
+        ));
     }
     let mut set = tokio::task::JoinSet::new();
     for c in &clients {
@@ -286,7 +289,9 @@ async fn a_burst_above_max_concurrent_gets_exactly_the_busy_refusals() {
     assert_eq!((ok, busy), (2, 3), "other outcomes: {other:?}");
     assert!(other.is_empty(), "{other:?}");
     // Positive control: under the cap, a call runs.
-    let r = call(&clients[0], "slow").await.expect("a call under the cap");
+    let r = call(&clients[0], "slow")
+        .await
+        .expect("a call under the cap");
     assert_ne!(r.is_error, Some(true), "{r:?}");
     let busy_records: Vec<Value> = records(&s.audit)
         .into_iter()
@@ -359,7 +364,9 @@ async fn a_principals_rate_and_sessions_hold() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let again = again.expect("a session after one ended");
-    call(&again, "quick").await.expect("a call of the new session");
+    call(&again, "quick")
+        .await
+        .expect("a call of the new session");
     for c in [again, s2, a, b] {
         let _ = c.cancel().await;
     }
@@ -506,6 +513,58 @@ async fn an_rmcp_client_dropped_mid_call_leaves_nothing_behind() {
     assert!(gone, "left behind: {:?}", descendants());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_sandboxes_holds_for_servers_and_calls() {
+    let _one = SERIAL.lock().await;
+    let test = "max_sandboxes_holds_for_servers_and_calls";
+    let marker = format!("/srv/caps-max-{}", std::process::id());
+    let m = fixture_manifest(&marker).replace(
+        "gateway: {disconnect_grace: 1s}",
+        "gateway: {max_sandboxes: 1}",
+    ) + "  quick:\n    profile: P1\n    command: [/bin/echo, hi]\n";
+    let Some(s) = serve(test, &m).await else {
+        return;
+    };
+    let echo = |c: &Client| {
+        let mut p = CallToolRequestParams::new("fx__echo");
+        p.arguments = json!({"text": "x"}).as_object().cloned();
+        let peer = c.peer().clone();
+        async move { peer.call_tool(p).await }
+    };
+    // Session a's server takes the one sandbox.
+    let a = client(&s.url, "holder").await.unwrap();
+    let r = echo(&a).await.expect("the first server starts");
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    // Session b can start neither its server nor a command call.
+    let b = client(&s.url, "waiter").await.unwrap();
+    let e = echo(&b).await.unwrap_err();
+    assert_eq!(status_of(&e), "busy", "{e:?}");
+    let e = call(&b, "quick").await.unwrap_err();
+    assert_eq!(status_of(&e), "busy", "{e:?}");
+    let recs = records(&s.audit);
+    let refused: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["status"] == "busy" && r["limits_hit"] == json!(["max_sandboxes"]))
+        .collect();
+    assert_eq!(refused.len(), 2, "{recs:#?}");
+    assert!(
+        refused.iter().all(|r| r["principal"] == "waiter"),
+        "{refused:#?}"
+    );
+    // Once a's session ends (its server stopped), b's server starts.
+    a.cancel().await.unwrap();
+    let mut ok = false;
+    for _ in 0..300 {
+        if let Ok(r) = echo(&b).await {
+            ok = r.is_error != Some(true);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ok, "b's server never started: {:#?}", records(&s.audit));
+    b.cancel().await.unwrap();
+}
+
 const PY_CLIENT: &str = r#"
 import asyncio, sys
 import httpx2
@@ -566,12 +625,7 @@ async fn a_python_client_killed_mid_call_leaves_nothing_behind() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     py.start_kill().unwrap();
     py.wait().await.unwrap();
-    let gone = eventually(|| {
-        descendants()
-            .iter()
-            .all(|(pid, _)| *pid == py_pid)
-    })
-    .await;
+    let gone = eventually(|| descendants().iter().all(|(pid, _)| *pid == py_pid)).await;
     assert!(gone, "left behind: {:?}", descendants());
     let ended = eventually(|| {
         records(&s.audit)

@@ -253,7 +253,8 @@ fn pick(at: Location, or: Location) -> Location {
 pub const GATEWAY_CHANGE: &str = "(gateway)";
 
 fn bound(v: Option<impl ToString>) -> String {
-    v.map(|n| n.to_string()).unwrap_or_else(|| "unbounded".into())
+    v.map(|n| n.to_string())
+        .unwrap_or_else(|| "unbounded".into())
 }
 
 /// A cap that is raised or removed loosens it.

@@ -63,7 +63,9 @@ fn errors_point_at_the_value() {
     let d = error(&format!("gateway:\n  idle_timeout: 5 days\n{TOOL}"));
     assert_eq!(d.line, 2, "{d}");
     assert!(d.message.contains("invalid duration"), "{d}");
-    let d = error(&format!("gateway:\n  per_principal:\n    sessions: 0\n{TOOL}"));
+    let d = error(&format!(
+        "gateway:\n  per_principal:\n    sessions: 0\n{TOOL}"
+    ));
     assert_eq!(d.line, 3, "{d}");
     assert!(d.message.contains("per_principal.sessions"), "{d}");
     let d = error(&format!("{TOOL}    max_concurrent: 0\n"));
