@@ -393,7 +393,7 @@ struct Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let lost = !self.ended && !(self.post && self.answered);
+        let lost = !(self.ended || (self.post && self.answered));
         self.sessions.response_done(&self.id, self.post, true, lost);
     }
 }

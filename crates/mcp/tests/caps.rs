@@ -345,7 +345,9 @@ async fn a_principals_rate_and_sessions_hold() {
     let s1 = client(&s.url, "sess").await.expect("first session");
     let s2 = client(&s.url, "sess").await.expect("second session");
     let third = client(&s.url, "sess").await;
-    let err = third.err().expect("a third session of `sess` was accepted");
+    let Err(err) = third else {
+        panic!("a third session of `sess` was accepted");
+    };
     assert!(err.contains("sessions open already"), "{err}");
     assert!(
         records(&s.audit).iter().any(|r| r["status"] == "busy"
