@@ -18,6 +18,11 @@
 //! client that simply stops sending while its connection stays up is
 //! caught only by the idle timeout.
 //!
+//! The reaper also sweeps rmcp's session table: a session there that this
+//! layer has not seen answered is tracked from then on (after rmcp's own
+//! time limit for `initialize`), so the idle timeout holds for every
+//! session; one rmcp closed itself is forgotten.
+//!
 //! Ending a session writes a session-level audit record (status
 //! `session_ended`, the reason), closes it in rmcp's session manager (its
 //! [`Session`](crate::Session) is dropped, which stops every server sandbox
@@ -35,6 +40,10 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 
 /// How many ended session ids are remembered (oldest forgotten first).
 const EXPIRED_MEMORY: usize = 4096;
+
+/// How long rmcp lets a new session take to initialize.
+const INIT_ALLOWANCE: Duration =
+    rmcp::transport::streamable_http_server::session::local::SessionConfig::DEFAULT_INIT_TIMEOUT;
 
 /// The header of the streamable HTTP transport that names the session.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -177,15 +186,22 @@ impl HttpSessions {
         });
     }
 
+    /// Track the session `id` (its `initialize` answered, with the link
+    /// its session filled in; the reaper's sweep may have found it first).
     fn register(&self, id: &str, link: Arc<SessionLink>) {
         self.with_live(|l| {
-            l.entry(id.to_string()).or_insert(Entry {
-                link,
-                last_seen: Instant::now(),
-                inflight: 0,
-                streams: 0,
-                lost_at: None,
-            });
+            l.entry(id.to_string())
+                .and_modify(|e| {
+                    e.link = link.clone();
+                    e.last_seen = Instant::now();
+                })
+                .or_insert(Entry {
+                    link,
+                    last_seen: Instant::now(),
+                    inflight: 0,
+                    streams: 0,
+                    lost_at: None,
+                });
         });
     }
 
@@ -267,11 +283,27 @@ impl HttpSessions {
                 let s = self.manager.sessions.read().await;
                 s.keys().map(|k| k.to_string()).collect()
             };
-            let gone: Vec<String> = ids.into_iter().filter(|i| !open.contains(i)).collect();
-            if !gone.is_empty() {
+            let tracked: HashSet<&String> = ids.iter().collect();
+            // A session rmcp has that is not tracked yet (its `initialize`
+            // answer not seen): tracked from now, so the idle timeout
+            // holds for every session.
+            let untracked: Vec<&String> = open.iter().filter(|i| !tracked.contains(i)).collect();
+            let gone: Vec<&String> = ids.iter().filter(|i| !open.contains(*i)).collect();
+            if !gone.is_empty() || !untracked.is_empty() {
                 self.with_live(|l| {
                     for g in &gone {
-                        l.remove(g);
+                        l.remove(*g);
+                    }
+                    for u in &untracked {
+                        l.entry((*u).clone()).or_insert(Entry {
+                            link: Arc::new(SessionLink::default()),
+                            // Its `initialize` may still be running: idle
+                            // counts from after rmcp's own time limit for it.
+                            last_seen: Instant::now() + INIT_ALLOWANCE,
+                            inflight: 0,
+                            streams: 0,
+                            lost_at: None,
+                        });
                     }
                 });
             }
