@@ -56,7 +56,14 @@ async fn serve_idle_timeout_ends_an_idle_session() {
     std::fs::write(&m, MANIFEST).unwrap();
     let audit = dir.path().join("audit.jsonl");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--http", "127.0.0.1:0", "--idle-timeout", "1", "-m"])
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--idle-timeout",
+            "1",
+            "-m",
+        ])
         .arg(&m)
         .env("CORDON_AUDIT", &audit)
         .env("CORDON_STATE_DIR", dir.path())
@@ -77,10 +84,7 @@ async fn serve_idle_timeout_ends_an_idle_session() {
     cordon_mcp::install_crypto_provider();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     config.reinit_on_expired_session = false;
-    let c = ()
-        .serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .unwrap();
+    let c = ().serve(StreamableHttpClientTransport::from_config(config)).await.unwrap();
     let call = |c: &rmcp::service::RunningService<rmcp::RoleClient, ()>| {
         let mut p = CallToolRequestParams::new("hello");
         p.arguments = Some(JsonObject::new());
@@ -94,9 +98,7 @@ async fn serve_idle_timeout_ends_an_idle_session() {
     for _ in 0..300 {
         ended = audit_records(&audit).iter().any(|r| {
             r["status"] == "session_ended"
-                && r["reason"]
-                    .as_str()
-                    .is_some_and(|s| s.contains("1s idle"))
+                && r["reason"].as_str().is_some_and(|s| s.contains("1s idle"))
         });
         if ended {
             break;
@@ -104,5 +106,8 @@ async fn serve_idle_timeout_ends_an_idle_session() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ended, "{:#?}", audit_records(&audit));
-    assert!(call(&c).await.is_err(), "the expired session still answered");
+    assert!(
+        call(&c).await.is_err(),
+        "the expired session still answered"
+    );
 }
