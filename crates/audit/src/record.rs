@@ -33,6 +33,14 @@ pub enum Status {
     Refused,
     /// The broker itself failed.
     Error,
+    /// A cap at the gateway's door refused the call or session (a tool's
+    /// `max_concurrent`, `max_sandboxes`, a principal's rate or sessions);
+    /// `limits_hit` names which.
+    Busy,
+    /// A session-level record: the gateway ended the session (`reason`
+    /// says why: idle for its timeout, its client gone) and stopped every
+    /// sandbox of it.
+    SessionEnded,
 }
 
 impl Status {
@@ -45,6 +53,8 @@ impl Status {
             Status::Denied => "denied",
             Status::Refused => "refused",
             Status::Error => "error",
+            Status::Busy => "busy",
+            Status::SessionEnded => "session_ended",
         }
     }
 }
@@ -272,7 +282,7 @@ impl AuditRecord {
     /// Was something refused or denied in this call: the call itself, the gate, or any
     /// egress attempt?
     pub fn is_denied(&self) -> bool {
-        matches!(self.status, Status::Denied | Status::Refused)
+        matches!(self.status, Status::Denied | Status::Refused | Status::Busy)
             || self.gate.as_ref().is_some_and(|g| g.refused.is_some())
             || self.egress.iter().any(|e| e.decision == Decision::Deny)
     }

@@ -56,6 +56,20 @@ pub fn explain(
     Ok(ExitCode::from(exit::OK))
 }
 
+/// The resolved `gateway` section: session lifetime and caps of `cordon
+/// serve`, every default filled in.
+pub fn explain_gateway(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let loaded = load(path)?;
+    let g = serde_json::json!({ "gateway": loaded.policy.gateway });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        let yaml = serde_saphyr::to_string(&g).context("rendering the policy as YAML")?;
+        println!("{}", yaml.trim_end());
+    }
+    Ok(ExitCode::from(exit::OK))
+}
+
 pub fn diff(old: &Path, new: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let a = load(old)?;
     let b = load(new)?;

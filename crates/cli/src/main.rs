@@ -138,10 +138,12 @@ enum Cmd {
         #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
         providers: Option<PathBuf>,
     },
-    /// Print one tool's resolved policy: every effective setting after defaults.
+    /// Print one tool's resolved policy: every effective setting after defaults
+    /// (without a tool: the gateway's session lifetime and caps).
     Explain {
-        /// The tool's name in the manifest.
-        tool: String,
+        /// The tool's name in the manifest (absent: the `gateway` section,
+        /// session lifetime and caps of `cordon serve`).
+        tool: Option<String>,
         #[command(flatten)]
         manifest: ManifestArg,
         /// JSON instead of YAML.
@@ -225,7 +227,10 @@ fn main() -> ExitCode {
             manifest,
             json,
             providers,
-        } => explain::explain(&manifest.path, &tool, json, providers.as_deref()),
+        } => match tool {
+            Some(tool) => explain::explain(&manifest.path, &tool, json, providers.as_deref()),
+            None => explain::explain_gateway(&manifest.path, json),
+        },
         Cmd::Diff { old, new, json } => explain::diff(&old, &new, json),
         Cmd::Schema => schema::run(),
         Cmd::Run(RunArgs {

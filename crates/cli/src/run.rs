@@ -483,6 +483,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         seccomp: Seccomp::DenyList,
         require,
         accept,
+        concurrency: None,
     })
 }
 

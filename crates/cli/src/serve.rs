@@ -20,6 +20,11 @@ pub struct ServeArgs {
     /// accepted unless --allow-host adds more.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// End an HTTP session after this many seconds with no request and no
+    /// call in flight (instead of the manifest's `gateway: {idle_timeout}`,
+    /// default 300).
+    #[arg(long, value_name = "SECONDS", requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout: Option<u64>,
     /// Another `Host` value the HTTP transport accepts (DNS-rebinding check).
     #[arg(long = "allow-host", value_name = "HOST", requires = "http")]
     pub allow_host: Vec<String>,
@@ -139,6 +144,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             opts: HttpOptions {
                 extra_allowed_hosts: args.allow_host.clone(),
                 authenticator: None,
+                idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
             },
         },
         None => Transport::Stdio,

@@ -31,6 +31,9 @@ pub struct HttpOptions {
     /// Who may call (`None`: every request is the unauthenticated
     /// principal).
     pub authenticator: Option<Arc<dyn Authenticator>>,
+    /// The idle timeout of a session, instead of the manifest's
+    /// `gateway: {idle_timeout}` (`cordon serve --idle-timeout`).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -38,6 +41,7 @@ impl std::fmt::Debug for HttpOptions {
         f.debug_struct("HttpOptions")
             .field("extra_allowed_hosts", &self.extra_allowed_hosts)
             .field("authenticator", &self.authenticator.is_some())
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -46,7 +50,9 @@ impl std::fmt::Debug for HttpOptions {
 pub const HTTP_PATH: &str = "/mcp";
 
 /// Serve streamable HTTP on `listener` (at [`HTTP_PATH`]) until `shutdown`
-/// is cancelled. Each MCP session gets its own [`Session`].
+/// is cancelled. Each MCP session gets its own [`Session`]; a session idle
+/// for its timeout, or whose client is gone, is ended (see
+/// [`crate::lifetime`]).
 pub async fn serve_http(
     gw: Arc<Gateway>,
     listener: tokio::net::TcpListener,
@@ -54,9 +60,26 @@ pub async fn serve_http(
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::session::local::SessionConfig;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    let gp = gw.caps.policy();
+    let idle = opts
+        .idle_timeout
+        .unwrap_or(std::time::Duration::from_secs(gp.idle_timeout_seconds));
+    let grace = std::time::Duration::from_secs(gp.disconnect_grace_seconds);
+    // cordon's reaper ends idle sessions (and not while a call is in
+    // flight, which rmcp's own keep-alive would).
+    let mut session_config = SessionConfig::default();
+    session_config.keep_alive = None;
+    let mut manager = LocalSessionManager::default();
+    manager.session_config = session_config;
+    let manager = Arc::new(manager);
+    let sessions =
+        crate::lifetime::HttpSessions::new(idle, grace, manager.clone(), gw.broker.clone());
+    tokio::spawn(sessions.clone().reap(shutdown.child_token()));
     let mut config =
         StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
+    config.sse_keep_alive = Some(sessions.keep_alive());
     if !opts.extra_allowed_hosts.is_empty() {
         let mut hosts = config.allowed_hosts.clone();
         hosts.extend(opts.extra_allowed_hosts.iter().cloned());
@@ -64,10 +87,13 @@ pub async fn serve_http(
     }
     let g = gw.clone();
     let service: StreamableHttpService<Session, LocalSessionManager> =
-        StreamableHttpService::new(move || Ok(g.session("http")), Default::default(), config);
+        StreamableHttpService::new(move || Ok(g.session("http")), manager, config);
     let auth = opts.authenticator.clone();
     let router = axum::Router::new()
         .nest_service(HTTP_PATH, service)
+        .layer(axum::middleware::from_fn(move |req, next| {
+            crate::lifetime::track(sessions.clone(), req, next)
+        }))
         .layer(axum::middleware::from_fn(move |req, next| {
             authenticate(auth.clone(), req, next)
         }))

@@ -19,7 +19,9 @@
 
 pub mod args;
 mod cache;
+mod caps;
 pub mod http;
+pub mod lifetime;
 mod names;
 pub mod render;
 pub mod resources;
@@ -132,6 +134,8 @@ pub struct Gateway {
     cache: cache::ListingCache,
     warnings: Vec<String>,
     seq: AtomicU64,
+    /// `max_concurrent`, `max_sandboxes`, per-principal rates and sessions.
+    caps: Arc<caps::Caps>,
 }
 
 impl Gateway {
@@ -159,6 +163,15 @@ impl Gateway {
         broker: Broker,
         sandbox: Arc<dyn ServerSandbox>,
     ) -> Result<Gateway, GatewayError> {
+        let caps = Arc::new(caps::Caps::new(policy));
+        // Each server started holds one of the live sandboxes.
+        let sandbox: Arc<dyn ServerSandbox> = match caps.sandboxes() {
+            Some(slots) => Arc::new(caps::CappedServers {
+                inner: sandbox,
+                slots,
+            }),
+            None => sandbox,
+        };
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
@@ -216,6 +229,7 @@ impl Gateway {
             cache: cache::ListingCache::default(),
             warnings,
             seq: AtomicU64::new(0),
+            caps,
         })
     }
 
@@ -280,6 +294,7 @@ impl Gateway {
             principal,
             upstreams,
             log_level,
+            slot: std::sync::Mutex::new(None),
         }
     }
 }
@@ -452,6 +467,7 @@ impl CallAudit {
                     | "ambiguous_resource"
                     | "not_offered" => A::Denied,
                     "limit_hit" => A::LimitHit,
+                    "busy" | "rate_limited" | "too_many_sessions" => A::Busy,
                     "gate_refused" => A::Refused,
                     "server_error" => A::ToolError,
                     _ => A::Error,
@@ -526,6 +542,9 @@ pub struct Session {
     /// every level is sent). Shared with the session's servers, whose log
     /// messages pass at this level.
     log_level: upstream::LogLevel,
+    /// The session counted against its principal's `sessions` (from
+    /// `initialize` until the session is dropped).
+    slot: std::sync::Mutex<Option<caps::SessionSlot>>,
 }
 
 #[allow(deprecated)]
@@ -585,6 +604,62 @@ impl Session {
     /// The [`Caller`] of this session for `client`.
     pub(crate) fn who(&self, client: &str) -> Caller {
         caller_of(&self.id, client, &self.principal)
+    }
+
+    /// Count this session against its principal's `sessions`; a refusal
+    /// is audited.
+    fn open_slot(&self) -> Result<(), ErrorData> {
+        let p = self
+            .principal
+            .get()
+            .cloned()
+            .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+        let mut slot = self
+            .slot
+            .lock()
+            .map_err(|_| ErrorData::internal_error("the session's lock is poisoned", None))?;
+        if slot.is_some() {
+            return Ok(());
+        }
+        match self.gw.caps.open_session(&p) {
+            Ok(s) => {
+                *slot = Some(s);
+                Ok(())
+            }
+            Err(e) => {
+                let r: Result<CallToolResult, ErrorData> = Err(e);
+                CallAudit::new("(session)", "", "none", None).finish(
+                    &self.gw.broker,
+                    &self.who("mcp"),
+                    &r,
+                )?;
+                r.map(|_| ())
+            }
+        }
+    }
+
+    /// The caps a call passes at the door: its principal's rate, a slot of
+    /// `tool` (the manifest's tool; waits up to its `queue_seconds`) and,
+    /// for a command call (`sandbox`), one of the live sandboxes. The
+    /// slots are held until the call ends.
+    async fn door(
+        &self,
+        tool: &str,
+        called: &str,
+        sandbox: bool,
+    ) -> Result<Vec<tokio::sync::OwnedSemaphorePermit>, ErrorData> {
+        let p = self
+            .principal
+            .get()
+            .cloned()
+            .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+        self.gw.caps.admit_call(&p, called)?;
+        let mut held = Vec::new();
+        held.extend(self.gw.caps.tool_slot(tool, called).await?);
+        if sandbox {
+            held.extend(self.gw.caps.sandbox_slot(called)?);
+        }
+        Ok(held)
     }
 
     /// Tell the client something at `level` (cordon's own text, logger
@@ -868,6 +943,12 @@ impl ServerHandler for Session {
                 None,
             ));
         }
+        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>()
+            && let Some(link) = parts.extensions.get::<Arc<lifetime::SessionLink>>()
+        {
+            link.set(&self.id, &self.principal);
+        }
+        self.open_slot()?;
         context.peer.set_peer_info(request.clone());
         for u in &self.upstreams {
             u.set_agent(&context.peer);
@@ -1029,6 +1110,16 @@ impl ServerHandler for Session {
             .map(|i| format!("mcp:{}", i.name))
             .unwrap_or_else(|| "mcp".into());
         if let Some(t) = self.gw.commands.get(&name) {
+            let profile = cordon_broker::profile_name(t.policy.profile);
+            let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());
+            let _slots = match self.door(&name, &name, true).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let r = Err(e);
+                    audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                    return r.map(Into::into);
+                }
+            };
             return self
                 .call_command(t, request.arguments.as_ref(), caller)
                 .await
@@ -1036,6 +1127,14 @@ impl ServerHandler for Session {
         }
         if let Some(u) = self.owner(names::Space::Tools, &name).await {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            let _slots = match self.door(u.name(), &name, false).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let r = Err(e);
+                    audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                    return r.map(Into::into);
+                }
+            };
             let r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
             audit.finish(&self.gw.broker, &self.who(&caller), &r)?;

@@ -88,6 +88,13 @@ pub enum Refusal {
     NotOffered,
     /// The audit record could not be written: the result is withheld.
     AuditFailed,
+    /// A cap at the door: the tool's `max_concurrent` (after its
+    /// `queue_seconds`) or the gateway's `max_sandboxes`.
+    Busy,
+    /// The principal's `calls_per_minute`.
+    RateLimited,
+    /// The principal's `sessions`.
+    TooManySessions,
 }
 
 impl Refusal {
@@ -107,6 +114,9 @@ impl Refusal {
             Refusal::AmbiguousResource => "ambiguous_resource",
             Refusal::NotOffered => "not_offered",
             Refusal::AuditFailed => "audit_failed",
+            Refusal::Busy => "busy",
+            Refusal::RateLimited => "rate_limited",
+            Refusal::TooManySessions => "too_many_sessions",
         }
     }
 

@@ -49,6 +49,7 @@ pub fn diff(old: &PolicySet, new: &PolicySet) -> Vec<Change> {
             (None, None) => {}
         }
     }
+    crate::gateway::diff_gateway(&old.gateway, &new.gateway, &mut out);
     out
 }
 
@@ -199,6 +200,7 @@ fn lifetime_name(l: Lifetime) -> &'static str {
 
 fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
     let t = &o.name;
+    crate::gateway::diff_concurrency(t, o.concurrency, n.concurrency, out);
     if o.profile != n.profile {
         out.push(change(
             t,

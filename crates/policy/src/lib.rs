@@ -8,6 +8,7 @@
 
 pub mod diff;
 pub mod error;
+pub mod gateway;
 pub mod manifest;
 pub mod policy;
 pub mod resolve;

@@ -26,6 +26,10 @@ pub struct Manifest {
     /// partial or missing on the host (the call then says so).
     #[serde(default)]
     pub accept: Vec<Mechanism>,
+    /// Session lifetime and caps of `cordon serve`: idle timeout, live
+    /// sandboxes, per-principal rates and sessions.
+    #[serde(default)]
+    pub gateway: Option<crate::gateway::GatewaySettings>,
     /// The tools, by name. A name is what the agent calls.
     #[schemars(with = "BTreeMap<String, Tool>")]
     pub tools: BTreeMap<String, Spanned<Tool>>,
@@ -183,6 +187,16 @@ pub struct Tool {
     /// deny, with a base set plus these syscalls.
     #[serde(default)]
     pub seccomp: Option<Seccomp>,
+    /// Calls of this tool running at once, all sessions together (an
+    /// `mcp:` tool: calls to its server's tools); a call beyond it waits
+    /// up to `queue_seconds`, then is refused as busy (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub max_concurrent: Option<Spanned<u32>>,
+    /// How long a call beyond `max_concurrent` waits for a slot (default 10).
+    #[serde(default)]
+    #[schemars(with = "Option<u64>")]
+    pub queue_seconds: Option<Spanned<u64>>,
 }
 
 #[derive(

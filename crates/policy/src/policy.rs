@@ -16,6 +16,9 @@ pub use crate::manifest::{
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicySet {
     pub tools: BTreeMap<String, ToolPolicy>,
+    /// Session lifetime and caps of `cordon serve`.
+    #[serde(default)]
+    pub gateway: crate::gateway::GatewayPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +57,10 @@ pub struct ToolPolicy {
     /// says so).
     #[serde(default)]
     pub accept: Vec<Mechanism>,
+    /// Calls in flight at once and how long one beyond waits (`None`: no
+    /// bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::gateway::Concurrency>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

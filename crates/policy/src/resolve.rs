@@ -1227,10 +1227,14 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
     if errors.is_empty() {
         errors.extend(check_collisions(file, m));
     }
+    let gateway = crate::gateway::resolve_gateway(file, m.gateway.as_ref()).unwrap_or_else(|e| {
+        errors.extend(e);
+        Default::default()
+    });
     if errors.is_empty() {
         Ok(Loaded {
             path: file.to_path_buf(),
-            policy: PolicySet { tools },
+            policy: PolicySet { tools, gateway },
             warnings: warns,
             secret_at,
         })
@@ -1484,5 +1488,12 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         },
         require,
         accept,
+        concurrency: crate::gateway::resolve_concurrency(
+            c.file,
+            c.name,
+            c.at,
+            t.max_concurrent.as_ref(),
+            t.queue_seconds.as_ref(),
+        )?,
     })
 }

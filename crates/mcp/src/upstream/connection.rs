@@ -380,7 +380,13 @@ impl Upstream {
                 &self.policy,
                 &self.argv,
             )
-            .map_err(|e| render::refusal(Refusal::SandboxFailed, e, json!({"tool": name})))?;
+            .map_err(|e| {
+                if e == crate::caps::SANDBOXES_FULL {
+                    crate::caps::sandboxes_full(name)
+                } else {
+                    render::refusal(Refusal::SandboxFailed, e, json!({"tool": name}))
+                }
+            })?;
         let handle = proc.handle.clone();
         if let Ok(mut w) = self.warnings.lock() {
             w.clone_from(&proc.warnings);

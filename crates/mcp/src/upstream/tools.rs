@@ -206,6 +206,25 @@ impl Upstream {
         self.tools().await
     }
 
+    /// A call to a server that could not be started: a cap at the door
+    /// (every live sandbox taken) as its typed `busy` error, any other
+    /// reason as [`Self::not_started`]'s error result.
+    fn start_refused(&self, name: &str, e: ErrorData) -> Result<CallToolResult, ErrorData> {
+        let status = e
+            .data
+            .as_ref()
+            .and_then(|d| d.get("cordon/status"))
+            .and_then(|s| s.as_str());
+        if status == Some(crate::render::Refusal::Busy.as_str()) {
+            let mut e = e;
+            if let Some(serde_json::Value::Object(d)) = e.data.as_mut() {
+                d.insert("tool".into(), json!(name));
+            }
+            return Err(e);
+        }
+        Ok(self.not_started(name, &e))
+    }
+
     /// A call to a server that could not be started: an error result that
     /// names the reason (through the gate's error path: it can carry the
     /// server's stderr).
@@ -249,14 +268,14 @@ impl Upstream {
     ) -> Result<CallToolResult, ErrorData> {
         let mut tools = match self.tools().await {
             Ok(t) => t,
-            Err(e) => return Ok(self.not_started(name, &e)),
+            Err(e) => return self.start_refused(name, e),
         };
         if !tools.iter().any(|e| e.name == name) && self.listed_from_cache().await {
             // The cached listing may be out of date: ask the server.
             self.verify_cached().await;
             tools = match self.tools().await {
                 Ok(t) => t,
-                Err(e) => return Ok(self.not_started(name, &e)),
+                Err(e) => return self.start_refused(name, e),
             };
         }
         let Some(exposed) = tools.iter().find(|e| e.name == name) else {
@@ -281,7 +300,7 @@ impl Upstream {
         check_args(name, &exposed.tool, args.as_ref())?;
         let conn = match self.conn().await {
             Ok(c) => c,
-            Err(e) => return Ok(self.not_started(name, &e)),
+            Err(e) => return self.start_refused(name, e),
         };
         // The server may have been restarted with other tools: look again.
         let current = self.state.lock().await.tools.clone().unwrap_or_default();

@@ -1,0 +1,397 @@
+//! The manifest's `gateway:` section (session lifetime and caps at the door
+//! of `cordon serve`) and each tool's `max_concurrent`: as written, resolved,
+//! and compared.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_saphyr::{Location, Spanned};
+
+use crate::diff::Change;
+use crate::error::Diagnostic;
+
+/// How an HTTP session ends and how much one caller may take, as written.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    /// A session with no request and no call in flight for this long is
+    /// ended and its sandboxes stopped: seconds, or `90s`, `30m`, `2h`
+    /// (default 5m).
+    #[serde(default)]
+    #[schemars(with = "Option<Duration>")]
+    pub idle_timeout: Option<Spanned<Duration>>,
+    /// A session whose client's connections (its SSE stream, its calls in
+    /// flight) all dropped, and that sent nothing since, is ended after
+    /// this long (default 5s).
+    #[serde(default)]
+    #[schemars(with = "Option<Duration>")]
+    pub disconnect_grace: Option<Spanned<Duration>>,
+    /// Live sandboxes of all sessions together (command calls running and
+    /// MCP servers started); a call or server start beyond it is refused
+    /// (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u64>")]
+    pub max_sandboxes: Option<Spanned<u64>>,
+    /// What each principal (subject within its tenant) may take.
+    #[serde(default)]
+    pub per_principal: Option<PerPrincipal>,
+}
+
+/// Per-principal caps, as written.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PerPrincipal {
+    /// Tool calls in any rolling minute (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub calls_per_minute: Option<Spanned<u32>>,
+    /// Sessions open at once (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub sessions: Option<Spanned<u32>>,
+}
+
+/// A duration: whole seconds, or digits followed by `s`, `m` or `h`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Duration {
+    Seconds(u64),
+    Text(String),
+}
+
+/// Parse a [`Duration`] into seconds.
+pub fn parse_duration(d: &Duration) -> Result<u64, String> {
+    let s = match d {
+        Duration::Seconds(n) => return Ok(*n),
+        Duration::Text(s) => s.trim(),
+    };
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let bad = || format!("invalid duration `{s}`: write seconds, or e.g. 90s, 30m, 2h");
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let mul = match unit.trim() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("duration `{s}` is too large"))
+}
+
+/// Default idle timeout of an HTTP session (what the transport used before
+/// it was a setting).
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 300;
+/// Default wait after a client's connections dropped.
+pub const DEFAULT_DISCONNECT_GRACE_SECONDS: u64 = 5;
+/// Default wait of a call for a tool at its `max_concurrent`.
+pub const DEFAULT_QUEUE_SECONDS: u64 = 10;
+
+/// Session lifetime and caps of the gateway, resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayPolicy {
+    pub idle_timeout_seconds: u64,
+    pub disconnect_grace_seconds: u64,
+    /// `None`: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes: Option<u64>,
+    #[serde(default)]
+    pub per_principal: PrincipalCaps,
+}
+
+/// Per-principal caps, resolved (`None`: no bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrincipalCaps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<u32>,
+}
+
+impl Default for GatewayPolicy {
+    fn default() -> GatewayPolicy {
+        GatewayPolicy {
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
+            disconnect_grace_seconds: DEFAULT_DISCONNECT_GRACE_SECONDS,
+            max_sandboxes: None,
+            per_principal: PrincipalCaps::default(),
+        }
+    }
+}
+
+/// A tool's cap on calls in flight, resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Concurrency {
+    /// Calls of this tool running at once, all sessions together.
+    pub max_concurrent: u32,
+    /// How long a call beyond it waits for a slot before it is refused
+    /// as busy.
+    pub queue_seconds: u64,
+}
+
+fn diag(file: &Path, at: Location, tool: Option<&str>, message: String) -> Diagnostic {
+    let (line, column) = if at == Location::UNKNOWN {
+        (1, 1)
+    } else {
+        (at.line(), at.column())
+    };
+    Diagnostic {
+        file: file.to_path_buf(),
+        line,
+        column,
+        tool: tool.map(str::to_string),
+        message,
+        hint: None,
+    }
+}
+
+/// Resolve the `gateway:` section; every error points at its value.
+pub fn resolve_gateway(
+    file: &Path,
+    g: Option<&GatewaySettings>,
+) -> Result<GatewayPolicy, Vec<Diagnostic>> {
+    let mut out = GatewayPolicy::default();
+    let Some(g) = g else { return Ok(out) };
+    let mut errors = Vec::new();
+    let mut seconds = |what: &str, v: &Option<Spanned<Duration>>, into: &mut u64| {
+        if let Some(s) = v {
+            match parse_duration(&s.value) {
+                Ok(0) => errors.push(diag(
+                    file,
+                    s.referenced,
+                    None,
+                    format!("gateway: `{what}` is 0: every session would end at once"),
+                )),
+                Ok(n) => *into = n,
+                Err(e) => errors.push(diag(file, s.referenced, None, format!("gateway: {e}"))),
+            }
+        }
+    };
+    seconds(
+        "idle_timeout",
+        &g.idle_timeout,
+        &mut out.idle_timeout_seconds,
+    );
+    seconds(
+        "disconnect_grace",
+        &g.disconnect_grace,
+        &mut out.disconnect_grace_seconds,
+    );
+    let mut positive = |what: &str, at: Location, n: u64| {
+        if n == 0 {
+            errors.push(diag(
+                file,
+                at,
+                None,
+                format!("gateway: `{what}` is 0: nothing could ever run"),
+            ));
+        }
+    };
+    if let Some(m) = &g.max_sandboxes {
+        positive("max_sandboxes", m.referenced, m.value);
+        out.max_sandboxes = Some(m.value);
+    }
+    if let Some(p) = &g.per_principal {
+        if let Some(c) = &p.calls_per_minute {
+            positive(
+                "per_principal.calls_per_minute",
+                c.referenced,
+                c.value.into(),
+            );
+            out.per_principal.calls_per_minute = Some(c.value);
+        }
+        if let Some(s) = &p.sessions {
+            positive("per_principal.sessions", s.referenced, s.value.into());
+            out.per_principal.sessions = Some(s.value);
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Resolve a tool's `max_concurrent` and `queue_seconds`.
+pub fn resolve_concurrency(
+    file: &Path,
+    tool: &str,
+    at: Location,
+    max_concurrent: Option<&Spanned<u32>>,
+    queue_seconds: Option<&Spanned<u64>>,
+) -> Result<Option<Concurrency>, Diagnostic> {
+    match (max_concurrent, queue_seconds) {
+        (None, None) => Ok(None),
+        (None, Some(q)) => Err(Diagnostic {
+            hint: Some("add `max_concurrent: N`, or remove `queue_seconds`".into()),
+            ..diag(
+                file,
+                pick(q.referenced, at),
+                Some(tool),
+                "`queue_seconds` without `max_concurrent` means nothing".into(),
+            )
+        }),
+        (Some(m), _) if m.value == 0 => Err(diag(
+            file,
+            pick(m.referenced, at),
+            Some(tool),
+            "`max_concurrent` is 0: the tool could never run".into(),
+        )),
+        (Some(m), q) => Ok(Some(Concurrency {
+            max_concurrent: m.value,
+            queue_seconds: q.map(|q| q.value).unwrap_or(DEFAULT_QUEUE_SECONDS),
+        })),
+    }
+}
+
+fn pick(at: Location, or: Location) -> Location {
+    if at == Location::UNKNOWN { or } else { at }
+}
+
+/// The tool name [`Change`]s of the gateway section carry.
+pub const GATEWAY_CHANGE: &str = "(gateway)";
+
+fn bound(v: Option<impl ToString>) -> String {
+    v.map(|n| n.to_string())
+        .unwrap_or_else(|| "unbounded".into())
+}
+
+/// A cap that is raised or removed loosens it.
+fn looser(old: Option<u64>, new: Option<u64>) -> bool {
+    match (old, new) {
+        (Some(_), None) => true,
+        (Some(o), Some(n)) => n > o,
+        _ => false,
+    }
+}
+
+/// Changes of the gateway section: a longer idle timeout or grace keeps
+/// sandboxes of gone clients longer, and a raised or removed cap lets a
+/// caller take more; each weakens.
+pub fn diff_gateway(old: &GatewayPolicy, new: &GatewayPolicy, out: &mut Vec<Change>) {
+    let mut push = |field: &str, o: String, n: String, weakens: bool| {
+        if o != n {
+            out.push(Change {
+                tool: GATEWAY_CHANGE.into(),
+                field: field.into(),
+                old: o,
+                new: n,
+                weakens,
+            });
+        }
+    };
+    push(
+        "idle_timeout",
+        format!("{}s", old.idle_timeout_seconds),
+        format!("{}s", new.idle_timeout_seconds),
+        new.idle_timeout_seconds > old.idle_timeout_seconds,
+    );
+    push(
+        "disconnect_grace",
+        format!("{}s", old.disconnect_grace_seconds),
+        format!("{}s", new.disconnect_grace_seconds),
+        new.disconnect_grace_seconds > old.disconnect_grace_seconds,
+    );
+    push(
+        "max_sandboxes",
+        bound(old.max_sandboxes),
+        bound(new.max_sandboxes),
+        looser(old.max_sandboxes, new.max_sandboxes),
+    );
+    let (o, n) = (&old.per_principal, &new.per_principal);
+    push(
+        "per_principal.calls_per_minute",
+        bound(o.calls_per_minute),
+        bound(n.calls_per_minute),
+        looser(
+            o.calls_per_minute.map(u64::from),
+            n.calls_per_minute.map(u64::from),
+        ),
+    );
+    push(
+        "per_principal.sessions",
+        bound(o.sessions),
+        bound(n.sessions),
+        looser(o.sessions.map(u64::from), n.sessions.map(u64::from)),
+    );
+}
+
+/// Changes of a tool's concurrency cap (raised or removed weakens).
+pub fn diff_concurrency(
+    tool: &str,
+    old: Option<Concurrency>,
+    new: Option<Concurrency>,
+    out: &mut Vec<Change>,
+) {
+    let (om, nm) = (
+        old.map(|c| u64::from(c.max_concurrent)),
+        new.map(|c| u64::from(c.max_concurrent)),
+    );
+    if om != nm {
+        out.push(Change {
+            tool: tool.into(),
+            field: "max_concurrent".into(),
+            old: bound(om),
+            new: bound(nm),
+            weakens: looser(om, nm),
+        });
+    }
+    if let (Some(o), Some(n)) = (old, new)
+        && o.queue_seconds != n.queue_seconds
+    {
+        out.push(Change {
+            tool: tool.into(),
+            field: "queue_seconds".into(),
+            old: o.queue_seconds.to_string(),
+            new: n.queue_seconds.to_string(),
+            weakens: false,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration(&Duration::Seconds(7)), Ok(7));
+        assert_eq!(parse_duration(&Duration::Text("30m".into())), Ok(1800));
+        assert_eq!(parse_duration(&Duration::Text("2h".into())), Ok(7200));
+        assert_eq!(parse_duration(&Duration::Text("90s".into())), Ok(90));
+        assert!(parse_duration(&Duration::Text("5 days".into())).is_err());
+    }
+
+    #[test]
+    fn raised_and_removed_caps_weaken() {
+        let a = GatewayPolicy {
+            max_sandboxes: Some(10),
+            per_principal: PrincipalCaps {
+                calls_per_minute: Some(60),
+                sessions: Some(4),
+            },
+            ..GatewayPolicy::default()
+        };
+        let mut b = a.clone();
+        b.max_sandboxes = None;
+        b.per_principal.sessions = Some(8);
+        b.per_principal.calls_per_minute = Some(30);
+        b.idle_timeout_seconds = 3600;
+        let mut out = Vec::new();
+        diff_gateway(&a, &b, &mut out);
+        let weak: Vec<&str> = out
+            .iter()
+            .filter(|c| c.weakens)
+            .map(|c| c.field.as_str())
+            .collect();
+        assert_eq!(
+            weak,
+            ["idle_timeout", "max_sandboxes", "per_principal.sessions"]
+        );
+        assert!(
+            out.iter()
+                .any(|c| c.field == "per_principal.calls_per_minute" && !c.weakens)
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! The `gateway:` section and `max_concurrent`: resolved values, errors at
+//! their line, and `cordon diff` flagging a loosened cap.
+
+use std::path::Path;
+
+use cordon_policy::gateway::{Concurrency, GatewayPolicy, PrincipalCaps};
+use cordon_policy::load_str;
+
+const TOOL: &str = "tools:\n  t:\n    profile: P1\n    command: [/bin/true]\n";
+
+fn load(yaml: &str) -> cordon_policy::Loaded {
+    load_str(Path::new("m.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn error(yaml: &str) -> cordon_policy::Diagnostic {
+    match load_str(Path::new("m.yaml"), yaml) {
+        Ok(_) => panic!("manifest was accepted:\n{yaml}"),
+        Err(e) => {
+            let d = e.diagnostics();
+            assert_eq!(d.len(), 1, "{d:#?}");
+            d[0].clone()
+        }
+    }
+}
+
+#[test]
+fn absent_gateway_is_the_transport_default() {
+    let l = load(TOOL);
+    assert_eq!(l.policy.gateway, GatewayPolicy::default());
+    assert_eq!(l.policy.gateway.idle_timeout_seconds, 300);
+    assert_eq!(l.policy.tools["t"].concurrency, None);
+}
+
+#[test]
+fn gateway_section_resolves() {
+    let y = format!(
+        "gateway:\n  idle_timeout: 30m\n  disconnect_grace: 2\n  max_sandboxes: 50\n  per_principal: {{calls_per_minute: 120, sessions: 4}}\n{TOOL}    max_concurrent: 2\n    queue_seconds: 3\n"
+    );
+    let l = load(&y);
+    assert_eq!(
+        l.policy.gateway,
+        GatewayPolicy {
+            idle_timeout_seconds: 1800,
+            disconnect_grace_seconds: 2,
+            max_sandboxes: Some(50),
+            per_principal: PrincipalCaps {
+                calls_per_minute: Some(120),
+                sessions: Some(4),
+            },
+        }
+    );
+    assert_eq!(
+        l.policy.tools["t"].concurrency,
+        Some(Concurrency {
+            max_concurrent: 2,
+            queue_seconds: 3
+        })
+    );
+}
+
+#[test]
+fn errors_point_at_the_value() {
+    let d = error(&format!("gateway:\n  idle_timeout: 5 days\n{TOOL}"));
+    assert_eq!(d.line, 2, "{d}");
+    assert!(d.message.contains("invalid duration"), "{d}");
+    let d = error(&format!(
+        "gateway:\n  per_principal:\n    sessions: 0\n{TOOL}"
+    ));
+    assert_eq!(d.line, 3, "{d}");
+    assert!(d.message.contains("per_principal.sessions"), "{d}");
+    let d = error(&format!("{TOOL}    max_concurrent: 0\n"));
+    assert_eq!(d.line, 5, "{d}");
+    assert!(d.message.contains("`max_concurrent` is 0"), "{d}");
+    let d = error(&format!("{TOOL}    queue_seconds: 4\n"));
+    assert_eq!(d.line, 5, "{d}");
+    assert!(d.message.contains("without `max_concurrent`"), "{d}");
+    let d = error(&format!("gateway:\n  max_sandbox: 3\n{TOOL}"));
+    assert!(d.message.contains("unknown field"), "{d}");
+}
+
+#[test]
+fn diff_flags_loosened_caps() {
+    let a = load(&format!(
+        "gateway: {{max_sandboxes: 10, per_principal: {{sessions: 2}}}}\n{TOOL}    max_concurrent: 2\n"
+    ));
+    let b = load(&format!(
+        "gateway: {{idle_timeout: 10m, per_principal: {{sessions: 2}}}}\n{TOOL}    max_concurrent: 4\n"
+    ));
+    let changes = cordon_policy::diff::diff(&a.policy, &b.policy);
+    let weak: Vec<(&str, &str)> = changes
+        .iter()
+        .filter(|c| c.weakens)
+        .map(|c| (c.tool.as_str(), c.field.as_str()))
+        .collect();
+    assert_eq!(
+        weak,
+        [
+            ("t", "max_concurrent"),
+            ("(gateway)", "idle_timeout"),
+            ("(gateway)", "max_sandboxes")
+        ]
+    );
+    // Tightening is a change, not a weakening.
+    let back = cordon_policy::diff::diff(&b.policy, &a.policy);
+    assert!(back.iter().all(|c| !c.weakens), "{back:#?}");
+    assert_eq!(back.len(), 3);
+}
