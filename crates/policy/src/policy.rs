@@ -16,6 +16,10 @@ pub use crate::manifest::{
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicySet {
     pub tools: BTreeMap<String, ToolPolicy>,
+    /// The manifest's grants (`None`: no `access:` section, every caller
+    /// may use everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::Access>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1227,10 +1227,11 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
     if errors.is_empty() {
         errors.extend(check_collisions(file, m));
     }
+    let access = crate::access::resolve(file, m, &mut errors, &mut warns);
     if errors.is_empty() {
         Ok(Loaded {
             path: file.to_path_buf(),
-            policy: PolicySet { tools },
+            policy: PolicySet { tools, access },
             warnings: warns,
             secret_at,
         })
