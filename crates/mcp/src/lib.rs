@@ -19,6 +19,7 @@
 
 pub mod args;
 mod cache;
+mod grants;
 pub mod http;
 mod names;
 pub mod render;
@@ -130,6 +131,8 @@ pub struct Gateway {
     names: Arc<names::NameClaims>,
     /// The listings servers last gave (disabled unless set).
     cache: cache::ListingCache,
+    /// The manifest's grants (`None`: every caller may use everything).
+    access: Option<Arc<cordon_policy::access::Access>>,
     warnings: Vec<String>,
     seq: AtomicU64,
 }
@@ -214,6 +217,7 @@ impl Gateway {
             sandbox,
             names,
             cache: cache::ListingCache::default(),
+            access: policy.access.clone().map(Arc::new),
             warnings,
             seq: AtomicU64::new(0),
         })
@@ -226,7 +230,9 @@ impl Gateway {
     pub fn with_listing_cache(mut self, dir: Option<PathBuf>) -> Gateway {
         self.cache = cache::ListingCache::new(dir);
         for (p, offers) in &self.servers {
-            if let Some(l) = self.cache.get(p)
+            // Only what each server offers is read here (shared by every
+            // tenant); tool listings are read per tenant when listed.
+            if let Some(l) = self.cache.get(p, cordon_auth::DEFAULT_TENANT)
                 && let Ok(mut o) = offers.lock()
                 && o.is_none()
             {
@@ -450,7 +456,9 @@ impl CallAudit {
                     | "unknown_prompt"
                     | "unknown_resource"
                     | "ambiguous_resource"
-                    | "not_offered" => A::Denied,
+                    | "not_offered"
+                    | "not_granted"
+                    | "session_refused" => A::Denied,
                     "limit_hit" => A::LimitHit,
                     "gate_refused" => A::Refused,
                     "server_error" => A::ToolError,
@@ -748,10 +756,17 @@ impl Session {
     /// server's exposed tools (`<tool>: not listed` when this session has
     /// not listed them).
     fn unknown(&self, name: &str) -> ErrorData {
-        let mut served: Vec<String> = self.gw.commands.keys().cloned().collect();
+        let granted = |n: &String| self.granted(cordon_policy::access::Kind::Tool, n);
+        let mut served: Vec<String> = self
+            .gw
+            .commands
+            .keys()
+            .filter(|n| granted(n))
+            .cloned()
+            .collect();
         for u in &self.upstreams {
             match u.listed_tool_names() {
-                Some(names) => served.extend(names),
+                Some(names) => served.extend(names.into_iter().filter(granted)),
                 None => served.push(format!("(the tools of {}: not listed)", u.name())),
             }
         }
@@ -854,19 +869,12 @@ impl ServerHandler for Session {
         // On HTTP the principal is the request's (the authentication layer
         // puts it in the request's extensions); without one, unauthenticated.
         // On stdio it was set when the session was made.
-        let p = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<cordon_auth::Principal>())
-            .cloned()
-            .unwrap_or_else(cordon_auth::Principal::unauthenticated);
-        if self.principal.get().is_none()
-            && let Err(was) = self.set_principal(p)
-        {
-            return Err(ErrorData::invalid_request(
-                format!("this session belongs to {}", was.subject),
-                None,
-            ));
+        // A session initialized again by another principal is refused.
+        match grants::of_request(&context) {
+            Some(_) => self.check_caller(&context)?,
+            None => {
+                let _ = self.set_principal(cordon_auth::Principal::unauthenticated());
+            }
         }
         context.peer.set_peer_info(request.clone());
         for u in &self.upstreams {
@@ -878,8 +886,9 @@ impl ServerHandler for Session {
 
     async fn discover(
         &self,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, ErrorData> {
+        self.check_caller(&context)?;
         self.learn_offers().await;
         Ok(rmcp::model::DiscoverResult::from_server_info(
             self.supported_protocol_versions().into_owned(),
@@ -893,8 +902,9 @@ impl ServerHandler for Session {
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         if let Ok(mut l) = self.log_level.lock() {
             *l = Some(request.level);
         }
@@ -906,6 +916,7 @@ impl ServerHandler for Session {
         request: rmcp::model::CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.completions, "completion/complete")?;
         Session::complete(self, request, &context.ct).await
     }
@@ -915,6 +926,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/list")?;
         Ok(rmcp::model::ListResourcesResult::with_all_items(
             self.all_resources(&context.ct).await,
@@ -926,6 +938,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/templates/list")?;
         Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(
             self.all_templates(&context.ct).await,
@@ -937,6 +950,7 @@ impl ServerHandler for Session {
         request: rmcp::model::ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        self.check_caller(&context)?;
         self.read(&request.uri, &context).await.map(Into::into)
     }
 
@@ -946,6 +960,7 @@ impl ServerHandler for Session {
         request: rmcp::model::SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         Session::subscribe(self, &request.uri, true, &context).await
     }
 
@@ -955,6 +970,7 @@ impl ServerHandler for Session {
         request: rmcp::model::UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         Session::subscribe(self, &request.uri, false, &context).await
     }
 
@@ -963,6 +979,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.prompts, "prompts/list")?;
         Ok(rmcp::model::ListPromptsResult::with_all_items(
             self.all_prompts(&context.ct).await,
@@ -974,6 +991,7 @@ impl ServerHandler for Session {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        self.check_caller(&context)?;
         self.prompt(&request.name, request.arguments, &context)
             .await
             .map(Into::into)
@@ -985,7 +1003,15 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let mut tools: Vec<Tool> = self.gw.commands.values().map(|c| c.tool.clone()).collect();
+        use cordon_policy::access::Kind;
+        self.check_caller(&context)?;
+        let mut tools: Vec<Tool> = self
+            .gw
+            .commands
+            .values()
+            .filter(|c| self.granted(Kind::Tool, &c.policy.name))
+            .map(|c| c.tool.clone())
+            .collect();
         // Every server at once, each within its own start-up deadline: a
         // slow or failing one holds no other's tools.
         let mut set = tokio::task::JoinSet::new();
@@ -1004,7 +1030,7 @@ impl ServerHandler for Session {
             match r {
                 Ok(list) => tools.extend(
                     list.into_iter()
-                        .filter(|e| e.refused.is_none())
+                        .filter(|e| e.refused.is_none() && self.granted(Kind::Tool, &e.tool.name))
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
@@ -1028,6 +1054,33 @@ impl ServerHandler for Session {
             .client_info()
             .map(|i| format!("mcp:{}", i.name))
             .unwrap_or_else(|| "mcp".into());
+        // Another principal's request is refused, audited as that
+        // principal's; a name not granted is refused before anything
+        // starts.
+        let refused = match self.same_caller(&context) {
+            Err((p, e)) => Some((
+                Caller {
+                    principal: Some(p.subject),
+                    tenant: p.tenant,
+                    ..self.who(&caller)
+                },
+                e,
+            )),
+            Ok(_) if !self.granted(cordon_policy::access::Kind::Tool, &name) => Some((
+                self.who(&caller),
+                self.not_granted(cordon_policy::access::Kind::Tool, &name),
+            )),
+            Ok(_) => None,
+        };
+        if let Some((who, e)) = refused {
+            let r = Err(e);
+            CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
+                &self.gw.broker,
+                &who,
+                &r,
+            )?;
+            return r.map(Into::into);
+        }
         if let Some(t) = self.gw.commands.get(&name) {
             return self
                 .call_command(t, request.arguments.as_ref(), caller)
