@@ -63,7 +63,8 @@ pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServ
     let (audit, _) = cordon_broker::open_audit(opts.audit.clone(), opts.audit_fail_open)
         .map_err(GatewayError::Sandbox)?;
     let mut s = RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
-        .with_audit(Arc::new(audit));
+        .with_audit(Arc::new(audit))
+        .with_tenant_uids(broker.tenant_uids().clone());
     if let Some(cb) = broker.credentials() {
         s = s.with_credentials(cb.clone());
     }

@@ -569,3 +569,137 @@ async fn a_tenant_never_gets_a_sandbox_pooled_for_another() {
     assert_eq!(globex.len(), 2);
     assert!(globex.iter().all(|r| r.principal.as_deref() == Some("bob")));
 }
+
+/// A gateway over `manifest` whose broker has (or lacks) a subordinate
+/// range for tenants' host uids.
+async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Availability) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, manifest).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let broker = cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+        audit: Some(audit.clone()),
+        tenant_uids: Some(uids),
+        ..Default::default()
+    })
+    .unwrap();
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).unwrap());
+    let loaded = cordon_policy::load(&m).unwrap();
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    assert!(
+        gw.tool_names().iter().any(|n| n == "mark"),
+        "{:?}",
+        gw.warnings()
+    );
+    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{}{}",
+        listener.local_addr().unwrap(),
+        cordon_mcp::HTTP_PATH
+    );
+    let stop = CancellationToken::new();
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    tokio::spawn(cordon_mcp::serve_http(
+        Arc::new(gw),
+        listener,
+        http,
+        stop.clone(),
+    ));
+    Served {
+        url,
+        audit,
+        stop,
+        _dir: dir,
+    }
+}
+
+const MARK: &str = r#"tools:
+  mark:
+    profile: P1
+    lifetime: pool
+    pool: {size: 1}
+    command: ["/bin/cat", "/proc/self/uid_map"]
+"#;
+
+/// The host uid a call of `mark` ran as: its user namespace's map says
+/// `<inner uid> <host uid> 1`.
+async fn marked_by(c: &Client) -> u32 {
+    let r = call(c, "mark", json!({})).await.unwrap();
+    let t = text_of(&r);
+    t.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == "1")
+                .then(|| f[1].parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no uid map in {t:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_tenant_runs_under_a_host_uid_of_its_own() {
+    use cordon_broker::tenant_uids::{Availability, TenantUids};
+    if cordon_sys::io::geteuid() != 0 {
+        skip::skip_or_fail("tenant uids", "only a root broker maps other host uids");
+        return;
+    }
+    // The control: without a range every tenant is the shared uid.
+    let s = serve_with_uids(MARK, Availability::Off("no range (test)".into())).await;
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+    assert_eq!(marked_by(&alice).await, 65534);
+    assert_eq!(marked_by(&bob).await, 65534);
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(
+        recs.iter()
+            .all(|r| r.tenant_uid.is_none() && r.shared_uid.as_deref() == Some("no range (test)")),
+        "{recs:#?}"
+    );
+    drop(s);
+
+    let state = tempfile::tempdir().unwrap();
+    let uids = TenantUids {
+        uid_first: 420_000,
+        gid_first: 420_000,
+        count: 16,
+        state_dir: state.path().join("tenant-uids"),
+    };
+    let s = serve_with_uids(MARK, Availability::InForce(uids.clone())).await;
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+    let (a, b) = tokio::join!(marked_by(&alice), marked_by(&bob));
+    assert_ne!(a, b, "two tenants share host uid {a}");
+    assert!((420_000..420_016).contains(&a) && (420_000..420_016).contains(&b));
+    // Stable: later calls (from the refilled pools) keep each tenant's uid.
+    assert_eq!(marked_by(&alice).await, a);
+    assert_eq!(marked_by(&bob).await, b);
+    assert_eq!(uids.ids_of("acme").unwrap().0, a);
+    assert_eq!(uids.ids_of("globex").unwrap().0, b);
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    for r in &recs {
+        let want = if r.tenant.as_deref() == Some("acme") {
+            a
+        } else {
+            b
+        };
+        assert_eq!(r.tenant_uid, Some(want), "{r:#?}");
+        assert!(r.shared_uid.is_none(), "{r:#?}");
+    }
+}
