@@ -319,7 +319,10 @@ impl Broker {
         if let Some(p) = pools.get(&key) {
             return Some(Ok(p.clone()));
         }
-        let made = Pool::new(
+        // One status file per tenant's pool of the tool.
+        use sha2::Digest as _;
+        let tenant_key = hex::encode(sha2::Sha256::digest(tenant.as_bytes()));
+        let made = Pool::labelled(
             admitted.runtime.clone(),
             admitted.spec.clone(),
             cordon_runtime::pool::Settings {
@@ -327,6 +330,7 @@ impl Broker {
                 refill: settings.refill,
             },
             cordon_runtime::pool::status_dir(),
+            &format!("{}.{}", policy.name, &tenant_key[..12]),
         );
         Some(match made {
             Ok(p) => {
