@@ -110,7 +110,7 @@ impl Session {
     pub(crate) fn same_caller(
         &self,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Option<Principal>, (Principal, ErrorData)> {
+    ) -> Result<Option<Principal>, Box<(Principal, ErrorData)>> {
         let Some(p) = of_request(context) else {
             return Ok(None);
         };
@@ -125,7 +125,7 @@ impl Session {
                     ),
                     json!({}),
                 );
-                Err((p, e))
+                Err(Box::new((p, e)))
             }
         }
     }
@@ -135,6 +135,6 @@ impl Session {
         &self,
         context: &RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.same_caller(context).map(|_| ()).map_err(|(_, e)| e)
+        self.same_caller(context).map(|_| ()).map_err(|b| b.1)
     }
 }

@@ -1059,14 +1059,17 @@ impl ServerHandler for Session {
         // principal's; a name not granted is refused before anything
         // starts.
         let refused = match self.same_caller(&context) {
-            Err((p, e)) => Some((
-                Caller {
-                    principal: Some(p.subject),
-                    tenant: p.tenant,
-                    ..self.who(&caller)
-                },
-                e,
-            )),
+            Err(refused) => {
+                let (p, e) = *refused;
+                Some((
+                    Caller {
+                        principal: Some(p.subject),
+                        tenant: p.tenant,
+                        ..self.who(&caller)
+                    },
+                    e,
+                ))
+            }
             Ok(_) if !self.granted(cordon_policy::access::Kind::Tool, &name) => Some((
                 self.who(&caller),
                 self.not_granted(cordon_policy::access::Kind::Tool, &name),
