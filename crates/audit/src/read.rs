@@ -25,6 +25,10 @@ pub struct Filter {
     pub since: Option<Duration>,
     /// Only records where something was denied or refused ([`AuditRecord::is_denied`]).
     pub denied_only: bool,
+    /// Only records of this principal (its subject).
+    pub principal: Option<String>,
+    /// Only records of this tenant.
+    pub tenant: Option<String>,
 }
 
 impl Filter {
@@ -42,6 +46,14 @@ impl Filter {
         self.tool.as_ref().is_none_or(|t| *t == r.tool)
             && cutoff.is_none_or(|c| r.time >= c)
             && (!self.denied_only || r.is_denied())
+            && self
+                .principal
+                .as_ref()
+                .is_none_or(|p| r.principal.as_ref() == Some(p))
+            && self
+                .tenant
+                .as_ref()
+                .is_none_or(|t| r.tenant.as_ref() == Some(t))
     }
 }
 
@@ -345,10 +357,13 @@ pub fn render_line(r: &AuditRecord) -> String {
         q(&r.tool),
         q(&r.profile)
     );
+    let none = String::new();
     for (k, v) in [
         ("runtime", &r.runtime),
         ("session", &r.session),
         ("caller", &r.caller),
+        ("principal", r.principal.as_ref().unwrap_or(&none)),
+        ("tenant", r.tenant.as_ref().unwrap_or(&none)),
     ] {
         if !v.is_empty() {
             let _ = write!(s, " {k}=\"{}\"", q(v));

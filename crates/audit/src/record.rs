@@ -215,6 +215,14 @@ pub struct AuditRecord {
     /// The session's tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The host uid the call's sandbox ran as, when it is its tenant's own
+    /// (from a subordinate range).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_uid: Option<u32>,
+    /// Why the call's sandbox ran under the host uid every tenant shares,
+    /// when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_uid: Option<String>,
     pub input: Payload,
     pub output: Payload,
     pub duration_ms: u64,
@@ -253,6 +261,8 @@ impl AuditRecord {
             caller: String::new(),
             principal: None,
             tenant: None,
+            tenant_uid: None,
+            shared_uid: None,
             input: Payload::of(b"", false),
             output: Payload::of(b"", false),
             duration_ms: 0,

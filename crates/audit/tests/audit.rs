@@ -290,7 +290,8 @@ fn query_filters_by_tool_time_and_denial() {
         ids(Filter {
             tool: Some("b".into()),
             since: Some(Duration::from_secs(600)),
-            denied_only: true
+            denied_only: true,
+            ..Filter::default()
         }),
         [2, 3]
     );
@@ -465,4 +466,45 @@ fn gate_summary_from_a_gated_result() {
     let mut r = rec("t", 1);
     r.gate = Some(g);
     assert!(!r.is_denied());
+}
+
+#[test]
+fn query_filters_by_principal_and_tenant_and_the_line_shows_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let log = AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap());
+    let of = |n: u64, principal: Option<&str>, tenant: Option<&str>| {
+        let mut r = rec("t", n);
+        r.principal = principal.map(Into::into);
+        r.tenant = tenant.map(Into::into);
+        r
+    };
+    log.record(&of(0, Some("alice"), Some("acme"))).unwrap();
+    log.record(&of(1, Some("bob"), Some("globex"))).unwrap();
+    log.record(&of(2, Some("alice"), Some("globex"))).unwrap();
+    // A record written before principals existed.
+    log.record(&of(3, None, None)).unwrap();
+    let ids =
+        |f: Filter| -> Vec<u64> { query(&path, &f).map(|r| r.unwrap().duration_ms).collect() };
+    let by = |p: Option<&str>, t: Option<&str>| Filter {
+        principal: p.map(Into::into),
+        tenant: t.map(Into::into),
+        ..Filter::default()
+    };
+    assert_eq!(ids(by(Some("alice"), None)), [0, 2]);
+    assert_eq!(ids(by(None, Some("globex"))), [1, 2]);
+    assert_eq!(ids(by(Some("alice"), Some("globex"))), [2]);
+    assert_eq!(ids(by(Some("carol"), None)), Vec::<u64>::new());
+    assert_eq!(ids(by(None, None)), [0, 1, 2, 3]);
+
+    let line = render_line(&of(4, Some("al\"ice"), Some("acme")));
+    assert!(
+        line.contains(" caller=\"agent\" principal=\"al\\\"ice\" tenant=\"acme\""),
+        "{line}"
+    );
+    let line = render_line(&of(5, None, None));
+    assert!(
+        !line.contains("principal=") && !line.contains("tenant="),
+        "{line}"
+    );
 }

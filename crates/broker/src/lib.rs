@@ -3,6 +3,8 @@
 //! [`Broker::call`]; nothing else launches a tool.
 #![forbid(unsafe_code)]
 
+pub mod tenant_uids;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -61,6 +63,8 @@ pub struct Broker {
     /// sandbox is never handed to another tenant); `None`: this broker
     /// keeps none (one-shot).
     pools: Option<Mutex<Pools>>,
+    /// Whether each tenant's sandboxes get host uids of their own.
+    tenant_uids: tenant_uids::Availability,
     pub session: String,
     pub caller: String,
 }
@@ -223,6 +227,8 @@ pub struct BrokerOptions {
     /// A broker that makes one call and exits: no warm pools (`lifetime:
     /// pool` tools cold-start; a pool's sandboxes would start for nothing).
     pub one_shot: bool,
+    /// Host uids per tenant (`None`: [`tenant_uids::TenantUids::discover`]).
+    pub tenant_uids: Option<tenant_uids::Availability>,
 }
 
 impl BrokerOptions {
@@ -235,6 +241,7 @@ impl BrokerOptions {
             native: cordon_runtime::native::Options::one_shot(),
             credentials: None,
             one_shot: true,
+            tenant_uids: None,
         }
     }
 }
@@ -287,6 +294,10 @@ impl Broker {
             audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
             pools: (!opts.one_shot).then(|| Mutex::new(std::collections::HashMap::new())),
+            tenant_uids: opts
+                .tenant_uids
+                .clone()
+                .unwrap_or_else(tenant_uids::TenantUids::discover),
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
@@ -308,7 +319,10 @@ impl Broker {
         if let Some(p) = pools.get(&key) {
             return Some(Ok(p.clone()));
         }
-        let made = Pool::new(
+        // One status file per tenant's pool of the tool.
+        use sha2::Digest as _;
+        let tenant_key = hex::encode(sha2::Sha256::digest(tenant.as_bytes()));
+        let made = Pool::labelled(
             admitted.runtime.clone(),
             admitted.spec.clone(),
             cordon_runtime::pool::Settings {
@@ -316,6 +330,7 @@ impl Broker {
                 refill: settings.refill,
             },
             cordon_runtime::pool::status_dir(),
+            &format!("{}.{}", policy.name, &tenant_key[..12]),
         );
         Some(match made {
             Ok(p) => {
@@ -398,6 +413,37 @@ impl Broker {
         w
     }
 
+    /// Whether each tenant's sandboxes run under host uids of their own
+    /// here, or why not.
+    pub fn tenant_uids(&self) -> &tenant_uids::Availability {
+        &self.tenant_uids
+    }
+
+    /// The host uid and gid of `tenant` for a sandbox of `policy`: `None`
+    /// where tenants share one (no range, an unprivileged broker, a runtime
+    /// other than native, P0); `Err` when the range has none left.
+    pub fn tenant_ids(
+        &self,
+        policy: &ToolPolicy,
+        tenant: &str,
+    ) -> Result<Option<(u32, u32)>, String> {
+        self.tenant_uids.ids_for(policy, tenant)
+    }
+
+    /// Why a sandbox of `policy` runs under the shared host uid.
+    fn shared_uid_reason(&self, policy: &ToolPolicy) -> Option<String> {
+        if policy.profile == cordon_policy::policy::Profile::P0 {
+            return None;
+        }
+        Some(match &self.tenant_uids {
+            tenant_uids::Availability::Off(why) => why.clone(),
+            tenant_uids::Availability::InForce(_) => format!(
+                "runtime {} does not map tenants to uids of their own",
+                cordon_runtime::kind_name(policy.runtime)
+            ),
+        })
+    }
+
     /// Run one call of `policy` with `input` on stdin.
     pub fn call(&self, policy: &ToolPolicy, input: Vec<u8>) -> Result<CallResult, CallError> {
         let who = Caller::new(&self.session, &self.caller);
@@ -453,10 +499,19 @@ impl Broker {
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
-        let admitted = match admitted {
+        let mut admitted = match admitted {
             Ok(a) => a,
             Err(msg) => return refuse(rec, msg),
         };
+        // The tenant's own host uid, where this host has a range for them.
+        match self.tenant_ids(policy, &who.tenant) {
+            Ok(Some(ids)) => {
+                admitted.spec.host_ids = Some(ids);
+                rec.tenant_uid = Some(ids.0);
+            }
+            Ok(None) => rec.shared_uid = self.shared_uid_reason(policy),
+            Err(msg) => return refuse(rec, msg),
+        }
         let gate = match self.gate(policy) {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),

@@ -31,6 +31,12 @@ pub enum AuditCmd {
         /// Only calls where something was denied or refused.
         #[arg(long)]
         denied: bool,
+        /// Only calls of this principal (its subject, e.g. `local:1000`).
+        #[arg(long)]
+        principal: Option<String>,
+        /// Only calls of this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Print JSON Lines instead of one readable line per record.
         #[arg(long)]
         json: bool,
@@ -50,6 +56,8 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<ExitCode> {
             tool,
             since,
             denied,
+            principal,
+            tenant,
             json,
             file,
         } => {
@@ -62,6 +70,8 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<ExitCode> {
                 tool,
                 since,
                 denied_only: denied,
+                principal,
+                tenant,
             };
             for r in cordon_audit::query(&path, &filter) {
                 let r = r.map_err(|e| anyhow!("{e}"))?;

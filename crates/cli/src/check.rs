@@ -24,6 +24,13 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
     for t in loaded.policy.tools.values() {
         println!("{}", summary_line(t));
     }
+    match &loaded.policy.access {
+        Some(a) => println!(
+            "access: {} grants; a caller uses only what one gives it",
+            a.grants.len()
+        ),
+        None => println!("access: no grants; every caller may use every tool"),
+    }
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }

@@ -251,6 +251,30 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         },
         how: "on a pure cgroup v2 host below its root cgroup: StartTransientUnit (a scope with Delegate=yes holding this process) on the systemd manager's D-Bus (the user bus for an unprivileged user, the system bus for root; or the manager's private socket)".into(),
     });
+    {
+        use cordon_broker::tenant_uids::{Availability, RANGE_ENV, SUBID_USER, TenantUids};
+        let (ok, detail) = match TenantUids::discover() {
+            Availability::InForce(u) => (
+                true,
+                format!(
+                    "in force: each tenant's native sandboxes run as a uid of its own from {}+{} (gids from {}), kept under {}",
+                    u.uid_first,
+                    u.count,
+                    u.gid_first,
+                    u.state_dir.display()
+                ),
+            ),
+            Availability::Off(why) => (false, format!("not in force: {why}")),
+        };
+        checks.push(Check {
+            name: "per-tenant host uids",
+            ok,
+            detail,
+            how: format!(
+                "the `{SUBID_USER}` user's lines in /etc/subuid and /etc/subgid, or {RANGE_ENV}; root only"
+            ),
+        });
+    }
     checks.push(Check {
         name: "cgroup limits usable",
         ok: cg_usable,

@@ -46,12 +46,17 @@ pub fn explain(
             s.provider = Some(d.to_string());
         }
     }
-    let policy = &policy;
-    if json {
-        println!("{}", serde_json::to_string_pretty(policy)?);
-    } else {
-        let yaml = serde_saphyr::to_string(policy).context("rendering the policy as YAML")?;
-        println!("{}", yaml.trim_end());
+    // With an `access:` section, the grants that can reach this tool's
+    // names follow its policy (without one, every caller may use it).
+    match &loaded.policy.access {
+        None => print(&policy, json)?,
+        Some(access) => print(
+            &Explained {
+                policy: &policy,
+                access: grants_for(access, &policy),
+            },
+            json,
+        )?,
     }
     Ok(ExitCode::from(exit::OK))
 }
@@ -61,13 +66,51 @@ pub fn explain(
 pub fn explain_gateway(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let loaded = load(path)?;
     let g = serde_json::json!({ "gateway": loaded.policy.gateway });
+    print(&g, json)?;
+    Ok(ExitCode::from(exit::OK))
+}
+
+fn print(value: &impl serde::Serialize, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&g)?);
+        println!("{}", serde_json::to_string_pretty(value)?);
     } else {
-        let yaml = serde_saphyr::to_string(&g).context("rendering the policy as YAML")?;
+        let yaml = serde_saphyr::to_string(value).context("rendering the policy as YAML")?;
         println!("{}", yaml.trim_end());
     }
-    Ok(ExitCode::from(exit::OK))
+    Ok(())
+}
+
+/// A tool's policy and the grants that reach it.
+#[derive(serde::Serialize)]
+struct Explained<'a> {
+    #[serde(flatten)]
+    policy: &'a cordon_policy::ToolPolicy,
+    access: cordon_policy::access::Access,
+}
+
+/// The grants of `access` with a name that can be one of `policy`'s: its
+/// own name for a command tool; for an `mcp:` server, every tool, prompt
+/// and resource name (a server's names are known only once it lists them).
+fn grants_for(
+    access: &cordon_policy::access::Access,
+    policy: &cordon_policy::ToolPolicy,
+) -> cordon_policy::access::Access {
+    use cordon_policy::access::glob_matches;
+    let server = matches!(policy.exec, cordon_policy::policy::Exec::Mcp { .. });
+    let grants = access
+        .grants
+        .iter()
+        .filter_map(|g| {
+            let mut g = g.clone();
+            if !server {
+                g.tools.retain(|p| glob_matches(p, &policy.name));
+                g.prompts.clear();
+                g.resources.clear();
+            }
+            (!g.tools.is_empty() || !g.prompts.is_empty() || !g.resources.is_empty()).then_some(g)
+        })
+        .collect();
+    cordon_policy::access::Access { grants }
 }
 
 pub fn diff(old: &Path, new: &Path, json: bool) -> anyhow::Result<ExitCode> {

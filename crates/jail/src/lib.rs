@@ -132,6 +132,12 @@ pub struct JailSpec {
     /// [`JailSpec::trust_bundle_path`] says which file to name in variables
     /// such as `SSL_CERT_FILE`.
     pub trust_bundle: Option<Vec<u8>>,
+    /// The host uid and gid the sandbox maps to when the broker is root,
+    /// instead of [`JailOptions::host_uid_when_root`] and
+    /// [`JailOptions::host_gid_when_root`] (default `None`): a tenant's own
+    /// identity from a subordinate range. Ignored for an unprivileged
+    /// broker, which can map only its own uid, and for a supervisor.
+    pub host_ids: Option<(u32, u32)>,
 }
 
 /// Where a host root's trust bundle is written.
@@ -195,6 +201,7 @@ impl JailSpec {
             cwd: None,
             user: None,
             trust_bundle: None,
+            host_ids: None,
         }
     }
 

@@ -168,7 +168,8 @@ where
 
     // Identity: inside uid/gid, and what they map to on the host.
     let (host_uid, host_gid) = if facts.root {
-        (jail.opts.host_uid_when_root, jail.opts.host_gid_when_root)
+        spec.host_ids
+            .unwrap_or((jail.opts.host_uid_when_root, jail.opts.host_gid_when_root))
     } else {
         (facts.euid, facts.egid)
     };

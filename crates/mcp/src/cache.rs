@@ -9,6 +9,13 @@
 //! and the pins, which are applied to it as to a fresh one) and what the
 //! server offers. When the server starts, its fresh listing replaces the
 //! cached one; a listing that differs is handled like `list_changed`.
+//!
+//! Listings are kept per tenant (the tenant is part of the key): a server's
+//! listing can depend on what it holds (its state, the account its
+//! credentials reach), so one started for a session of tenant A never
+//! answers a session of tenant B, whose first listing starts a server of
+//! its own. What a server offers (a few capability flags, the same for
+//! every tenant of one program) is shared by the gateway's sessions.
 
 use std::path::{Path, PathBuf};
 
@@ -54,8 +61,8 @@ impl ListingCache {
         ListingCache { dir }
     }
 
-    /// The key of a server's program.
-    pub fn key(policy: &ToolPolicy) -> String {
+    /// The key of a server's program for `tenant`.
+    pub fn key(policy: &ToolPolicy, tenant: &str) -> String {
         // What cordon declares to the server (its listing can depend on
         // it: a server may offer tools only to a client that can sample).
         let program = match &policy.exec {
@@ -75,6 +82,7 @@ impl ListingCache {
         };
         let env: Vec<&String> = policy.env.keys().collect();
         let v = serde_json::json!({
+            "tenant": tenant,
             "program": program,
             "mounts": policy.mounts,
             "env": env,
@@ -84,24 +92,25 @@ impl ListingCache {
         hex::encode(h.finalize())
     }
 
-    fn path(&self, policy: &ToolPolicy) -> Option<PathBuf> {
+    fn path(&self, policy: &ToolPolicy, tenant: &str) -> Option<PathBuf> {
         Some(
             self.dir
                 .as_ref()?
-                .join(format!("{}.json", ListingCache::key(policy))),
+                .join(format!("{}.json", ListingCache::key(policy, tenant))),
         )
     }
 
-    /// The listing cached for this program, if any (an unreadable one is
-    /// none).
-    pub fn get(&self, policy: &ToolPolicy) -> Option<Listing> {
-        let text = std::fs::read(self.path(policy)?).ok()?;
+    /// The listing cached for this program and tenant, if any (an
+    /// unreadable one is none).
+    pub fn get(&self, policy: &ToolPolicy, tenant: &str) -> Option<Listing> {
+        let text = std::fs::read(self.path(policy, tenant)?).ok()?;
         serde_json::from_slice(&text).ok()
     }
 
-    /// Keep `listing` for this program; a failure is logged, not fatal.
-    pub fn put(&self, policy: &ToolPolicy, listing: &Listing) {
-        let Some(path) = self.path(policy) else {
+    /// Keep `listing` for this program and tenant; a failure is logged,
+    /// not fatal.
+    pub fn put(&self, policy: &ToolPolicy, tenant: &str, listing: &Listing) {
+        let Some(path) = self.path(policy, tenant) else {
             return;
         };
         if let Err(e) = write(&path, listing) {

@@ -20,6 +20,7 @@
 pub mod args;
 mod cache;
 mod caps;
+mod grants;
 pub mod http;
 pub mod lifetime;
 mod names;
@@ -64,7 +65,8 @@ pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServ
     let (audit, _) = cordon_broker::open_audit(opts.audit.clone(), opts.audit_fail_open)
         .map_err(GatewayError::Sandbox)?;
     let mut s = RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
-        .with_audit(Arc::new(audit));
+        .with_audit(Arc::new(audit))
+        .with_tenant_uids(broker.tenant_uids().clone());
     if let Some(cb) = broker.credentials() {
         s = s.with_credentials(cb.clone());
     }
@@ -132,6 +134,8 @@ pub struct Gateway {
     names: Arc<names::NameClaims>,
     /// The listings servers last gave (disabled unless set).
     cache: cache::ListingCache,
+    /// The manifest's grants (`None`: every caller may use everything).
+    access: Option<Arc<cordon_policy::access::Access>>,
     warnings: Vec<String>,
     seq: AtomicU64,
     /// `max_concurrent`, `max_sandboxes`, per-principal rates and sessions.
@@ -227,6 +231,7 @@ impl Gateway {
             sandbox,
             names,
             cache: cache::ListingCache::default(),
+            access: policy.access.clone().map(Arc::new),
             warnings,
             seq: AtomicU64::new(0),
             caps,
@@ -240,7 +245,9 @@ impl Gateway {
     pub fn with_listing_cache(mut self, dir: Option<PathBuf>) -> Gateway {
         self.cache = cache::ListingCache::new(dir);
         for (p, offers) in &self.servers {
-            if let Some(l) = self.cache.get(p)
+            // Only what each server offers is read here (shared by every
+            // tenant); tool listings are read per tenant when listed.
+            if let Some(l) = self.cache.get(p, cordon_auth::DEFAULT_TENANT)
                 && let Ok(mut o) = offers.lock()
                 && o.is_none()
             {
@@ -465,7 +472,9 @@ impl CallAudit {
                     | "unknown_prompt"
                     | "unknown_resource"
                     | "ambiguous_resource"
-                    | "not_offered" => A::Denied,
+                    | "not_offered"
+                    | "not_granted"
+                    | "session_refused" => A::Denied,
                     "limit_hit" => A::LimitHit,
                     "busy" | "rate_limited" | "too_many_sessions" => A::Busy,
                     "gate_refused" => A::Refused,
@@ -823,10 +832,17 @@ impl Session {
     /// server's exposed tools (`<tool>: not listed` when this session has
     /// not listed them).
     fn unknown(&self, name: &str) -> ErrorData {
-        let mut served: Vec<String> = self.gw.commands.keys().cloned().collect();
+        let granted = |n: &String| self.granted(cordon_policy::access::Kind::Tool, n);
+        let mut served: Vec<String> = self
+            .gw
+            .commands
+            .keys()
+            .filter(|n| granted(n))
+            .cloned()
+            .collect();
         for u in &self.upstreams {
             match u.listed_tool_names() {
-                Some(names) => served.extend(names),
+                Some(names) => served.extend(names.into_iter().filter(granted)),
                 None => served.push(format!("(the tools of {}: not listed)", u.name())),
             }
         }
@@ -929,19 +945,12 @@ impl ServerHandler for Session {
         // On HTTP the principal is the request's (the authentication layer
         // puts it in the request's extensions); without one, unauthenticated.
         // On stdio it was set when the session was made.
-        let p = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<cordon_auth::Principal>())
-            .cloned()
-            .unwrap_or_else(cordon_auth::Principal::unauthenticated);
-        if self.principal.get().is_none()
-            && let Err(was) = self.set_principal(p)
-        {
-            return Err(ErrorData::invalid_request(
-                format!("this session belongs to {}", was.subject),
-                None,
-            ));
+        // A session initialized again by another principal is refused.
+        match grants::of_request(&context) {
+            Some(_) => self.check_caller(&context)?,
+            None => {
+                let _ = self.set_principal(cordon_auth::Principal::unauthenticated());
+            }
         }
         if let Some(parts) = context.extensions.get::<axum::http::request::Parts>()
             && let Some(link) = parts.extensions.get::<Arc<lifetime::SessionLink>>()
@@ -959,8 +968,9 @@ impl ServerHandler for Session {
 
     async fn discover(
         &self,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, ErrorData> {
+        self.check_caller(&context)?;
         self.learn_offers().await;
         Ok(rmcp::model::DiscoverResult::from_server_info(
             self.supported_protocol_versions().into_owned(),
@@ -974,8 +984,9 @@ impl ServerHandler for Session {
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         if let Ok(mut l) = self.log_level.lock() {
             *l = Some(request.level);
         }
@@ -987,6 +998,7 @@ impl ServerHandler for Session {
         request: rmcp::model::CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.completions, "completion/complete")?;
         Session::complete(self, request, &context.ct).await
     }
@@ -996,6 +1008,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/list")?;
         Ok(rmcp::model::ListResourcesResult::with_all_items(
             self.all_resources(&context.ct).await,
@@ -1007,6 +1020,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/templates/list")?;
         Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(
             self.all_templates(&context.ct).await,
@@ -1018,6 +1032,7 @@ impl ServerHandler for Session {
         request: rmcp::model::ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        self.check_caller(&context)?;
         self.read(&request.uri, &context).await.map(Into::into)
     }
 
@@ -1027,6 +1042,7 @@ impl ServerHandler for Session {
         request: rmcp::model::SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         Session::subscribe(self, &request.uri, true, &context).await
     }
 
@@ -1036,6 +1052,7 @@ impl ServerHandler for Session {
         request: rmcp::model::UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.check_caller(&context)?;
         Session::subscribe(self, &request.uri, false, &context).await
     }
 
@@ -1044,6 +1061,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.check_caller(&context)?;
         self.offering_or_not_found(|o| o.prompts, "prompts/list")?;
         Ok(rmcp::model::ListPromptsResult::with_all_items(
             self.all_prompts(&context.ct).await,
@@ -1055,6 +1073,7 @@ impl ServerHandler for Session {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        self.check_caller(&context)?;
         self.prompt(&request.name, request.arguments, &context)
             .await
             .map(Into::into)
@@ -1066,7 +1085,15 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let mut tools: Vec<Tool> = self.gw.commands.values().map(|c| c.tool.clone()).collect();
+        use cordon_policy::access::Kind;
+        self.check_caller(&context)?;
+        let mut tools: Vec<Tool> = self
+            .gw
+            .commands
+            .values()
+            .filter(|c| self.granted(Kind::Tool, &c.policy.name))
+            .map(|c| c.tool.clone())
+            .collect();
         // Every server at once, each within its own start-up deadline: a
         // slow or failing one holds no other's tools.
         let mut set = tokio::task::JoinSet::new();
@@ -1085,7 +1112,7 @@ impl ServerHandler for Session {
             match r {
                 Ok(list) => tools.extend(
                     list.into_iter()
-                        .filter(|e| e.refused.is_none())
+                        .filter(|e| e.refused.is_none() && self.granted(Kind::Tool, &e.tool.name))
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
@@ -1109,6 +1136,36 @@ impl ServerHandler for Session {
             .client_info()
             .map(|i| format!("mcp:{}", i.name))
             .unwrap_or_else(|| "mcp".into());
+        // Another principal's request is refused, audited as that
+        // principal's; a name not granted is refused before anything
+        // starts.
+        let refused = match self.same_caller(&context) {
+            Err(refused) => {
+                let (p, e) = *refused;
+                Some((
+                    Caller {
+                        principal: Some(p.subject),
+                        tenant: p.tenant,
+                        ..self.who(&caller)
+                    },
+                    e,
+                ))
+            }
+            Ok(_) if !self.granted(cordon_policy::access::Kind::Tool, &name) => Some((
+                self.who(&caller),
+                self.not_granted(cordon_policy::access::Kind::Tool, &name),
+            )),
+            Ok(_) => None,
+        };
+        if let Some((who, e)) = refused {
+            let r = Err(e);
+            CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
+                &self.gw.broker,
+                &who,
+                &r,
+            )?;
+            return r.map(Into::into);
+        }
         if let Some(t) = self.gw.commands.get(&name) {
             let profile = cordon_broker::profile_name(t.policy.profile);
             let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());

@@ -86,6 +86,10 @@ pub enum Refusal {
     UnknownResource,
     AmbiguousResource,
     NotOffered,
+    /// The `access:` grants give the session's principal no such name.
+    NotGranted,
+    /// The request's principal is not the one that opened the session.
+    SessionRefused,
     /// The audit record could not be written: the result is withheld.
     AuditFailed,
     /// A cap at the door: the tool's `max_concurrent` (after its
@@ -113,6 +117,8 @@ impl Refusal {
             Refusal::UnknownResource => "unknown_resource",
             Refusal::AmbiguousResource => "ambiguous_resource",
             Refusal::NotOffered => "not_offered",
+            Refusal::NotGranted => "not_granted",
+            Refusal::SessionRefused => "session_refused",
             Refusal::AuditFailed => "audit_failed",
             Refusal::Busy => "busy",
             Refusal::RateLimited => "rate_limited",
@@ -129,9 +135,11 @@ impl Refusal {
             | Refusal::NotOffered => ErrorCode::INVALID_PARAMS,
             // The code the MCP specification gives an unknown resource.
             Refusal::UnknownResource => ErrorCode::RESOURCE_NOT_FOUND,
-            Refusal::PolicyRefused | Refusal::DescriptionChanged | Refusal::NameRefused => {
-                ErrorCode::INVALID_REQUEST
-            }
+            Refusal::PolicyRefused
+            | Refusal::DescriptionChanged
+            | Refusal::NameRefused
+            | Refusal::NotGranted
+            | Refusal::SessionRefused => ErrorCode::INVALID_REQUEST,
             _ => ErrorCode::INTERNAL_ERROR,
         }
     }

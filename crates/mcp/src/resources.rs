@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::render::{Refusal, refusal};
 use crate::upstream::{Exposure, Upstream};
 use crate::{CallAudit, Session};
+use cordon_policy::access::Kind;
 
 /// The scheme of cordon's own resource URIs.
 pub const SCHEME: &str = "cordon://";
@@ -163,6 +164,9 @@ impl Session {
         let mut out = Vec::new();
         for (u, rs) in per {
             for mut r in rs {
+                if !self.resource_granted(u.name(), &r.uri) {
+                    continue;
+                }
                 if count.get(&r.uri).copied().unwrap_or(0) > 1 {
                     r.uri = cordon_uri(u.name(), &r.uri);
                 }
@@ -176,7 +180,10 @@ impl Session {
         let mut out = Vec::new();
         for u in &self.upstreams {
             match u.list_templates(Some(ct)).await {
-                Ok(t) => out.extend(t),
+                Ok(t) => out.extend(
+                    t.into_iter()
+                        .filter(|t| self.resource_granted(u.name(), &t.uri_template)),
+                ),
                 Err(e) => eprintln!(
                     "cordon: warning: {}: resource templates not listed: {}",
                     u.name(),
@@ -191,7 +198,10 @@ impl Session {
         let mut out = Vec::new();
         for u in &self.upstreams {
             match u.list_prompts(Some(ct)).await {
-                Ok(p) => out.extend(p),
+                Ok(p) => out.extend(
+                    p.into_iter()
+                        .filter(|p| self.granted(Kind::Prompt, &p.name)),
+                ),
                 Err(e) => eprintln!(
                     "cordon: warning: {}: prompts not listed: {}",
                     u.name(),
@@ -293,6 +303,28 @@ impl Session {
         }
     }
 
+    /// [`Session::route`] under the grants: a URI not granted is refused
+    /// as such whether or not a server exposes it, and a caller granted no
+    /// resource at all starts no server to find out.
+    async fn granted_route(
+        &self,
+        uri: &str,
+        ct: &CancellationToken,
+    ) -> Result<(Arc<Upstream>, String), ErrorData> {
+        if !self.granted_any(Kind::Resource) {
+            return Err(self.not_granted(Kind::Resource, uri));
+        }
+        match self.route(uri, ct).await {
+            Ok((u, original)) if !self.resource_granted(u.name(), &original) => {
+                Err(self.not_granted(Kind::Resource, uri))
+            }
+            Err(_) if !self.granted(Kind::Resource, uri) => {
+                Err(self.not_granted(Kind::Resource, uri))
+            }
+            r => r,
+        }
+    }
+
     /// `resources/read`: routed to exactly one server, the contents gated,
     /// the read audited like a call.
     pub(crate) async fn read(
@@ -302,7 +334,7 @@ impl Session {
     ) -> Result<ReadResourceResult, ErrorData> {
         let input = serde_json::to_vec(&json!({"method": "resources/read", "uri": uri}))
             .unwrap_or_default();
-        let routed = self.route(uri, &context.ct).await;
+        let routed = self.granted_route(uri, &context.ct).await;
         let (audit, r) = match routed {
             Ok((u, original)) => (
                 CallAudit::with_input(u.name(), u.profile(), "mcp", input).recording_input(),
@@ -336,7 +368,7 @@ impl Session {
         on: bool,
         context: &rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (u, original) = self.route(uri, &context.ct).await?;
+        let (u, original) = self.granted_route(uri, &context.ct).await?;
         u.subscribe(&original, on, context.peer.clone(), Some(&context.ct))
             .await
     }
@@ -351,13 +383,17 @@ impl Session {
         let input =
             serde_json::to_vec(&json!({"method": "prompts/get", "name": name, "arguments": args}))
                 .unwrap_or_default();
-        let owner = self.owner(crate::names::Space::Prompts, name).await;
+        let owner = match self.granted(Kind::Prompt, name) {
+            true => Ok(self.owner(crate::names::Space::Prompts, name).await),
+            false => Err(self.not_granted(Kind::Prompt, name)),
+        };
         let (audit, r) = match owner {
-            Some(u) => (
+            Err(e) => (CallAudit::with_input(name, "", "none", input), Err(e)),
+            Ok(Some(u)) => (
                 CallAudit::with_input(name, u.profile(), "mcp", input),
                 u.get_prompt(name, args, Some(&context.ct)).await,
             ),
-            None => {
+            Ok(None) => {
                 let known: Vec<String> = self
                     .all_prompts(&context.ct)
                     .await
@@ -402,8 +438,16 @@ impl Session {
         ct: &CancellationToken,
     ) -> Result<CompleteResult, ErrorData> {
         let owner = match &params.r#ref {
-            Reference::Prompt(p) => self.owner(crate::names::Space::Prompts, &p.name).await,
+            Reference::Prompt(p) => {
+                if !self.granted(Kind::Prompt, &p.name) {
+                    return Err(self.not_granted(Kind::Prompt, &p.name));
+                }
+                self.owner(crate::names::Space::Prompts, &p.name).await
+            }
             Reference::Resource(r) => {
+                if !self.granted_any(Kind::Resource) {
+                    return Err(self.not_granted(Kind::Resource, &r.uri));
+                }
                 let mut found = None;
                 for u in self.offering(true) {
                     if u.list_templates(Some(ct))
@@ -413,6 +457,11 @@ impl Session {
                         found = Some(u.clone());
                         break;
                     }
+                }
+                if let Some(u) = &found
+                    && !self.resource_granted(u.name(), &r.uri)
+                {
+                    return Err(self.not_granted(Kind::Resource, &r.uri));
                 }
                 found
             }

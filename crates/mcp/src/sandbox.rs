@@ -57,6 +57,8 @@ pub struct RuntimeServers {
     max_lifetime: Duration,
     audit: Option<Arc<cordon_audit::AuditLog>>,
     credentials: Option<Arc<cordon_broker::CredentialBroker>>,
+    /// Host uids per tenant (`None`: every server maps to the shared one).
+    tenant_uids: Option<cordon_broker::tenant_uids::Availability>,
 }
 
 impl RuntimeServers {
@@ -66,7 +68,18 @@ impl RuntimeServers {
             max_lifetime,
             audit: None,
             credentials: None,
+            tenant_uids: None,
         }
+    }
+
+    /// Run each tenant's servers under its own host uid where `uids` is
+    /// in force.
+    pub fn with_tenant_uids(
+        mut self,
+        uids: cordon_broker::tenant_uids::Availability,
+    ) -> RuntimeServers {
+        self.tenant_uids = Some(uids);
+        self
     }
 
     /// Mint each server's secrets through `broker` (without one, a server
@@ -141,6 +154,9 @@ impl ServerSandbox for RuntimeServers {
         }
         let mut admitted = self.registry.admit(&p, Use::Serve)?;
         admitted.spec.limits.wall = self.max_lifetime;
+        if let Some(u) = &self.tenant_uids {
+            admitted.spec.host_ids = u.ids_for(policy, &who.tenant)?;
+        }
         let tool = policy.name.clone();
         let profile = cordon_broker::profile_name(policy.profile);
         let audit = self.audit.clone();

@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::access::{Access, Grantee, Kind, glob_covers};
 use crate::policy::{
     Deliver, Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp,
     Secret, ToolPolicy,
@@ -50,7 +51,89 @@ pub fn diff(old: &PolicySet, new: &PolicySet) -> Vec<Change> {
         }
     }
     crate::gateway::diff_gateway(&old.gateway, &new.gateway, &mut out);
+    diff_access(old.access.as_ref(), new.access.as_ref(), &mut out);
     out
+}
+
+/// What [`Change::tool`] says for a change of the manifest's grants.
+pub const ACCESS: &str = "(access)";
+
+const EVERYONE: &str = "(none: every caller may use everything)";
+
+fn grants_summary(a: &Access) -> String {
+    format!("{} grants", a.grants.len())
+}
+
+/// The patterns each grantee is given, grants to the same principals
+/// merged.
+fn by_grantee(a: &Access) -> BTreeMap<&Grantee, [BTreeSet<&String>; 3]> {
+    let mut m: BTreeMap<&Grantee, [BTreeSet<&String>; 3]> = BTreeMap::new();
+    for g in &a.grants {
+        let e = m.entry(&g.to).or_default();
+        for (i, k) in Kind::ALL.iter().enumerate() {
+            e[i].extend(g.patterns(*k));
+        }
+    }
+    m
+}
+
+/// Grants added, removed or changed: dropping the section, a new
+/// principal, and a name or glob no old one covers weaken.
+fn diff_access(old: Option<&Access>, new: Option<&Access>, out: &mut Vec<Change>) {
+    let (o, n) = match (old, new) {
+        (None, None) => return,
+        (Some(o), None) => {
+            out.push(change(ACCESS, "access", &grants_summary(o), EVERYONE, true));
+            return;
+        }
+        (None, Some(n)) => {
+            out.push(change(
+                ACCESS,
+                "access",
+                EVERYONE,
+                &grants_summary(n),
+                false,
+            ));
+            return;
+        }
+        (Some(o), Some(n)) => (by_grantee(o), by_grantee(n)),
+    };
+    let who: BTreeSet<&&Grantee> = o.keys().chain(n.keys()).collect();
+    for g in who {
+        let field = |k: &str| format!("grants[{g}]{k}");
+        let list = |p: &[BTreeSet<&String>; 3]| {
+            Kind::ALL
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !p[*i].is_empty())
+                .map(|(i, k)| {
+                    let v: Vec<&str> = p[i].iter().map(|s| s.as_str()).collect();
+                    format!("{}: [{}]", k.key(), v.join(", "))
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        match (o.get(*g), n.get(*g)) {
+            (None, Some(np)) => {
+                let grants_any = np.iter().any(|s| !s.is_empty());
+                out.push(change(ACCESS, &field(""), ABSENT, &list(np), grants_any));
+            }
+            (Some(op), None) => out.push(change(ACCESS, &field(""), &list(op), ABSENT, false)),
+            (Some(op), Some(np)) => {
+                for (i, k) in Kind::ALL.iter().enumerate() {
+                    let f = field(&format!(".{}", k.key()));
+                    for p in np[i].difference(&op[i]) {
+                        let covered = op[i].iter().any(|w| glob_covers(w, p));
+                        out.push(change(ACCESS, &f, ABSENT, p, !covered));
+                    }
+                    for p in op[i].difference(&np[i]) {
+                        out.push(change(ACCESS, &f, p, ABSENT, false));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+    }
 }
 
 fn summary(t: &ToolPolicy) -> String {

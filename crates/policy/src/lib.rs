@@ -6,6 +6,7 @@
 //! resolved sets and marks each change that weakens isolation.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod diff;
 pub mod error;
 pub mod gateway;

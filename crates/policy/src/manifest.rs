@@ -33,6 +33,58 @@ pub struct Manifest {
     /// The tools, by name. A name is what the agent calls.
     #[schemars(with = "BTreeMap<String, Tool>")]
     pub tools: BTreeMap<String, Spanned<Tool>>,
+    /// Who may list and call which tools, prompts and resources. Absent:
+    /// every caller may use everything; present: only what a grant names.
+    #[serde(default)]
+    #[schemars(with = "Option<Access>")]
+    pub access: Option<Spanned<Access>>,
+}
+
+/// Authorization: the grants of a manifest. Anything no grant gives a
+/// caller is invisible in its listings and refused when called, got or
+/// read.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Access {
+    /// Each grant names principals and what they may use.
+    #[schemars(with = "Vec<Grant>")]
+    pub grants: Vec<Spanned<Grant>>,
+}
+
+/// One grant: the principals it is for (every given field must match) and
+/// the exposed names they may list and use. Names are exact or simple
+/// globs, `*` standing for any run of characters (`scratch__*`, `*`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// The principal's subject (a token's `sub`, a static token's name,
+    /// `local:<uid>` on stdio, `anonymous` without authentication).
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// The OAuth client the principal's token was issued to.
+    #[serde(default)]
+    pub client: Option<String>,
+    /// A group or role claim the principal carries.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// The principal's tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Exposed tool names (command tools by their key, server tools as
+    /// exposed, e.g. `scratch__*`).
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub tools: Vec<Spanned<String>>,
+    /// Exposed prompt names.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub prompts: Vec<Spanned<String>>,
+    /// Resource URIs, as the server lists them or in their
+    /// `cordon://<tool>/...` form (`cordon://scratch/*`: every resource of
+    /// `scratch`); resource templates likewise.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub resources: Vec<Spanned<String>>,
 }
 
 /// An isolation mechanism a runtime enforces, partly enforces or lacks on

@@ -19,6 +19,10 @@ pub struct PolicySet {
     /// Session lifetime and caps of `cordon serve`.
     #[serde(default)]
     pub gateway: crate::gateway::GatewayPolicy,
+    /// The manifest's grants (`None`: no `access:` section, every caller
+    /// may use everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::Access>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

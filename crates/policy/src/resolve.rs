@@ -1231,10 +1231,15 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
         errors.extend(e);
         Default::default()
     });
+    let access = crate::access::resolve(file, m, &mut errors, &mut warns);
     if errors.is_empty() {
         Ok(Loaded {
             path: file.to_path_buf(),
-            policy: PolicySet { tools, gateway },
+            policy: PolicySet {
+                tools,
+                gateway,
+                access,
+            },
             warnings: warns,
             secret_at,
         })

@@ -604,6 +604,7 @@ impl Gvisor {
             root: RootFs::Host,
             cwd: None,
             user: None,
+            host_ids: None,
         };
         Ok((bundle, js, egress))
     }

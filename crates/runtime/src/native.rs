@@ -248,6 +248,7 @@ impl Native {
                 cwd: spec.cwd.as_ref().map(PathBuf::from),
                 user: spec.user,
                 trust_bundle: None,
+                host_ids: spec.host_ids,
             },
             egress,
         ))

@@ -161,12 +161,25 @@ impl Pool {
         settings: Settings,
         status_dir: Option<PathBuf>,
     ) -> Result<Arc<Pool>, String> {
+        let label = spec.tool.clone();
+        Pool::labelled(runtime, spec, settings, status_dir, &label)
+    }
+
+    /// [`Pool::new`] whose status file is named by `label` instead of the
+    /// tool (a broker keeps one pool of a tool per tenant).
+    pub fn labelled(
+        runtime: Arc<dyn Runtime>,
+        spec: SandboxSpec,
+        settings: Settings,
+        status_dir: Option<PathBuf>,
+        label: &str,
+    ) -> Result<Arc<Pool>, String> {
         poolable(&spec)?;
         let status_file = status_dir.map(|d| {
             d.join(format!(
                 "{}-{}.stopped",
                 std::process::id(),
-                spec.tool.replace(['/', '\0'], "_")
+                label.replace(['/', '\0'], "_")
             ))
         });
         let pool = Arc::new(Pool {

@@ -44,6 +44,12 @@ pub struct SandboxSpec {
     /// the tool has an unprivileged identity on the host and no
     /// capabilities: uid 0 is root of the sandbox's own namespace only.
     pub user: Option<(u32, u32)>,
+    /// The host uid and gid of this call's tenant (a subordinate range's,
+    /// see the broker's `tenant_uids`); `None`: the runtime's shared
+    /// unprivileged identity (65534 for a root broker). The native runtime
+    /// maps the sandbox to it when the broker is root; gVisor does not
+    /// use it.
+    pub host_ids: Option<(u32, u32)>,
 }
 
 /// The sandbox's root file system.
@@ -339,6 +345,7 @@ pub fn lower(
         landlock: true,
         cwd,
         user,
+        host_ids: None,
     })
 }
 
@@ -454,6 +461,7 @@ impl SandboxSpec {
             landlock: true,
             cwd: None,
             user: None,
+            host_ids: None,
         }
     }
 

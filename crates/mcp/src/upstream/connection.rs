@@ -482,6 +482,7 @@ impl Upstream {
         if let Some(offers) = self.known_offers() {
             self.cache.put(
                 &self.policy,
+                &self.tenant(),
                 &crate::cache::Listing {
                     tools: tools.to_vec(),
                     offers,

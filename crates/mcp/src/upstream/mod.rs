@@ -234,6 +234,15 @@ impl Upstream {
         &self.policy.name
     }
 
+    /// The tenant of the session this server is for (the default one
+    /// until the session's principal is known).
+    pub fn tenant(&self) -> String {
+        self.principal
+            .get()
+            .map(|p| p.tenant.clone())
+            .unwrap_or_else(|| cordon_auth::DEFAULT_TENANT.to_string())
+    }
+
     /// Whether `name` is in this server's prefixed form (`<tool>__...`).
     pub fn prefixes(&self, name: &str) -> bool {
         self.expose == Expose::Prefixed

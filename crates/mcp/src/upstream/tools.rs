@@ -131,7 +131,7 @@ impl Upstream {
             // first request that needs it running starts it.
             if !stale
                 && st.live.is_none()
-                && let Some(l) = self.cache.get(&self.policy)
+                && let Some(l) = self.cache.get(&self.policy, &self.tenant())
             {
                 let exposed = self.expose(l.tools.clone());
                 st.tools = Some(exposed.clone());

@@ -1,0 +1,705 @@
+//! Grants and tenants over streamable HTTP, with two principals of two
+//! tenants: what is not granted is invisible and refused (the granted
+//! principal, as the positive control, sees and calls it); a session is
+//! served only to the principal that opened it; a pooled sandbox made for
+//! one tenant is never handed to another; the audit log is queried by
+//! principal and tenant.
+//!
+//! The principal comes from a test authenticator through the gateway's
+//! `Authenticator` seam (a header the product never accepts).
+
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordon_auth::{Method, Principal};
+use cordon_mcp::http::{Authenticated, Authenticator};
+use cordon_mcp::rmcp;
+use cordon_mcp::{Gateway, GatewayOptions, HttpOptions};
+use rmcp::ServiceExt;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, GetPromptRequestParams, JsonObject,
+    ReadResourceRequestParams,
+};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const HEADER: &str = "x-test-principal";
+
+/// `subject;tenant;group,group` in [`HEADER`]; no header is refused.
+struct TestHeader;
+
+impl Authenticator for TestHeader {
+    fn authenticate<'a>(
+        &'a self,
+        parts: &'a axum::http::request::Parts,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Authenticated> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(v) = parts.headers.get(HEADER).and_then(|v| v.to_str().ok()) else {
+                let mut r = axum::response::Response::new(axum::body::Body::empty());
+                *r.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+                return Err(r);
+            };
+            let mut f = v.split(';');
+            let subject = f.next().unwrap_or_default().to_string();
+            let tenant = f.next().unwrap_or_default().to_string();
+            let groups = f
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .filter(|g| !g.is_empty())
+                .map(str::to_string)
+                .collect();
+            Ok(Principal {
+                subject,
+                client_id: Some("test-client".into()),
+                groups,
+                tenant,
+                method: Method::StaticToken,
+            })
+        })
+    }
+}
+
+const ALICE: &str = "alice;acme;analysts";
+const BOB: &str = "bob;globex;";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn manifest(dir: &Path) -> PathBuf {
+    let m = format!(
+        r#"tools:
+  word_count:
+    profile: P1
+    command: ["/usr/bin/wc", "-w"]
+    input: {{stdin: text}}
+    input_schema: {{type: object, properties: {{text: {{type: string}}}}, required: [text]}}
+  byte_count:
+    profile: P1
+    command: ["/usr/bin/wc", "-c"]
+    input: {{stdin: text}}
+    input_schema: {{type: object, properties: {{text: {{type: string}}}}, required: [text]}}
+  started:
+    profile: P1
+    description: When this call's sandbox was started (clock ticks since boot).
+    lifetime: pool
+    pool: {{size: 1}}
+    command: ["/bin/sh", "-c", "cut -d' ' -f22 /proc/$$/stat"]
+  fx:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 10, memory: 256M, tasks: 16}}
+    mounts: ["{fixtures}:/fixture"]
+    mcp:
+      command: ["/usr/bin/python3", "/fixture/fixture_server.py", "--resources", "--prompts"]
+access:
+  grants:
+    - group: analysts
+      tenant: acme
+      tools: [word_count, started, "fx__e*"]
+      prompts: ["fx__*"]
+      resources: ["fx://note"]
+    - tenant: globex
+      tools: [byte_count, started]
+"#,
+        fixtures = fixtures().display()
+    );
+    let p = dir.join("cordon.yaml");
+    std::fs::write(&p, m).unwrap();
+    p
+}
+
+struct Served {
+    url: String,
+    audit: PathBuf,
+    stop: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn serve() -> Option<Served> {
+    if cordon_sys::io::geteuid() != 0 {
+        skip::skip_or_fail(
+            "access",
+            "the gateway's sandboxes are set up as root in this suite",
+        );
+        return None;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        skip::skip_or_fail("access", "/usr/bin/python3 is missing (the fixture server)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::from_manifest(&manifest(dir.path()), &opts).expect("gateway");
+    let names = gw.tool_names();
+    for t in ["word_count", "byte_count", "started", "fx"] {
+        assert!(
+            names.iter().any(|n| n == t),
+            "{t} not served: {:?}",
+            gw.warnings()
+        );
+    }
+    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{}{}",
+        listener.local_addr().unwrap(),
+        cordon_mcp::HTTP_PATH
+    );
+    let stop = CancellationToken::new();
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    tokio::spawn(cordon_mcp::serve_http(
+        Arc::new(gw),
+        listener,
+        http,
+        stop.clone(),
+    ));
+    Some(Served {
+        url,
+        audit,
+        stop,
+        _dir: dir,
+    })
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn client(url: &str, who: &str) -> Client {
+    cordon_mcp::install_crypto_provider();
+    let mut headers = HashMap::new();
+    headers.insert(
+        reqwest::header::HeaderName::from_static(HEADER),
+        reqwest::header::HeaderValue::from_str(who).unwrap(),
+    );
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    let t = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ().serve(t).await.expect("initialize over HTTP")
+}
+
+fn args(v: Value) -> Option<JsonObject> {
+    v.as_object().cloned()
+}
+
+async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
+    let mut p = CallToolRequestParams::new(tool.to_owned());
+    p.arguments = args(a);
+    c.peer().call_tool(p).await
+}
+
+/// The `cordon/status` of a refused request.
+fn status(e: ServiceError) -> String {
+    match e {
+        ServiceError::McpError(e) => e
+            .data
+            .as_ref()
+            .and_then(|d| d.get("cordon/status"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        other => panic!("not an MCP error: {other}"),
+    }
+}
+
+fn text_of(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+async fn tool_names(c: &Client) -> Vec<String> {
+    let mut v: Vec<String> = c
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grants_hide_and_refuse_what_they_do_not_give() {
+    let Some(s) = serve().await else { return };
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+
+    // Listings: each sees exactly what it was granted.
+    assert_eq!(
+        tool_names(&alice).await,
+        ["fx__echo", "started", "word_count"]
+    );
+    assert_eq!(tool_names(&bob).await, ["byte_count", "started"]);
+
+    // The positive control: the granted principal calls it.
+    let r = call(&alice, "word_count", json!({"text": "a b c"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains('3'), "{r:?}");
+    let r = call(&alice, "fx__echo", json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains("hi"), "{r:?}");
+    // The same tools are refused to the other principal, typed, and so
+    // is a name that does not exist (nothing tells the two apart).
+    for name in ["word_count", "fx__echo", "fx__secret", "no_such_tool"] {
+        let e = call(&bob, name, json!({"text": "a b c"}))
+            .await
+            .unwrap_err();
+        assert_eq!(status(e), "not_granted", "{name}");
+    }
+    let r = call(&bob, "byte_count", json!({"text": "abcd"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains('4'), "{r:?}");
+    let e = call(&alice, "byte_count", json!({"text": "a"}))
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), "not_granted");
+    // A server tool outside the glob is refused to the granted principal.
+    let e = call(&alice, "fx__crash", json!({})).await.unwrap_err();
+    assert_eq!(status(e), "not_granted");
+
+    // Prompts and resources, likewise.
+    let prompts: Vec<String> = alice
+        .peer()
+        .list_all_prompts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert!(prompts.iter().any(|p| p == "fx__greet"), "{prompts:?}");
+    let resources: Vec<String> = alice
+        .peer()
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    assert_eq!(resources, ["fx://note"]);
+    alice
+        .peer()
+        .read_resource(ReadResourceRequestParams::new("fx://note"))
+        .await
+        .expect("a granted resource is read");
+    let e = alice
+        .peer()
+        .read_resource(ReadResourceRequestParams::new("fx://hostile"))
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), "not_granted");
+
+    // Bob is granted no prompt or resource: none listed, none got or read.
+    match bob.peer().list_all_prompts().await {
+        Ok(p) => assert!(p.is_empty(), "{p:?}"),
+        Err(e) => panic!("prompts/list: {e}"),
+    }
+    match bob.peer().list_all_resources().await {
+        Ok(r) => assert!(r.is_empty(), "{r:?}"),
+        Err(e) => panic!("resources/list: {e}"),
+    }
+    let e = bob
+        .peer()
+        .get_prompt(GetPromptRequestParams::new("fx__greet"))
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), "not_granted");
+    let e = bob
+        .peer()
+        .read_resource(ReadResourceRequestParams::new("fx://note"))
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), "not_granted");
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+
+    // Every refusal is audited as denied, with the principal; a query by
+    // principal or tenant returns only theirs.
+    let q = |principal: Option<&str>, tenant: Option<&str>| -> Vec<cordon_audit::AuditRecord> {
+        let f = cordon_audit::Filter {
+            principal: principal.map(Into::into),
+            tenant: tenant.map(Into::into),
+            ..Default::default()
+        };
+        cordon_audit::query(&s.audit, &f)
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let bobs = q(Some("bob"), None);
+    assert!(!bobs.is_empty());
+    assert!(bobs.iter().all(|r| r.principal.as_deref() == Some("bob")
+        && r.tenant.as_deref() == Some("globex")));
+    let denied: Vec<&str> = bobs
+        .iter()
+        .filter(|r| r.status == cordon_audit::Status::Denied)
+        .map(|r| r.tool.as_str())
+        .collect();
+    for name in ["word_count", "fx__echo", "fx__secret", "no_such_tool"] {
+        assert!(
+            denied.contains(&name),
+            "{name} not audited as denied: {denied:?}"
+        );
+    }
+    assert!(
+        bobs.iter()
+            .any(|r| r.tool == "byte_count" && r.status == cordon_audit::Status::Ok)
+    );
+    let acme = q(None, Some("acme"));
+    assert!(
+        acme.iter()
+            .any(|r| r.tool == "word_count" && r.status == cordon_audit::Status::Ok)
+    );
+    assert!(acme.iter().all(|r| r.principal.as_deref() == Some("alice")));
+    assert!(q(Some("alice"), Some("globex")).is_empty());
+}
+
+/// The `mcp-session-id` of an `initialize` sent as `who`.
+async fn raw_initialize(http: &reqwest::Client, url: &str, who: &str) -> String {
+    let r = raw(
+        http,
+        url,
+        who,
+        None,
+        json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "raw", "version": "0"}}
+        }),
+    )
+    .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let id = r
+        .headers()
+        .get("mcp-session-id")
+        .expect("a session id")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = r.text().await;
+    let r = raw(
+        http,
+        url,
+        who,
+        Some(&id),
+        json!({
+            "jsonrpc": "2.0", "method": "notifications/initialized"
+        }),
+    )
+    .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    id
+}
+
+async fn raw(
+    http: &reqwest::Client,
+    url: &str,
+    who: &str,
+    session: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
+    let mut req = http
+        .post(url)
+        .header(HEADER, who)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(s) = session {
+        req = req.header("mcp-session-id", s);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_served_only_to_the_principal_that_opened_it() {
+    let Some(s) = serve().await else { return };
+    cordon_mcp::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let id = raw_initialize(&http, &s.url, ALICE).await;
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    // The positive control: its own principal is served.
+    let mine = raw(&http, &s.url, ALICE, Some(&id), list.clone()).await;
+    let mine = mine.text().await.unwrap();
+    assert!(mine.contains("word_count"), "{mine}");
+    // Another principal with the same session id is refused.
+    let theirs = raw(&http, &s.url, BOB, Some(&id), list)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(theirs.contains("session_refused"), "{theirs}");
+    assert!(!theirs.contains("word_count"), "{theirs}");
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "started", "arguments": {}}});
+    let theirs = raw(&http, &s.url, BOB, Some(&id), call)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(theirs.contains("session_refused"), "{theirs}");
+    // A second initialize by another principal does not take it over.
+    let again = raw(
+        &http,
+        &s.url,
+        BOB,
+        Some(&id),
+        json!({
+            "jsonrpc": "2.0", "id": 4, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "raw", "version": "0"}}
+        }),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(!again.contains("\"serverInfo\""), "{again}");
+    let list = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"});
+    let mine = raw(&http, &s.url, ALICE, Some(&id), list)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(mine.contains("word_count"), "{mine}");
+    // The refused call is audited as denied, as bob's.
+    let f = cordon_audit::Filter {
+        principal: Some("bob".into()),
+        ..Default::default()
+    };
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &f)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(
+        recs.iter().any(|r| r.tool == "started"
+            && r.status == cordon_audit::Status::Denied
+            && r.session.starts_with("mcp-http-")),
+        "{recs:#?}"
+    );
+}
+
+/// Clock ticks since boot now (the unit of a process's start time in
+/// `/proc/<pid>/stat`, on the same clock).
+fn ticks_now() -> u64 {
+    let up = std::fs::read_to_string("/proc/uptime").unwrap();
+    let secs = up.split_whitespace().next().unwrap();
+    let (s, frac) = secs.split_once('.').unwrap();
+    // /proc/uptime has two decimals: hundredths, as USER_HZ is 100.
+    s.parse::<u64>().unwrap() * 100 + frac.parse::<u64>().unwrap()
+}
+
+/// When the sandbox of a call of `started` was started.
+async fn started(c: &Client) -> u64 {
+    let r = call(c, "started", json!({})).await.unwrap();
+    let t = text_of(&r);
+    t.lines()
+        .find_map(|l| l.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no start time in {t:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_never_gets_a_sandbox_pooled_for_another() {
+    let Some(s) = serve().await else { return };
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+    // The positive control: once alice's pool is warm, her call takes a
+    // sandbox started before the call.
+    let _ = started(&alice).await;
+    let mut pooled = false;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let before = ticks_now();
+        if started(&alice).await < before {
+            pooled = true;
+            break;
+        }
+    }
+    assert!(pooled, "alice's calls never took a pooled sandbox");
+    // Alice's pool is warm again (the refill), but bob's first call gets
+    // no sandbox of it: his was started after his call began.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let before = ticks_now();
+    let bobs = started(&bob).await;
+    assert!(
+        bobs >= before,
+        "bob's first call took a sandbox started before it ({bobs} < {before})"
+    );
+    // Both at once: distinct sandboxes, each from its own tenant's pool.
+    let (a, b) = tokio::join!(started(&alice), started(&bob));
+    assert_ne!(a, 0);
+    assert_ne!(b, 0);
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let f = |t: &str| cordon_audit::Filter {
+        tenant: Some(t.into()),
+        tool: Some("started".into()),
+        ..Default::default()
+    };
+    let acme: Vec<_> = cordon_audit::query(&s.audit, &f("acme"))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let globex: Vec<_> = cordon_audit::query(&s.audit, &f("globex"))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(acme.len() >= 3 && acme.iter().all(|r| r.principal.as_deref() == Some("alice")));
+    assert_eq!(globex.len(), 2);
+    assert!(globex.iter().all(|r| r.principal.as_deref() == Some("bob")));
+}
+
+/// A gateway over `manifest` whose broker has (or lacks) a subordinate
+/// range for tenants' host uids.
+async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Availability) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, manifest).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let broker = cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+        audit: Some(audit.clone()),
+        tenant_uids: Some(uids),
+        ..Default::default()
+    })
+    .unwrap();
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).unwrap());
+    let loaded = cordon_policy::load(&m).unwrap();
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    assert!(
+        gw.tool_names().iter().any(|n| n == "mark"),
+        "{:?}",
+        gw.warnings()
+    );
+    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{}{}",
+        listener.local_addr().unwrap(),
+        cordon_mcp::HTTP_PATH
+    );
+    let stop = CancellationToken::new();
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    tokio::spawn(cordon_mcp::serve_http(
+        Arc::new(gw),
+        listener,
+        http,
+        stop.clone(),
+    ));
+    Served {
+        url,
+        audit,
+        stop,
+        _dir: dir,
+    }
+}
+
+const MARK: &str = r#"tools:
+  mark:
+    profile: P1
+    lifetime: pool
+    pool: {size: 1}
+    command: ["/bin/cat", "/proc/self/uid_map"]
+"#;
+
+/// The host uid a call of `mark` ran as: its user namespace's map says
+/// `<inner uid> <host uid> 1`.
+async fn marked_by(c: &Client) -> u32 {
+    let r = call(c, "mark", json!({})).await.unwrap();
+    let t = text_of(&r);
+    t.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == "1")
+                .then(|| f[1].parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no uid map in {t:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_tenant_runs_under_a_host_uid_of_its_own() {
+    use cordon_broker::tenant_uids::{Availability, TenantUids};
+    if cordon_sys::io::geteuid() != 0 {
+        skip::skip_or_fail("tenant uids", "only a root broker maps other host uids");
+        return;
+    }
+    // The control: without a range every tenant is the shared uid.
+    let s = serve_with_uids(MARK, Availability::Off("no range (test)".into())).await;
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+    assert_eq!(marked_by(&alice).await, 65534);
+    assert_eq!(marked_by(&bob).await, 65534);
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(
+        recs.iter()
+            .all(|r| r.tenant_uid.is_none() && r.shared_uid.as_deref() == Some("no range (test)")),
+        "{recs:#?}"
+    );
+    drop(s);
+
+    let state = tempfile::tempdir().unwrap();
+    let uids = TenantUids {
+        uid_first: 420_000,
+        gid_first: 420_000,
+        count: 16,
+        state_dir: state.path().join("tenant-uids"),
+    };
+    let s = serve_with_uids(MARK, Availability::InForce(uids.clone())).await;
+    let alice = client(&s.url, ALICE).await;
+    let bob = client(&s.url, BOB).await;
+    let (a, b) = tokio::join!(marked_by(&alice), marked_by(&bob));
+    assert_ne!(a, b, "two tenants share host uid {a}");
+    assert!((420_000..420_016).contains(&a) && (420_000..420_016).contains(&b));
+    // Stable: later calls (from the refilled pools) keep each tenant's uid.
+    assert_eq!(marked_by(&alice).await, a);
+    assert_eq!(marked_by(&bob).await, b);
+    assert_eq!(uids.ids_of("acme").unwrap().0, a);
+    assert_eq!(uids.ids_of("globex").unwrap().0, b);
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    for r in &recs {
+        let want = if r.tenant.as_deref() == Some("acme") {
+            a
+        } else {
+            b
+        };
+        assert_eq!(r.tenant_uid, Some(want), "{r:#?}");
+        assert!(r.shared_uid.is_none(), "{r:#?}");
+    }
+}
