@@ -15,7 +15,7 @@ use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
     Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
-    Status, Use,
+    Status, Use, Volumes,
 };
 pub use cordon_secrets::CredentialBroker;
 
@@ -61,6 +61,10 @@ pub struct Broker {
     /// sandbox is never handed to another tenant); `None`: this broker
     /// keeps none (one-shot).
     pools: Option<Mutex<Pools>>,
+    /// Session workspaces and per-tenant states.
+    volumes: Arc<Volumes>,
+    /// Every call is its own session: its workspace goes when it returns.
+    one_shot: bool,
     pub session: String,
     pub caller: String,
 }
@@ -279,6 +283,10 @@ impl Broker {
                     .into(),
             );
         }
+        let volumes = {
+            let (run_dir, state_dir) = cordon_runtime::volume::default_dirs();
+            Volumes::new(run_dir, state_dir, registry.sandbox_owner())
+        };
         Ok(Broker {
             registry,
             audit,
@@ -287,6 +295,8 @@ impl Broker {
             audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
             pools: (!opts.one_shot).then(|| Mutex::new(std::collections::HashMap::new())),
+            volumes,
+            one_shot: opts.one_shot,
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
@@ -324,6 +334,18 @@ impl Broker {
             }
             Err(e) => Err(format!("{e}; cold start")),
         })
+    }
+
+    /// Session workspaces and per-tenant states (shared with the MCP
+    /// server sandboxes of a gateway).
+    pub fn volumes(&self) -> &Arc<Volumes> {
+        &self.volumes
+    }
+
+    /// `who`'s session has ended: its workspace is destroyed, now or
+    /// after `retain` (the longest its tools declare).
+    pub fn end_session(&self, who: &Caller, retain: std::time::Duration) {
+        self.volumes.end_session(&who.tenant, &who.session, retain);
     }
 
     /// The runtimes.
@@ -435,6 +457,10 @@ impl Broker {
         rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&input, false);
         let result = self.call_inner(who, policy, admitted, input, &mut rec);
+        if self.one_shot {
+            self.volumes
+                .end_session(&who.tenant, &who.session, std::time::Duration::ZERO);
+        }
         rec.duration_ms = started.elapsed().as_millis() as u64;
         self.record(&rec)?;
         result
@@ -453,10 +479,17 @@ impl Broker {
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
-        let admitted = match admitted {
+        let mut admitted = match admitted {
             Ok(a) => a,
             Err(msg) => return refuse(rec, msg),
         };
+        match self
+            .volumes
+            .prepare(&admitted.spec, &who.tenant, &who.session)
+        {
+            Ok(v) => admitted.spec.volumes = v,
+            Err(msg) => return refuse(rec, msg),
+        }
         let gate = match self.gate(policy) {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),
@@ -539,6 +572,8 @@ impl Broker {
         rec.output = Payload::of(&outcome.stdout, false);
         rec.set_stderr(&outcome.stderr);
         rec.warnings = outcome.warnings.clone();
+        rec.warnings
+            .extend(Volumes::full(&admitted.spec.volumes));
         rec.status = match outcome.status {
             Status::Ok => cordon_audit::Status::Ok,
             Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,

@@ -35,7 +35,7 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
 /// Starts MCP servers in a sandbox.
 pub trait ServerSandbox: Send + Sync {
     /// Start the server `argv` under `policy` (its limits, network, mounts,
-    /// environment, seccomp) for the session, tenant and principal of `who`; an empty
+    /// environment, seccomp, workspace and state) for the session, tenant and principal of `who`; an empty
     /// `argv` runs the image's entrypoint. The server speaks MCP on its
     /// stdin/stdout. Its secrets are minted for `who`'s session as the sandbox
     /// starts and revoked when it is stopped.
@@ -57,6 +57,9 @@ pub struct RuntimeServers {
     max_lifetime: Duration,
     audit: Option<Arc<cordon_audit::AuditLog>>,
     credentials: Option<Arc<cordon_broker::CredentialBroker>>,
+    /// Session workspaces and per-tenant states (`None`: a server that
+    /// declares either is refused).
+    volumes: Option<Arc<cordon_runtime::Volumes>>,
 }
 
 impl RuntimeServers {
@@ -66,7 +69,16 @@ impl RuntimeServers {
             max_lifetime,
             audit: None,
             credentials: None,
+            volumes: None,
         }
+    }
+
+    /// Mount each server's workspace and state from `volumes` (the
+    /// broker's, so that a session's command tools and servers share its
+    /// workspace).
+    pub fn with_volumes(mut self, volumes: Arc<cordon_runtime::Volumes>) -> RuntimeServers {
+        self.volumes = Some(volumes);
+        self
     }
 
     /// Mint each server's secrets through `broker` (without one, a server
@@ -141,6 +153,9 @@ impl ServerSandbox for RuntimeServers {
         }
         let mut admitted = self.registry.admit(&p, Use::Serve)?;
         admitted.spec.limits.wall = self.max_lifetime;
+        if let Some(v) = &self.volumes {
+            admitted.spec.volumes = v.prepare(&admitted.spec, &who.tenant, session)?;
+        }
         let tool = policy.name.clone();
         let profile = cordon_broker::profile_name(policy.profile);
         let audit = self.audit.clone();
