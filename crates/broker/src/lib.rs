@@ -336,6 +336,13 @@ impl Broker {
         })
     }
 
+    /// Keep workspaces and states in `volumes` instead of the default
+    /// directories.
+    pub fn with_volumes(mut self, volumes: Arc<Volumes>) -> Broker {
+        self.volumes = volumes;
+        self
+    }
+
     /// Session workspaces and per-tenant states (shared with the MCP
     /// server sandboxes of a gateway).
     pub fn volumes(&self) -> &Arc<Volumes> {
