@@ -579,8 +579,7 @@ impl Broker {
         rec.output = Payload::of(&outcome.stdout, false);
         rec.set_stderr(&outcome.stderr);
         rec.warnings = outcome.warnings.clone();
-        rec.warnings
-            .extend(Volumes::full(&admitted.spec.volumes));
+        rec.warnings.extend(Volumes::full(&admitted.spec.volumes));
         rec.status = match outcome.status {
             Status::Ok => cordon_audit::Status::Ok,
             Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,

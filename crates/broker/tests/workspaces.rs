@@ -79,7 +79,12 @@ fn who(tenant: &str, session: &str) -> Caller {
 
 impl Bed {
     /// Run `script` in `tool` for `who`: (exit code, stdout, stderr).
-    fn sh(&self, who: &Caller, tool: &str, script: &str) -> Result<(i32, String, String), CallError> {
+    fn sh(
+        &self,
+        who: &Caller,
+        tool: &str,
+        script: &str,
+    ) -> Result<(i32, String, String), CallError> {
         let r = self
             .broker
             .call_as(who, &self.tools[tool], script.as_bytes().to_vec())?;
@@ -120,7 +125,10 @@ fn need_root(test: &str) -> bool {
         return true;
     }
     if std::env::var_os(CHILD_ENV).is_none() {
-        skip::skip_or_fail(test, "needs root (the broker mounts each workspace's tmpfs)");
+        skip::skip_or_fail(
+            test,
+            "needs root (the broker mounts each workspace's tmpfs)",
+        );
     }
     false
 }
@@ -195,7 +203,11 @@ fn state_persists_for_its_tenant_only_and_can_be_removed() {
         return;
     }
     let b = bed();
-    b.ok(&who("alpha", "s1"), "writer", "echo remembered > /data/memory");
+    b.ok(
+        &who("alpha", "s1"),
+        "writer",
+        "echo remembered > /data/memory",
+    );
     b.broker.end_session(&who("alpha", "s1"), Duration::ZERO);
     assert_eq!(
         b.ok(&who("alpha", "s2"), "writer", "cat /data/memory"),
@@ -241,7 +253,11 @@ fn state_persists_for_its_tenant_only_and_can_be_removed() {
         let broker =
             broker.with_volumes(Volumes::new(dir.path().join("run"), state.clone(), owner));
         let r = broker
-            .call_as(&who("alpha", "s3"), &tools["writer"], b"cat /data/memory".to_vec())
+            .call_as(
+                &who("alpha", "s3"),
+                &tools["writer"],
+                b"cat /data/memory".to_vec(),
+            )
             .unwrap();
         assert_eq!(r.outcome.stdout, b"remembered\n");
     }
@@ -274,7 +290,11 @@ fn a_write_past_the_size_fails_with_enospc_and_the_call_returns() {
     );
     // Past it: ENOSPC in the tool, which still answers.
     let (code, out, err) = b
-        .sh(&s, "writer", "head -c 2000000 /dev/zero > /work/big; echo rc=$?")
+        .sh(
+            &s,
+            "writer",
+            "head -c 2000000 /dev/zero > /work/big; echo rc=$?",
+        )
         .unwrap();
     assert_eq!(code, 0, "{out} {err}");
     assert_eq!(out, "rc=1\n");
@@ -288,7 +308,11 @@ fn a_write_past_the_size_fails_with_enospc_and_the_call_returns() {
     );
     // The state's size holds too.
     let (_, out, err) = b
-        .sh(&s, "writer", "head -c 6000000 /dev/zero > /data/big; echo rc=$?")
+        .sh(
+            &s,
+            "writer",
+            "head -c 6000000 /dev/zero > /data/big; echo rc=$?",
+        )
         .unwrap();
     assert_eq!(out, "rc=1\n", "{err}");
     assert!(err.contains("No space left on device"), "{err}");
@@ -316,7 +340,9 @@ fn a_planted_symlink_is_never_followed_by_cordon() {
         ),
     );
     // Inside the sandbox the links lead nowhere (the host path is not there).
-    let (_, out, _) = b.sh(&s, "writer", "cat /work/file-link; echo rc=$?").unwrap();
+    let (_, out, _) = b
+        .sh(&s, "writer", "cat /work/file-link; echo rc=$?")
+        .unwrap();
     assert!(out.ends_with("rc=1\n"), "{out}");
     b.broker.end_session(&s, Duration::ZERO);
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");

@@ -63,7 +63,10 @@ pub fn run(cmd: StateCmd) -> anyhow::Result<ExitCode> {
                     println!("removed the state of {tool} for tenant {tenant}");
                     Ok(ExitCode::from(exit::OK))
                 }
-                Ok(false) => Err(anyhow!("no state of {tool} for tenant {tenant} in {}", d.display())),
+                Ok(false) => Err(anyhow!(
+                    "no state of {tool} for tenant {tenant} in {}",
+                    d.display()
+                )),
                 Err(e) => Err(anyhow!(e)),
             }
         }

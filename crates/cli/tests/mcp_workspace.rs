@@ -15,10 +15,7 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::json;
 
-use common::{tempdir, text_of};
-
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use common::{skip, tempdir, text_of};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -92,9 +89,22 @@ async fn a_session_workspace_is_shared_by_its_tools_and_goes_with_it() {
     sh(&one, "put", "echo from-one > /work/note").await;
     sh(&two, "put", "echo from-two > /work/note").await;
     // The session's second tool sees the first one's file.
-    assert!(sh(&one, "get", "cat /shared/note").await.contains("from-one"));
-    assert!(sh(&two, "get", "cat /shared/note").await.contains("from-two"));
-    assert_eq!(workspace_mounts(&dir.0).len(), 2, "{:?}", workspace_mounts(&dir.0));
+    assert!(
+        sh(&one, "get", "cat /shared/note")
+            .await
+            .contains("from-one")
+    );
+    assert!(
+        sh(&two, "get", "cat /shared/note")
+            .await
+            .contains("from-two")
+    );
+    assert_eq!(
+        workspace_mounts(&dir.0).len(),
+        2,
+        "{:?}",
+        workspace_mounts(&dir.0)
+    );
     // The first client goes: its session's workspace is unmounted (the
     // server exits when stdin closes).
     one.cancel().await.expect("close the first client");
@@ -107,7 +117,11 @@ async fn a_session_workspace_is_shared_by_its_tools_and_goes_with_it() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(sh(&two, "get", "cat /shared/note").await.contains("from-two"));
+    assert!(
+        sh(&two, "get", "cat /shared/note")
+            .await
+            .contains("from-two")
+    );
     two.cancel().await.expect("close the second client");
 }
 

@@ -763,7 +763,11 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
         }
         let target = cp(&r(&v.dst.to_string_lossy()))?;
         p.push(
-            format!("mount {} on {} read-write", v.src.display(), v.dst.display()),
+            format!(
+                "mount {} on {} read-write",
+                v.src.display(),
+                v.dst.display()
+            ),
             Op::Mount {
                 src: Some(cp(&v.src)?),
                 target: target.clone(),

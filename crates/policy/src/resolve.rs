@@ -942,7 +942,9 @@ fn rule_volumes(c: &Ctx<'_>) -> Vec<Diagnostic> {
         }
         let norm = mount.trim_end_matches('/').to_string();
         for (other, p) in &seen {
-            if *p == norm || p.starts_with(&format!("{norm}/")) || norm.starts_with(&format!("{p}/"))
+            if *p == norm
+                || p.starts_with(&format!("{norm}/"))
+                || norm.starts_with(&format!("{p}/"))
             {
                 out.push(c.diag(
                     at,
@@ -954,7 +956,9 @@ fn rule_volumes(c: &Ctx<'_>) -> Vec<Diagnostic> {
         for m in &t.mounts {
             if let Ok(m) = parse_mount(&m.value) {
                 let d = m.dst.trim_end_matches('/');
-                if d == norm || d.starts_with(&format!("{norm}/")) || norm.starts_with(&format!("{d}/"))
+                if d == norm
+                    || d.starts_with(&format!("{norm}/"))
+                    || norm.starts_with(&format!("{d}/"))
                 {
                     out.push(c.diag(
                         at,

@@ -44,7 +44,9 @@ pub fn parse_duration(d: &crate::manifest::Duration) -> Result<u64, String> {
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
     let bad = || {
-        format!("invalid duration `{s}`: write seconds or a number with an s, m, h or d suffix, e.g. 10m")
+        format!(
+            "invalid duration `{s}`: write seconds or a number with an s, m, h or d suffix, e.g. 10m"
+        )
     };
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let unit = match suffix.trim() {

@@ -52,14 +52,32 @@ fn workspace_and_state_resolve() {
 fn bad_declarations_are_refused_at_their_line() {
     for (extra, needle) in [
         ("workspace: {mount: work, size: 1M}", "absolute path"),
-        ("workspace: {mount: /work/../etc, size: 1M}", "absolute path"),
-        ("workspace: {mount: /tmp/w, size: 1M}", "inside a path cordon builds"),
-        ("workspace: {mount: /proc/x, size: 1M}", "inside a path cordon builds"),
-        ("state: {mount: /etc, size: 1M}", "inside a path cordon builds"),
+        (
+            "workspace: {mount: /work/../etc, size: 1M}",
+            "absolute path",
+        ),
+        (
+            "workspace: {mount: /tmp/w, size: 1M}",
+            "inside a path cordon builds",
+        ),
+        (
+            "workspace: {mount: /proc/x, size: 1M}",
+            "inside a path cordon builds",
+        ),
+        (
+            "state: {mount: /etc, size: 1M}",
+            "inside a path cordon builds",
+        ),
         ("workspace: {mount: /work, size: 1K}", "below the smallest"),
         ("workspace: {mount: /work, size: lots}", "invalid size"),
-        ("workspace: {mount: /work, size: 1M, retain: soon}", "invalid duration"),
-        ("workspace: {mount: /opt/data/w, size: 1M}", "overlaps the mount"),
+        (
+            "workspace: {mount: /work, size: 1M, retain: soon}",
+            "invalid duration",
+        ),
+        (
+            "workspace: {mount: /opt/data/w, size: 1M}",
+            "overlaps the mount",
+        ),
     ] {
         let errs = errors(&with(extra));
         assert_eq!(errs.len(), 1, "{extra}: {errs:#?}");
@@ -71,12 +89,17 @@ fn bad_declarations_are_refused_at_their_line() {
     ));
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert_eq!(errs[0].line, 8);
-    assert!(errs[0].message.contains("overlaps the workspace"), "{}", errs[0]);
+    assert!(
+        errs[0].message.contains("overlaps the workspace"),
+        "{}",
+        errs[0]
+    );
     let errs = errors(&with(
         "lifetime: pool\n    workspace: {mount: /work, size: 1M}",
     ));
     assert!(
-        errs.iter().any(|e| e.line == 8 && e.message.contains("pooled sandbox")),
+        errs.iter()
+            .any(|e| e.line == 8 && e.message.contains("pooled sandbox")),
         "{errs:#?}"
     );
     let errs = errors(&with("workspace: {mount: /work, size: 1M, colour: red}"));

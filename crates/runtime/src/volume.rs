@@ -53,7 +53,9 @@ pub struct Volume {
 /// How sizes are enforced on this host, for `cordon doctor` and refusals.
 pub fn mechanism() -> Result<&'static str, String> {
     if cordon_sys::io::geteuid() == 0 {
-        Ok("workspaces: a size-limited tmpfs per session; state: a loop-mounted ext4 image per tenant and tool")
+        Ok(
+            "workspaces: a size-limited tmpfs per session; state: a loop-mounted ext4 image per tenant and tool",
+        )
     } else {
         Err("a workspace's or state's size is enforced by a file system cordon mounts on the host, which needs root; this broker is not root, so tools that declare `workspace` or `state` are refused".into())
     }
@@ -232,7 +234,11 @@ impl Volumes {
             if w.size_bytes > ws.size {
                 cordon_sys::mount::remount_tmpfs(&ws.dir, &self.tmpfs_options(w.size_bytes))
                     .map_err(|e| {
-                        format!("growing the workspace {} to {}: {e}", ws.dir.display(), w.size_bytes)
+                        format!(
+                            "growing the workspace {} to {}: {e}",
+                            ws.dir.display(),
+                            w.size_bytes
+                        )
                     })?;
                 ws.size = w.size_bytes;
             }
@@ -408,7 +414,10 @@ fn destroy(dir: &Path) {
         return;
     }
     if let Err(e) = std::fs::remove_dir(dir) {
-        tracing::warn!("removing the workspace's mount point {}: {e}", dir.display());
+        tracing::warn!(
+            "removing the workspace's mount point {}: {e}",
+            dir.display()
+        );
     }
 }
 
@@ -443,9 +452,7 @@ fn lock_image(images: &Path, tool: &str) -> Result<File, String> {
             "the state {} is in use by another cordon process",
             path.with_extension("ext4").display()
         )),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(format!("locking {}: {e}", path.display()))
-        }
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("locking {}: {e}", path.display())),
     }
 }
 
