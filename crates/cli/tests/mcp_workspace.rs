@@ -181,3 +181,79 @@ fn cordon_state_ls_and_rm() {
     let (_, out, _) = cordon(&["run", "-m", m, "memo"], "cat /data/n; echo rc=$?");
     assert!(out.contains("rc=1"), "the state came back: {out}");
 }
+
+/// An `mcp:` server that declares a workspace gets the session's, like a
+/// command tool (the fixture server reports whether `/work` exists), and
+/// it goes when the session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_gets_the_session_workspace() {
+    if cordon_sys::io::geteuid() != 0 {
+        skip::skip_or_fail(
+            "an_mcp_server_gets_the_session_workspace",
+            "needs root (workspaces are tmpfs mounts of the broker's)",
+        );
+        return;
+    }
+    let dir = tempdir();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let fixtures = common::fixtures();
+    let server = |name: &str, workspace: &str| {
+        format!(
+            r#"  {name}:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 5, memory: 256M, tasks: 16}}
+    mounts: ["{f}:/fixtures"]
+{workspace}    mcp:
+      command: ["/usr/bin/python3", "/fixtures/fixture_server.py"]
+      tools: {{allow: [probe]}}
+"#,
+            f = fixtures.display()
+        )
+    };
+    std::fs::write(
+        dir.0.join("cordon.yaml"),
+        format!(
+            "tools:\n{}{}",
+            server("with", "    workspace: {mount: /work, size: 1M}\n"),
+            server("without", "")
+        ),
+    )
+    .unwrap();
+    let c = client(&dir.0).await;
+    let probe = |tool: &'static str| {
+        let c = &c;
+        async move {
+            let r = c
+                .peer()
+                .call_tool(CallToolRequestParams::new(format!("{tool}__probe")))
+                .await
+                .expect("probe");
+            let t = text_of(&r);
+            let (a, b) = (t.find('{').unwrap(), t.rfind('}').unwrap());
+            serde_json::from_str::<serde_json::Value>(&t[a..=b]).unwrap()
+        }
+    };
+    let with = probe("with").await;
+    assert_eq!(with["work_visible"], true, "{with}");
+    // The control: the same server without a workspace has no /work.
+    let without = probe("without").await;
+    assert_eq!(without["work_visible"], false, "{without}");
+    assert_eq!(
+        workspace_mounts(&dir.0).len(),
+        1,
+        "{:?}",
+        workspace_mounts(&dir.0)
+    );
+    c.cancel().await.expect("close the client");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !workspace_mounts(&dir.0).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ended session's workspace stayed: {:?}",
+            workspace_mounts(&dir.0)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
