@@ -37,10 +37,16 @@ tools:
     input_schema: {type: object, properties: {script: {type: string}}, required: [script]}
 "#;
 
-async fn client(dir: &Path) -> Client {
+/// `cordon serve` of `dir/cordon.yaml` on stdio; `probe`: with the
+/// conformance probes at start (which run each tool's sandbox without its
+/// workspace), else `--no-probe`.
+async fn client(dir: &Path, probe: bool) -> Client {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
+    cmd.arg("serve");
+    if !probe {
+        cmd.arg("--no-probe");
+    }
+    cmd.arg("-m")
         .arg(dir.join("cordon.yaml"))
         .env("CORDON_AUDIT", dir.join("audit.jsonl"))
         .env("CORDON_RUN_DIR", dir.join("run"))
@@ -84,8 +90,8 @@ async fn a_session_workspace_is_shared_by_its_tools_and_goes_with_it() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o711)).unwrap();
     std::fs::write(dir.0.join("cordon.yaml"), MANIFEST).unwrap();
-    let one = client(&dir.0).await;
-    let two = client(&dir.0).await;
+    let one = client(&dir.0, false).await;
+    let two = client(&dir.0, false).await;
     sh(&one, "put", "echo from-one > /work/note").await;
     sh(&two, "put", "echo from-two > /work/note").await;
     // The session's second tool sees the first one's file.
@@ -215,13 +221,19 @@ async fn an_mcp_server_gets_the_session_workspace() {
     std::fs::write(
         dir.0.join("cordon.yaml"),
         format!(
-            "tools:\n{}{}",
+            "tools:\n{}{}{}",
             server("with", "    workspace: {mount: /work, size: 1M}\n"),
-            server("without", "")
+            server("without", ""),
+            // A command tool of the same session, probed at start too.
+            MANIFEST
+                .split_once("  get:")
+                .unwrap()
+                .0
+                .trim_start_matches("\ntools:\n")
         ),
     )
     .unwrap();
-    let c = client(&dir.0).await;
+    let c = client(&dir.0, true).await;
     let probe = |tool: &'static str| {
         let c = &c;
         async move {
@@ -235,6 +247,8 @@ async fn an_mcp_server_gets_the_session_workspace() {
             serde_json::from_str::<serde_json::Value>(&t[a..=b]).unwrap()
         }
     };
+    // Served after its probes, and writing into the session's workspace.
+    sh(&c, "put", "echo x > /work/x").await;
     let with = probe("with").await;
     assert_eq!(with["work_visible"], true, "{with}");
     // The control: the same server without a workspace has no /work.
