@@ -13,8 +13,9 @@ use crate::exit;
 pub enum StateCmd {
     /// Every tenant's state of every tool: tenant, tool, size.
     Ls {
-        /// The state directory (default /var/lib/cordon/state).
-        #[arg(long, env = "CORDON_STATE_DIR")]
+        /// cordon's state directory (default: $CORDON_STATE_DIR, else
+        /// /var/lib/cordon); the images are in its `tool-state`.
+        #[arg(long)]
         dir: Option<PathBuf>,
         #[arg(long)]
         json: bool,
@@ -27,14 +28,18 @@ pub enum StateCmd {
         /// The tenant (default: `default`).
         #[arg(long, default_value = cordon_runtime::DEFAULT_TENANT)]
         tenant: String,
-        /// The state directory (default /var/lib/cordon/state).
-        #[arg(long, env = "CORDON_STATE_DIR")]
+        /// cordon's state directory (default: $CORDON_STATE_DIR, else
+        /// /var/lib/cordon); the images are in its `tool-state`.
+        #[arg(long)]
         dir: Option<PathBuf>,
     },
 }
 
 fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
-    dir.unwrap_or_else(|| cordon_runtime::volume::default_dirs().1)
+    match dir {
+        Some(d) => d.join("tool-state"),
+        None => cordon_runtime::volume::default_dirs().1,
+    }
 }
 
 pub fn run(cmd: StateCmd) -> anyhow::Result<ExitCode> {

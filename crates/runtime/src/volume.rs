@@ -13,7 +13,7 @@
 //!   walked or deleted file by file: dropping the tmpfs drops it all, so
 //!   a symlink a tool planted is never followed.
 //! - A **state** belongs to one (tenant, tool): an ext4 image of the
-//!   declared size under `<state dir>/<tenant>/<tool>.ext4`, loop-mounted
+//!   declared size under `<state dir>/tool-state/<tenant>/<tool>.ext4`, loop-mounted
 //!   (nosuid, nodev) on `<run dir>/state/<tenant>/<tool>` at its first use,
 //!   held under an exclusive lock by this broker, kept across sessions,
 //!   unmounted when the broker ends, removed with `cordon state rm`.
@@ -89,15 +89,17 @@ fn session_key(session: &str) -> String {
     d.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The default directories: `/run/cordon` and `/var/lib/cordon/state`
-/// (`CORDON_RUN_DIR` and `CORDON_STATE_DIR` override them).
+/// The default directories: `/run/cordon` (`CORDON_RUN_DIR`) for the
+/// mounts, and `tool-state` under cordon's state directory
+/// (`CORDON_STATE_DIR`, else `/var/lib/cordon`) for the state images.
 pub fn default_dirs() -> (PathBuf, PathBuf) {
     let run = std::env::var_os("CORDON_RUN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/run/cordon"));
     let state = std::env::var_os("CORDON_STATE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/cordon/state"));
+        .unwrap_or_else(|| PathBuf::from("/var/lib/cordon"))
+        .join("tool-state");
     (run, state)
 }
 
