@@ -1145,4 +1145,65 @@ mod tests {
             LandlockStatus::NotEnforced
         );
     }
+
+    #[test]
+    fn a_volume_is_bound_read_write_and_writable_under_landlock() {
+        let vol = crate::Bind {
+            src: "/run/cordon/workspaces/t/abc".into(),
+            dst: "/work/session".into(),
+        };
+        let mut spec = JailSpec::new("t", ["/bin/sh"]);
+        let names = |spec: &JailSpec| -> Vec<String> {
+            program(Path::new("/root-mp"), &[], spec, 0, 0)
+                .unwrap()
+                .names
+                .into_iter()
+                .filter(|n| n.contains("/work"))
+                .collect()
+        };
+        // Positive control: no volume, nothing at /work.
+        assert!(names(&spec).is_empty());
+        spec.volumes.push(vol.clone());
+        assert_eq!(
+            names(&spec),
+            [
+                "mkdir /work",
+                "mkdir /work/session",
+                "mount /run/cordon/workspaces/t/abc on /work/session read-write",
+                "remount /work/session nosuid, nodev",
+            ]
+        );
+        // Never over a directory the jail builds, nor over a bind.
+        let mut bad = spec.clone();
+        bad.volumes[0].dst = "/tmp".into();
+        assert!(program(Path::new("/root-mp"), &[], &bad, 0, 0).is_err());
+        let mut bad = spec.clone();
+        bad.binds.push(crate::Bind {
+            src: "/usr".into(),
+            dst: "/work/session".into(),
+        });
+        assert!(program(Path::new("/root-mp"), &[], &bad, 0, 0).is_err());
+        // Landlock: every right at the volume, as at /tmp.
+        let (plan, _) = landlock(7, false, std::slice::from_ref(&vol)).unwrap();
+        let rules = plan.unwrap().rules;
+        let tmp = rules
+            .iter()
+            .find(|(p, _)| p.as_bytes() == b"/tmp")
+            .unwrap()
+            .1;
+        assert!(
+            rules
+                .iter()
+                .any(|(p, a)| p.as_bytes() == b"/work/session" && *a == tmp),
+            "{rules:?}"
+        );
+        let (plan, _) = landlock(7, false, &[]).unwrap();
+        assert!(
+            !plan
+                .unwrap()
+                .rules
+                .iter()
+                .any(|(p, _)| p.as_bytes() == b"/work/session")
+        );
+    }
 }
