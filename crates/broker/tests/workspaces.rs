@@ -38,12 +38,14 @@ fn euid() -> u32 {
     cordon_sys::io::geteuid()
 }
 
+/// Fields drop in order: the broker (unmounting what it mounted) before
+/// the directory.
 struct Bed {
-    dir: tempfile::TempDir,
+    broker: Broker,
     run: PathBuf,
     state: PathBuf,
-    broker: Broker,
     tools: std::collections::BTreeMap<String, ToolPolicy>,
+    dir: tempfile::TempDir,
 }
 
 fn bed() -> Bed {
