@@ -17,7 +17,7 @@ use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
     Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
-    Status, Use,
+    Status, Use, Volumes,
 };
 pub use cordon_secrets::CredentialBroker;
 
@@ -65,6 +65,10 @@ pub struct Broker {
     pools: Option<Mutex<Pools>>,
     /// Whether each tenant's sandboxes get host uids of their own.
     tenant_uids: tenant_uids::Availability,
+    /// Session workspaces and per-tenant states.
+    volumes: Arc<Volumes>,
+    /// Every call is its own session: its workspace goes when it returns.
+    one_shot: bool,
     pub session: String,
     pub caller: String,
 }
@@ -286,6 +290,10 @@ impl Broker {
                     .into(),
             );
         }
+        let volumes = {
+            let (run_dir, state_dir) = cordon_runtime::volume::default_dirs();
+            Volumes::new(run_dir, state_dir, registry.sandbox_owner())
+        };
         Ok(Broker {
             registry,
             audit,
@@ -298,6 +306,8 @@ impl Broker {
                 .tenant_uids
                 .clone()
                 .unwrap_or_else(tenant_uids::TenantUids::discover),
+            volumes,
+            one_shot: opts.one_shot,
             session: format!("cli-{}", std::process::id()),
             caller: "cli".into(),
         })
@@ -339,6 +349,25 @@ impl Broker {
             }
             Err(e) => Err(format!("{e}; cold start")),
         })
+    }
+
+    /// Keep workspaces and states in `volumes` instead of the default
+    /// directories.
+    pub fn with_volumes(mut self, volumes: Arc<Volumes>) -> Broker {
+        self.volumes = volumes;
+        self
+    }
+
+    /// Session workspaces and per-tenant states (shared with the MCP
+    /// server sandboxes of a gateway).
+    pub fn volumes(&self) -> &Arc<Volumes> {
+        &self.volumes
+    }
+
+    /// `who`'s session has ended: its workspace is destroyed, now or
+    /// after `retain` (the longest its tools declare).
+    pub fn end_session(&self, who: &Caller, retain: std::time::Duration) {
+        self.volumes.end_session(&who.tenant, &who.session, retain);
     }
 
     /// The runtimes.
@@ -481,6 +510,10 @@ impl Broker {
         rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&input, false);
         let result = self.call_inner(who, policy, admitted, input, &mut rec);
+        if self.one_shot {
+            self.volumes
+                .end_session(&who.tenant, &who.session, std::time::Duration::ZERO);
+        }
         rec.duration_ms = started.elapsed().as_millis() as u64;
         self.record(&rec)?;
         result
@@ -510,6 +543,14 @@ impl Broker {
                 rec.tenant_uid = Some(ids.0);
             }
             Ok(None) => rec.shared_uid = self.shared_uid_reason(policy),
+            Err(msg) => return refuse(rec, msg),
+        }
+        // Volumes after the host ids: their roots belong to the sandbox's uid.
+        match self
+            .volumes
+            .prepare(&admitted.spec, &who.tenant, &who.session)
+        {
+            Ok(v) => admitted.spec.volumes = v,
             Err(msg) => return refuse(rec, msg),
         }
         let gate = match self.gate(policy) {
@@ -594,6 +635,7 @@ impl Broker {
         rec.output = Payload::of(&outcome.stdout, false);
         rec.set_stderr(&outcome.stderr);
         rec.warnings = outcome.warnings.clone();
+        rec.warnings.extend(Volumes::full(&admitted.spec.volumes));
         rec.status = match outcome.status {
             Status::Ok => cordon_audit::Status::Ok,
             Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,

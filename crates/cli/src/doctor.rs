@@ -163,6 +163,16 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         how: "/proc/sys/kernel/{unprivileged_userns_clone,apparmor_restrict_unprivileged_userns}"
             .into(),
     });
+    let volumes = cordon_runtime::volume::mechanism();
+    checks.push(Check {
+        name: "workspace and state sizes",
+        ok: volumes.is_ok(),
+        detail: match &volumes {
+            Ok(how) => format!("enforced: {how}"),
+            Err(why) => why.clone(),
+        },
+        how: "tmpfs size= and ext4 images mounted by a root broker (docs/workspaces.md)".into(),
+    });
     let layout = &facts.cgroup_layout;
     let place = |p: &Option<cordon_jail::cgroup::Placement>| match p {
         Some(p) => format!(

@@ -17,6 +17,7 @@ mod run;
 mod schema;
 mod serve;
 mod state;
+mod tool_state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -201,6 +202,11 @@ enum Cmd {
     /// Install an MCP server from npm or PyPI into cordon's store and add its
     /// `mcp:` tool to the manifest (or print it).
     Add(add::AddArgs),
+    /// The tools' per-tenant state (`state:`): ls, rm.
+    State {
+        #[command(subcommand)]
+        cmd: tool_state::StateCmd,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -278,6 +284,7 @@ fn main() -> ExitCode {
         Cmd::Inventory(args) => inventory::run(&args),
         Cmd::Add(args) => add::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
+        Cmd::State { cmd } => tool_state::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);
             return ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE));

@@ -90,10 +90,15 @@ fn targets(a: &ProbeArgs) -> Targets {
 /// The sandbox a tool runs in, admitted exactly as `run` and `serve`
 /// admit it: the probe agent then runs as its program, through the same
 /// runtime and egress doors. `Err`: it cannot be probed here (the same
-/// refusal the tool would get).
+/// refusal the tool would get). Its workspace and state are left out:
+/// they belong to a session and a tenant, which a probe run has not, and
+/// they are read-write binds the probes would only write into.
 pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
     let admitted = registry.admit(p, Use::of(p))?;
-    Ok(RuntimeSandbox::new(admitted.runtime, admitted.spec))
+    let mut spec = admitted.spec;
+    spec.workspace = None;
+    spec.state = None;
+    Ok(RuntimeSandbox::new(admitted.runtime, spec))
 }
 
 fn profile_label(p: &ToolPolicy) -> String {

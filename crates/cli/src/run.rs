@@ -469,6 +469,8 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         secrets: vec![],
         tls_passthrough: vec![],
         mounts,
+        workspace: None,
+        state: None,
         env,
         lifetime: Lifetime::Call,
         pool: None,

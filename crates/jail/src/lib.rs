@@ -102,6 +102,10 @@ pub struct JailSpec {
     pub env: Vec<(String, String)>,
     /// Extra read-only binds beyond the system ones.
     pub binds: Vec<Bind>,
+    /// Read-write binds (nosuid, nodev) of directories the broker made for
+    /// the sandbox (a session workspace, a tool's state), never a host
+    /// path of the manifest's; writable under Landlock too.
+    pub volumes: Vec<Bind>,
     /// Resource limits.
     pub limits: Limits,
     /// Network.
@@ -193,6 +197,7 @@ impl JailSpec {
                 ("LANG".into(), "C.UTF-8".into()),
             ],
             binds: Vec::new(),
+            volumes: Vec::new(),
             limits: Limits::default(),
             network: NetMode::None,
             seccomp: SeccompMode::DenyList,
@@ -621,6 +626,17 @@ impl Jail {
     /// What was detected.
     pub fn host(&self) -> &HostFacts {
         &self.facts
+    }
+
+    /// The host uid and gid a tool's sandbox runs as: `host_uid_when_root`
+    /// and `host_gid_when_root` for a root broker, the broker's own ids
+    /// otherwise.
+    pub fn sandbox_host_ids(&self) -> (u32, u32) {
+        if self.facts.root {
+            (self.opts.host_uid_when_root, self.opts.host_gid_when_root)
+        } else {
+            (self.facts.euid, self.facts.egid)
+        }
     }
 
     /// Notes from setup (stale cgroups removed, controllers not enabled,

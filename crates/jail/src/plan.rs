@@ -738,6 +738,52 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
             },
         );
     }
+    // The volumes: read-write, never setuid or device files.
+    for v in &spec.volumes {
+        check_dst(&v.dst)?;
+        if let RootFs::Image { rootfs } = &spec.root {
+            check_image_dst(rootfs, &v.dst)?;
+        }
+        if spec.binds.iter().any(|b| b.dst == v.dst) {
+            return Err(JailError::Spec(format!(
+                "volume {} is also a bind destination",
+                v.dst.display()
+            )));
+        }
+        let mut cur = PathBuf::from("/");
+        for comp in v.dst.components().skip(1) {
+            cur.push(comp);
+            p.push(
+                format!("mkdir {}", cur.display()),
+                Op::Mkdir {
+                    path: cp(&r(&cur.to_string_lossy()))?,
+                    mode: 0o755,
+                },
+            );
+        }
+        let target = cp(&r(&v.dst.to_string_lossy()))?;
+        p.push(
+            format!(
+                "mount {} on {} read-write",
+                v.src.display(),
+                v.dst.display()
+            ),
+            Op::Mount {
+                src: Some(cp(&v.src)?),
+                target: target.clone(),
+                fstype: None,
+                flags: libc::MS_BIND,
+                data: None,
+            },
+        );
+        p.push(
+            format!("remount {} nosuid, nodev", v.dst.display()),
+            Op::Remount {
+                target,
+                flags: libc::MS_NOSUID | libc::MS_NODEV,
+            },
+        );
+    }
     p.push(
         "pivot_root into the new root".into(),
         Op::PivotRoot {
@@ -765,14 +811,18 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
     Ok(())
 }
 
-/// Landlock: read+execute everywhere, write under /tmp, device files
-/// under /dev; TCP bind/connect refused without doors; abstract unix
+/// Landlock: read+execute everywhere, write under /tmp and each volume,
+/// device files under /dev; TCP bind/connect refused without doors; abstract unix
 /// sockets and signals scoped to the sandbox. The rules name paths of the
 /// new root, which has `/tmp` and `/dev` of the jail's own whatever the
 /// root is made of, so they hold for an image root as for the host's.
-pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, LandlockStatus) {
+pub fn landlock(
+    kernel_abi: i32,
+    doors: bool,
+    volumes: &[crate::Bind],
+) -> Result<(Option<LandlockPlan>, LandlockStatus), JailError> {
     if kernel_abi <= 0 {
-        return (None, LandlockStatus::NotEnforced);
+        return Ok((None, LandlockStatus::NotEnforced));
     }
     let kabi = ABI::from(kernel_abi);
     let abi = if kabi < LANDLOCK_TARGET {
@@ -810,12 +860,15 @@ pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, Landlock
     } else {
         8
     };
-    let rules = vec![
+    let mut rules = vec![
         (c"/".to_owned(), read.bits()),
         (c"/tmp".to_owned(), all.bits()),
         (c"/dev".to_owned(), dev.bits()),
     ];
-    (
+    for v in volumes {
+        rules.push((cp(&v.dst)?, all.bits()));
+    }
+    Ok((
         Some(LandlockPlan {
             handled_fs: all.bits(),
             handled_net,
@@ -824,7 +877,7 @@ pub fn landlock(kernel_abi: i32, doors: bool) -> (Option<LandlockPlan>, Landlock
             rules,
         }),
         status,
-    )
+    ))
 }
 
 /// The `PATH` a bare argv[0] is looked up in: the spec environment's, or
@@ -1079,14 +1132,78 @@ mod tests {
 
     #[test]
     fn landlock_masks() {
-        let (plan, status) = landlock(7, false);
+        let (plan, status) = landlock(7, false, &[]).unwrap();
         let plan = plan.unwrap();
         assert_eq!(status, LandlockStatus::FullyEnforced);
         assert_ne!(plan.handled_net, 0);
         assert_eq!(plan.attr_size, 24);
-        let (plan, status) = landlock(3, true);
+        let (plan, status) = landlock(3, true, &[]).unwrap();
         assert_eq!(status, LandlockStatus::PartiallyEnforced);
         assert_eq!(plan.unwrap().attr_size, 8);
-        assert_eq!(landlock(0, false).1, LandlockStatus::NotEnforced);
+        assert_eq!(
+            landlock(0, false, &[]).unwrap().1,
+            LandlockStatus::NotEnforced
+        );
+    }
+
+    #[test]
+    fn a_volume_is_bound_read_write_and_writable_under_landlock() {
+        let vol = crate::Bind {
+            src: "/run/cordon/workspaces/t/abc".into(),
+            dst: "/work/session".into(),
+        };
+        let mut spec = JailSpec::new("t", ["/bin/sh"]);
+        let names = |spec: &JailSpec| -> Vec<String> {
+            program(Path::new("/root-mp"), &[], spec, 0, 0)
+                .unwrap()
+                .names
+                .into_iter()
+                .filter(|n| n.contains("/work"))
+                .collect()
+        };
+        // Positive control: no volume, nothing at /work.
+        assert!(names(&spec).is_empty());
+        spec.volumes.push(vol.clone());
+        assert_eq!(
+            names(&spec),
+            [
+                "mkdir /work",
+                "mkdir /work/session",
+                "mount /run/cordon/workspaces/t/abc on /work/session read-write",
+                "remount /work/session nosuid, nodev",
+            ]
+        );
+        // Never over a directory the jail builds, nor over a bind.
+        let mut bad = spec.clone();
+        bad.volumes[0].dst = "/tmp".into();
+        assert!(program(Path::new("/root-mp"), &[], &bad, 0, 0).is_err());
+        let mut bad = spec.clone();
+        bad.binds.push(crate::Bind {
+            src: "/usr".into(),
+            dst: "/work/session".into(),
+        });
+        assert!(program(Path::new("/root-mp"), &[], &bad, 0, 0).is_err());
+        // Landlock: every right at the volume, as at /tmp.
+        let (plan, _) = landlock(7, false, std::slice::from_ref(&vol)).unwrap();
+        let rules = plan.unwrap().rules;
+        let tmp = rules
+            .iter()
+            .find(|(p, _)| p.as_bytes() == b"/tmp")
+            .unwrap()
+            .1;
+        assert!(
+            rules
+                .iter()
+                .any(|(p, a)| p.as_bytes() == b"/work/session" && *a == tmp),
+            "{rules:?}"
+        );
+        let (plan, _) = landlock(7, false, &[]).unwrap();
+        assert!(
+            !plan
+                .unwrap()
+                .rules
+                .iter()
+                .any(|(p, _)| p.as_bytes() == b"/work/session")
+        );
     }
 }

@@ -207,7 +207,7 @@ where
         let exec_paths = plan::exec_paths(spec)?;
         let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
         let (landlock, landlock_status) = if spec.landlock {
-            plan::landlock(facts.landlock_abi, doors_req.is_some())
+            plan::landlock(facts.landlock_abi, doors_req.is_some(), &spec.volumes)?
         } else {
             (None, LandlockStatus::Disabled)
         };

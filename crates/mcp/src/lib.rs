@@ -66,7 +66,8 @@ pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServ
         .map_err(GatewayError::Sandbox)?;
     let mut s = RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
         .with_audit(Arc::new(audit))
-        .with_tenant_uids(broker.tenant_uids().clone());
+        .with_tenant_uids(broker.tenant_uids().clone())
+        .with_volumes(broker.volumes().clone());
     if let Some(cb) = broker.credentials() {
         s = s.with_credentials(cb.clone());
     }
@@ -588,6 +589,21 @@ impl Drop for Session {
         for u in &self.upstreams {
             u.shutdown();
         }
+        // Its workspace goes with it, or once the longest `retain` of the
+        // tools has passed.
+        let retain = self
+            .gw
+            .commands
+            .values()
+            .map(|c| &c.policy)
+            .chain(self.gw.servers.iter().map(|(p, _)| p))
+            .filter_map(|p| p.workspace.as_ref())
+            .map(|w| w.retain_seconds)
+            .max()
+            .unwrap_or(0);
+        self.gw
+            .broker
+            .end_session(&self.who(""), std::time::Duration::from_secs(retain));
     }
 }
 

@@ -35,7 +35,7 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
 /// Starts MCP servers in a sandbox.
 pub trait ServerSandbox: Send + Sync {
     /// Start the server `argv` under `policy` (its limits, network, mounts,
-    /// environment, seccomp) for the session, tenant and principal of `who`; an empty
+    /// environment, seccomp, workspace and state) for the session, tenant and principal of `who`; an empty
     /// `argv` runs the image's entrypoint. The server speaks MCP on its
     /// stdin/stdout. Its secrets are minted for `who`'s session as the sandbox
     /// starts and revoked when it is stopped.
@@ -59,6 +59,9 @@ pub struct RuntimeServers {
     credentials: Option<Arc<cordon_broker::CredentialBroker>>,
     /// Host uids per tenant (`None`: every server maps to the shared one).
     tenant_uids: Option<cordon_broker::tenant_uids::Availability>,
+    /// Session workspaces and per-tenant states (`None`: a server that
+    /// declares either is refused).
+    volumes: Option<Arc<cordon_runtime::Volumes>>,
 }
 
 impl RuntimeServers {
@@ -69,6 +72,7 @@ impl RuntimeServers {
             audit: None,
             credentials: None,
             tenant_uids: None,
+            volumes: None,
         }
     }
 
@@ -79,6 +83,14 @@ impl RuntimeServers {
         uids: cordon_broker::tenant_uids::Availability,
     ) -> RuntimeServers {
         self.tenant_uids = Some(uids);
+        self
+    }
+
+    /// Mount each server's workspace and state from `volumes` (the
+    /// broker's, so that a session's command tools and servers share its
+    /// workspace).
+    pub fn with_volumes(mut self, volumes: Arc<cordon_runtime::Volumes>) -> RuntimeServers {
+        self.volumes = Some(volumes);
         self
     }
 
@@ -156,6 +168,10 @@ impl ServerSandbox for RuntimeServers {
         admitted.spec.limits.wall = self.max_lifetime;
         if let Some(u) = &self.tenant_uids {
             admitted.spec.host_ids = u.ids_for(policy, &who.tenant)?;
+        }
+        // Volumes after the host ids: their roots belong to the sandbox's uid.
+        if let Some(v) = &self.volumes {
+            admitted.spec.volumes = v.prepare(&admitted.spec, &who.tenant, session)?;
         }
         let tool = policy.name.clone();
         let profile = cordon_broker::profile_name(policy.profile);

@@ -330,6 +330,7 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
         out,
     );
     diff_keyed(t, "env", &o.env, &n.env, |_, _| true, out);
+    diff_volumes(t, o, n, out);
     diff_mechanisms(t, &o.require, &n.require, &o.accept, &n.accept, out);
     if o.lifetime != n.lifetime {
         out.push(change(
@@ -698,6 +699,61 @@ fn diff_seccomp(t: &str, o: &Seccomp, n: &Seccomp, out: &mut Vec<Change>) {
             out.push(change(t, "seccomp", "denylist", "allowlist", false));
         }
         (Seccomp::DenyList, Seccomp::DenyList) => {}
+    }
+}
+
+/// `workspace` and `state`: one added, a larger size, a longer `retain`
+/// or a moved mount widens what the tool can keep and weakens; one removed
+/// or made smaller does not.
+fn diff_volumes(t: &str, o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
+    type Vol = (String, u64, Option<u64>);
+    let ws = |p: &ToolPolicy| -> Option<Vol> {
+        p.workspace
+            .as_ref()
+            .map(|w| (w.mount.clone(), w.size_bytes, Some(w.retain_seconds)))
+    };
+    let st = |p: &ToolPolicy| -> Option<Vol> {
+        p.state
+            .as_ref()
+            .map(|s| (s.mount.clone(), s.size_bytes, None))
+    };
+    for (field, a, b) in [("workspace", ws(o), ws(n)), ("state", st(o), st(n))] {
+        match (a, b) {
+            (None, None) => {}
+            (None, Some(b)) => out.push(change(t, field, ABSENT, &volume_text(&b), true)),
+            (Some(a), None) => out.push(change(t, field, &volume_text(&a), ABSENT, false)),
+            (Some(a), Some(b)) => {
+                if a.0 != b.0 {
+                    out.push(change(t, &format!("{field}.mount"), &a.0, &b.0, true));
+                }
+                if a.1 != b.1 {
+                    out.push(change(
+                        t,
+                        &format!("{field}.size"),
+                        &format_size(a.1),
+                        &format_size(b.1),
+                        b.1 > a.1,
+                    ));
+                }
+                if a.2 != b.2 {
+                    let r = |v: Option<u64>| format!("{}s", v.unwrap_or(0));
+                    out.push(change(
+                        t,
+                        &format!("{field}.retain"),
+                        &r(a.2),
+                        &r(b.2),
+                        b.2 > a.2,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn volume_text(v: &(String, u64, Option<u64>)) -> String {
+    match v.2 {
+        Some(r) if r > 0 => format!("{} {} retain {r}s", v.0, format_size(v.1)),
+        _ => format!("{} {}", v.0, format_size(v.1)),
     }
 }
 

@@ -202,6 +202,19 @@ pub struct Tool {
     #[serde(default)]
     #[schemars(with = "Vec<Mount>")]
     pub mounts: Vec<Spanned<Mount>>,
+    /// The session's workspace, read-write at `mount` in every sandbox of
+    /// this tool, shared with the session's other tools that declare one;
+    /// its size is enforced; destroyed when the session ends (or `retain`
+    /// later).
+    #[serde(default)]
+    #[schemars(with = "Option<Workspace>")]
+    pub workspace: Option<Spanned<Workspace>>,
+    /// A directory of this tool's that outlives sessions, read-write at
+    /// `mount`: one per tenant, never shared between tenants, its size
+    /// enforced; removed with `cordon state rm`.
+    #[serde(default)]
+    #[schemars(with = "Option<State>")]
+    pub state: Option<Spanned<State>>,
     /// Mechanisms this tool requires on top of its profile's defaults and
     /// the manifest's `require`.
     #[serde(default)]
@@ -417,6 +430,38 @@ pub enum MountMode {
     Ro,
     /// Read-write: the tool can change the host's files.
     Rw,
+}
+
+/// A session workspace (`workspace:`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Workspace {
+    /// Absolute path inside the sandbox, e.g. `/work`.
+    pub mount: String,
+    /// Its size, e.g. `512M`: a write beyond it fails with ENOSPC.
+    pub size: Size,
+    /// How long it is kept after its session ends, e.g. `10m`, `30s`, `1h`
+    /// or a number of seconds (default: destroyed when the session ends).
+    #[serde(default)]
+    pub retain: Option<Duration>,
+}
+
+/// A tool's persistent state (`state:`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    /// Absolute path inside the sandbox, e.g. `/data`.
+    pub mount: String,
+    /// Its size, e.g. `256M`: a write beyond it fails with ENOSPC.
+    pub size: Size,
+}
+
+/// A duration: seconds, or a string with an s/m/h/d suffix.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Duration {
+    Seconds(u64),
+    Text(String),
 }
 
 /// A tool's warm pool (`lifetime: pool`).

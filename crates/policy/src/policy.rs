@@ -41,6 +41,12 @@ pub struct ToolPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls_passthrough: Vec<String>,
     pub mounts: Vec<Mount>,
+    /// The session workspace mounted read-write in the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<Workspace>,
+    /// The tool's per-tenant state mounted read-write in the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
@@ -222,6 +228,28 @@ pub struct Mount {
     /// Read-write (`:rw`); read-only otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub writable: bool,
+}
+
+/// A session workspace: the session's own directory, read-write at
+/// `mount`, of at most `size_bytes`, kept `retain_seconds` after the
+/// session ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workspace {
+    /// Absolute path inside the sandbox.
+    pub mount: String,
+    pub size_bytes: u64,
+    /// Seconds it outlives its session (0: destroyed when it ends).
+    #[serde(default)]
+    pub retain_seconds: u64,
+}
+
+/// A tool's state: one directory per tenant, kept across sessions,
+/// read-write at `mount`, of at most `size_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// Absolute path inside the sandbox.
+    pub mount: String,
+    pub size_bytes: u64,
 }
 
 /// How MCP arguments reach a command tool.

@@ -13,7 +13,7 @@ use crate::manifest::{self, Egress, Manifest, Mechanism, Profile, Runtime, Tool}
 use crate::policy::{
     self, Exec, Expose, Limits, Network, PolicySet, ToolPolicy, invalid_name_reason,
 };
-use crate::units::{parse_cpu, parse_size};
+use crate::units::{parse_cpu, parse_duration, parse_size};
 
 /// A loaded manifest: the resolved policies and the warnings `cordon check` prints.
 #[derive(Debug, Clone)]
@@ -172,6 +172,7 @@ const RULES: &[Rule] = &[
     rule_secret_delivery,
     rule_tls_passthrough,
     rule_mounts,
+    rule_volumes,
     rule_env,
     rule_output,
     rule_input,
@@ -877,6 +878,114 @@ fn rule_mounts(c: &Ctx<'_>) -> Vec<Diagnostic> {
     out
 }
 
+/// The smallest workspace or state: room for a few files.
+pub const MIN_VOLUME_BYTES: u64 = 64 << 10;
+
+/// Why a `workspace` or `state` mount path cannot be used, if it cannot:
+/// the rules of a mount target.
+fn volume_mount_problem(p: &str) -> Option<String> {
+    if !p.starts_with('/') || p.split('/').any(|seg| seg == ".." || seg == ".") {
+        return Some(format!(
+            "`{p}` must be an absolute path without `.` or `..`"
+        ));
+    }
+    let d = p.trim_end_matches('/');
+    let d = if d.is_empty() { "/" } else { d };
+    if RESERVED_DSTS
+        .iter()
+        .any(|r| d == *r || (*r != "/" && d.starts_with(&format!("{r}/"))))
+    {
+        return Some(format!("`{p}` is inside a path cordon builds itself"));
+    }
+    None
+}
+
+/// `workspace` and `state`: mount paths like a mount target's, apart from
+/// each other and from the tool's mounts; a size cordon can enforce; a
+/// sandbox that has a session to belong to.
+fn rule_volumes(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let t = c.tool;
+    let mut seen: Vec<(&str, String)> = Vec::new();
+    let decls = [
+        t.workspace
+            .as_ref()
+            .map(|w| ("workspace", w.referenced, &w.value.mount, &w.value.size)),
+        t.state
+            .as_ref()
+            .map(|s| ("state", s.referenced, &s.value.mount, &s.value.size)),
+    ];
+    for (what, at, mount, size) in decls.into_iter().flatten() {
+        if c.profile() == Profile::P0 {
+            out.push(c.diag(
+                at,
+                format!("profile P0 has no sandbox to mount a {what} in"),
+                Some("remove it, or choose P1-P3"),
+            ));
+            continue;
+        }
+        if let Some(why) = volume_mount_problem(mount) {
+            out.push(c.diag(
+                at,
+                format!("{what} mount {why}"),
+                Some("mount it somewhere else, e.g. /work or /data"),
+            ));
+        }
+        match parse_size(size) {
+            Err(e) => out.push(c.diag(at, format!("{what} size: {e}"), None)),
+            Ok(n) if n < MIN_VOLUME_BYTES => out.push(c.diag(
+                at,
+                format!("{what} size {n} is below the smallest, 64K"),
+                None,
+            )),
+            Ok(_) => {}
+        }
+        let norm = mount.trim_end_matches('/').to_string();
+        for (other, p) in &seen {
+            if *p == norm
+                || p.starts_with(&format!("{norm}/"))
+                || norm.starts_with(&format!("{p}/"))
+            {
+                out.push(c.diag(
+                    at,
+                    format!("{what} mount `{mount}` overlaps the {other}'s"),
+                    None,
+                ));
+            }
+        }
+        for m in &t.mounts {
+            if let Ok(m) = parse_mount(&m.value) {
+                let d = m.dst.trim_end_matches('/');
+                if d == norm
+                    || d.starts_with(&format!("{norm}/"))
+                    || norm.starts_with(&format!("{d}/"))
+                {
+                    out.push(c.diag(
+                        at,
+                        format!("{what} mount `{mount}` overlaps the mount at `{}`", m.dst),
+                        None,
+                    ));
+                }
+            }
+        }
+        seen.push((what, norm));
+        if t.lifetime == Some(manifest::Lifetime::Pool) {
+            out.push(c.diag(
+                at,
+                format!("a {what} cannot be given to a pooled sandbox, which is made before the session that calls it"),
+                Some("use `lifetime: call` or `lifetime: session`"),
+            ));
+        }
+    }
+    if let Some(w) = &t.workspace
+        && let Some(r) = &w.value.retain
+        && let Err(e) = parse_duration(r)
+    {
+        out.push(c.diag(w.referenced, format!("workspace retain: {e}"), None));
+    }
+    out
+}
+
 fn rule_env(c: &Ctx<'_>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for k in c.tool.env.keys() {
@@ -1417,6 +1526,29 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         .collect::<Result<_, _>>()?;
     mounts.sort();
 
+    let workspace = match &t.workspace {
+        None => None,
+        Some(w) => {
+            let bad = |m: String| c.diag(w.referenced, format!("workspace: {m}"), None);
+            Some(policy::Workspace {
+                mount: w.value.mount.clone(),
+                size_bytes: parse_size(&w.value.size).map_err(bad)?,
+                retain_seconds: match &w.value.retain {
+                    None => 0,
+                    Some(r) => parse_duration(r).map_err(bad)?,
+                },
+            })
+        }
+    };
+    let state = match &t.state {
+        None => None,
+        Some(s) => Some(policy::State {
+            mount: s.value.mount.clone(),
+            size_bytes: parse_size(&s.value.size)
+                .map_err(|m| c.diag(s.referenced, format!("state: {m}"), None))?,
+        }),
+    };
+
     let o = t.output.clone().unwrap_or_default();
     let output = policy::Output {
         kind: o.kind.unwrap_or(manifest::OutputKind::Text),
@@ -1471,6 +1603,8 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             v
         },
         mounts,
+        workspace,
+        state,
         env,
         lifetime,
         pool: (lifetime == manifest::Lifetime::Pool).then(|| t.pool.unwrap_or_default()),

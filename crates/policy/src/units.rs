@@ -33,6 +33,33 @@ pub fn parse_size_str(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size `{s}` is too large"))
 }
 
+/// Parse a duration: seconds, or a whole number with an `s`, `m`, `h` or
+/// `d` suffix.
+pub fn parse_duration(d: &crate::manifest::Duration) -> Result<u64, String> {
+    let s = match d {
+        crate::manifest::Duration::Seconds(n) => return Ok(*n),
+        crate::manifest::Duration::Text(s) => s,
+    };
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    let bad = || {
+        format!(
+            "invalid duration `{s}`: write seconds or a number with an s, m, h or d suffix, e.g. 10m"
+        )
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit = match suffix.trim() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| format!("duration `{s}` is too long"))
+}
+
 /// Parse a CPU quota: `N%` of one core, or a number of cores (`2` = 200%).
 pub fn parse_cpu(s: &str) -> Result<u32, String> {
     let t = s.trim();

@@ -596,6 +596,7 @@ impl Gvisor {
             argv,
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
             binds: Vec::new(),
+            volumes: Vec::new(),
             limits: crate::native::jail_limits(l),
             network,
             seccomp: cordon_jail::SeccompMode::DenyList,
@@ -728,6 +729,12 @@ impl Runtime for Gvisor {
 
     fn check(&self, spec: &SandboxSpec) -> Check {
         let mut problems = self.problems();
+        if spec.workspace.is_some() || spec.state.is_some() {
+            problems.push(format!(
+                "{}: the gvisor runtime does not mount a workspace or state yet (use `runtime: native`)",
+                spec.tool
+            ));
+        }
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
             problems.push(format!(
                 "mount {}:{}:rw: the gvisor runtime binds host paths read-only only",

@@ -23,6 +23,7 @@ pub mod oci;
 pub mod outcome;
 pub mod pool;
 pub mod spec;
+pub mod volume;
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub use mechanism::{Mechanism, MechanismState, State};
 pub use outcome::{Outcome, RunError, Status};
 use serde::Serialize;
 pub use spec::{Limits, Mount, Network, Root, SandboxSpec, Seccomp, Use};
+pub use volume::{Volume, Volumes};
 
 /// Where a sandbox's egress attempts go.
 pub type EgressSink = Arc<dyn Fn(EgressEvent) + Send + Sync>;
@@ -271,6 +273,22 @@ impl Registry {
     pub fn with_credentials(mut self, broker: Arc<dyn Minting>) -> Registry {
         self.credentials = Some(broker);
         self
+    }
+
+    /// The host uid and gid of the native runtime's sandboxes (the owner
+    /// of the workspaces and states made for them).
+    pub fn sandbox_owner(&self) -> (u32, u32) {
+        self.entries
+            .iter()
+            .find_map(|(_, _, rt)| rt.jail())
+            .map(|j| j.sandbox_host_ids())
+            .unwrap_or_else(|| {
+                if cordon_sys::io::geteuid() == 0 {
+                    (65534, 65534)
+                } else {
+                    (cordon_sys::io::geteuid(), cordon_sys::io::getegid())
+                }
+            })
     }
 
     /// Whether a credential broker is configured.

@@ -201,6 +201,9 @@ impl Native {
                 m.dst.display()
             ));
         }
+        if spec.workspace.is_some() || spec.state.is_some() {
+            crate::volume::mechanism().map_err(|e| format!("{}: {e}", spec.tool))?;
+        }
         let mut env = spec.env.clone();
         let (network, egress) = match &spec.network {
             Network::None => (NetMode::None, None),
@@ -235,6 +238,14 @@ impl Native {
                     .map(|m| Bind {
                         src: m.src.clone(),
                         dst: m.dst.clone(),
+                    })
+                    .collect(),
+                volumes: spec
+                    .volumes
+                    .iter()
+                    .map(|v| Bind {
+                        src: v.src.clone(),
+                        dst: v.dst.clone(),
                     })
                     .collect(),
                 limits: jail_limits(l),
@@ -331,6 +342,9 @@ impl Runtime for Native {
     }
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        if let Some(why) = spec.unprepared_volumes() {
+            return Err(RunError::Refused(why));
+        }
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         match self.run_jail(&js, egress, icpt, Stdin::Bytes(input), ctx) {
@@ -353,6 +367,9 @@ impl Runtime for Native {
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
+        if let Some(why) = spec.unprepared_volumes() {
+            return Err(RunError::Refused(why));
+        }
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);

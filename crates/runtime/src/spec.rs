@@ -3,7 +3,7 @@
 //! mechanism of any one runtime.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cordon_egress::EgressPolicy;
@@ -39,6 +39,15 @@ pub struct SandboxSpec {
     /// image's `WorkingDir`); `None`: the runtime's default (`/tmp` for
     /// the native runtime).
     pub cwd: Option<String>,
+    /// The session workspace the tool declares (its directory is made
+    /// per call or server start: [`SandboxSpec::volumes`]).
+    pub workspace: Option<policy::Workspace>,
+    /// The per-tenant state the tool declares.
+    pub state: Option<policy::State>,
+    /// Read-write binds of the directories the broker made for this
+    /// sandbox's workspace and state ([`crate::volume::Volumes::prepare`]);
+    /// empty in an admitted spec, filled for each call or server start.
+    pub volumes: Vec<crate::volume::Volume>,
     /// uid and gid inside the sandbox (an image's `User`); `None`: the
     /// runtime's default (1000 for the native runtime). Whatever they are,
     /// the tool has an unprivileged identity on the host and no
@@ -344,6 +353,9 @@ pub fn lower(
         },
         landlock: true,
         cwd,
+        workspace: p.workspace.clone(),
+        state: p.state.clone(),
+        volumes: Vec::new(),
         user,
         host_ids: None,
     })
@@ -460,9 +472,32 @@ impl SandboxSpec {
             seccomp: Seccomp::DenyList,
             landlock: true,
             cwd: None,
+            workspace: None,
+            state: None,
+            volumes: Vec::new(),
             user: None,
             host_ids: None,
         }
+    }
+
+    /// Why the spec cannot run as it is: a declared workspace or state
+    /// whose directory was not prepared for it (it never runs without).
+    pub fn unprepared_volumes(&self) -> Option<String> {
+        let declared = self
+            .workspace
+            .as_ref()
+            .map(|w| ("workspace", &w.mount))
+            .into_iter()
+            .chain(self.state.as_ref().map(|s| ("state", &s.mount)));
+        for (what, mount) in declared {
+            if !self.volumes.iter().any(|v| v.dst == Path::new(mount)) {
+                return Some(format!(
+                    "{}: its {what} at {mount} was not prepared for this sandbox",
+                    self.tool
+                ));
+            }
+        }
+        None
     }
 
     /// The egress policy, when the sandbox has doors.

@@ -8,6 +8,8 @@
 //!   directory tree (the image unpacker's).
 //! - `io`: parent-side descriptor and process helpers (pipes, poll,
 //!   pidfds, small kernel files, feature probes).
+//! - `mount`: the broker's own mounts (a workspace's size-limited tmpfs,
+//!   its lazy unmount).
 //! - `net`: the broker's network helpers (addresses added to a sandbox's
 //!   `lo` over rtnetlink, `splice(2)` for the egress doors' tunnels).
 //! - `probe`: the raw calls of the conformance probe agent.
@@ -18,6 +20,7 @@
 
 pub mod fsat;
 pub mod io;
+pub mod mount;
 pub mod net;
 pub mod probe;
 pub mod spawn;
