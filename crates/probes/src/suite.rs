@@ -780,9 +780,7 @@ fn outer_timeout(probe: &str, profile: &Profile) -> Duration {
             wall.map_or(Duration::from_secs(3), |w| 2 * w + Duration::from_secs(2))
                 + OUTER_TIMEOUT / 2
         }
-        _ => wall.map_or(OUTER_TIMEOUT, |w| {
-            OUTER_TIMEOUT.max(w + OUTER_TIMEOUT / 2)
-        }),
+        _ => wall.map_or(OUTER_TIMEOUT, |w| OUTER_TIMEOUT.max(w + OUTER_TIMEOUT / 2)),
     }
 }
 
