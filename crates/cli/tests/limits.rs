@@ -223,6 +223,8 @@ async fn a_node_mcp_server_answers_under_a_1g_limit_without_cgroups() {
         return;
     };
     let d = dir("node");
+    // A long start-up allowance: under emulation (the test bed of
+    // tests/vm) Node.js takes over the default 20 s to initialize.
     let m = write(
         &d,
         "m.yaml",
@@ -238,6 +240,7 @@ tools:
     mcp:
       command: ["/usr/bin/node", "/srv/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js", "/tmp"]
       tools: {{allow: [list_allowed_directories]}}
+      startup_seconds: 300
 "#,
             npm = npm.display()
         ),
