@@ -60,7 +60,7 @@ probes_resource() {
 # cordon serve with a Node.js MCP server (a P2 tool that requires cgroup
 # limits): one call answers, without warnings.
 serve_node() {
-  /usr/bin/python3 "$2/tests/vm/mcp_call.py" "$1" /tmp/node.yaml scratch.list_allowed_directories >"$t-serve.out" 2>&1
+  /usr/bin/python3 "$2/tests/vm/mcp_call.py" "$1" /tmp/node.yaml scratch__list_allowed_directories >"$t-serve.out" 2>&1
   rc=$?
   cat "$t-serve.out"
   [ $rc -eq 0 ] && grep -q '/tmp' "$t-serve.out" && ! grep -q 'cordon/warnings' "$t-serve.out"

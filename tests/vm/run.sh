@@ -6,6 +6,9 @@
 # manager, on pure cgroup v2 with systemd delegation. Slow under
 # emulation (see the README's slow suites); not part of scripts/test.sh.
 #
+# usage: tests/vm/run.sh [STEP...]: only these steps of guest.sh (e.g.
+# user_serve_node root_jail_tests), else all of them.
+#
 # Results: target/vm-results/<time>/ (summary, one log per step, the
 # serial console); the summary's last line is "N passed, M failed", and
 # the exit status is 0 only when every step passed.
@@ -36,6 +39,7 @@ out=$repo/target/vm-results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
 chmod 777 "$out"
 echo "$bins" >"$out/bins"
+echo "$*" >"$out/only"
 
 # TCG boots hang without the TSC rate: the host's, from the kernel log or
 # /proc/cpuinfo.

@@ -134,11 +134,13 @@ fn a_memory_bomb_in_a_p1_tool_is_the_memory_limit() {
             "[/usr/bin/node, -e, \"const a = []; for (let i = 0; i < {goal}; i++) a.push(Buffer.alloc(1 << 20, 1)); console.log(a.length)\"]"
         )
     };
+    // The wall limits are only a backstop, with room for an emulated host
+    // (the test bed of tests/vm), where Node.js alone takes most of 20 s.
     let m = write(
         &d,
         "m.yaml",
         &format!(
-            "tools:\n  small:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 20}}\n  bomb:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 20}}\n  node_small:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 20, tasks: 32}}\n  node_bomb:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 20, tasks: 32}}\n",
+            "tools:\n  small:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 120}}\n  bomb:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 120}}\n  node_small:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 120, tasks: 32}}\n  node_bomb:\n    profile: P1\n    command: {}\n    limits: {{memory: 256M, wall_seconds: 120, tasks: 32}}\n",
             py(64),
             py(100_000),
             node(64),
@@ -221,6 +223,8 @@ async fn a_node_mcp_server_answers_under_a_1g_limit_without_cgroups() {
         return;
     };
     let d = dir("node");
+    // A long start-up allowance: under emulation (the test bed of
+    // tests/vm) Node.js takes over the default 20 s to initialize.
     let m = write(
         &d,
         "m.yaml",
@@ -236,6 +240,7 @@ tools:
     mcp:
       command: ["/usr/bin/node", "/srv/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js", "/tmp"]
       tools: {{allow: [list_allowed_directories]}}
+      startup_seconds: 300
 "#,
             npm = npm.display()
         ),

@@ -49,6 +49,10 @@ const MARKERS: &[&str] = &[
     "allocation failed - ",
     "fatal process out of memory",
     "fatal process oom",
+    // V8 failing to make its code space writable: mprotect refused with
+    // ENOMEM once RLIMIT_DATA is reached ("# Check failed:
+    // reservation_.SetPermissions(unprotect_start, ...").
+    "reservation_.setpermissions(",
     // The JVM.
     "java.lang.outofmemoryerror",
     "insufficient memory for the java runtime environment",
@@ -123,6 +127,10 @@ mod tests {
             (
                 b"\n#\n# Fatal process out of memory: Zone\n#\n",
                 "# Fatal process out of memory: Zone",
+            ),
+            (
+                b"\n#\n# Fatal error in , line 0\n# Check failed: reservation_.SetPermissions( unprotect_start, unprotect_size, MemoryChunk::GetCodeModificationPermission()).\n#\n",
+                "# Check failed: reservation_.SetPermissions( unprotect_start, unprotect_size, MemoryChunk::GetCodeModificationPermission()).",
             ),
             (
                 b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n",

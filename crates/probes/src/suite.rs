@@ -768,16 +768,19 @@ fn args_for(
     a
 }
 
+/// The harness's bound on one run. It lies beyond the sandbox's own wall
+/// limit, so that a probe the sandbox stops at that limit is reported as
+/// that typed stop, not as a hang the harness had to cut (a slow host, an
+/// emulated one, may need most of a long wall limit for a probe to meet
+/// its other limits).
 fn outer_timeout(probe: &str, profile: &Profile) -> Duration {
+    let wall = profile.limits.wall;
     match probe {
         "time" => {
-            profile
-                .limits
-                .wall
-                .map_or(Duration::from_secs(3), |w| 2 * w + Duration::from_secs(2))
+            wall.map_or(Duration::from_secs(3), |w| 2 * w + Duration::from_secs(2))
                 + OUTER_TIMEOUT / 2
         }
-        _ => OUTER_TIMEOUT,
+        _ => wall.map_or(OUTER_TIMEOUT, |w| OUTER_TIMEOUT.max(w + OUTER_TIMEOUT / 2)),
     }
 }
 
@@ -1122,6 +1125,25 @@ mod tests {
             judge_resource("time", &r, &Limits::default()).0,
             Verdict::Escaped
         );
+    }
+
+    #[test]
+    fn the_harness_outlasts_the_sandboxs_wall_limit() {
+        let mut p = Profile::unclaimed("P1");
+        assert_eq!(outer_timeout("memory", &p), OUTER_TIMEOUT);
+        p.limits.wall = Some(Duration::from_secs(10));
+        assert_eq!(outer_timeout("memory", &p), OUTER_TIMEOUT);
+        // A wall limit past the default bound: the sandbox's typed stop
+        // comes first.
+        p.limits.wall = Some(Duration::from_secs(90));
+        for probe in ["memory", "fork", "output", "disk", "control"] {
+            assert!(
+                outer_timeout(probe, &p) > Duration::from_secs(90),
+                "{probe}: {:?}",
+                outer_timeout(probe, &p)
+            );
+        }
+        assert_eq!(outer_timeout("time", &p), Duration::from_secs(212));
     }
 
     #[test]
