@@ -13,6 +13,7 @@ mod proxy;
 mod run;
 mod schema;
 mod serve;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -179,6 +180,11 @@ enum Cmd {
     Proxy(proxy::ProxyArgs),
     /// Serve the manifest's tools as one MCP server (stdio, or streamable HTTP with --http).
     Serve(serve::ServeArgs),
+    /// Static bearer tokens for `serve --http --auth`.
+    Token {
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -248,6 +254,7 @@ fn main() -> ExitCode {
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Serve(args) => serve::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
+        Cmd::Token { cmd } => token::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);
             return ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE));
