@@ -364,4 +364,171 @@ mod tests {
             ]
         );
     }
+
+    mod served {
+        //! Against a JWKS served on loopback by the test: rotation, the
+        //! refetch floor, algorithm and claim checks.
+        use super::super::*;
+        use base64::Engine;
+        use jsonwebtoken::{EncodingKey, Header};
+        use ring::signature::KeyPair;
+        use serde_json::json;
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        struct Signer {
+            enc: EncodingKey,
+            jwk: Value,
+        }
+
+        fn signer(kid: &str) -> Signer {
+            let rng = ring::rand::SystemRandom::new();
+            let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+            let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+            let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+            Signer {
+                enc: EncodingKey::from_ed_der(pkcs8.as_ref()),
+                jwk: json!({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig"}),
+            }
+        }
+
+        fn now() -> i64 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64
+        }
+
+        fn token(s: &Signer, kid: &str, claims: Value) -> String {
+            let mut h = Header::new(Algorithm::EdDSA);
+            h.kid = Some(kid.into());
+            let mut c = json!({"iss": "https://iss.example", "aud": "https://r.example/mcp",
+                "sub": "ann", "exp": now() + 300});
+            for (k, v) in claims.as_object().unwrap() {
+                c[k] = v.clone();
+            }
+            jsonwebtoken::encode(&h, &c, &s.enc).unwrap()
+        }
+
+        /// A JWKS server: what it serves, how often it was asked.
+        async fn jwks_server(keys: Arc<Mutex<Vec<Value>>>, hits: Arc<AtomicU64>) -> String {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((mut c, _)) = l.accept().await else { return };
+                    let keys = keys.clone();
+                    let hits = hits.clone();
+                    tokio::spawn(async move {
+                        let mut buf = Vec::new();
+                        let mut b = [0u8; 1024];
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match c.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&b[..n]),
+                            }
+                        }
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        let body = json!({"keys": *keys.lock().unwrap()}).to_string();
+                        let resp = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        let _ = c.write_all(resp.as_bytes()).await;
+                    });
+                }
+            });
+            format!("http://{addr}/jwks")
+        }
+
+        fn validator(uri: &str, floor: Duration) -> JwtValidator {
+            JwtValidator::new(
+                JwtSettings {
+                    issuer: "https://iss.example".into(),
+                    audience: "https://r.example/mcp".into(),
+                    jwks_uri: Some(uri.into()),
+                    leeway_seconds: 30,
+                    refetch_floor: floor,
+                },
+                crate::http::client(None).unwrap(),
+            )
+        }
+
+        fn invalid(r: Result<Map<String, Value>, Refusal>) -> String {
+            match r {
+                Err(Refusal::Invalid(m)) => m,
+                other => panic!("expected an invalid-token refusal, got {other:?}"),
+            }
+        }
+
+        #[tokio::test]
+        async fn rotated_keys_are_fetched_and_made_up_kids_do_not_hammer_the_issuer() {
+            let (k1, k2) = (signer("k1"), signer("k2"));
+            let keys = Arc::new(Mutex::new(vec![k1.jwk.clone()]));
+            let hits = Arc::new(AtomicU64::new(0));
+            let uri = jwks_server(keys.clone(), hits.clone()).await;
+
+            // Rotation (no floor): k1 verifies; the issuer moves to k2; a k2
+            // token makes cordon fetch again and verifies; k1 is gone.
+            let v = validator(&uri, Duration::ZERO);
+            assert_eq!(v.verify(&token(&k1, "k1", json!({}))).await.unwrap()["sub"], "ann");
+            assert_eq!(hits.load(Ordering::SeqCst), 1);
+            *keys.lock().unwrap() = vec![k2.jwk.clone()];
+            v.verify(&token(&k2, "k2", json!({}))).await.unwrap();
+            assert_eq!(hits.load(Ordering::SeqCst), 2);
+            let m = invalid(v.verify(&token(&k1, "k1", json!({}))).await);
+            assert!(m.contains("no key `k1`"), "{m}");
+
+            // With a floor: one fetch, then made-up kids are refused from
+            // the cache without asking the issuer again.
+            let w = validator(&uri, Duration::from_secs(3600));
+            let before = hits.load(Ordering::SeqCst);
+            w.verify(&token(&k2, "k2", json!({}))).await.unwrap();
+            for i in 0..5 {
+                let m = invalid(w.verify(&token(&k2, &format!("bogus{i}"), json!({}))).await);
+                assert!(m.contains("no key"), "{m}");
+            }
+            assert_eq!(hits.load(Ordering::SeqCst), before + 1);
+            assert_eq!(w.fetches().await, 1);
+
+            // Claims: leeway holds for a token just expired, not for one
+            // long expired; issuer, audience and subject are required.
+            w.verify(&token(&k2, "k2", json!({"exp": now() - 5}))).await.unwrap();
+            let m = invalid(w.verify(&token(&k2, "k2", json!({"exp": now() - 300}))).await);
+            assert!(m.contains("expired"), "{m}");
+            let m = invalid(w.verify(&token(&k2, "k2", json!({"nbf": now() + 600}))).await);
+            assert!(m.contains("not valid yet"), "{m}");
+            let m = invalid(w.verify(&token(&k2, "k2", json!({"iss": "https://evil.example"}))).await);
+            assert!(m.contains("not issued by"), "{m}");
+            let m = invalid(w.verify(&token(&k2, "k2", json!({"aud": "https://other.example"}))).await);
+            assert!(m.contains("not for this resource"), "{m}");
+            // Signed by another key under the same kid.
+            let m = invalid(w.verify(&token(&k1, "k2", json!({}))).await);
+            assert!(m.contains("signature does not verify"), "{m}");
+
+            // HS256 with the public key's bytes as the secret: refused
+            // before any key is looked at.
+            let mut h = Header::new(Algorithm::HS256);
+            h.kid = Some("k2".into());
+            let x = k2.jwk["x"].as_str().unwrap();
+            let hs = jsonwebtoken::encode(
+                &h,
+                &json!({"iss": "https://iss.example", "aud": "https://r.example/mcp", "sub": "ann", "exp": now() + 60}),
+                &EncodingKey::from_secret(x.as_bytes()),
+            )
+            .unwrap();
+            let m = invalid(w.verify(&hs).await);
+            assert!(m.contains("HS256 is refused"), "{m}");
+            // alg none.
+            let b = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+            let none = format!(
+                "{}.{}.",
+                b(json!({"alg": "none", "kid": "k2"})),
+                b(json!({"iss": "https://iss.example", "aud": "https://r.example/mcp", "sub": "ann", "exp": now() + 60}))
+            );
+            let m = invalid(w.verify(&none).await);
+            assert!(m.contains("not a signed JWT"), "{m}");
+        }
+    }
 }
