@@ -48,8 +48,7 @@ pub(crate) fn check_tenant(t: &str) -> Result<(), String> {
     let ok = !t.is_empty()
         && t.len() <= 64
         && !t.chars().all(|c| c == '.')
-        && t
-            .chars()
+        && t.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if ok {
         Ok(())
@@ -63,10 +62,18 @@ pub(crate) fn check_tenant(t: &str) -> Result<(), String> {
 
 impl ClaimMapping {
     /// The principal the claims name, or why the token is refused.
-    pub fn principal(&self, claims: &Map<String, Value>, method: Method) -> Result<Principal, Refusal> {
+    pub fn principal(
+        &self,
+        claims: &Map<String, Value>,
+        method: Method,
+    ) -> Result<Principal, Refusal> {
         let subject = match claims.get("sub") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            _ => return Err(Refusal::Invalid("the token names no subject (`sub`)".into())),
+            _ => {
+                return Err(Refusal::Invalid(
+                    "the token names no subject (`sub`)".into(),
+                ));
+            }
         };
         let client_id = ["client_id", "azp"]
             .iter()
@@ -154,17 +161,34 @@ mod tests {
         let e = map
             .principal(&m(json!({"sub": "ann", "scope": "mcp"})), Method::Jwt)
             .unwrap_err();
-        assert_eq!(e, Refusal::Invalid("the token carries no tenant claim `org.id`".into()));
+        assert_eq!(
+            e,
+            Refusal::Invalid("the token carries no tenant claim `org.id`".into())
+        );
         // A tenant that could name a path elsewhere is refused.
         let e = map
-            .principal(&m(json!({"sub": "ann", "org": {"id": "../x"}, "scope": "mcp"})), Method::Jwt)
+            .principal(
+                &m(json!({"sub": "ann", "org": {"id": "../x"}, "scope": "mcp"})),
+                Method::Jwt,
+            )
             .unwrap_err();
-        assert!(matches!(e, Refusal::Invalid(ref s) if s.contains("tenant")), "{e:?}");
+        assert!(
+            matches!(e, Refusal::Invalid(ref s) if s.contains("tenant")),
+            "{e:?}"
+        );
         // Missing scope: insufficient_scope, naming the required ones.
         let e = map
-            .principal(&m(json!({"sub": "ann", "org": {"id": "t1"}, "scp": ["x"]})), Method::Jwt)
+            .principal(
+                &m(json!({"sub": "ann", "org": {"id": "t1"}, "scp": ["x"]})),
+                Method::Jwt,
+            )
             .unwrap_err();
-        assert_eq!(e, Refusal::InsufficientScope { scope: "mcp".into() });
+        assert_eq!(
+            e,
+            Refusal::InsufficientScope {
+                scope: "mcp".into()
+            }
+        );
         // No subject.
         let e = ClaimMapping::default()
             .principal(&m(json!({"aud": "x"})), Method::Jwt)

@@ -187,15 +187,16 @@ fn yaml_error(path: &Path, e: serde_saphyr::Error) -> ConfigError {
 impl AuthConfig {
     /// Read and check the file at `path`.
     pub fn load(path: &Path) -> Result<AuthConfig, ConfigError> {
-        let text = read_checked(path, Privacy::NotWritableByOthers).map_err(|message| ConfigError {
-            path: path.to_path_buf(),
-            line: 0,
-            column: 0,
-            message: message
-                .strip_prefix(&format!("{}: ", path.display()))
-                .map(str::to_string)
-                .unwrap_or(message),
-        })?;
+        let text =
+            read_checked(path, Privacy::NotWritableByOthers).map_err(|message| ConfigError {
+                path: path.to_path_buf(),
+                line: 0,
+                column: 0,
+                message: message
+                    .strip_prefix(&format!("{}: ", path.display()))
+                    .map(str::to_string)
+                    .unwrap_or(message),
+            })?;
         Self::parse(path, &text)
     }
 
@@ -242,7 +243,10 @@ impl AuthConfig {
                 check_url("introspection.endpoint", &i.endpoint)
                     .map_err(|m| at(&s.referenced, m))?;
                 if i.client_id.is_empty() {
-                    return Err(at(&s.referenced, "`introspection.client_id` is empty".into()));
+                    return Err(at(
+                        &s.referenced,
+                        "`introspection.client_id` is empty".into(),
+                    ));
                 }
                 Some(IntrospectionConfig {
                     endpoint: i.endpoint.clone(),
@@ -274,18 +278,24 @@ impl AuthConfig {
                 return Err(at(&c.referenced, "a claim name is empty".into()));
             }
         }
-        let scopes = match &f.scopes {
-            None => Vec::new(),
-            Some(s) => {
-                if let Some(bad) = s.value.iter().find(|x| x.is_empty() || x.contains(char::is_whitespace) || x.contains('"')) {
-                    return Err(at(
-                        &s.referenced,
-                        format!("scope `{}` is empty or holds blanks or quotes", bad.escape_debug()),
-                    ));
+        let scopes =
+            match &f.scopes {
+                None => Vec::new(),
+                Some(s) => {
+                    if let Some(bad) = s.value.iter().find(|x| {
+                        x.is_empty() || x.contains(char::is_whitespace) || x.contains('"')
+                    }) {
+                        return Err(at(
+                            &s.referenced,
+                            format!(
+                                "scope `{}` is empty or holds blanks or quotes",
+                                bad.escape_debug()
+                            ),
+                        ));
+                    }
+                    s.value.clone()
                 }
-                s.value.clone()
-            }
-        };
+            };
         let authorization_servers = match &f.authorization_servers {
             Some(a) => {
                 for u in &a.value {

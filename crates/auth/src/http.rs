@@ -54,7 +54,9 @@ pub(crate) async fn json_object(
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(u) = e.url() {
-        s = s.replace(&format!(" ({u})"), "").replace(u.as_str(), "<url>");
+        s = s
+            .replace(&format!(" ({u})"), "")
+            .replace(u.as_str(), "<url>");
     }
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {

@@ -97,7 +97,9 @@ impl Introspector {
         }
         if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss")) {
             if iss.as_str() != Some(want.as_str()) {
-                return Err(Refusal::Invalid(format!("the token was not issued by {want}")));
+                return Err(Refusal::Invalid(format!(
+                    "the token was not issued by {want}"
+                )));
             }
         }
         let for_us = match m.get("aud") {

@@ -74,7 +74,11 @@ pub struct JwtValidator {
 /// The algorithms a JWK may verify, or `None` for keys cordon does not
 /// use (symmetric, encryption-only, unknown).
 fn key_algs(jwk: &Map<String, Value>) -> Option<Vec<Algorithm>> {
-    if jwk.get("use").and_then(Value::as_str).is_some_and(|u| u != "sig") {
+    if jwk
+        .get("use")
+        .and_then(Value::as_str)
+        .is_some_and(|u| u != "sig")
+    {
         return None;
     }
     let by_type: Vec<Algorithm> = match jwk.get("kty").and_then(Value::as_str)? {
@@ -195,8 +199,7 @@ impl JwtValidator {
     /// (then the cached keys stay).
     async fn refresh(&self) -> Result<(), String> {
         let mut f = self.fetch.lock().await;
-        if f
-            .last_attempt
+        if f.last_attempt
             .is_some_and(|t| t.elapsed() < self.settings.refetch_floor)
         {
             return Ok(());
@@ -275,7 +278,11 @@ impl JwtValidator {
         let kid = header.kid.as_deref();
         let mut keys = self.snapshot();
         let stale = keys.fetched.is_none_or(|t| t.elapsed() >= KEYS_MAX_AGE);
-        let mut key = if stale { None } else { Self::find(&keys, kid, alg) };
+        let mut key = if stale {
+            None
+        } else {
+            Self::find(&keys, kid, alg)
+        };
         if key.is_none() {
             if let Err(e) = self.refresh().await {
                 tracing::warn!("cannot fetch the issuer's keys: {e}");
@@ -303,21 +310,25 @@ impl JwtValidator {
             .into_iter()
             .map(str::to_string)
             .collect::<HashSet<_>>();
-        let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &v).map_err(|e| {
-            Refusal::Invalid(match e.kind() {
-                ErrorKind::ExpiredSignature => "the token has expired".into(),
-                ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
-                ErrorKind::InvalidAudience => {
-                    format!("the token is not for this resource (aud is not {})", self.settings.audience)
-                }
-                ErrorKind::InvalidIssuer => {
-                    format!("the token was not issued by {}", self.settings.issuer)
-                }
-                ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
-                ErrorKind::MissingRequiredClaim(c) => format!("the token has no `{c}` claim"),
-                _ => format!("the token is refused: {e}"),
-            })
-        })?;
+        let data =
+            jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &v).map_err(|e| {
+                Refusal::Invalid(match e.kind() {
+                    ErrorKind::ExpiredSignature => "the token has expired".into(),
+                    ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
+                    ErrorKind::InvalidAudience => {
+                        format!(
+                            "the token is not for this resource (aud is not {})",
+                            self.settings.audience
+                        )
+                    }
+                    ErrorKind::InvalidIssuer => {
+                        format!("the token was not issued by {}", self.settings.issuer)
+                    }
+                    ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
+                    ErrorKind::MissingRequiredClaim(c) => format!("the token has no `{c}` claim"),
+                    _ => format!("the token is refused: {e}"),
+                })
+            })?;
         Ok(data.claims)
     }
 }
@@ -334,7 +345,11 @@ mod tests {
             key_algs(&m(json!({"kty": "RSA", "alg": "RS256"}))),
             Some(vec![Algorithm::RS256])
         );
-        assert!(key_algs(&m(json!({"kty": "RSA"}))).unwrap().contains(&Algorithm::PS256));
+        assert!(
+            key_algs(&m(json!({"kty": "RSA"})))
+                .unwrap()
+                .contains(&Algorithm::PS256)
+        );
         // A symmetric key, an RSA key claiming HS256, an encryption key,
         // an unknown curve: never used.
         assert_eq!(key_algs(&m(json!({"kty": "oct", "k": "c2VjcmV0"}))), None);
@@ -386,7 +401,8 @@ mod tests {
             let rng = ring::rand::SystemRandom::new();
             let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
             let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
-            let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+            let x =
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
             Signer {
                 enc: EncodingKey::from_ed_der(pkcs8.as_ref()),
                 jwk: json!({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig"}),
@@ -417,7 +433,9 @@ mod tests {
             let addr = l.local_addr().unwrap();
             tokio::spawn(async move {
                 loop {
-                    let Ok((mut c, _)) = l.accept().await else { return };
+                    let Ok((mut c, _)) = l.accept().await else {
+                        return;
+                    };
                     let keys = keys.clone();
                     let hits = hits.clone();
                     tokio::spawn(async move {
@@ -472,7 +490,10 @@ mod tests {
             // Rotation (no floor): k1 verifies; the issuer moves to k2; a k2
             // token makes cordon fetch again and verifies; k1 is gone.
             let v = validator(&uri, Duration::ZERO);
-            assert_eq!(v.verify(&token(&k1, "k1", json!({}))).await.unwrap()["sub"], "ann");
+            assert_eq!(
+                v.verify(&token(&k1, "k1", json!({}))).await.unwrap()["sub"],
+                "ann"
+            );
             assert_eq!(hits.load(Ordering::SeqCst), 1);
             *keys.lock().unwrap() = vec![k2.jwk.clone()];
             v.verify(&token(&k2, "k2", json!({}))).await.unwrap();
@@ -494,14 +515,28 @@ mod tests {
 
             // Claims: leeway holds for a token just expired, not for one
             // long expired; issuer, audience and subject are required.
-            w.verify(&token(&k2, "k2", json!({"exp": now() - 5}))).await.unwrap();
-            let m = invalid(w.verify(&token(&k2, "k2", json!({"exp": now() - 300}))).await);
+            w.verify(&token(&k2, "k2", json!({"exp": now() - 5})))
+                .await
+                .unwrap();
+            let m = invalid(
+                w.verify(&token(&k2, "k2", json!({"exp": now() - 300})))
+                    .await,
+            );
             assert!(m.contains("expired"), "{m}");
-            let m = invalid(w.verify(&token(&k2, "k2", json!({"nbf": now() + 600}))).await);
+            let m = invalid(
+                w.verify(&token(&k2, "k2", json!({"nbf": now() + 600})))
+                    .await,
+            );
             assert!(m.contains("not valid yet"), "{m}");
-            let m = invalid(w.verify(&token(&k2, "k2", json!({"iss": "https://evil.example"}))).await);
+            let m = invalid(
+                w.verify(&token(&k2, "k2", json!({"iss": "https://evil.example"})))
+                    .await,
+            );
             assert!(m.contains("not issued by"), "{m}");
-            let m = invalid(w.verify(&token(&k2, "k2", json!({"aud": "https://other.example"}))).await);
+            let m = invalid(
+                w.verify(&token(&k2, "k2", json!({"aud": "https://other.example"})))
+                    .await,
+            );
             assert!(m.contains("not for this resource"), "{m}");
             // Signed by another key under the same kid.
             let m = invalid(w.verify(&token(&k1, "k2", json!({}))).await);
@@ -521,11 +556,14 @@ mod tests {
             let m = invalid(w.verify(&hs).await);
             assert!(m.contains("HS256 is refused"), "{m}");
             // alg none.
-            let b = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+            let b =
+                |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
             let none = format!(
                 "{}.{}.",
                 b(json!({"alg": "none", "kid": "k2"})),
-                b(json!({"iss": "https://iss.example", "aud": "https://r.example/mcp", "sub": "ann", "exp": now() + 60}))
+                b(
+                    json!({"iss": "https://iss.example", "aud": "https://r.example/mcp", "sub": "ann", "exp": now() + 60})
+                )
             );
             let m = invalid(w.verify(&none).await);
             assert!(m.contains("not a signed JWT"), "{m}");

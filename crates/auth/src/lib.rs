@@ -147,8 +147,7 @@ impl Validator {
         let introspection = match &c.introspection {
             None => None,
             Some(i) => {
-                let secret =
-                    files::read_checked(&i.client_secret_file, files::Privacy::Private)?;
+                let secret = files::read_checked(&i.client_secret_file, files::Privacy::Private)?;
                 let secret = zeroize::Zeroizing::new(secret.trim().to_string());
                 if secret.is_empty() {
                     return Err(format!("{}: is empty", i.client_secret_file.display()));
@@ -219,14 +218,21 @@ impl Validator {
             on.push(format!("introspection ({})", i.settings().endpoint));
         }
         if let Some(t) = &self.statics {
-            on.push(format!("static tokens ({}, {})", t.path().display(), t.len()));
+            on.push(format!(
+                "static tokens ({}, {})",
+                t.path().display(),
+                t.len()
+            ));
         }
         let mut s = format!("bearer tokens for {}: {}", self.resource, on.join(", "));
         if let Some(t) = &self.mapping.tenant_claim {
             s.push_str(&format!("; tenant from `{t}`"));
         }
         if !self.mapping.required_scopes.is_empty() {
-            s.push_str(&format!("; scopes {}", self.mapping.required_scopes.join(" ")));
+            s.push_str(&format!(
+                "; scopes {}",
+                self.mapping.required_scopes.join(" ")
+            ));
         }
         s
     }
@@ -252,7 +258,9 @@ impl Validator {
         }
         let token = token.trim();
         if token.is_empty() || token.contains(char::is_whitespace) {
-            return Err(Refusal::Malformed("the bearer token is empty or holds blanks".into()));
+            return Err(Refusal::Malformed(
+                "the bearer token is empty or holds blanks".into(),
+            ));
         }
         if token.starts_with(static_tokens::TOKEN_PREFIX) {
             return match self.statics.as_ref().and_then(|s| s.check(token)) {

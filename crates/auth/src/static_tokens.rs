@@ -58,7 +58,11 @@ fn parse_line(n: usize, line: &str) -> Result<Option<Entry>, String> {
     let h = words
         .next()
         .and_then(|w| w.strip_prefix("sha256:"))
-        .ok_or_else(|| at(format!("token `{name}`: expected `sha256:HEX` after the name")))?;
+        .ok_or_else(|| {
+            at(format!(
+                "token `{name}`: expected `sha256:HEX` after the name"
+            ))
+        })?;
     let mut hash = [0u8; 32];
     hex::decode_to_slice(h, &mut hash)
         .map_err(|_| at(format!("token `{name}`: the hash is not 64 hex digits")))?;
@@ -181,13 +185,24 @@ pub fn generate() -> Result<String, String> {
 /// the same checks as when it is loaded, and must not list `name` yet),
 /// and return the token, which is stored nowhere. The file is never
 /// written through a symbolic link.
-pub fn add(path: &Path, name: &str, tenant: Option<&str>, groups: &[String]) -> Result<String, String> {
+pub fn add(
+    path: &Path,
+    name: &str,
+    tenant: Option<&str>,
+    groups: &[String],
+) -> Result<String, String> {
     check_name(name)?;
     if let Some(t) = tenant {
         crate::claims::check_tenant(t)?;
     }
-    if let Some(g) = groups.iter().find(|g| g.is_empty() || g.contains([',', ' ', '\t'])) {
-        return Err(format!("group `{}` is empty or holds `,` or blanks", g.escape_debug()));
+    if let Some(g) = groups
+        .iter()
+        .find(|g| g.is_empty() || g.contains([',', ' ', '\t']))
+    {
+        return Err(format!(
+            "group `{}` is empty or holds `,` or blanks",
+            g.escape_debug()
+        ));
     }
     match std::fs::symlink_metadata(path) {
         Ok(_) => {
@@ -233,7 +248,10 @@ mod tests {
         let u = add(&p, "ops", None, &[]).unwrap();
         assert!(t.starts_with(TOKEN_PREFIX) && t.len() == TOKEN_PREFIX.len() + 43);
         let text = std::fs::read_to_string(&p).unwrap();
-        assert!(!text.contains(&t[TOKEN_PREFIX.len()..]), "the token is not stored");
+        assert!(
+            !text.contains(&t[TOKEN_PREFIX.len()..]),
+            "the token is not stored"
+        );
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let st = StaticTokens::load(&p).unwrap();
@@ -249,7 +267,11 @@ mod tests {
         wrong.push(if t.ends_with('A') { 'B' } else { 'A' });
         assert!(st.check(&wrong).is_none());
         assert!(st.check(text.split_whitespace().nth(1).unwrap()).is_none());
-        assert!(add(&p, "ci", None, &[]).unwrap_err().contains("exists already"));
+        assert!(
+            add(&p, "ci", None, &[])
+                .unwrap_err()
+                .contains("exists already")
+        );
         // Too open: refused, naming the mode.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(StaticTokens::load(&p).unwrap_err().contains("mode 0644"));
@@ -259,8 +281,11 @@ mod tests {
     fn malformed_lines_name_the_line() {
         let e = StaticTokens::parse(Path::new("t"), "# c\n\nci sha256:00\n").unwrap_err();
         assert!(e.contains("line 3") && e.contains("64 hex"), "{e}");
-        let e = StaticTokens::parse(Path::new("t"), &format!("ci sha256:{} x=1\n", "0".repeat(64)))
-            .unwrap_err();
+        let e = StaticTokens::parse(
+            Path::new("t"),
+            &format!("ci sha256:{} x=1\n", "0".repeat(64)),
+        )
+        .unwrap_err();
         assert!(e.contains("line 1") && e.contains("unknown field"), "{e}");
     }
 }

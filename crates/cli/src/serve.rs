@@ -280,20 +280,38 @@ mod tests {
         // Not loopback: both are needed, and the refusal says which lack.
         assert_eq!(exposure(lan, true, true, false), Ok(None));
         let e = exposure(out, false, false, false).unwrap_err();
-        assert!(e.contains("without authentication (--auth FILE) and TLS"), "{e}");
+        assert!(
+            e.contains("without authentication (--auth FILE) and TLS"),
+            "{e}"
+        );
         let e = exposure(lan, true, false, false).unwrap_err();
-        assert!(e.contains("without TLS") && !e.contains("authentication"), "{e}");
+        assert!(
+            e.contains("without TLS") && !e.contains("authentication"),
+            "{e}"
+        );
         let e = exposure(lan, false, true, false).unwrap_err();
-        assert!(e.contains("without authentication") && !e.contains("TLS"), "{e}");
+        assert!(
+            e.contains("without authentication") && !e.contains("TLS"),
+            "{e}"
+        );
         // Explicitly accepted: served, with a warning saying what lacks.
         let w = exposure(lan, false, true, true).unwrap().unwrap();
-        assert!(w.contains("--insecure-accept-plaintext") && w.contains("authentication"), "{w}");
+        assert!(
+            w.contains("--insecure-accept-plaintext") && w.contains("authentication"),
+            "{w}"
+        );
     }
 
     #[test]
     fn url_hosts() {
-        assert_eq!(url_host("https://m.example:8443/mcp").as_deref(), Some("m.example"));
+        assert_eq!(
+            url_host("https://m.example:8443/mcp").as_deref(),
+            Some("m.example")
+        );
         assert_eq!(url_host("https://[::1]/mcp").as_deref(), Some("::1"));
-        assert_eq!(url_host("https://u@m.example").as_deref(), Some("m.example"));
+        assert_eq!(
+            url_host("https://u@m.example").as_deref(),
+            Some("m.example")
+        );
     }
 }

@@ -31,9 +31,8 @@ pub fn run(cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             tenant,
             groups,
         } => {
-            let token =
-                cordon_auth::static_tokens::add(&file, &name, tenant.as_deref(), &groups)
-                    .map_err(|e| anyhow!(e))?;
+            let token = cordon_auth::static_tokens::add(&file, &name, tenant.as_deref(), &groups)
+                .map_err(|e| anyhow!(e))?;
             eprintln!(
                 "cordon: token `{name}` added to {} (only its hash is stored; it is shown once):",
                 file.display()

@@ -104,7 +104,10 @@ fn start_idp() -> Option<Idp> {
     {
         Ok(c) => c,
         Err(e) => {
-            common::skip_or_fail(&common::this_test(), &format!("node cannot be started: {e}"));
+            common::skip_or_fail(
+                &common::this_test(),
+                &format!("node cannot be started: {e}"),
+            );
             return None;
         }
     };
@@ -329,7 +332,8 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     assert!(
         s.stderr
             .iter()
-            .any(|l| l.contains("authentication: bearer tokens for http://127.0.0.1/mcp: JWT (issuer")),
+            .any(|l| l
+                .contains("authentication: bearer tokens for http://127.0.0.1/mcp: JWT (issuer")),
         "{:#?}",
         s.stderr
     );
@@ -360,7 +364,9 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     let refused = |auth: String, why: &str| {
         let (st, head, _) = init(&s.addr, Some(&auth));
         assert_eq!(st, 401, "{why}: {head}");
-        let h = header(&head, "www-authenticate").unwrap_or_default().to_string();
+        let h = header(&head, "www-authenticate")
+            .unwrap_or_default()
+            .to_string();
         assert!(
             h.starts_with("Bearer error=\"invalid_token\"") && h.contains(&challenge_meta),
             "{why}: {h}"
@@ -399,16 +405,16 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     // Signed by a key the issuer does not publish.
     refused(bearer(&idp.jwt_with(good.clone(), 300, true)), "no key");
     // alg none, and HS256 keyed with the issuer's public key material.
-    let none = format!(
-        "{}.{}.",
-        b64url(br#"{"alg":"none","typ":"JWT"}"#),
-        parts[1]
-    );
+    let none = format!("{}.{}.", b64url(br#"{"alg":"none","typ":"JWT"}"#), parts[1]);
     refused(bearer(&none), "not a signed JWT");
     let header_kid: Value = serde_json::from_slice(&b64url_decode(parts[0])).unwrap();
     let hs = format!(
         "{}.{}.{}",
-        b64url(json!({"alg": "HS256", "kid": header_kid["kid"]}).to_string().as_bytes()),
+        b64url(
+            json!({"alg": "HS256", "kid": header_kid["kid"]})
+                .to_string()
+                .as_bytes()
+        ),
         parts[1],
         parts[2]
     );
@@ -424,7 +430,8 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     assert_eq!(st, 403, "{head}");
     let h = header(&head, "www-authenticate").unwrap();
     assert!(
-        h.starts_with("Bearer error=\"insufficient_scope\", scope=\"mcp\"") && h.contains(&challenge_meta),
+        h.starts_with("Bearer error=\"insufficient_scope\", scope=\"mcp\"")
+            && h.contains(&challenge_meta),
         "{h}"
     );
 
@@ -436,7 +443,15 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     let tools = c.peer().list_all_tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "word_count"));
     let out = word_count(&c).await;
-    assert!(out.contains("2 3 6") || out.split_whitespace().collect::<Vec<_>>().windows(3).any(|w| w == ["2", "3", "6"]), "{out}");
+    assert!(
+        out.contains("2 3 6")
+            || out
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .windows(3)
+                .any(|w| w == ["2", "3", "6"]),
+        "{out}"
+    );
     c.cancel().await.unwrap();
     let recs = common::audit_records(&dir.path().join("audit.jsonl"));
     let rec = recs
@@ -484,7 +499,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
         .expect("python3");
     let stdout = String::from_utf8_lossy(&out.stdout);
     if out.status.code() == Some(2) && stdout.contains("MISSING") {
-        common::skip_or_fail(&common::this_test(), &format!("the Python mcp SDK: {stdout}"));
+        common::skip_or_fail(
+            &common::this_test(),
+            &format!("the Python mcp SDK: {stdout}"),
+        );
         return;
     }
     assert!(
@@ -566,7 +584,11 @@ async fn static_tokens_good_wrong_and_too_open() {
             .arg(&tokens)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     };
     let t = add("ci");
@@ -574,7 +596,10 @@ async fn static_tokens_good_wrong_and_too_open() {
     let auth = dir.path().join("auth.yaml");
     write_private(
         &auth,
-        &format!("resource: {RESOURCE}\nstatic_tokens: {}\n", tokens.display()),
+        &format!(
+            "resource: {RESOURCE}\nstatic_tokens: {}\n",
+            tokens.display()
+        ),
         0o600,
     );
     let s = serve(&dir, &auth, &[]);
@@ -585,7 +610,11 @@ async fn static_tokens_good_wrong_and_too_open() {
     wrong.push(if last == 'A' { 'B' } else { 'A' });
     let (st, head, _) = init(&s.addr, Some(&format!("Bearer {wrong}")));
     assert_eq!(st, 401, "{head}");
-    assert!(header(&head, "www-authenticate").unwrap().contains("invalid_token"));
+    assert!(
+        header(&head, "www-authenticate")
+            .unwrap()
+            .contains("invalid_token")
+    );
     let c = rmcp_client(&s.url, &t, plain_http()).await.unwrap();
     assert!(word_count(&c).await.contains('6'));
     c.cancel().await.unwrap();
@@ -602,7 +631,10 @@ async fn static_tokens_good_wrong_and_too_open() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("mode 0640") && err.contains(&tokens.display().to_string()), "{err}");
+    assert!(
+        err.contains("mode 0640") && err.contains(&tokens.display().to_string()),
+        "{err}"
+    );
     // The authentication file itself, writable by others: refused too.
     std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -615,7 +647,10 @@ async fn static_tokens_good_wrong_and_too_open() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("writable by group or others"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("writable by group or others"),
+        "{err}"
+    );
 }
 
 /// Opaque tokens through RFC 7662 introspection at the authorization server.
@@ -637,7 +672,8 @@ async fn introspected_tokens() {
         0o600,
     );
     let s = serve(&dir, &auth, &[]);
-    let good = idp.opaque(json!({"sub": "svc", "aud": RESOURCE, "tenant": "t9", "client_id": "c9"}));
+    let good =
+        idp.opaque(json!({"sub": "svc", "aud": RESOURCE, "tenant": "t9", "client_id": "c9"}));
     let (st, head, _) = init(&s.addr, Some(&format!("Bearer {good}")));
     assert_eq!(st, 200, "{head}");
     let c = rmcp_client(&s.url, &good, plain_http()).await.unwrap();
@@ -661,7 +697,8 @@ async fn introspected_tokens() {
     }
     let recs = common::audit_records(&dir.path().join("audit.jsonl"));
     assert!(
-        recs.iter().any(|r| r["principal"] == "svc" && r["tenant"] == "t9"),
+        recs.iter()
+            .any(|r| r["principal"] == "svc" && r["tenant"] == "t9"),
         "{recs:#?}"
     );
 }
@@ -681,7 +718,10 @@ async fn tls_on_loopback() {
     let auth = dir.path().join("auth.yaml");
     write_private(
         &auth,
-        &format!("resource: https://127.0.0.1/mcp\nstatic_tokens: {}\n", tokens.display()),
+        &format!(
+            "resource: https://127.0.0.1/mcp\nstatic_tokens: {}\n",
+            tokens.display()
+        ),
         0o600,
     );
     let s = serve(
@@ -695,7 +735,11 @@ async fn tls_on_loopback() {
         ],
     );
     assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
-    assert!(s.stderr.iter().any(|l| l.contains("TLS: on")), "{:#?}", s.stderr);
+    assert!(
+        s.stderr.iter().any(|l| l.contains("TLS: on")),
+        "{:#?}",
+        s.stderr
+    );
     cordon_mcp::install_crypto_provider();
     let trusting = reqwest::Client::builder()
         .no_proxy()

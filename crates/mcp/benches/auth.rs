@@ -128,7 +128,10 @@ async fn client(url: &str, token: Option<&str>) -> RunningService<RoleClient, ()
     if let Some(t) = token {
         cfg = cfg.auth_header(t);
     }
-    let http = reqwest::Client::builder().no_proxy().build().expect("client");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
     let t = rmcp::transport::StreamableHttpClientTransport::with_client(http, cfg);
     ().serve(t).await.expect("initialize")
 }

@@ -127,7 +127,9 @@ impl Authenticator for BearerAuthenticator {
             let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
             let first = values.next();
             let result = if values.next().is_some() {
-                Err(Refusal::Malformed("more than one Authorization header".into()))
+                Err(Refusal::Malformed(
+                    "more than one Authorization header".into(),
+                ))
             } else {
                 match first.map(|v| v.to_str()) {
                     None => self.validator.authenticate(None).await,

@@ -170,15 +170,15 @@ async fn serve_tls(
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!("TLS handshake: {e}");
-                    return;
-                }
-                Err(_) => return,
-            };
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!("TLS handshake: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .with_upgrades();
@@ -291,7 +291,10 @@ async fn session_owner(
     let delete = req.method() == axum::http::Method::DELETE;
     match &sid {
         Some(Err(_)) => {
-            return (StatusCode::BAD_REQUEST, "the Mcp-Session-Id is not visible ASCII")
+            return (
+                StatusCode::BAD_REQUEST,
+                "the Mcp-Session-Id is not visible ASCII",
+            )
                 .into_response();
         }
         Some(Ok(id)) => match owners.lock().get(id) {
