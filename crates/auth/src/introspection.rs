@@ -85,22 +85,22 @@ impl Introspector {
         if m.get("active").and_then(Value::as_bool) != Some(true) {
             return Err(Refusal::Invalid("the token is not active".into()));
         }
-        if let Some(exp) = m.get("exp").and_then(Value::as_u64) {
-            if exp + s.leeway_seconds < now() {
-                return Err(Refusal::Invalid("the token has expired".into()));
-            }
+        if let Some(exp) = m.get("exp").and_then(Value::as_u64)
+            && exp + s.leeway_seconds < now()
+        {
+            return Err(Refusal::Invalid("the token has expired".into()));
         }
-        if let Some(nbf) = m.get("nbf").and_then(Value::as_u64) {
-            if nbf > now() + s.leeway_seconds {
-                return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
-            }
+        if let Some(nbf) = m.get("nbf").and_then(Value::as_u64)
+            && nbf > now() + s.leeway_seconds
+        {
+            return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
         }
-        if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss")) {
-            if iss.as_str() != Some(want.as_str()) {
-                return Err(Refusal::Invalid(format!(
-                    "the token was not issued by {want}"
-                )));
-            }
+        if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss"))
+            && iss.as_str() != Some(want.as_str())
+        {
+            return Err(Refusal::Invalid(format!(
+                "the token was not issued by {want}"
+            )));
         }
         let for_us = match m.get("aud") {
             Some(Value::String(a)) => *a == s.audience,
