@@ -98,7 +98,9 @@ if ! servers_installed; then
 fi
 # The credential broker's tests: loopback OAuth2 authorization servers
 # (oauth2-mock-server for client credentials and revocation; token exchange
-# as an extension grant of @node-oauth/oauth2-server).
+# as an extension grant of @node-oauth/oauth2-server). oauth2-mock-server
+# is also the issuer of `serve --auth`'s tests (crates/cli/tests/auth.rs)
+# and of the auth benchmark.
 oauth_installed() {
   [ -f "$npm_dir/node_modules/oauth2-mock-server/package.json" ] &&
     [ -f "$npm_dir/node_modules/@node-oauth/oauth2-server/package.json" ]
@@ -110,9 +112,9 @@ if ! oauth_installed; then
     (cd "$npm_dir" && npm install --no-audit --no-fund --silent \
         oauth2-mock-server @node-oauth/oauth2-server >/dev/null) || true
     oauth_installed ||
-      missing "npm install of the OAuth2 test servers failed; the credential broker's oauth2 tests will fail"
+      missing "npm install of the OAuth2 test servers failed; the credential broker's oauth2 tests and the serve --auth tests will fail"
   else
-    missing "npm not found: the OAuth2 test servers cannot be installed; the credential broker's oauth2 tests will fail"
+    missing "npm not found: the OAuth2 test servers cannot be installed; the credential broker's oauth2 tests and the serve --auth tests will fail"
   fi
 fi
 [ -d "$npm_dir" ] && chmod -R a+rX "$npm_dir" || true

@@ -17,6 +17,7 @@ mod run;
 mod schema;
 mod serve;
 mod state;
+mod token;
 mod tool_state;
 
 use std::path::PathBuf;
@@ -207,6 +208,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: tool_state::StateCmd,
     },
+    /// Static bearer tokens for `serve --http --auth`.
+    Token {
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -285,6 +291,7 @@ fn main() -> ExitCode {
         Cmd::Add(args) => add::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::State { cmd } => tool_state::run(cmd),
+        Cmd::Token { cmd } => token::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);
             return ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE));

@@ -45,6 +45,69 @@ pub struct ServeArgs {
     /// secrets. Default: /etc/cordon/providers.yaml.
     #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
     pub providers: Option<PathBuf>,
+    /// Authenticate HTTP callers by bearer token as this authentication
+    /// file says (docs/auth.md). Without it every HTTP caller is the
+    /// unauthenticated principal.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub auth: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key).
+    #[arg(long, value_name = "FILE", requires_all = ["http", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM, mode 0600).
+    #[arg(long, value_name = "FILE", requires_all = ["http", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a non-loopback --http address even without authentication
+    /// or TLS (said on stderr). Without it that is refused.
+    #[arg(long, requires = "http")]
+    pub insecure_accept_plaintext: bool,
+}
+
+/// Whether `addr` may be served with what protects it: a loopback address
+/// always; any other only with both authentication and TLS, unless
+/// `insecure` accepts what is missing. `Ok(Some(warning))` when it is served
+/// with something missing.
+pub fn exposure(
+    addr: SocketAddr,
+    auth: bool,
+    tls: bool,
+    insecure: bool,
+) -> Result<Option<String>, String> {
+    if addr.ip().is_loopback() {
+        return Ok(None);
+    }
+    let mut missing = Vec::new();
+    if !auth {
+        missing.push("authentication (--auth FILE)");
+    }
+    if !tls {
+        missing.push("TLS (--tls-cert FILE --tls-key FILE)");
+    }
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let missing = missing.join(" and ");
+    if insecure {
+        Ok(Some(format!(
+            "warning: --insecure-accept-plaintext: serving {addr}, which is not loopback, without {missing}"
+        )))
+    } else {
+        Err(format!(
+            "refusing to serve MCP on {addr}, which is not a loopback address, without {missing}; \
+             give them, bind a loopback address, or pass --insecure-accept-plaintext to accept the exposure"
+        ))
+    }
+}
+
+/// The host of a URL (for the `Host` check), without port or brackets.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match authority.strip_prefix('[') {
+        Some(h) => h.split(']').next()?,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| host.to_string())
 }
 
 /// Probe every tool's own sandbox (command tools with or without egress,
@@ -102,6 +165,31 @@ pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry)
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    // What protects the HTTP door is settled before anything is started.
+    let mut authenticator: Option<Arc<cordon_mcp::bearer::BearerAuthenticator>> = None;
+    let mut tls = None;
+    if let Some(addr) = args.http {
+        if let Some(w) = exposure(
+            addr,
+            args.auth.is_some(),
+            args.tls_cert.is_some(),
+            args.insecure_accept_plaintext,
+        )
+        .map_err(|e| anyhow!(e))?
+        {
+            eprintln!("cordon: {w}");
+        }
+        if let Some(path) = &args.auth {
+            let cfg = cordon_auth::AuthConfig::load(path).map_err(|e| anyhow!("{e}"))?;
+            let v = cordon_auth::Validator::from_config(&cfg).map_err(|e| anyhow!(e))?;
+            authenticator = Some(Arc::new(cordon_mcp::bearer::BearerAuthenticator::new(
+                Arc::new(v),
+            )));
+        }
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            tls = Some(cordon_mcp::tls_config(cert, key).map_err(|e| anyhow!("{e}"))?);
+        }
+    }
     let opts = GatewayOptions {
         audit: args.audit.clone(),
         audit_fail_open: args.audit_fail_open,
@@ -139,14 +227,33 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("cordon: warning: {w}");
     }
     let transport = match args.http {
-        Some(addr) => Transport::Http {
-            addr,
-            opts: HttpOptions {
-                extra_allowed_hosts: args.allow_host.clone(),
-                authenticator: None,
-                idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
-            },
-        },
+        Some(addr) => {
+            let mut hosts = args.allow_host.clone();
+            match &authenticator {
+                Some(a) => {
+                    // Clients reach the resource by its URL's host.
+                    hosts.extend(url_host(a.validator().resource()));
+                    eprintln!("cordon: authentication: {}", a.validator().describe());
+                }
+                None => eprintln!(
+                    "cordon: authentication: none (every HTTP caller is the unauthenticated principal)"
+                ),
+            }
+            if tls.is_some() {
+                eprintln!("cordon: TLS: on");
+            }
+            Transport::Http {
+                addr,
+                opts: HttpOptions {
+                    extra_allowed_hosts: hosts,
+                    authenticator: authenticator
+                        .clone()
+                        .map(|a| a as Arc<dyn cordon_mcp::http::Authenticator>),
+                    tls: tls.clone(),
+                    idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
+                },
+            }
+        }
         None => Transport::Stdio,
     };
     let tools = gw.tool_names().join(", ");
@@ -161,4 +268,56 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     served.map_err(|e| anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_loopback_address_needs_authentication_and_tls() {
+        let lo: SocketAddr = "127.0.0.2:8765".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:8765".parse().unwrap();
+        let out: SocketAddr = "0.0.0.0:8765".parse().unwrap();
+        let lan: SocketAddr = "192.0.2.7:8765".parse().unwrap();
+        // Loopback: served as it is.
+        assert_eq!(exposure(lo, false, false, false), Ok(None));
+        assert_eq!(exposure(lo6, false, false, false), Ok(None));
+        // Not loopback: both are needed, and the refusal says which lack.
+        assert_eq!(exposure(lan, true, true, false), Ok(None));
+        let e = exposure(out, false, false, false).unwrap_err();
+        assert!(
+            e.contains("without authentication (--auth FILE) and TLS"),
+            "{e}"
+        );
+        let e = exposure(lan, true, false, false).unwrap_err();
+        assert!(
+            e.contains("without TLS") && !e.contains("authentication"),
+            "{e}"
+        );
+        let e = exposure(lan, false, true, false).unwrap_err();
+        assert!(
+            e.contains("without authentication") && !e.contains("TLS"),
+            "{e}"
+        );
+        // Explicitly accepted: served, with a warning saying what lacks.
+        let w = exposure(lan, false, true, true).unwrap().unwrap();
+        assert!(
+            w.contains("--insecure-accept-plaintext") && w.contains("authentication"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn url_hosts() {
+        assert_eq!(
+            url_host("https://m.example:8443/mcp").as_deref(),
+            Some("m.example")
+        );
+        assert_eq!(url_host("https://[::1]/mcp").as_deref(), Some("::1"));
+        assert_eq!(
+            url_host("https://u@m.example").as_deref(),
+            Some("m.example")
+        );
+    }
 }

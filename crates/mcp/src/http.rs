@@ -1,8 +1,18 @@
 //! The streamable HTTP transport of the gateway: one [`Session`] per MCP
-//! session, at [`HTTP_PATH`].
+//! session, at [`HTTP_PATH`], in plain HTTP or TLS ([`tls_config`]).
+//!
+//! In front of the MCP endpoint: the [`Authenticator`] (its principal goes
+//! into the request's extensions), then the session-owner check: a request
+//! naming an `Mcp-Session-Id` is refused (`403`) unless its principal is
+//! the one that opened that session. When the authenticator has protected
+//! resource metadata (RFC 9728) it is served, without authentication, at
+//! `/.well-known/oauth-protected-resource` and its path-suffixed form
+//! `/.well-known/oauth-protected-resource/mcp`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +30,16 @@ pub trait Authenticator: Send + Sync {
         &'a self,
         parts: &'a axum::http::request::Parts,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Authenticated> + Send + 'a>>;
+
+    /// The Protected Resource Metadata document (RFC 9728) to serve, if any.
+    fn resource_metadata(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Which authentication this is, for a person (the start line).
+    fn describe(&self) -> String {
+        "custom authenticator".into()
+    }
 }
 
 /// Options of the streamable HTTP transport.
@@ -34,6 +54,9 @@ pub struct HttpOptions {
     /// The idle timeout of a session, instead of the manifest's
     /// `gateway: {idle_timeout}` (`cordon serve --idle-timeout`).
     pub idle_timeout: Option<std::time::Duration>,
+    /// Serve HTTPS with this configuration ([`tls_config`]) instead of
+    /// plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -42,6 +65,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("extra_allowed_hosts", &self.extra_allowed_hosts)
             .field("authenticator", &self.authenticator.is_some())
             .field("idle_timeout", &self.idle_timeout)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -89,15 +113,50 @@ pub async fn serve_http(
     let service: StreamableHttpService<Session, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(g.session("http")), manager, config);
     let auth = opts.authenticator.clone();
-    let router = axum::Router::new()
+    let owners = Arc::new(Owners::default());
+    let mcp = axum::Router::new()
         .nest_service(HTTP_PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| {
             crate::lifetime::track(sessions.clone(), req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
-            authenticate(auth.clone(), req, next)
+            session_owner(owners.clone(), req, next)
         }))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            authenticate(auth.clone(), req, next)
+        }));
+    let mut router = axum::Router::new();
+    if let Some(doc) = opts
+        .authenticator
+        .as_ref()
+        .and_then(|a| a.resource_metadata())
+    {
+        let doc: Arc<str> = Arc::from(doc.to_string());
+        for path in [
+            crate::bearer::METADATA_PATH.to_string(),
+            format!("{}{HTTP_PATH}", crate::bearer::METADATA_PATH),
+        ] {
+            let d = doc.clone();
+            router = router.route(
+                &path,
+                axum::routing::get(move || {
+                    let d = d.clone();
+                    async move {
+                        (
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            d.to_string(),
+                        )
+                    }
+                }),
+            );
+        }
+    }
+    let router = router
+        .merge(mcp)
         .layer(axum::middleware::from_fn(session_delete_ok));
+    if let Some(tls) = opts.tls {
+        return serve_tls(listener, router, tls, shutdown).await;
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await
@@ -105,6 +164,199 @@ pub async fn serve_http(
             what: "HTTP server".into(),
             source: e,
         })
+}
+
+/// How long a client may take to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`serve_http`]'s loop for HTTPS: each connection's TLS handshake, then
+/// HTTP/1.1 on it, until `shutdown`.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors and the like: go on after a pause
+                    // rather than spin.
+                    tracing::warn!("HTTPS accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!("TLS handshake: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!("HTTPS connection: {e}");
+                    }
+                }
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}
+
+/// The TLS configuration of a certificate chain and its private key (PEM
+/// files). The key file may not be readable by group or others.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, GatewayError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::os::unix::fs::MetadataExt;
+    let bad = |what: &Path, m: String| GatewayError::Transport(format!("{}: {m}", what.display()));
+    let md = std::fs::metadata(key).map_err(|e| bad(key, format!("cannot be inspected: {e}")))?;
+    if md.mode() & 0o077 != 0 {
+        return Err(bad(
+            key,
+            format!(
+                "the TLS key is readable or writable by group or others (mode {:04o}): `chmod 600 {}`",
+                md.mode() & 0o7777,
+                key.display()
+            ),
+        ));
+    }
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, format!("cannot be read as PEM: {e}")))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(cert, format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad(cert, "holds no certificate".into()));
+    }
+    let k = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| bad(key, format!("not a PEM private key: {e}")))?;
+    crate::install_crypto_provider();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| GatewayError::Transport(format!("TLS: {e}")))?
+    .with_no_client_auth()
+    .with_single_cert(certs, k)
+    .map_err(|e| {
+        GatewayError::Transport(format!(
+            "{} and {}: not a usable certificate and key: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Which principal opened each live session (by `Mcp-Session-Id`).
+#[derive(Default)]
+struct Owners(Mutex<HashMap<String, cordon_auth::Principal>>);
+
+impl Owners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, cordon_auth::Principal>> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// The same caller: subject, client, tenant and how it was established
+/// (groups may change between two tokens of one caller).
+fn same_caller(a: &cordon_auth::Principal, b: &cordon_auth::Principal) -> bool {
+    a.subject == b.subject
+        && a.client_id == b.client_id
+        && a.tenant == b.tenant
+        && a.method == b.method
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// A request naming a session is let through only when its principal
+/// opened that session; a session's id is recorded with its principal
+/// when the answer that created it goes out, and forgotten when it is
+/// deleted or found gone.
+async fn session_owner(
+    owners: Arc<Owners>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let sid = req
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|v| v.to_str().map(str::to_string));
+    let who = req
+        .extensions()
+        .get::<cordon_auth::Principal>()
+        .cloned()
+        .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+    let delete = req.method() == axum::http::Method::DELETE;
+    match &sid {
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "the Mcp-Session-Id is not visible ASCII",
+            )
+                .into_response();
+        }
+        Some(Ok(id)) => match owners.lock().get(id) {
+            Some(owner) if same_caller(owner, &who) => {}
+            Some(owner) => {
+                tracing::warn!(
+                    session = %id,
+                    owner = %owner.subject,
+                    caller = %who.subject,
+                    "refused a request for another principal's session"
+                );
+                return (
+                    StatusCode::FORBIDDEN,
+                    "this session was opened by another principal",
+                )
+                    .into_response();
+            }
+            None => return (StatusCode::NOT_FOUND, "no such session").into_response(),
+        },
+        None => {}
+    }
+    let resp = next.run(req).await;
+    match sid {
+        None => {
+            if let Some(Ok(id)) = resp.headers().get(SESSION_HEADER).map(|v| v.to_str()) {
+                owners.lock().insert(id.to_string(), who);
+            }
+        }
+        Some(Ok(id)) => {
+            if resp.status() == StatusCode::NOT_FOUND || (delete && resp.status().is_success()) {
+                owners.lock().remove(&id);
+            }
+        }
+        Some(Err(_)) => {}
+    }
+    resp
 }
 
 /// Put the request's principal in its extensions, or answer the

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod bearer;
 mod cache;
 mod caps;
 mod grants;
@@ -53,7 +54,7 @@ pub use rmcp;
 
 pub use args::{ArgError, ArgMapper, Prepared};
 pub use cache::default_dir as default_listing_dir;
-pub use http::{HTTP_PATH, HttpOptions, bind, serve_http};
+pub use http::{HTTP_PATH, HttpOptions, bind, serve_http, tls_config};
 pub use render::Refusal;
 pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
@@ -1300,7 +1301,8 @@ pub fn run(
                     what: "local address".into(),
                     source: e,
                 })?;
-                on_ready(&format!("serving MCP on http://{bound}{HTTP_PATH}"));
+                let scheme = if opts.tls.is_some() { "https" } else { "http" };
+                on_ready(&format!("serving MCP on {scheme}://{bound}{HTTP_PATH}"));
                 serve_http(gw, listener, opts, stop).await
             }
         }

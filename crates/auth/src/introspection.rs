@@ -1,0 +1,118 @@
+//! Token introspection (RFC 7662): the authorization server says whether a
+//! token (opaque or not) is active and what it carries. cordon posts the
+//! token with its own client credentials (HTTP Basic) and then checks what
+//! a JWT would have been checked for: `active`, `exp`, `iss` (when the
+//! configuration names an issuer) and that `aud` names this resource (an
+//! answer without `aud` is refused: a token for another resource of the
+//! same server must not pass here).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use serde_json::{Map, Value};
+use zeroize::Zeroizing;
+
+use crate::Refusal;
+
+/// Where and as whom to introspect.
+pub struct IntrospectionSettings {
+    pub endpoint: String,
+    pub client_id: String,
+    pub client_secret: Zeroizing<String>,
+    /// The `aud` an active token must carry.
+    pub audience: String,
+    /// The `iss` it must carry when it says, if set.
+    pub issuer: Option<String>,
+    pub leeway_seconds: u64,
+}
+
+impl std::fmt::Debug for IntrospectionSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntrospectionSettings")
+            .field("endpoint", &self.endpoint)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+pub struct Introspector {
+    settings: IntrospectionSettings,
+    client: reqwest::Client,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Introspector {
+    pub fn new(settings: IntrospectionSettings, client: reqwest::Client) -> Introspector {
+        Introspector { settings, client }
+    }
+
+    pub fn settings(&self) -> &IntrospectionSettings {
+        &self.settings
+    }
+
+    /// The claims of an active token for this resource, or why not.
+    pub async fn introspect(&self, token: &str) -> Result<Map<String, Value>, Refusal> {
+        let s = &self.settings;
+        let enc = |v: &str| form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>();
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            enc(&s.client_id),
+            enc(&s.client_secret)
+        ));
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("token", token)
+            .append_pair("token_type_hint", "access_token")
+            .finish();
+        let resp = self
+            .client
+            .post(&s.endpoint)
+            .header("authorization", format!("Basic {basic}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("accept", "application/json")
+            .body(body)
+            .send()
+            .await;
+        let what = format!("introspection endpoint {}", s.endpoint);
+        let m = crate::http::json_object(&what, resp)
+            .await
+            .map_err(Refusal::Unavailable)?;
+        if m.get("active").and_then(Value::as_bool) != Some(true) {
+            return Err(Refusal::Invalid("the token is not active".into()));
+        }
+        if let Some(exp) = m.get("exp").and_then(Value::as_u64)
+            && exp + s.leeway_seconds < now()
+        {
+            return Err(Refusal::Invalid("the token has expired".into()));
+        }
+        if let Some(nbf) = m.get("nbf").and_then(Value::as_u64)
+            && nbf > now() + s.leeway_seconds
+        {
+            return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
+        }
+        if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss"))
+            && iss.as_str() != Some(want.as_str())
+        {
+            return Err(Refusal::Invalid(format!(
+                "the token was not issued by {want}"
+            )));
+        }
+        let for_us = match m.get("aud") {
+            Some(Value::String(a)) => *a == s.audience,
+            Some(Value::Array(a)) => a.iter().any(|x| x.as_str() == Some(s.audience.as_str())),
+            _ => false,
+        };
+        if !for_us {
+            return Err(Refusal::Invalid(format!(
+                "the token is not for this resource (aud is not {})",
+                s.audience
+            )));
+        }
+        Ok(m)
+    }
+}
