@@ -114,13 +114,14 @@ pub async fn serve_http(
         StreamableHttpService::new(move || Ok(g.session("http")), manager, config);
     let auth = opts.authenticator.clone();
     let owners = Arc::new(Owners::default());
+    let broker = gw.broker.clone();
     let mcp = axum::Router::new()
         .nest_service(HTTP_PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| {
             crate::lifetime::track(sessions.clone(), req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
-            session_owner(owners.clone(), req, next)
+            session_owner(owners.clone(), broker.clone(), req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
             authenticate(auth.clone(), req, next)
@@ -300,6 +301,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// deleted or found gone.
 async fn session_owner(
     owners: Arc<Owners>,
+    broker: Arc<cordon_broker::Broker>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -332,6 +334,18 @@ async fn session_owner(
                     caller = %who.subject,
                     "refused a request for another principal's session"
                 );
+                // Audited as the requester's: who tried, which session.
+                let mut rec = cordon_audit::AuditRecord::new("", "");
+                rec.runtime = "none".into();
+                rec.session = id.clone();
+                rec.caller = "mcp".into();
+                rec.principal = Some(who.subject.clone());
+                rec.tenant = Some(who.tenant.clone());
+                rec.status = cordon_audit::Status::Denied;
+                rec.reason = Some("a request for a session opened by another principal".into());
+                if broker.record(&rec).is_err() {
+                    tracing::warn!(session = %id, "the refusal's audit record was not written");
+                }
                 return (
                     StatusCode::FORBIDDEN,
                     "this session was opened by another principal",
