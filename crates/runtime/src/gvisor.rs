@@ -288,6 +288,19 @@ fn sweep(state: &Path) -> Vec<String> {
             continue;
         }
         let held = fs::File::open(p.join("lock")).map(|f| f.try_lock());
+        // A bundle another broker is making this instant has no lock file
+        // yet: only one without a lock for a minute is left over.
+        if held
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            && e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < std::time::Duration::from_secs(60))
+        {
+            continue;
+        }
         match held {
             Ok(Ok(())) | Err(_) => match fs::remove_dir_all(&p) {
                 Ok(()) => notes.push(format!(
