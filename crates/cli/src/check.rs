@@ -179,11 +179,12 @@ fn secrets_summary(t: &ToolPolicy) -> String {
 pub fn summary_line(t: &ToolPolicy) -> String {
     let limits = match t.limits {
         Some(l) => format!(
-            "wall={}s mem={} tasks={} cpu={}% out={}",
-            l.wall_seconds,
+            "wall={}s mem={} tasks={} cpu={} out={}",
+            l.wall.as_secs(),
             format_size(l.memory_bytes),
             l.tasks,
-            l.cpu_percent,
+            l.cpu_percent
+                .map_or_else(|| "none".into(), |c| format!("{c}%")),
             format_size(l.output_bytes)
         ),
         None => "limits=none".into(),

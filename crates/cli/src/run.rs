@@ -395,10 +395,10 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         l.tasks = t;
     }
     if let Some(w) = a.wall {
-        l.wall_seconds = w;
+        l.wall = std::time::Duration::from_secs(w);
     }
     if let Some(c) = &a.cpu {
-        l.cpu_percent = parse_cpu(c).map_err(|e| anyhow!("--cpu: {e}"))?;
+        l.cpu_percent = Some(parse_cpu(c).map_err(|e| anyhow!("--cpu: {e}"))?);
     }
     if let Some(o) = &a.output_bytes {
         l.output_bytes = parse_size_str(o).map_err(|e| anyhow!("--output-bytes: {e}"))?;

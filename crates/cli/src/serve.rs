@@ -130,7 +130,7 @@ pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry)
                 let name = p.name.clone();
                 let h = sc.spawn(move || {
                     if let Some(l) = p.limits.as_mut() {
-                        l.wall_seconds = l.wall_seconds.min(3);
+                        l.wall = l.wall.min(std::time::Duration::from_secs(3));
                     }
                     crate::probe::probe_tool(&p, registry).map(|_| ())
                 });

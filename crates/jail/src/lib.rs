@@ -26,11 +26,11 @@
 //!    releases it;
 //! 5. the child: `unshare(CLONE_NEWCGROUP)`, setgroups/setresgid/setresuid,
 //!    `PR_SET_PDEATHSIG(SIGKILL)`, private mounts, tmpfs root with, for the
-//!    host root ([`RootFs::Host`]), read-only binds of /usr (and /bin,
+//!    host root ([`Root::HostBinds`]), read-only binds of /usr (and /bin,
 //!    /lib... as the host has them: symlinks when /usr is merged) and a
 //!    written /etc (passwd, group, nsswitch.conf, hosts; plus read-only
 //!    ld.so.cache and alternatives), or, for an image root
-//!    ([`RootFs::Image`]), the image's top-level entries bound read-only
+//!    ([`Root::Image`]), the image's top-level entries bound read-only
 //!    and its own /etc (see `plan.rs`); then /dev (null, zero, full,
 //!    random, urandom), a fresh /proc with the OCI masks, tmpfs /tmp of
 //!    `disk_bytes`, the spec's read-only binds, `pivot_root`, old root
@@ -82,10 +82,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use cordon_sandbox::{Bind, LandlockStatus, Limits, Outcome, Root, Seccomp, Status};
 pub use cordon_sys::Errno;
 pub use host::HostFacts;
 pub use plan::etc_files;
@@ -110,13 +110,13 @@ pub struct JailSpec {
     pub limits: Limits,
     /// Network.
     pub network: NetMode,
-    /// seccomp mode.
-    pub seccomp: SeccompMode,
+    /// System-call filter.
+    pub seccomp: Seccomp,
     /// Landlock as a second layer when the kernel has it (default true).
     pub landlock: bool,
     /// What the sandbox's `/` is made of (default: the host's system
     /// directories).
-    pub root: RootFs,
+    pub root: Root,
     /// The working directory, an absolute path inside the sandbox, entered
     /// after `pivot_root` (default `None`: `/tmp`).
     pub cwd: Option<PathBuf>,
@@ -157,27 +157,6 @@ pub const TRUST_BUNDLE_PATHS: [&str; 3] = [
     "/etc/ssl/cert.pem",
 ];
 
-/// The sandbox's root file system.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum RootFs {
-    /// Read-only binds of the host's `/usr` (and `/bin`, `/lib`... as the
-    /// host has them) on an empty tmpfs, with an `/etc` written by the jail.
-    #[default]
-    Host,
-    /// An unpacked image: every top-level entry of this host directory
-    /// (an absolute path the sandbox's host uid can search) appears at
-    /// `/`, read-only (directories and files bound recursively, nosuid and
-    /// nodev; symlinks made again, never followed on the host), with the
-    /// jail's own `/proc`, `/dev` and `/tmp` whether the image has them or
-    /// not, and nothing of the host but the spec's binds. The image's own
-    /// `/etc` is used as it is; nothing is written into the directory. A
-    /// bind destination through a symlink of the image is refused.
-    Image {
-        /// The image's root file system on the host.
-        rootfs: PathBuf,
-    },
-}
-
 impl JailSpec {
     /// A spec with default limits, no network, the deny-list seccomp
     /// filter, Landlock, the host root, working directory `/tmp`, the
@@ -200,9 +179,9 @@ impl JailSpec {
             volumes: Vec::new(),
             limits: Limits::default(),
             network: NetMode::None,
-            seccomp: SeccompMode::DenyList,
+            seccomp: Seccomp::DenyList,
             landlock: true,
-            root: RootFs::Host,
+            root: Root::HostBinds,
             cwd: None,
             user: None,
             trust_bundle: None,
@@ -215,56 +194,9 @@ impl JailSpec {
     pub fn trust_bundle_path(&self) -> Option<&'static str> {
         self.trust_bundle.as_ref()?;
         Some(match self.root {
-            RootFs::Host => TRUST_BUNDLE,
-            RootFs::Image { .. } => TRUST_BUNDLE_IMAGE,
+            Root::HostBinds => TRUST_BUNDLE,
+            Root::Image { .. } => TRUST_BUNDLE_IMAGE,
         })
-    }
-}
-
-/// A read-only bind of a host path into the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bind {
-    /// Host path (file or directory).
-    pub src: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub dst: PathBuf,
-}
-
-/// Resource limits of one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    /// Wall clock; the whole sandbox is killed after it.
-    pub wall: Duration,
-    /// Memory (cgroup, no swap; without a memory cgroup, RLIMIT_DATA per
-    /// process and a far looser RLIMIT_AS, see [`fallback`]).
-    pub memory_bytes: u64,
-    /// Tasks (pids.max; RLIMIT_NPROC in the sandbox's user namespace
-    /// without cgroups).
-    pub tasks: u64,
-    /// CPU quota in percent of one core (100 = one core); None: no quota.
-    pub cpu_percent: Option<u32>,
-    /// Stdout cap; over it the sandbox is killed (OutputCap).
-    pub output_bytes: u64,
-    /// Stderr kept; the rest is drained and counted.
-    pub stderr_bytes: u64,
-    /// RLIMIT_NOFILE.
-    pub nofile: u64,
-    /// Size of the writable /tmp (tmpfs) and RLIMIT_FSIZE.
-    pub disk_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            wall: Duration::from_secs(20),
-            memory_bytes: 512 << 20,
-            tasks: 32,
-            cpu_percent: Some(100),
-            output_bytes: 2_000_000,
-            stderr_bytes: 64 << 10,
-            nofile: 256,
-            disk_bytes: 64 << 20,
-        }
     }
 }
 
@@ -300,16 +232,6 @@ pub struct DoorRequest {
     pub local_addresses: bool,
 }
 
-/// seccomp mode.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum SeccompMode {
-    /// Default allow, with the deny table of [`seccomp`].
-    #[default]
-    DenyList,
-    /// Default deny (EPERM): [`seccomp::ALLOW_BASE`] plus these names.
-    AllowList(Vec<String>),
-}
-
 /// The tool's stdin.
 #[derive(Debug)]
 pub enum Stdin {
@@ -337,67 +259,6 @@ pub struct Stream {
     pub socket: OwnedFd,
     /// The read end of a pipe whose write end the caller holds.
     pub stop: OwnedFd,
-}
-
-/// How the call ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Status {
-    /// Exit code 0.
-    Ok,
-    /// Non-zero exit or a signal not caused by a limit.
-    Exited,
-    /// Killed at the wall-clock limit.
-    TimedOut,
-    /// OOM-killed at the memory limit.
-    MemoryLimit,
-    /// Hit the task limit and failed.
-    TaskLimit,
-    /// Killed for writing more than output_bytes.
-    OutputCap,
-    /// Killed by the broker (a [`Stream`] sandbox that was stopped).
-    Killed,
-}
-
-/// Landlock as applied to a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LandlockStatus {
-    /// Every right we handle is known to the kernel.
-    FullyEnforced,
-    /// The kernel's ABI is older: some rights are not enforced.
-    PartiallyEnforced,
-    /// The kernel has no Landlock.
-    NotEnforced,
-    /// The spec turned Landlock off.
-    Disabled,
-}
-
-/// The result of a call that ran (setup failures are `Err`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Outcome {
-    /// How it ended.
-    pub status: Status,
-    /// Exit code, when it exited.
-    pub exit_code: Option<i32>,
-    /// Signal, when it was killed.
-    pub signal: Option<i32>,
-    /// Wall time from start of setup to reaping.
-    pub duration: Duration,
-    /// Peak memory of the sandbox's cgroup.
-    pub peak_memory_bytes: Option<u64>,
-    /// Stdout (at most output_bytes).
-    pub stdout: Vec<u8>,
-    /// Bytes read from stdout (more than output_bytes on OutputCap).
-    pub output_bytes: u64,
-    /// Stderr, capped at stderr_bytes.
-    pub stderr: Vec<u8>,
-    /// Total stderr bytes seen (stored or drained).
-    pub stderr_total: u64,
-    /// Human text, e.g. `pdf_to_text: timed out after 20s`.
-    pub reason: String,
-    /// Weakened guarantees, e.g. missing cgroups.
-    pub warnings: Vec<String>,
-    /// Landlock state for this call.
-    pub landlock: LandlockStatus,
 }
 
 /// Setup failures.
@@ -531,7 +392,7 @@ pub struct Jail {
     notes: Vec<String>,
     no_cgroup_warning: Option<String>,
     dev_null: OwnedFd,
-    filters: Mutex<Vec<(SeccompMode, bool, Arc<seccomp::Filters>)>>,
+    filters: Mutex<Vec<(Seccomp, bool, Arc<seccomp::Filters>)>>,
 }
 
 impl Jail {
@@ -704,7 +565,7 @@ impl Jail {
     /// broker that dies takes it and everything it started with it. Unlike
     /// a tool it keeps its capabilities within those namespaces (it needs
     /// them to build its sandbox) and has no seccomp filter, Landlock or
-    /// rlimits of the jail's (the root, `RootFs` and binds of the spec are
+    /// rlimits of the jail's (the root and binds of the spec are
     /// not used): what it runs is confined by the supervisor. The door
     /// sockets are handed to `on_doors` as by [`Jail::run_with_doors`].
     pub fn run_supervisor<F>(
@@ -719,11 +580,7 @@ impl Jail {
         run::run_as(self, spec, stdin, on_doors, true)
     }
 
-    fn filters_for(
-        &self,
-        mode: &SeccompMode,
-        inet: bool,
-    ) -> Result<Arc<seccomp::Filters>, JailError> {
+    fn filters_for(&self, mode: &Seccomp, inet: bool) -> Result<Arc<seccomp::Filters>, JailError> {
         if let Ok(cache) = self.filters.lock()
             && let Some((_, _, f)) = cache.iter().find(|(m, i, _)| m == mode && *i == inet)
         {
@@ -744,46 +601,4 @@ impl Jail {
 /// one enforces only part of them.
 pub fn landlock_target_abi() -> i32 {
     plan::LANDLOCK_TARGET as i32
-}
-
-/// `512M`, `1G`, `64K`, or bytes.
-pub fn format_bytes(n: u64) -> String {
-    const K: u64 = 1024;
-    if n >= K * K * K && n.is_multiple_of(K * K * K) {
-        format!("{}G", n / (K * K * K))
-    } else if n >= K * K && n.is_multiple_of(K * K) {
-        format!("{}M", n / (K * K))
-    } else if n >= K && n.is_multiple_of(K) {
-        format!("{}K", n / K)
-    } else {
-        n.to_string()
-    }
-}
-
-/// `20s`, `1.5s`, `250ms`.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else if ms >= 1000 {
-        format!("{:.1}s", d.as_secs_f64())
-    } else {
-        format!("{ms}ms")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats() {
-        assert_eq!(format_bytes(512 << 20), "512M");
-        assert_eq!(format_bytes(64 << 20), "64M");
-        assert_eq!(format_bytes(1 << 30), "1G");
-        assert_eq!(format_bytes(1000), "1000");
-        assert_eq!(format_duration(Duration::from_secs(20)), "20s");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
-    }
 }

@@ -7,11 +7,11 @@
 //! jail's root mount point inside the sandbox's mount namespace, filled,
 //! then made the root with `pivot_root` and remounted read-only.
 //!
-//! - [`RootFs::Host`]: read-only binds of the host's `/usr` and the other
+//! - [`Root::HostBinds`]: read-only binds of the host's `/usr` and the other
 //!   system directories (symlinks where the host has them), and an `/etc`
 //!   the jail writes (passwd, group, nsswitch.conf, hosts, hostname, plus
 //!   the host's ld.so.cache and alternatives, read-only).
-//! - [`RootFs::Image`]: the tmpfs mirrors the image's top level. Each
+//! - [`Root::Image`]: the tmpfs mirrors the image's top level. Each
 //!   directory of the rootfs is bound read-only (recursively, nosuid,
 //!   nodev) at its own name, each regular file likewise; each symlink is
 //!   made again with the same target, so it is never followed on the host
@@ -47,7 +47,7 @@ use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
 use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
 
 use crate::host::SystemDir;
-use crate::{DoorRequest, JailError, JailSpec, LandlockStatus, RootFs};
+use crate::{DoorRequest, JailError, JailSpec, LandlockStatus, Root};
 
 /// The Landlock ABI whose rights we ask for.
 pub const LANDLOCK_TARGET: ABI = ABI::V6;
@@ -228,8 +228,8 @@ pub fn program(
         },
     );
     match &spec.root {
-        RootFs::Host => host_root(&mut p, root, system_dirs, uid, gid)?,
-        RootFs::Image { rootfs } => image_root(&mut p, root, rootfs)?,
+        Root::HostBinds => host_root(&mut p, root, system_dirs, uid, gid)?,
+        Root::Image { rootfs, .. } => image_root(&mut p, root, rootfs)?,
     }
     jail_dirs(&mut p, root, spec)?;
     Ok(p)
@@ -459,7 +459,7 @@ fn trust_bundle(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), Jai
     };
     let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     match &spec.root {
-        RootFs::Host => {
+        Root::HostBinds => {
             for d in [
                 "etc/ssl",
                 "etc/ssl/certs",
@@ -493,7 +493,7 @@ fn trust_bundle(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), Jai
                 );
             }
         }
-        RootFs::Image { rootfs } => {
+        Root::Image { rootfs, .. } => {
             let copy = cp(&r(crate::TRUST_BUNDLE_IMAGE))?;
             p.push(
                 format!("write {}", crate::TRUST_BUNDLE_IMAGE),
@@ -699,7 +699,7 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
     // The tool's binds.
     for b in &spec.binds {
         check_dst(&b.dst)?;
-        if let RootFs::Image { rootfs } = &spec.root {
+        if let Root::Image { rootfs, .. } = &spec.root {
             check_image_dst(rootfs, &b.dst)?;
         }
         let meta = std::fs::metadata(&b.src)
@@ -741,7 +741,7 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
     // The volumes: read-write, never setuid or device files.
     for v in &spec.volumes {
         check_dst(&v.dst)?;
-        if let RootFs::Image { rootfs } = &spec.root {
+        if let Root::Image { rootfs, .. } = &spec.root {
             check_image_dst(rootfs, &v.dst)?;
         }
         if spec.binds.iter().any(|b| b.dst == v.dst) {
@@ -1034,8 +1034,9 @@ mod tests {
         std::fs::create_dir_all(img.join("etc/ssl/certs")).unwrap();
         std::fs::write(img.join("etc/ssl/certs/ca-certificates.crt"), "").unwrap();
         symlink("certs/ca-certificates.crt", img.join("etc/ssl/cert.pem")).unwrap();
-        spec.root = RootFs::Image {
+        spec.root = Root::Image {
             rootfs: img.to_path_buf(),
+            digest: String::new(),
         };
         assert_eq!(spec.trust_bundle_path(), Some(crate::TRUST_BUNDLE_IMAGE));
         assert_eq!(
@@ -1060,8 +1061,9 @@ mod tests {
         symlink("usr/bin", img.join("bin")).unwrap();
         symlink("/usr/lib", img.join("lib")).unwrap();
         let mut spec = JailSpec::new("t", ["/bin/sh"]);
-        spec.root = RootFs::Image {
+        spec.root = Root::Image {
             rootfs: img.to_path_buf(),
+            digest: String::new(),
         };
         spec.cwd = Some("/usr".into());
         let p = program(Path::new("/root-mp"), &[], &spec, 0, 0).unwrap();

@@ -14,7 +14,7 @@
 //! without groups when the broker is root, else the broker's own (the
 //! spec's inner `user` maps to the same).
 //!
-//! An image root ([`RootFs::Image`]) is read the same way: the setup
+//! An image root ([`Root::Image`]) is read the same way: the setup
 //! program binds the image's top-level entries, so the lookups go into
 //! the image's rootfs on the host, and its symlinks (an image's
 //! `/bin/sh -> busybox`, an absolute `/lib64/ld-linux-x86-64.so.2 ->
@@ -34,7 +34,7 @@ use std::path::{Component, Path, PathBuf};
 
 use cordon_sys::spawn::Op;
 
-use crate::{JailError, JailOptions, JailSpec, RootFs, host, plan};
+use crate::{JailError, JailOptions, JailSpec, Root, host, plan};
 
 /// Where the setup program is built to mount the root: a prefix stripped
 /// from its paths, never touched.
@@ -86,8 +86,8 @@ pub fn preflight_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<Str
         }
     }
     let image = match &spec.root {
-        RootFs::Host => false,
-        RootFs::Image { rootfs } => {
+        Root::HostBinds => false,
+        Root::Image { rootfs, .. } => {
             // Its entries are bound one by one: the rootfs itself must be
             // searchable too.
             if let Err(why) = id.reach(rootfs).and_then(|()| id.search(rootfs)) {
@@ -1486,8 +1486,9 @@ mod tests {
 
     fn image(argv: &[&str], rootfs: &Path) -> JailSpec {
         let mut spec = JailSpec::new("t", argv.iter().copied());
-        spec.root = RootFs::Image {
+        spec.root = Root::Image {
             rootfs: rootfs.to_path_buf(),
+            digest: String::new(),
         };
         spec.env[0].1 = "/bin".into();
         spec

@@ -10,9 +10,10 @@ use cordon_sys::io as sio;
 use cordon_sys::spawn::{Child, ChildFailure, ChildPlan, ChildStep};
 
 use crate::cgroup::{Slot, Stats};
+use cordon_sandbox::units::{format_duration, format_size};
+
 use crate::{
-    Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, fallback,
-    format_bytes, format_duration, plan,
+    Jail, JailError, JailSpec, LandlockStatus, NetMode, Outcome, Status, Stdin, fallback, plan,
 };
 
 const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
@@ -280,7 +281,7 @@ where
         rlimits.push((libc::RLIMIT_AS, backstop, backstop));
         warnings.push(format!(
             "cgroups unavailable ({why}): memory limit enforced per process by RLIMIT_DATA (private writable memory; shared mappings only by an RLIMIT_AS backstop of {}), no OOM kill, no peak memory",
-            format_bytes(backstop)
+            format_size(backstop)
         ));
     }
     if !cg_pids && supervisor {
@@ -755,13 +756,13 @@ where
     let reason = match status {
         Status::MemoryLimit if !cg_mem => format!(
             "{tool}: memory limit {} exceeded (an allocation failed under RLIMIT_DATA, the limit without cgroups: {:?})",
-            format_bytes(limits.memory_bytes),
+            format_size(limits.memory_bytes),
             oom_line.unwrap_or_default()
         ),
         Status::TimedOut => format!("{tool}: timed out after {}", format_duration(limits.wall)),
         Status::MemoryLimit => format!(
             "{tool}: memory limit {} exceeded (OOM kill)",
-            format_bytes(limits.memory_bytes)
+            format_size(limits.memory_bytes)
         ),
         Status::TaskLimit => format!("{tool}: task limit {} reached", limits.tasks),
         Status::OutputCap if relay.is_some() => format!(
@@ -774,7 +775,7 @@ where
             (Some(c), _) => format!("{tool}: exit {c}"),
             (None, Some(s)) if !cg_mem && let Some(name) = fallback::crash_signal(s) => format!(
                 "{tool}: killed by signal {s} ({name}); without cgroups memory is capped per process by RLIMIT_DATA at {}, and a crash like this can follow a failed allocation: for a real memory limit run cordon where it gets a cgroup (see `cordon doctor`)",
-                format_bytes(limits.memory_bytes)
+                format_size(limits.memory_bytes)
             ),
             (None, Some(s)) => format!("{tool}: killed by signal {s}"),
             (None, None) => format!("{tool}: ended"),

@@ -57,7 +57,7 @@
 //! metadata, memory management, signals, process creation and waiting
 //! (clone only without namespace flags, enforced by the deny list), time,
 //! pipes, polling, unix sockets, futexes and thread setup. Anything else
-//! must be named in `SeccompMode::AllowList(extra)`.
+//! must be named in `Seccomp::AllowList { extra }`.
 
 use std::collections::BTreeMap;
 
@@ -66,7 +66,7 @@ use seccompiler::{
     SeccompRule, TargetArch, sock_filter,
 };
 
-use crate::{JailError, SeccompMode};
+use crate::{JailError, Seccomp};
 
 /// Syscalls that always return `EPERM`, whatever their arguments.
 pub const DENY_ALWAYS: &[(&str, i64)] = &[
@@ -724,9 +724,9 @@ pub fn reference_deny(inet: bool) -> Result<Vec<libc::sock_filter>, JailError> {
 }
 
 /// All filters for a mode, in install order.
-pub fn filters(mode: &SeccompMode, inet: bool) -> Result<Filters, JailError> {
+pub fn filters(mode: &Seccomp, inet: bool) -> Result<Filters, JailError> {
     let mut out = Vec::new();
-    if let SeccompMode::AllowList(extra) = mode {
+    if let Seccomp::AllowList { extra } = mode {
         out.push(allow_filter(extra)?);
     }
     out.push(deny_tree(inet));
@@ -740,11 +740,16 @@ mod tests {
     #[test]
     fn every_mode_compiles() {
         // Deny list: one filter (prologue spliced in); allow list: two.
-        assert_eq!(filters(&SeccompMode::DenyList, false).unwrap().len(), 1);
+        assert_eq!(filters(&Seccomp::DenyList, false).unwrap().len(), 1);
         assert_eq!(
-            filters(&SeccompMode::AllowList(vec!["getpriority".into()]), true)
-                .unwrap()
-                .len(),
+            filters(
+                &Seccomp::AllowList {
+                    extra: vec!["getpriority".into()]
+                },
+                true
+            )
+            .unwrap()
+            .len(),
             2
         );
     }

@@ -940,11 +940,13 @@ fn allow_list_mode() {
     let j = jail();
     let code = probe("sc('getcpu', 309, None, None, None)\nsc('getpid', 39)");
     let mut spec = py("allow", &code);
-    spec.seccomp = SeccompMode::AllowList(vec![]);
+    spec.seccomp = Seccomp::AllowList { extra: vec![] };
     let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
     assert_eq!(field(&out, "getcpu"), "EPERM");
     assert_eq!(field(&out, "getpid"), "ok");
-    spec.seccomp = SeccompMode::AllowList(vec!["getcpu".into()]);
+    spec.seccomp = Seccomp::AllowList {
+        extra: vec!["getcpu".into()],
+    };
     let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
     assert_eq!(field(&out, "getcpu"), "ok");
     // The deny list still applies in allow-list mode.
@@ -952,14 +954,18 @@ fn allow_list_mode() {
         "allow",
         &probe("sc('mount', 165, b'none', b'/tmp', b'tmpfs', 0, None)"),
     );
-    spec.seccomp = SeccompMode::AllowList(vec!["mount".into()]);
+    spec.seccomp = Seccomp::AllowList {
+        extra: vec!["mount".into()],
+    };
     assert_eq!(
         field(&text(&run_ok(&j, &spec, Stdin::Null).stdout), "mount"),
         "EPERM"
     );
     let o = run_ok(&j, &sh("allow-sh", "echo ok | cat"), Stdin::Null);
     assert_eq!(text(&o.stdout), "ok\n");
-    spec.seccomp = SeccompMode::AllowList(vec!["not_a_syscall".into()]);
+    spec.seccomp = Seccomp::AllowList {
+        extra: vec!["not_a_syscall".into()],
+    };
     assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
 }
 jail_test!(allow_list_mode);
@@ -1818,8 +1824,9 @@ fn busybox_image() -> Option<tempfile::TempDir> {
 /// `argv` with `rootfs` as the sandbox's root and `PATH=/bin`.
 fn image_spec(rootfs: &std::path::Path, argv: &[&str]) -> JailSpec {
     let mut spec = JailSpec::new("img", argv.iter().copied());
-    spec.root = RootFs::Image {
+    spec.root = Root::Image {
         rootfs: rootfs.to_path_buf(),
+        digest: String::new(),
     };
     spec.env[0].1 = "/bin".into();
     spec
@@ -2333,8 +2340,9 @@ fn image_bind_destinations() {
     }
     // A missing or relative rootfs is a spec error.
     let mut spec = image_sh(img.path(), "true");
-    spec.root = RootFs::Image {
+    spec.root = Root::Image {
         rootfs: img.path().join("nonexistent"),
+        digest: String::new(),
     };
     assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
     assert_eq!(
@@ -2344,8 +2352,9 @@ fn image_bind_destinations() {
             img.path().display()
         )]
     );
-    spec.root = RootFs::Image {
+    spec.root = Root::Image {
         rootfs: "relative/rootfs".into(),
+        digest: String::new(),
     };
     assert!(matches!(j.run(&spec, Stdin::Null), Err(JailError::Spec(_))));
 }

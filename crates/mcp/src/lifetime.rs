@@ -215,14 +215,14 @@ impl HttpSessions {
                 let why = if e.inflight == 0 && now.duration_since(e.last_seen) >= idle {
                     Some(format!(
                         "ended after {} idle (gateway `idle_timeout`)",
-                        cordon_jail::format_duration(idle)
+                        cordon_sandbox::units::format_duration(idle)
                     ))
                 } else if e.streams == 0
                     && e.lost_at.is_some_and(|t| now.duration_since(t) >= grace)
                 {
                     Some(format!(
                         "ended: its client is gone (its connections dropped and nothing came for {}, gateway `disconnect_grace`)",
-                        cordon_jail::format_duration(grace)
+                        cordon_sandbox::units::format_duration(grace)
                     ))
                 } else {
                     None

@@ -602,13 +602,18 @@ fn diff_limits(t: &str, o: Option<Limits>, n: Option<Limits>, out: &mut Vec<Chan
     let pct = |v: u64| format!("{v}%");
     type Fmt<'a> = &'a dyn Fn(u64) -> String;
     let rows: [(&str, u64, u64, Fmt); 8] = [
-        ("limits.wall_seconds", o.wall_seconds, n.wall_seconds, &secs),
+        (
+            "limits.wall_seconds",
+            o.wall.as_secs(),
+            n.wall.as_secs(),
+            &secs,
+        ),
         ("limits.memory", o.memory_bytes, n.memory_bytes, &size),
         ("limits.tasks", o.tasks, n.tasks, &plain),
         (
             "limits.cpu",
-            o.cpu_percent.into(),
-            n.cpu_percent.into(),
+            o.cpu_percent.map_or(0, u64::from),
+            n.cpu_percent.map_or(0, u64::from),
             &pct,
         ),
         (

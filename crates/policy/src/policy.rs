@@ -11,6 +11,8 @@ pub use crate::manifest::{
     Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind,
     Overflow, PoolSettings, Profile, Runtime,
 };
+/// A tool's limits and system-call filter are the sandbox's own.
+pub use cordon_sandbox::{Limits, Seccomp};
 
 /// All tools of a manifest, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,19 +122,6 @@ pub enum Exec {
     /// The manifest names no program yet (allowed, e.g. a P3 runtime still
     /// to be given an image); such a tool is refused at run time.
     Unspecified,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    pub wall_seconds: u64,
-    pub memory_bytes: u64,
-    pub tasks: u64,
-    /// Percent of one core: 100 = one core.
-    pub cpu_percent: u32,
-    pub output_bytes: u64,
-    pub stderr_bytes: u64,
-    pub nofile: u64,
-    pub disk_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -310,15 +299,6 @@ impl Output {
             invalid_utf8: InvalidUtf8::Replace,
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-pub enum Seccomp {
-    /// The default deny list.
-    DenyList,
-    /// Default deny: the base set plus these syscalls.
-    AllowList { extra: Vec<String> },
 }
 
 /// Seconds an `mcp:` server has to start when the manifest does not say.

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_saphyr::{Location, Spanned};
 
@@ -32,31 +33,22 @@ pub fn default_limits(profile: Profile) -> Option<Limits> {
     const G: u64 = 1 << 30;
     match profile {
         Profile::P0 => None,
-        Profile::P1 => Some(Limits {
-            wall_seconds: 20,
-            memory_bytes: 512 * M,
-            tasks: 32,
-            cpu_percent: 100,
-            output_bytes: 2_000_000,
-            stderr_bytes: 64 << 10,
-            nofile: 256,
-            disk_bytes: 64 * M,
-        }),
+        Profile::P1 => Some(Limits::P1),
         Profile::P2 => Some(Limits {
-            wall_seconds: 30,
+            wall: Duration::from_secs(30),
             memory_bytes: 256 * M,
             tasks: 64,
-            cpu_percent: 100,
+            cpu_percent: Some(100),
             output_bytes: 2_000_000,
             stderr_bytes: 64 << 10,
             nofile: 1024,
             disk_bytes: 64 * M,
         }),
         Profile::P3 => Some(Limits {
-            wall_seconds: 120,
+            wall: Duration::from_secs(120),
             memory_bytes: 2 * G,
             tasks: 256,
-            cpu_percent: 200,
+            cpu_percent: Some(200),
             output_bytes: 8_000_000,
             stderr_bytes: 256 << 10,
             nofile: 4096,
@@ -1386,7 +1378,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
                 let ml = &sl.value;
                 let bad = |m: String| c.diag(sl.referenced, format!("limits: {m}"), None);
                 if let Some(v) = ml.wall_seconds {
-                    l.wall_seconds = v;
+                    l.wall = Duration::from_secs(v);
                 }
                 if let Some(v) = &ml.memory {
                     l.memory_bytes = parse_size(v).map_err(bad)?;
@@ -1395,7 +1387,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
                     l.tasks = v;
                 }
                 if let Some(v) = &ml.cpu {
-                    l.cpu_percent = parse_cpu(v).map_err(bad)?;
+                    l.cpu_percent = Some(parse_cpu(v).map_err(bad)?);
                 }
                 if let Some(v) = &ml.output_bytes {
                     l.output_bytes = parse_size(v).map_err(bad)?;
@@ -1410,7 +1402,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
                     l.disk_bytes = parse_size(v).map_err(bad)?;
                 }
                 for (what, v) in [
-                    ("wall_seconds", l.wall_seconds),
+                    ("wall_seconds", l.wall.as_secs()),
                     ("memory", l.memory_bytes),
                     ("tasks", l.tasks),
                     ("output_bytes", l.output_bytes),

@@ -80,16 +80,7 @@ pub fn parse_cpu(s: &str) -> Result<u32, String> {
     Ok(pct)
 }
 
-/// Render bytes the way a person writes them: `512M`, `2G`, `1536K`, `1000`.
-pub fn format_size(n: u64) -> String {
-    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        let unit = 1u64 << shift;
-        if n >= unit && n.is_multiple_of(unit) {
-            return format!("{}{suffix}", n / unit);
-        }
-    }
-    n.to_string()
-}
+pub use cordon_sandbox::units::format_size;
 
 #[cfg(test)]
 mod tests {

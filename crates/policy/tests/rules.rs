@@ -37,7 +37,7 @@ fn the_seed_manifest_parses_verbatim() {
     let lim = pdf.limits.unwrap();
     assert_eq!(
         (
-            lim.wall_seconds,
+            lim.wall.as_secs(),
             lim.memory_bytes,
             lim.tasks,
             lim.output_bytes

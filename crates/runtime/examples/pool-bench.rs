@@ -70,9 +70,7 @@ fn main() {
     let g: Arc<dyn Runtime> = Arc::new(g);
     let mut spec = SandboxSpec::new("bench", ["/bin/date", "+%s%N"]);
     spec.profile = cordon_policy::policy::Profile::P3;
-    spec.limits = cordon_policy::resolve::default_limits(spec.profile)
-        .expect("P3 limits")
-        .into();
+    spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
     let ctx = Context::discard("bench");
 
     // Cold: a new sandbox per task.

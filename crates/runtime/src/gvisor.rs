@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cordon_jail::{DoorRequest, Jail, JailOptions, JailSpec, NetMode, RootFs, Stdin};
+use cordon_jail::{DoorRequest, Jail, JailOptions, JailSpec, NetMode, Root, Seccomp, Stdin};
 use serde::Serialize;
 
 use crate::mechanism::{Mechanism, MechanismState};
@@ -610,12 +610,12 @@ impl Gvisor {
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
             binds: Vec::new(),
             volumes: Vec::new(),
-            limits: crate::native::jail_limits(l),
+            limits: *l,
             network,
-            seccomp: cordon_jail::SeccompMode::DenyList,
+            seccomp: Seccomp::DenyList,
             landlock: false,
             trust_bundle: None,
-            root: RootFs::Host,
+            root: Root::HostBinds,
             cwd: None,
             user: None,
             host_ids: None,
@@ -777,7 +777,7 @@ impl Runtime for Gvisor {
             true,
         );
         drop(bundle);
-        r.map(crate::native::outcome)
+        r
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
@@ -816,7 +816,7 @@ impl Runtime for Gvisor {
                     true,
                 );
                 drop(bundle);
-                h.finish(r.map(crate::native::outcome));
+                h.finish(r);
             })
             .map_err(|e| io("start the sandbox thread", e))?;
         Ok(Spawned {

@@ -11,13 +11,11 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use cordon_egress::{
     DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa, UpstreamTrust,
 };
-use cordon_jail::{
-    Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, RootFs, Stdin,
-};
+use cordon_jail::{Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, Stdin};
 
 use crate::mechanism::{Mechanism, MechanismState};
-use crate::outcome::{Outcome, RunError, Status};
-use crate::spec::{Network, Root, SandboxSpec, Seccomp};
+use crate::outcome::{Outcome, RunError};
+use crate::spec::{Network, SandboxSpec};
 use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
 
 /// Options of the native runtime.
@@ -149,7 +147,7 @@ impl Native {
                 Mechanism::Cgroup,
                 format!(
                     "{why}: rlimit fallback in force: memory capped per process by RLIMIT_DATA (RLIMIT_AS only as a backstop of 16x, at least {}), tasks by RLIMIT_NPROC, no CPU quota, no peak memory; a memory-limit failure is reported from the tool's stderr; for real limits run cordon in a delegated cgroup (see `cordon doctor`)",
-                    cordon_jail::format_bytes(cordon_jail::fallback::AS_BACKSTOP_MIN)
+                    cordon_sandbox::units::format_size(cordon_jail::fallback::AS_BACKSTOP_MIN)
                 ),
             ),
             None => {
@@ -188,12 +186,6 @@ impl Native {
 
     /// The jail's spec for `spec`, and its egress policy.
     fn jail_spec(spec: &SandboxSpec) -> Result<(JailSpec, Option<EgressPolicy>), String> {
-        let root = match &spec.root {
-            Root::HostBinds => RootFs::Host,
-            Root::Image { rootfs, .. } => RootFs::Image {
-                rootfs: rootfs.clone(),
-            },
-        };
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
             return Err(format!(
                 "mount {}:{}:rw: the native runtime binds host paths read-only only",
@@ -226,7 +218,6 @@ impl Native {
                 )
             }
         };
-        let l = &spec.limits;
         Ok((
             JailSpec {
                 tool: spec.tool.clone(),
@@ -235,10 +226,7 @@ impl Native {
                 binds: spec
                     .mounts
                     .iter()
-                    .map(|m| Bind {
-                        src: m.src.clone(),
-                        dst: m.dst.clone(),
-                    })
+                    .map(cordon_sandbox::Mount::bind)
                     .collect(),
                 volumes: spec
                     .volumes
@@ -248,14 +236,11 @@ impl Native {
                         dst: v.dst.clone(),
                     })
                     .collect(),
-                limits: jail_limits(l),
+                limits: spec.limits,
                 network,
-                seccomp: match &spec.seccomp {
-                    Seccomp::DenyList => cordon_jail::SeccompMode::DenyList,
-                    Seccomp::AllowList(x) => cordon_jail::SeccompMode::AllowList(x.clone()),
-                },
+                seccomp: spec.seccomp.clone(),
                 landlock: spec.landlock,
-                root,
+                root: spec.root.clone(),
                 cwd: spec.cwd.as_ref().map(PathBuf::from),
                 user: spec.user,
                 trust_bundle: None,
@@ -273,7 +258,7 @@ impl Native {
         icpt: Option<Interception>,
         stdin: Stdin,
         ctx: &Context,
-    ) -> Result<cordon_jail::Outcome, RunError> {
+    ) -> Result<Outcome, RunError> {
         let net = match &egress {
             Some(_) => Some(self.net()?.handle().clone()),
             None => None,
@@ -292,35 +277,6 @@ impl Native {
 
 fn setup(e: JailError) -> RunError {
     RunError::Setup(e.to_string())
-}
-
-/// A jail outcome in the seam's terms.
-pub fn outcome(o: cordon_jail::Outcome) -> Outcome {
-    use cordon_jail::Status as J;
-    Outcome {
-        status: match o.status {
-            J::Ok => Status::Ok,
-            J::Exited => Status::Exited,
-            J::TimedOut => Status::TimedOut,
-            J::MemoryLimit => Status::MemoryLimit,
-            J::TaskLimit => Status::TaskLimit,
-            J::OutputCap => Status::OutputCap,
-            J::Killed => Status::Killed,
-        },
-        exit_code: o.exit_code,
-        signal: o.signal,
-        duration: o.duration,
-        peak_memory_bytes: o.peak_memory_bytes,
-        stdout: o.stdout,
-        output_bytes: o.output_bytes,
-        stderr: o.stderr,
-        stderr_total: o.stderr_total,
-        reason: o.reason,
-        // The jail's warnings (the rlimit fallback, an older Landlock) are
-        // the states `Native::mechanisms` derives from the same facts; the
-        // admission's sentences stand for them, once.
-        warnings: Vec::new(),
-    }
 }
 
 impl Runtime for Native {
@@ -348,7 +304,7 @@ impl Runtime for Native {
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         match self.run_jail(&js, egress, icpt, Stdin::Bytes(input), ctx) {
-            Ok(o) => Ok(outcome(o)),
+            Ok(o) => Ok(o),
             // Nothing ran: say why, as admission would have.
             Err(RunError::Setup(e)) if self.preflight_on_failure => {
                 let problems = self.preflight(&js);
@@ -403,7 +359,7 @@ impl Runtime for Native {
                     &ctx,
                     false,
                 );
-                h.finish(r.map(outcome));
+                h.finish(r);
             })
             .map_err(|e| io("start the sandbox thread", e))?;
         Ok(Spawned {
@@ -472,7 +428,7 @@ pub(crate) fn run_jail(
     stdin: Stdin,
     ctx: &Context,
     supervisor: bool,
-) -> Result<cordon_jail::Outcome, RunError> {
+) -> Result<Outcome, RunError> {
     let (Some(rt), Some((policy, icpt))) = (rt, egress) else {
         return if supervisor {
             jail.run_supervisor(spec, stdin, |_| {})
@@ -627,18 +583,4 @@ fn add_credentials(
         }
     }
     Ok(Some(icpt))
-}
-
-/// The jail's limits for a sandbox's.
-pub(crate) fn jail_limits(l: &crate::spec::Limits) -> cordon_jail::Limits {
-    cordon_jail::Limits {
-        wall: l.wall,
-        memory_bytes: l.memory_bytes,
-        tasks: l.tasks,
-        cpu_percent: l.cpu_percent,
-        output_bytes: l.output_bytes,
-        stderr_bytes: l.stderr_bytes,
-        nofile: l.nofile,
-        disk_bytes: l.disk_bytes,
-    }
 }

@@ -376,7 +376,7 @@ fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
                 .collect(),
             LinuxSeccompAction::ScmpActErrno,
         ),
-        Seccomp::AllowList(extra) => (
+        Seccomp::AllowList { extra } => (
             LinuxSeccompAction::ScmpActErrno,
             cordon_jail::seccomp::ALLOW_BASE
                 .iter()

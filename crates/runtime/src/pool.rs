@@ -371,7 +371,7 @@ impl Pool {
             o.reason = format!(
                 "{}: timed out after {}",
                 self.spec.tool,
-                cordon_jail::format_duration(wall)
+                cordon_sandbox::units::format_duration(wall)
             );
         }
         Ok(o)

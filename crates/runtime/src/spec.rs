@@ -3,12 +3,12 @@
 //! mechanism of any one runtime.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use cordon_egress::EgressPolicy;
-use cordon_policy::policy::{Exec, Network as PolicyNetwork, Profile, Seccomp as PolicySeccomp};
+use cordon_policy::policy::{Exec, Network as PolicyNetwork, Profile};
 use cordon_policy::{ToolPolicy, policy};
+pub use cordon_sandbox::{Limits, Mount, Root, Seccomp};
 use serde::Serialize;
 
 /// One sandbox: root, program, mounts, limits, network.
@@ -61,80 +61,12 @@ pub struct SandboxSpec {
     pub host_ids: Option<(u32, u32)>,
 }
 
-/// The sandbox's root file system.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Root {
-    /// Read-only binds of the host's system directories (`/usr`, `/bin`,
-    /// `/lib`...) on an empty tmpfs, with a written `/etc` and `/dev`.
-    HostBinds,
-    /// An unpacked image, read-only: its root file system and nothing of
-    /// the host's but the spec's mounts, with a fresh `/proc`, a minimal
-    /// `/dev` and an empty `/tmp`; the image's own `/etc`.
-    Image {
-        /// The unpacked root file system on the host.
-        rootfs: PathBuf,
-        /// The image's manifest digest (`sha256:HEX`), for messages and
-        /// audit records.
-        digest: String,
-    },
-}
-
-/// A bind of a host path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Mount {
-    /// Host path.
-    pub src: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub dst: PathBuf,
-    /// Read-write; read-only otherwise.
-    pub writable: bool,
-}
-
-/// Limits of the whole sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Limits {
-    /// Wall clock (one call; for a spawned sandbox, its whole life).
-    pub wall: Duration,
-    /// Memory, no swap.
-    pub memory_bytes: u64,
-    /// Processes and threads.
-    pub tasks: u64,
-    /// CPU quota in percent of one core; `None`: none.
-    pub cpu_percent: Option<u32>,
-    /// Output cap: a call's whole stdout. For a spawned sandbox it is the
-    /// cap of each result (the gate's), and each message (line) the sandbox
-    /// writes may be at most [`message_cap`] of it.
-    pub output_bytes: u64,
-    /// Stderr kept.
-    pub stderr_bytes: u64,
-    /// Open descriptors.
-    pub nofile: u64,
-    /// Size of the writable `/tmp`.
-    pub disk_bytes: u64,
-}
-
 /// The longest message a spawned sandbox may write when its results are
 /// capped at `output_bytes`: room for a result within the cap after JSON
 /// escaping (at most six bytes per byte) and framing. A longer message
 /// could never carry a result the gate would pass: the sandbox is killed.
 pub fn message_cap(output_bytes: u64) -> u64 {
     output_bytes.saturating_mul(6).saturating_add(64 << 10)
-}
-
-impl From<policy::Limits> for Limits {
-    fn from(l: policy::Limits) -> Limits {
-        Limits {
-            wall: Duration::from_secs(l.wall_seconds),
-            memory_bytes: l.memory_bytes,
-            tasks: l.tasks,
-            cpu_percent: Some(l.cpu_percent),
-            output_bytes: l.output_bytes,
-            stderr_bytes: l.stderr_bytes,
-            nofile: l.nofile,
-            disk_bytes: l.disk_bytes,
-        }
-    }
 }
 
 /// The sandbox's network.
@@ -145,16 +77,6 @@ pub enum Network {
     None,
     /// Only the broker's doors, serving this egress policy.
     Doors(#[serde(skip)] Box<EgressPolicy>),
-}
-
-/// The system-call filter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Seccomp {
-    /// Default allow with cordon's deny table.
-    DenyList,
-    /// Default deny: the base set plus these names.
-    AllowList(Vec<String>),
 }
 
 /// What the sandbox is for: one call, or a long-lived server.
@@ -345,12 +267,9 @@ pub fn lower(
                 writable: m.writable,
             })
             .collect(),
-        limits: Limits::from(l),
+        limits: l,
         network,
-        seccomp: match &p.seccomp {
-            PolicySeccomp::DenyList => Seccomp::DenyList,
-            PolicySeccomp::AllowList { extra } => Seccomp::AllowList(extra.clone()),
-        },
+        seccomp: p.seccomp.clone(),
         landlock: true,
         cwd,
         workspace: p.workspace.clone(),
@@ -437,16 +356,6 @@ impl SandboxSpec {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let l = cordon_policy::resolve::default_limits(Profile::P1).unwrap_or(policy::Limits {
-            wall_seconds: 20,
-            memory_bytes: 512 << 20,
-            tasks: 32,
-            cpu_percent: 100,
-            output_bytes: 2_000_000,
-            stderr_bytes: 64 << 10,
-            nofile: 256,
-            disk_bytes: 64 << 20,
-        });
         SandboxSpec {
             tool: tool.to_string(),
             profile: Profile::P1,
@@ -458,16 +367,7 @@ impl SandboxSpec {
                 ("LANG".into(), "C.UTF-8".into()),
             ],
             mounts: Vec::new(),
-            limits: Limits {
-                wall: Duration::from_secs(l.wall_seconds),
-                memory_bytes: l.memory_bytes,
-                tasks: l.tasks,
-                cpu_percent: Some(l.cpu_percent),
-                output_bytes: l.output_bytes,
-                stderr_bytes: l.stderr_bytes,
-                nofile: l.nofile,
-                disk_bytes: l.disk_bytes,
-            },
+            limits: Limits::P1,
             network: Network::None,
             seccomp: Seccomp::DenyList,
             landlock: true,

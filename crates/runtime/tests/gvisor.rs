@@ -128,7 +128,7 @@ fn spec(argv: &[&str]) -> SandboxSpec {
     let mut s = SandboxSpec::new("gv", argv.iter().copied());
     s.profile = cordon_policy::policy::Profile::P3;
     let l = cordon_policy::resolve::default_limits(s.profile).expect("P3 limits");
-    s.limits = l.into();
+    s.limits = l;
     s.limits.wall = Duration::from_secs(30);
     s
 }

@@ -88,10 +88,12 @@ pub enum Root {
     HostBinds,
     /// An unpacked image, read-only: every top-level entry of `rootfs`
     /// (an absolute host path the sandbox's host uid can search) appears
-    /// at `/`, with the sandbox's own `/proc`, `/dev` and `/tmp` whether
-    /// the image has them or not, and nothing of the host's but the
-    /// spec's binds. The image's own `/etc` is used as it is; nothing is
-    /// written into the directory.
+    /// at `/` (directories and files bound recursively, nosuid and nodev;
+    /// symlinks made again, never followed on the host), with the
+    /// sandbox's own `/proc`, `/dev` and `/tmp` whether the image has them
+    /// or not, and nothing of the host's but the spec's binds. The image's
+    /// own `/etc` is used as it is; nothing is written into the directory.
+    /// A bind destination through a symlink of the image is refused.
     Image {
         /// The unpacked root file system on the host.
         rootfs: PathBuf,

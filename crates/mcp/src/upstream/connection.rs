@@ -499,7 +499,7 @@ impl Upstream {
             Refusal::LimitHit,
             format!(
                 "{name}: the server did not start within {} (it was still at {during}; `mcp: {{startup_seconds: N}}` gives it longer); it was stopped",
-                cordon_jail::format_duration(self.startup)
+                cordon_sandbox::units::format_duration(self.startup)
             ),
             json!({"tool": name, "limit": "startup_seconds"}),
         )
@@ -613,7 +613,7 @@ impl Upstream {
                     Refusal::LimitHit,
                     format!(
                         "{name}: {what} timed out after {}; the server was stopped and the next request starts a new one",
-                        cordon_jail::format_duration(self.wall)
+                        cordon_sandbox::units::format_duration(self.wall)
                     ),
                     json!({"tool": name, "limit": "wall_seconds"}),
                 ))

@@ -151,7 +151,7 @@ impl Upstream {
                 ));
             }
         };
-        let wall = Duration::from_secs(policy.require_limits()?.wall_seconds);
+        let wall = policy.require_limits()?.wall;
         Ok(Upstream {
             session: session.to_string(),
             principal: crate::Who::default(),

@@ -164,7 +164,7 @@ impl Upstream {
                         Refusal::LimitHit,
                         format!(
                             "{name}: tools/list after its list changed timed out after {}",
-                            cordon_jail::format_duration(self.wall)
+                            cordon_sandbox::units::format_duration(self.wall)
                         ),
                         json!({"tool": name, "limit": "wall_seconds"}),
                     ));
@@ -395,7 +395,7 @@ impl Upstream {
                     Refusal::LimitHit,
                     format!(
                         "{name}: timed out after {}; the server was stopped and the next call starts a new one",
-                        cordon_jail::format_duration(self.wall)
+                        cordon_sandbox::units::format_duration(self.wall)
                     ),
                     json!({"tool": name, "limit": "wall_seconds"}),
                 ));
