@@ -5,17 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::cgroup::{Layout, Placement, Version};
+pub use cordon_sandbox::layout::SystemDir;
 
-/// A top-level system directory as the host has it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SystemDir {
-    /// `/bin`, `/lib`, ...
-    pub path: PathBuf,
-    /// `Some(target)` when it is a symlink (merged /usr), `None` for a
-    /// directory.
-    pub symlink: Option<PathBuf>,
-}
+use crate::cgroup::{Layout, Placement, Version};
 
 /// One mounted cgroup hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -127,7 +119,7 @@ pub fn detect() -> HostFacts {
 pub fn system_dirs() -> (Vec<SystemDir>, bool) {
     let mut system_dirs = Vec::new();
     let mut merged_usr = true;
-    for d in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+    for d in cordon_sandbox::layout::SYSTEM_DIRS {
         let p = Path::new(d);
         match fs::symlink_metadata(p) {
             Ok(m) if m.file_type().is_symlink() => {

@@ -88,7 +88,6 @@ use serde::{Deserialize, Serialize};
 pub use cordon_sandbox::{Bind, LandlockStatus, Limits, Outcome, Root, Seccomp, Status};
 pub use cordon_sys::Errno;
 pub use host::HostFacts;
-pub use plan::etc_files;
 
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -344,8 +343,8 @@ pub struct JailOptions {
 impl Default for JailOptions {
     fn default() -> JailOptions {
         JailOptions {
-            inner_uid: 1000,
-            inner_gid: 1000,
+            inner_uid: cordon_sandbox::layout::DEFAULT_USER.0,
+            inner_gid: cordon_sandbox::layout::DEFAULT_USER.1,
             host_uid_when_root: 65534,
             host_gid_when_root: 65534,
             cgroups: true,

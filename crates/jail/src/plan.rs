@@ -46,6 +46,8 @@ use std::sync::OnceLock;
 use cordon_sys::spawn::{DoorsPlan, LandlockPlan, Op, Step};
 use landlock::{ABI, Access, AccessFs, AccessNet, BitFlags, Scope};
 
+use cordon_sandbox::layout::{self, HOST_ETC, ImageEntryKind, USR, etc_files};
+
 use crate::host::SystemDir;
 use crate::{DoorRequest, JailError, JailSpec, LandlockStatus, Root};
 
@@ -85,32 +87,6 @@ impl Program {
     }
 }
 
-/// Static files of /etc.
-pub fn etc_files(uid: u32, gid: u32) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "passwd",
-            format!(
-                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
-                 sandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n\
-                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-            ),
-        ),
-        (
-            "group",
-            format!("root:x:0:\nsandbox:x:{gid}:\nnogroup:x:65534:\n"),
-        ),
-        (
-            "nsswitch.conf",
-            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n\
-             protocols: files\nservices: files\n"
-                .to_string(),
-        ),
-        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".to_string()),
-        ("hostname", "cordon\n".to_string()),
-    ]
-}
-
 /// A sandbox path: absolute, normal components only, not one the jail
 /// owns.
 pub fn check_dst(dst: &Path) -> Result<(), JailError> {
@@ -139,7 +115,10 @@ pub fn check_dst(dst: &Path) -> Result<(), JailError> {
     }
     match first.as_deref() {
         None => Err(JailError::Spec("bind destination / is not allowed".into())),
-        Some("proc" | "dev" | "tmp" | "etc") if dst.components().count() == 2 => {
+        Some(top)
+            if (layout::is_own_dir(std::ffi::OsStr::new(top)) || top == "etc")
+                && dst.components().count() == 2 =>
+        {
             Err(JailError::Spec(format!(
                 "bind destination {} would hide a sandbox directory",
                 dst.display()
@@ -278,17 +257,17 @@ fn host_root(
     let ro = libc::MS_NOSUID | libc::MS_NODEV;
     // /usr and the other system directories.
     p.push(
-        "mkdir /usr".into(),
+        format!("mkdir {USR}"),
         Op::Mkdir {
-            path: cp(&r("usr"))?,
+            path: cp(&r(USR))?,
             mode: 0o755,
         },
     );
     p.push(
-        "mount /usr read-only".into(),
+        format!("mount {USR} read-only"),
         Op::BindReadOnly {
-            src: c("/usr")?,
-            target: cp(&r("usr"))?,
+            src: c(USR)?,
+            target: cp(&r(USR))?,
             flags: ro,
         },
     );
@@ -321,9 +300,7 @@ fn host_root(
             }
         }
     }
-    // /etc: written files, plus the loader cache and the alternatives
-    // symlinks (both harmless, needed by dynamic binaries and Debian's
-    // /usr/bin/awk-style links).
+    // /etc: written files, plus the host's entries of the layout.
     p.push(
         "mkdir /etc".into(),
         Op::Mkdir {
@@ -341,37 +318,36 @@ fn host_root(
             },
         );
     }
-    if Path::new("/etc/ld.so.cache").is_file() {
+    for e in HOST_ETC {
+        if !e.on_host() {
+            continue;
+        }
+        let path = e.path();
+        let shown = path.display();
+        let target = cp(&r(&path.to_string_lossy()))?;
+        if e.dir {
+            p.push(
+                format!("mkdir {shown}"),
+                Op::Mkdir {
+                    path: target.clone(),
+                    mode: 0o755,
+                },
+            );
+        } else {
+            p.push(
+                format!("create {shown}"),
+                Op::WriteFile {
+                    path: target.clone(),
+                    mode: 0o644,
+                    contents: Vec::new(),
+                },
+            );
+        }
         p.push(
-            "create /etc/ld.so.cache".into(),
-            Op::WriteFile {
-                path: cp(&r("etc/ld.so.cache"))?,
-                mode: 0o644,
-                contents: Vec::new(),
-            },
-        );
-        p.push(
-            "mount /etc/ld.so.cache read-only".into(),
+            format!("mount {shown} read-only"),
             Op::BindReadOnly {
-                src: c("/etc/ld.so.cache")?,
-                target: cp(&r("etc/ld.so.cache"))?,
-                flags: ro,
-            },
-        );
-    }
-    if Path::new("/etc/alternatives").is_dir() {
-        p.push(
-            "mkdir /etc/alternatives".into(),
-            Op::Mkdir {
-                path: cp(&r("etc/alternatives"))?,
-                mode: 0o755,
-            },
-        );
-        p.push(
-            "mount /etc/alternatives read-only".into(),
-            Op::BindReadOnly {
-                src: c("/etc/alternatives")?,
-                target: cp(&r("etc/alternatives"))?,
+                src: cp(&path)?,
+                target,
                 flags: ro,
             },
         );
@@ -379,66 +355,46 @@ fn host_root(
     Ok(())
 }
 
-/// Names at the top of the root that are always the jail's own.
-const JAIL_DIRS: [&str; 3] = ["dev", "proc", "tmp"];
-
 /// The top level of an image's rootfs, mirrored on the root's tmpfs (see
 /// the module docs).
 fn image_root(p: &mut Program, root: &Path, rootfs: &Path) -> Result<(), JailError> {
-    if !rootfs.is_absolute() {
-        return Err(JailError::Spec(format!(
-            "image root {} is not an absolute path",
-            rootfs.display()
-        )));
-    }
-    let read = |e: std::io::Error| JailError::Spec(format!("image root {}: {e}", rootfs.display()));
-    let mut entries = Vec::new();
-    for e in std::fs::read_dir(rootfs).map_err(read)? {
-        let e = e.map_err(read)?;
-        // The entry itself, never what a symlink points to.
-        let ty = e.file_type().map_err(read)?;
-        entries.push((e.file_name(), ty));
-    }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let entries = layout::image_entries(rootfs).map_err(|e| match e {
+        layout::ImageError::Io(_, _, err) => {
+            JailError::Spec(format!("image root {}: {err}", rootfs.display()))
+        }
+        e @ layout::ImageError::NotAbsolute(_) => JailError::Spec(e.to_string()),
+    })?;
     let ro = libc::MS_NOSUID | libc::MS_NODEV;
-    for (name, ty) in entries {
-        if JAIL_DIRS.iter().any(|d| name.as_bytes() == d.as_bytes()) {
-            continue;
-        }
-        let shown = name.to_string_lossy();
-        let src = rootfs.join(&name);
-        let target = cp(&root.join(&name))?;
-        if ty.is_symlink() {
-            let to = std::fs::read_link(&src).map_err(read)?;
-            p.push(
-                format!("symlink /{shown}"),
-                Op::Symlink {
-                    target: cp(&to)?,
-                    link: target,
-                },
-            );
-            continue;
-        }
-        if ty.is_dir() {
-            p.push(
+    for entry in entries {
+        let shown = entry.name.to_string_lossy();
+        let src = entry.src(rootfs);
+        let target = cp(&root.join(&entry.name))?;
+        match &entry.kind {
+            ImageEntryKind::Symlink(to) => {
+                p.push(
+                    format!("symlink /{shown}"),
+                    Op::Symlink {
+                        target: cp(to)?,
+                        link: target,
+                    },
+                );
+                continue;
+            }
+            ImageEntryKind::Dir => p.push(
                 format!("mkdir /{shown}"),
                 Op::Mkdir {
                     path: target.clone(),
                     mode: 0o755,
                 },
-            );
-        } else if ty.is_file() {
-            p.push(
+            ),
+            ImageEntryKind::File => p.push(
                 format!("create /{shown}"),
                 Op::WriteFile {
                     path: target.clone(),
                     mode: 0o644,
                     contents: Vec::new(),
                 },
-            );
-        } else {
-            // A device node, FIFO or socket of the image: left out.
-            continue;
+            ),
         }
         p.push(
             format!("mount the image's /{shown} read-only"),
@@ -540,16 +496,12 @@ fn image_regular_file(rootfs: &Path, path: &Path) -> bool {
 /// A bind destination in an image root must not pass through a symlink
 /// of the image: the setup program resolves it before `pivot_root`.
 fn check_image_dst(rootfs: &Path, dst: &Path) -> Result<(), JailError> {
+    if layout::under_own_dir(dst) {
+        // The jail's own directory, not the image's.
+        return Ok(());
+    }
     let mut cur = rootfs.to_path_buf();
-    for (i, comp) in dst.components().skip(1).enumerate() {
-        if i == 0
-            && JAIL_DIRS
-                .iter()
-                .any(|d| comp.as_os_str().as_bytes() == d.as_bytes())
-        {
-            // The jail's own directory, not the image's.
-            return Ok(());
-        }
+    for comp in dst.components().skip(1) {
         cur.push(comp);
         match std::fs::symlink_metadata(&cur) {
             Ok(m) if m.file_type().is_symlink() => {

@@ -17,7 +17,9 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Component, Path, PathBuf};
 
-use cordon_jail::host::SystemDir;
+use cordon_sandbox::layout::{
+    self, HOST_ETC, HOST_TRUST_STORE, ImageEntryKind, SystemDir, USR, etc_files,
+};
 use oci_spec::runtime::{
     LinuxBuilder, LinuxCapabilitiesBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
     LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
@@ -28,10 +30,7 @@ use oci_spec::runtime::{
 use crate::spec::{Root, SandboxSpec, Seccomp};
 
 /// Default uid and gid of the sandbox's process.
-pub const DEFAULT_USER: (u32, u32) = (1000, 1000);
-
-/// Names at the top of the root that are always the sandbox's own.
-const OWN_DIRS: [&str; 3] = ["dev", "proc", "tmp"];
+pub use cordon_sandbox::layout::DEFAULT_USER;
 
 /// How the bundle's network is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +61,7 @@ pub fn write_bundle(
     let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
     match &spec.root {
         Root::HostBinds => {
-            binds.push(("/usr".into(), "/usr".into()));
+            binds.push((USR.into(), USR.into()));
             for d in system_dirs {
                 let rel = d.path.strip_prefix("/").unwrap_or(&d.path);
                 match &d.symlink {
@@ -77,54 +76,42 @@ pub fn write_bundle(
             fs::create_dir(&etc).map_err(|e| io("create", &etc, e))?;
             fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))
                 .map_err(|e| io("chmod", &etc, e))?;
-            for (name, content) in cordon_jail::etc_files(uid, gid) {
+            for (name, content) in etc_files(uid, gid) {
                 let p = etc.join(name);
                 fs::write(&p, content).map_err(|e| io("write", &p, e))?;
                 fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
                     .map_err(|e| io("chmod", &p, e))?;
             }
-            for name in ["alternatives", "ssl"] {
-                let p = etc.join(name);
-                if Path::new("/etc").join(name).is_dir() {
-                    fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
-                }
+            // The host's entries of the layout, and its trust store: this
+            // bundle writes no trust bundle of its own.
+            let host_etc: Vec<_> = HOST_ETC
+                .into_iter()
+                .chain([HOST_TRUST_STORE])
+                .filter(|e| e.on_host())
+                .collect();
+            for e in host_etc.iter().filter(|e| e.dir) {
+                let p = etc.join(e.name);
+                fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
             }
             binds.push((etc.clone(), "/etc".into()));
-            if Path::new("/etc/ld.so.cache").is_file() {
-                let p = etc.join("ld.so.cache");
-                fs::write(&p, b"").map_err(|e| io("write", &p, e))?;
-                binds.push(("/etc/ld.so.cache".into(), "/etc/ld.so.cache".into()));
-            }
-            for name in ["alternatives", "ssl"] {
-                let host = Path::new("/etc").join(name);
-                if host.is_dir() {
-                    binds.push((host.clone(), host));
+            for e in &host_etc {
+                if !e.dir {
+                    let p = etc.join(e.name);
+                    fs::write(&p, b"").map_err(|e| io("write", &p, e))?;
                 }
+                binds.push((e.path(), e.path()));
             }
         }
         Root::Image { rootfs: image, .. } => {
-            if !image.is_absolute() {
-                return Err(format!(
-                    "image root {} is not an absolute path",
-                    image.display()
-                ));
-            }
-            for e in fs::read_dir(image).map_err(|e| io("read", image, e))? {
-                let e = e.map_err(|e| io("read", image, e))?;
-                let name = e.file_name();
-                if OWN_DIRS.iter().any(|d| name == *d) {
-                    continue;
-                }
-                let ty = e
-                    .file_type()
-                    .map_err(|e| io("stat", &e_path(image, &name), e))?;
-                let src = image.join(&name);
-                if ty.is_symlink() {
-                    let target = fs::read_link(&src).map_err(|e| io("readlink", &src, e))?;
-                    let link = rootfs.join(&name);
-                    symlink(&target, &link).map_err(|e| io("symlink", &link, e))?;
-                } else if ty.is_dir() || ty.is_file() {
-                    binds.push((src, Path::new("/").join(&name)));
+            for entry in layout::image_entries(image).map_err(|e| e.to_string())? {
+                match &entry.kind {
+                    ImageEntryKind::Symlink(target) => {
+                        let link = rootfs.join(&entry.name);
+                        symlink(target, &link).map_err(|e| io("symlink", &link, e))?;
+                    }
+                    ImageEntryKind::Dir | ImageEntryKind::File => {
+                        binds.push((entry.src(image), Path::new("/").join(&entry.name)));
+                    }
                 }
             }
         }
@@ -148,10 +135,6 @@ pub fn write_bundle(
     Ok(())
 }
 
-fn e_path(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
-    dir.join(name)
-}
-
 /// A destination inside the sandbox: absolute, normal components only.
 fn check_dst(dst: &Path) -> Result<(), String> {
     if !dst.is_absolute()
@@ -164,10 +147,7 @@ fn check_dst(dst: &Path) -> Result<(), String> {
             dst.display()
         ));
     }
-    if let Some(Component::Normal(top)) = dst.components().nth(1)
-        && OWN_DIRS.iter().any(|d| top == *d)
-        && dst.components().count() == 2
-    {
+    if layout::under_own_dir(dst) && dst.components().count() == 2 {
         return Err(format!(
             "mount destination {} is the sandbox's own",
             dst.display()

@@ -198,7 +198,8 @@ pub fn image_entries(rootfs: &Path) -> Result<Vec<ImageEntry>, ImageError> {
             .map_err(|err| ImageError::Io("stat", rootfs.join(&name), err))?;
         let kind = if ty.is_symlink() {
             let src = rootfs.join(&name);
-            let to = std::fs::read_link(&src).map_err(|err| ImageError::Io("readlink", src, err))?;
+            let to =
+                std::fs::read_link(&src).map_err(|err| ImageError::Io("readlink", src, err))?;
             ImageEntryKind::Symlink(to)
         } else if ty.is_dir() {
             ImageEntryKind::Dir

@@ -3,9 +3,11 @@
 //! its limits ([`Limits`], with the P1 defaults [`Limits::P1`]), its
 //! system-call filter ([`Seccomp`]), its root ([`Root`]) and binds
 //! ([`Bind`], [`Mount`]), and what came of it ([`Outcome`], [`Status`],
-//! [`LandlockStatus`]); byte sizes and durations as messages write them
+//! [`LandlockStatus`]); the root's layout, which each runtime renders
+//! ([`layout`]); byte sizes and durations as messages write them
 //! ([`units`]).
 
+pub mod layout;
 pub mod units;
 
 use std::path::PathBuf;
