@@ -233,6 +233,9 @@ pub struct BrokerOptions {
     pub one_shot: bool,
     /// Host uids per tenant (`None`: [`tenant_uids::TenantUids::discover`]).
     pub tenant_uids: Option<tenant_uids::Availability>,
+    /// Where the egress doors resolve names (the CLI's reading of
+    /// `CORDON_UPSTREAM_DNS`; default the host's resolver).
+    pub upstream_dns: cordon_runtime::spec::UpstreamDns,
 }
 
 impl BrokerOptions {
@@ -246,6 +249,7 @@ impl BrokerOptions {
             credentials: None,
             one_shot: true,
             tenant_uids: None,
+            upstream_dns: Default::default(),
         }
     }
 }
@@ -253,7 +257,8 @@ impl BrokerOptions {
 impl Broker {
     /// A broker with this build's runtimes for this host.
     pub fn new(opts: BrokerOptions) -> Result<Broker, String> {
-        let registry = Registry::for_host(opts.native.clone());
+        let registry =
+            Registry::for_host(opts.native.clone()).with_upstream_dns(opts.upstream_dns.clone());
         Broker::with_registry(registry, &opts)
     }
 

@@ -109,7 +109,8 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
     }
     let mut refused = 0;
     if host {
-        let mut registry = cordon_runtime::Registry::for_host(Default::default());
+        let mut registry = cordon_runtime::Registry::for_host(Default::default())
+            .with_upstream_dns(crate::run::upstream_dns());
         if let Some(cb) = &credentials {
             registry = registry.with_credentials(cb.clone());
         }

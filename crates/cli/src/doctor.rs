@@ -123,7 +123,8 @@ fn read_trim(p: &str) -> Option<String> {
 pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     // The registry first: the native runtime's jail may move this process
     // into a delegated scope, and the facts are read after that.
-    let registry = Registry::for_host(Default::default());
+    let registry =
+        Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
     let facts = cordon_jail::host::detect();
     let native = registry
         .get(

@@ -104,7 +104,8 @@ fn lower<T: Serialize + std::fmt::Debug>(v: &T) -> String {
 
 pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
     let loaded = cordon_policy::load(path).map_err(|e| anyhow!("{e}"))?;
-    let mut registry = cordon_runtime::Registry::for_host(Default::default());
+    let mut registry = cordon_runtime::Registry::for_host(Default::default())
+        .with_upstream_dns(crate::run::upstream_dns());
     if let Some(cb) = crate::run::credentials_for(loaded.policy.tools.values(), providers)? {
         registry = registry.with_credentials(cb);
     }

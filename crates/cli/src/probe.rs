@@ -198,7 +198,8 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 ));
             }
             "P1" => {
-                let registry = Registry::for_host(Default::default());
+                let registry = Registry::for_host(Default::default())
+                    .with_upstream_dns(crate::run::upstream_dns());
                 let rt = registry
                     .get(cordon_policy::policy::Runtime::Native, Use::Call)
                     .map_err(|e| anyhow!("{e}"))?;
@@ -223,7 +224,8 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
-        let mut registry = Registry::for_host(Default::default());
+        let mut registry =
+            Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
         if let Some(cb) =
             crate::run::credentials_for(loaded.policy.tools.values(), a.providers.as_deref())?
         {

@@ -31,7 +31,7 @@ pub struct ProxyArgs {
 
 pub fn policy(a: &ProxyArgs) -> anyhow::Result<EgressPolicy> {
     let network = a.net.network()?;
-    cordon_runtime::spec::egress_policy_for(&a.name, &network)
+    cordon_runtime::spec::egress_policy_for(&a.name, &network, &crate::run::upstream_dns())
         .map_err(|e| anyhow!("{e}"))?
         .ok_or_else(|| {
             anyhow!("the proxy would allow nothing: give --egress HOST:PORT or --egress-proxy")

@@ -82,11 +82,19 @@ pub fn credentials_for<'a>(
         .map_err(|e| anyhow!("credential broker: {e}"))
 }
 
+/// `CORDON_UPSTREAM_DNS` (where the egress doors resolve names), read
+/// wherever a registry or broker is built.
+pub fn upstream_dns() -> cordon_runtime::spec::UpstreamDns {
+    use cordon_runtime::spec::UpstreamDns;
+    UpstreamDns::from_var(std::env::var(UpstreamDns::VAR).ok())
+}
+
 pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<ExitCode> {
     let loaded = cordon_policy::load(manifest).map_err(|e| anyhow!("{e}"))?;
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
-        let mut registry = cordon_runtime::Registry::for_host(Default::default());
+        let mut registry = cordon_runtime::Registry::for_host(Default::default())
+            .with_upstream_dns(crate::run::upstream_dns());
         match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
             Ok(Some(cb)) => registry = registry.with_credentials(cb),
             Ok(None) => {}
@@ -114,6 +122,7 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     let mut bopts =
         cordon_broker::BrokerOptions::one_shot(opts.audit.clone(), opts.audit_fail_open);
     bopts.credentials = credentials.clone();
+    bopts.upstream_dns = upstream_dns();
     let broker = match Broker::new(bopts) {
         Ok(b) => b,
         Err(e) => {

@@ -256,6 +256,8 @@ pub struct Registry {
     /// The credential broker (`None`: tools that declare secrets are
     /// refused).
     credentials: Option<Arc<dyn Minting>>,
+    /// Where the egress doors resolve names.
+    upstream_dns: spec::UpstreamDns,
 }
 
 impl Registry {
@@ -266,7 +268,15 @@ impl Registry {
             images: None,
             unavailable: Vec::new(),
             credentials: None,
+            upstream_dns: spec::UpstreamDns::Host,
         }
+    }
+
+    /// Have the egress doors of the tools admitted resolve names through
+    /// `dns` (the CLI's reading of `CORDON_UPSTREAM_DNS`).
+    pub fn with_upstream_dns(mut self, dns: spec::UpstreamDns) -> Registry {
+        self.upstream_dns = dns;
+        self
     }
 
     /// Admit tools that declare secrets when `broker` can mint them.
@@ -396,6 +406,7 @@ impl Registry {
             use_,
             self.images.as_deref(),
             self.credentials.as_deref(),
+            &self.upstream_dns,
         )?;
         let runtime = self.get(policy.runtime, use_).map_err(|why| {
             format!(

@@ -3,6 +3,7 @@
 //! mechanism of any one runtime.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use cordon_egress::EgressPolicy;
@@ -108,6 +109,7 @@ pub fn lower(
     use_: Use,
     images: Option<&dyn crate::images::Images>,
     credentials: Option<&dyn crate::Minting>,
+    upstream_dns: &UpstreamDns,
 ) -> Result<SandboxSpec, String> {
     if p.profile == Profile::P0 {
         return Err(format!(
@@ -219,7 +221,7 @@ pub fn lower(
         }
     }
     let l = p.require_limits()?;
-    let network = match egress_policy_for(&p.name, &p.network)? {
+    let network = match egress_policy_for(&p.name, &p.network, upstream_dns)? {
         None => Network::None,
         Some(mut ep) => {
             for e in &p.tls_passthrough {
@@ -300,11 +302,52 @@ fn image_env(image: &[String], policy: &BTreeMap<String, String>) -> Vec<(String
     env
 }
 
+/// The DNS server the egress doors forward names to: the host's resolver,
+/// or the one `CORDON_UPSTREAM_DNS` names. The variable is read by whoever
+/// builds the registry (the CLI) and given to lowering, never read here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum UpstreamDns {
+    /// The host's resolver.
+    #[default]
+    Host,
+    /// This server.
+    At(SocketAddr),
+    /// A value that is not an `address:port`: every tool with egress is
+    /// refused, naming it.
+    Invalid(String),
+}
+
+impl UpstreamDns {
+    /// The variable that sets it.
+    pub const VAR: &'static str = "CORDON_UPSTREAM_DNS";
+
+    /// From the value of [`UpstreamDns::VAR`] (`None`: unset).
+    pub fn from_var(value: Option<String>) -> UpstreamDns {
+        match value {
+            None => UpstreamDns::Host,
+            Some(v) => match v.parse() {
+                Ok(a) => UpstreamDns::At(a),
+                Err(_) => UpstreamDns::Invalid(v),
+            },
+        }
+    }
+
+    /// The server, `None` for the host's, or why the setting is refused.
+    pub fn server(&self) -> Result<Option<SocketAddr>, String> {
+        match self {
+            UpstreamDns::Host => Ok(None),
+            UpstreamDns::At(a) => Ok(Some(*a)),
+            UpstreamDns::Invalid(v) => Err(format!("{}={v}: not an address:port", Self::VAR)),
+        }
+    }
+}
+
 /// The egress policy of a network setting (`None`: no network), refusals
-/// naming `name`.
+/// naming `name`, its doors' names resolved through `upstream_dns`.
 pub fn egress_policy_for(
     name: &str,
     network: &PolicyNetwork,
+    upstream_dns: &UpstreamDns,
 ) -> Result<Option<EgressPolicy>, String> {
     let (mut ep, resolve, cidrs): (EgressPolicy, &BTreeMap<String, String>, &Vec<String>) =
         match network {
@@ -338,11 +381,8 @@ pub fn egress_policy_for(
                 .map_err(|_| format!("{name}: allow_cidrs: `{c}` is not a CIDR"))?,
         );
     }
-    if let Ok(ns) = std::env::var("CORDON_UPSTREAM_DNS") {
-        ep.upstream_dns = Some(
-            ns.parse()
-                .map_err(|_| format!("CORDON_UPSTREAM_DNS={ns}: not an address:port"))?,
-        );
+    if let Some(ns) = upstream_dns.server()? {
+        ep.upstream_dns = Some(ns);
     }
     ep.validate().map_err(|e| format!("{name}: {e}"))?;
     Ok(Some(ep))

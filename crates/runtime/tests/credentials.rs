@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cordon_policy::ToolPolicy;
-use cordon_runtime::spec::lower;
+use cordon_runtime::spec::{UpstreamDns, lower};
 use cordon_runtime::{Minting, Use};
 
 fn tool(extra: &str) -> ToolPolicy {
@@ -33,7 +33,7 @@ fn secrets_need_a_broker_that_can_mint_them() {
     let t = tool(
         "    secrets: [{name: T, scope: s, ttl: 60, bind: {endpoint: \"api.example:443\"}}]\n",
     );
-    let err = lower(&t, Use::Call, None, None).unwrap_err();
+    let err = lower(&t, Use::Call, None, None, &UpstreamDns::Host).unwrap_err();
     assert!(
         err.contains("declares secrets, but no credential broker is configured"),
         "{err}"
@@ -41,11 +41,11 @@ fn secrets_need_a_broker_that_can_mint_them() {
     let no = Broker(Err(
         "api: secret `T`: provider `vault` is not defined".into()
     ));
-    let err = lower(&t, Use::Call, None, Some(&no)).unwrap_err();
+    let err = lower(&t, Use::Call, None, Some(&no), &UpstreamDns::Host).unwrap_err();
     assert!(err.contains("provider `vault` is not defined"), "{err}");
     // Positive control: a broker that can mint them.
     let yes = Broker(Ok(()));
-    assert!(lower(&t, Use::Call, None, Some(&yes)).is_ok());
+    assert!(lower(&t, Use::Call, None, Some(&yes), &UpstreamDns::Host).is_ok());
     // The registry's admission refuses the same way without one.
     let reg = cordon_runtime::Registry::empty();
     let err = reg.admit(&t, Use::Call).unwrap_err();
@@ -57,7 +57,7 @@ fn secrets_need_a_broker_that_can_mint_them() {
 #[test]
 fn tls_passthrough_entries_reach_the_egress_policy() {
     let t = tool("    tls_passthrough: [\"pin.example:443\"]\n");
-    let spec = lower(&t, Use::Call, None, None).unwrap();
+    let spec = lower(&t, Use::Call, None, None, &UpstreamDns::Host).unwrap();
     let ep = spec.egress().unwrap();
     let p: Vec<String> = ep
         .passthrough
@@ -65,6 +65,6 @@ fn tls_passthrough_entries_reach_the_egress_policy() {
         .map(|hp| format!("{}:{}", hp.host, hp.port))
         .collect();
     assert_eq!(p, ["pin.example:443"]);
-    let spec = lower(&tool(""), Use::Call, None, None).unwrap();
+    let spec = lower(&tool(""), Use::Call, None, None, &UpstreamDns::Host).unwrap();
     assert!(spec.egress().unwrap().passthrough.is_empty());
 }
