@@ -23,6 +23,7 @@ pub mod oci;
 pub mod outcome;
 pub mod pool;
 pub mod spec;
+pub mod supervisor;
 pub mod volume;
 
 use std::os::unix::net::UnixStream;

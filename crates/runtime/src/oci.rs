@@ -45,11 +45,18 @@ pub enum Net {
 
 /// Write a bundle for `spec` into `dir` (which must exist and be empty):
 /// `config.json`, `rootfs/` and, for a host root, `etc/`. `env` is the
-/// complete environment of the process.
+/// complete environment of the process. `trust_bundle` is made the
+/// sandbox's system trust as the jail makes it: for a host root, written
+/// at `/etc/ssl/certs/ca-certificates.crt` (the host's `/etc/ssl` is then
+/// not bound) with the other usual paths linked to it; for an image root,
+/// written into the bundle directory and bound at
+/// `/dev/cordon-ca-bundle.crt` and over each usual path the image has as a
+/// regular file.
 pub fn write_bundle(
     dir: &Path,
     spec: &SandboxSpec,
     env: &[(String, String)],
+    trust_bundle: Option<&[u8]>,
     system_dirs: &[SystemDir],
     net: Net,
 ) -> Result<(), String> {
@@ -83,11 +90,19 @@ pub fn write_bundle(
                 fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
                     .map_err(|e| io("chmod", &p, e))?;
             }
-            for name in ["alternatives", "ssl"] {
+            // With a trust bundle, /etc/ssl is cordon's own.
+            let shared: &[&str] = match trust_bundle {
+                None => &["alternatives", "ssl"],
+                Some(_) => &["alternatives"],
+            };
+            for name in shared {
                 let p = etc.join(name);
                 if Path::new("/etc").join(name).is_dir() {
                     fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
                 }
+            }
+            if let Some(bundle) = trust_bundle {
+                write_trust_bundle(&etc, bundle)?;
             }
             binds.push((etc.clone(), "/etc".into()));
             if Path::new("/etc/ld.so.cache").is_file() {
@@ -95,7 +110,7 @@ pub fn write_bundle(
                 fs::write(&p, b"").map_err(|e| io("write", &p, e))?;
                 binds.push(("/etc/ld.so.cache".into(), "/etc/ld.so.cache".into()));
             }
-            for name in ["alternatives", "ssl"] {
+            for name in shared {
                 let host = Path::new("/etc").join(name);
                 if host.is_dir() {
                     binds.push((host.clone(), host));
@@ -127,6 +142,18 @@ pub fn write_bundle(
                     binds.push((src, Path::new("/").join(&name)));
                 }
             }
+            if let Some(bundle) = trust_bundle {
+                let p = dir.join("ca-bundle.crt");
+                fs::write(&p, bundle).map_err(|e| io("write", &p, e))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
+                    .map_err(|e| io("chmod", &p, e))?;
+                binds.push((p.clone(), cordon_jail::TRUST_BUNDLE_IMAGE.into()));
+                for path in cordon_jail::TRUST_BUNDLE_PATHS {
+                    if image_regular_file(image, Path::new(path)) {
+                        binds.push((p.clone(), path.into()));
+                    }
+                }
+            }
         }
     }
     for m in &spec.mounts {
@@ -146,6 +173,48 @@ pub fn write_bundle(
         .save(&path)
         .map_err(|e| format!("write {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// A host root's trust bundle in the `/etc` written for it (`etc`), where
+/// the jail writes it, the other usual paths linked to it.
+fn write_trust_bundle(etc: &Path, bundle: &[u8]) -> Result<(), String> {
+    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    let r = |abs: &str| etc.join(abs.trim_start_matches("/etc/"));
+    for d in ["ssl", "ssl/certs", "pki", "pki/tls", "pki/tls/certs"] {
+        let p = etc.join(d);
+        fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("chmod", &p, e))?;
+    }
+    let file = r(cordon_jail::TRUST_BUNDLE);
+    fs::write(&file, bundle).map_err(|e| io("write", &file, e))?;
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644))
+        .map_err(|e| io("chmod", &file, e))?;
+    for link in &cordon_jail::TRUST_BUNDLE_PATHS[1..] {
+        let l = r(link);
+        symlink(cordon_jail::TRUST_BUNDLE, &l).map_err(|e| io("symlink", &l, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `path` (absolute, in the sandbox) is a regular file of the
+/// image at `root`, reached without a symlink.
+fn image_regular_file(root: &Path, path: &Path) -> bool {
+    let mut p = root.to_path_buf();
+    let mut comps = path
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)));
+    let Some(last) = comps.next_back() else {
+        return false;
+    };
+    for c in comps {
+        p.push(c);
+        if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            return false;
+        }
+    }
+    p.push(last);
+    fs::symlink_metadata(&p).is_ok_and(|m| m.is_file())
 }
 
 fn e_path(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
