@@ -572,6 +572,7 @@ impl Runtime for Gvisor {
                 m.dst.display()
             ));
         }
+        problems.extend(oci::problems(spec));
         Check {
             mechanisms: self.mechanisms(spec),
             problems,

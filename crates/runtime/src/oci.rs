@@ -217,6 +217,29 @@ fn image_regular_file(root: &Path, path: &Path) -> bool {
     fs::symlink_metadata(&p).is_ok_and(|m| m.is_file())
 }
 
+/// Why a bundle for `spec` could not be written, whatever the host: a
+/// mount destination that is not a plain absolute path or is the
+/// sandbox's own, an environment variable `config.json` cannot carry (for
+/// admission, which otherwise would let them through to the first call).
+pub fn problems(spec: &SandboxSpec) -> Vec<String> {
+    let mut out: Vec<String> = spec
+        .mounts
+        .iter()
+        .filter_map(|m| check_dst(&m.dst).err())
+        .collect();
+    out.extend(spec.env.iter().filter_map(|(k, v)| env_entry(k, v).err()));
+    out
+}
+
+/// `KEY=value` for `config.json`.
+fn env_entry(k: &str, v: &str) -> Result<String, String> {
+    if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+        Err(format!("bad environment variable {k:?}"))
+    } else {
+        Ok(format!("{k}={v}"))
+    }
+}
+
 fn e_path(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
     dir.join(name)
 }
@@ -293,13 +316,7 @@ pub fn config(
         .args(spec.argv.clone())
         .env(
             env.iter()
-                .map(|(k, v)| {
-                    if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                        Err(format!("bad environment variable {k:?}"))
-                    } else {
-                        Ok(format!("{k}={v}"))
-                    }
-                })
+                .map(|(k, v)| env_entry(k, v))
                 .collect::<Result<Vec<_>, _>>()?,
         )
         .cwd(spec.cwd.clone().unwrap_or_else(|| "/tmp".into()))
@@ -466,4 +483,67 @@ fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
         b = b.default_errno_ret(eperm);
     }
     b.build().map_err(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Mount;
+
+    #[test]
+    fn what_no_bundle_can_carry_is_a_problem_before_the_first_call() {
+        // Positive control: a plain mount and variable.
+        let mut spec = SandboxSpec::new("t", ["/bin/true"]);
+        spec.mounts.push(Mount {
+            src: "/srv/data".into(),
+            dst: "/data".into(),
+            writable: false,
+        });
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        spec.mounts.push(Mount {
+            src: "/srv/x".into(),
+            dst: "/proc".into(),
+            writable: false,
+        });
+        spec.env.push(("A=B".into(), "c".into()));
+        assert_eq!(
+            problems(&spec),
+            [
+                "mount destination /proc is the sandbox's own",
+                "bad environment variable \"A=B\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_trust_bundle_goes_where_the_jail_puts_it() {
+        let d = tempfile::tempdir().unwrap();
+        let etc = d.path().join("etc");
+        fs::create_dir(&etc).unwrap();
+        write_trust_bundle(&etc, b"PEM").unwrap();
+        assert_eq!(
+            fs::read(etc.join("ssl/certs/ca-certificates.crt")).unwrap(),
+            b"PEM"
+        );
+        for l in ["ssl/cert.pem", "pki/tls/certs/ca-bundle.crt"] {
+            assert_eq!(
+                fs::read_link(etc.join(l)).unwrap(),
+                Path::new(cordon_jail::TRUST_BUNDLE)
+            );
+        }
+        // An image: only a regular file reached without a symlink.
+        let img = d.path().join("img");
+        fs::create_dir_all(img.join("etc/ssl/certs")).unwrap();
+        fs::write(img.join("etc/ssl/certs/ca-certificates.crt"), "").unwrap();
+        symlink("certs/ca-certificates.crt", img.join("etc/ssl/cert.pem")).unwrap();
+        assert!(image_regular_file(
+            &img,
+            Path::new("/etc/ssl/certs/ca-certificates.crt")
+        ));
+        assert!(!image_regular_file(&img, Path::new("/etc/ssl/cert.pem")));
+        assert!(!image_regular_file(
+            &img,
+            Path::new("/etc/pki/tls/certs/ca-bundle.crt")
+        ));
+    }
 }
