@@ -747,3 +747,40 @@ impl Supervisor {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_removes_only_what_no_live_broker_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path();
+        // Positive control: a live sandbox's directory is left.
+        let live = WorkDir::new(state, "test bundle").unwrap();
+        assert!(live.path().join("lock").is_file());
+        assert!(
+            live.id()
+                .starts_with(&format!("cordon-{}-", std::process::id()))
+        );
+        // A dead broker's: its lock file is held by nobody.
+        let dead = state.join("cordon-1-0");
+        fs::create_dir(&dead).unwrap();
+        fs::write(dead.join("lock"), "").unwrap();
+        // One being made this instant: no lock file yet.
+        let young = state.join("cordon-2-0");
+        fs::create_dir(&young).unwrap();
+        let notes = sweep(state, "test bundle");
+        assert_eq!(
+            notes,
+            [format!(
+                "removed a test bundle left by a broker that is gone: {}",
+                dead.display()
+            )]
+        );
+        assert!(live.path().is_dir() && young.is_dir() && !dead.exists());
+        let p = live.path().to_path_buf();
+        drop(live);
+        assert!(!p.exists(), "the directory outlived its sandbox");
+    }
+}
