@@ -567,10 +567,37 @@ echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $
 #[test]
 fn a_gvisor_sandbox_gets_its_token_substituted_at_the_door() {
     let test = "a_gvisor_sandbox_gets_its_token_substituted_at_the_door";
-    if !nix_root() {
-        skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
+    if std::env::var_os(NOBODY_CHILD).is_some() {
+        gvisor_injection(test);
         return;
     }
+    if !nix_root() {
+        skip::skip_or_fail(test, "not root: the test runs as root and as uid 65534");
+        return;
+    }
+    gvisor_injection(test);
+    // And from an unprivileged broker (`runsc --rootless`), in a copy of
+    // this test binary run as uid 65534.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(NOBODY_CHILD, "1")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "{test} as uid 65534 failed:\n{so}\n{se}"
+    );
+}
+
+/// Set in the copy of this test binary that runs as uid 65534.
+const NOBODY_CHILD: &str = "CORDON_INJECT_TEST_NOBODY";
+
+fn gvisor_injection(test: &str) {
     if !have("/usr/bin/python3", &["-c", "import requests"]) {
         skip::skip_or_fail(test, "python3-requests is not installed (scripts/setup.sh)");
         return;
