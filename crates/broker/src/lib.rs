@@ -400,9 +400,12 @@ impl Broker {
         if policy.secrets.is_empty() {
             return Ok(None);
         }
+        // Whether they can be minted here is admission's decision
+        // (`Registry::admit`); a registry given a credential broker that
+        // this broker was not given still mints nothing.
         let cb = self.credentials.as_ref().ok_or_else(|| {
             format!(
-                "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+                "{}: admitted with secrets, but this broker has no credential broker to mint them",
                 policy.name
             )
         })?;

@@ -7,54 +7,48 @@
 //! its own per sandbox under cordon's state directory, inside the bundle
 //! directory, removed after every exit or kill.
 //!
-//! `runsc` runs as a supervisor of the jail ([`Jail::run_supervisor`]): in
-//! new pid, mount and network namespaces (and a user namespace when the
-//! broker is unprivileged, where it also gets `--rootless`), with the
-//! parent-death signal. **Limits.** The whole of it (the `runsc` command,
-//! its gofer, the Sentry and the stub processes that run the tool's code)
-//! is born in one of cordon's own cgroup slots, with the spec's memory,
-//! task and CPU limits, and `runsc` gets `--ignore-cgroups`. That choice,
-//! rather than letting `runsc` make cgroups: the same code then holds for
-//! a root and an unprivileged broker (`runsc --rootless` cannot create
-//! cgroups at all), on v1, v2 and hybrid hosts alike (which the jail's
-//! cgroup code already handles, OOM read from `oom_kill`), and the limit
-//! covers the Sentry and gofer too, not only the container's processes;
-//! the wall clock and output caps are the jail's, as for P1. **Cleanup.**
-//! When the supervisor (pid 1 of its pid namespace) exits or is killed,
-//! the kernel kills everything `runsc` started; the broker then removes
-//! the bundle and state directory, and a broker that died leaves a bundle
-//! whose lock nobody holds, which the next start removes (its cgroup slot
-//! is removed by the jail's own leftover sweep).
+//! `runsc` is the child of the shared [`crate::supervisor`]: it runs as the
+//! jail's supervisor in new pid, mount and network namespaces (and a user
+//! namespace when the broker is unprivileged, where it also gets
+//! `--rootless`), with the parent-death signal, in one of cordon's own
+//! cgroup slots with the spec's memory, task and CPU limits, and gets
+//! `--ignore-cgroups`: the same code then holds for a root and an
+//! unprivileged broker (`runsc --rootless` cannot create cgroups at all),
+//! on v1, v2 and hybrid hosts alike, and the limit covers the Sentry and
+//! gofer too, not only the container's processes. This module holds only
+//! what is gVisor's own: finding `runsc` and its release, probing its
+//! platforms, its flags, and the bundle ([`crate::oci`]) written from the
+//! supervisor's [`Guest`] (environment, trust bundle, network).
 //!
-//! **Network.** With egress doors, `runsc` runs with `--network=host` in a
-//! network namespace made exactly as a native sandbox's: only `lo`, the
-//! doors' addresses on it, and the doors' listening sockets, which the
-//! broker serves. gVisor's own network stack is not used: the Sentry makes
-//! host sockets in that namespace, whose only reachable endpoints are the
-//! doors. Without network, `--network=none`: gVisor's stack with a
+//! **Network.** With egress doors, `runsc` runs with `--network=host` in
+//! the supervisor's network namespace: only `lo`, the doors' addresses on
+//! it, and the doors' listening sockets, which the broker serves (and
+//! where a session's credentials are substituted, the session CA being the
+//! bundle's trust). gVisor's own network stack is not used: the Sentry
+//! makes host sockets in that namespace, whose only reachable endpoints
+//! are the doors. Without network, `--network=none`: gVisor's stack with a
 //! loopback only, in an empty namespace.
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cordon_jail::{DoorRequest, Jail, JailOptions, JailSpec, NetMode, Root, Seccomp, Stdin};
+use cordon_jail::{Jail, JailOptions};
 use serde::Serialize;
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::oci::{self, Net};
 use crate::outcome::{Outcome, RunError};
-use crate::spec::{Network, SandboxSpec};
+use crate::spec::SandboxSpec;
+use crate::supervisor::{Child, Guest, Launch, Supervisor, WorkDir};
 use crate::{Check, Context, Facts, Runtime, Spawned};
 
-/// Numbers this process's bundles (every runtime of it shares the state
-/// directory).
-static SEQ: AtomicU64 = AtomicU64::new(0);
+/// What a gVisor sandbox's directory is called in notes and errors.
+const BUNDLE: &str = "gVisor bundle";
 
 /// The oldest `runsc` release cordon runs (its systrap platform).
 pub const MIN_RUNSC: u32 = 20240101;
@@ -128,22 +122,13 @@ struct Found {
 
 /// The gVisor runtime.
 pub struct Gvisor {
-    jail: Arc<Jail>,
+    sup: Supervisor,
     opts: Options,
     /// Looked up on first use, so that a process that never runs a gVisor
     /// sandbox (a one-shot P1 call) pays nothing for it.
     found: OnceLock<Found>,
     rootless: bool,
     platforms: OnceLock<Vec<PlatformState>>,
-    net: OnceLock<tokio::runtime::Runtime>,
-}
-
-impl Drop for Gvisor {
-    fn drop(&mut self) {
-        if let Some(rt) = self.net.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 /// The release date in `runsc --version`'s first line (`runsc version
@@ -274,65 +259,6 @@ fn state_dir(opt: Option<&Path>, euid: u32) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Remove the bundles of brokers that are gone: a bundle whose lock file
-/// nobody holds. What ran in it died with its supervisor (pid 1 of its
-/// pid namespace, with the parent-death signal).
-fn sweep(state: &Path) -> Vec<String> {
-    let mut notes = Vec::new();
-    let Ok(entries) = fs::read_dir(state) else {
-        return notes;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let held = fs::File::open(p.join("lock")).map(|f| f.try_lock());
-        // A bundle another broker is making this instant has no lock file
-        // yet: only one without a lock for a minute is left over.
-        if held
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-            && e.metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < std::time::Duration::from_secs(60))
-        {
-            continue;
-        }
-        match held {
-            Ok(Ok(())) | Err(_) => match fs::remove_dir_all(&p) {
-                Ok(()) => notes.push(format!(
-                    "removed a gVisor bundle left by a broker that is gone: {}",
-                    p.display()
-                )),
-                Err(err) => notes.push(format!(
-                    "cannot remove the leftover gVisor bundle {}: {err}",
-                    p.display()
-                )),
-            },
-            Ok(Err(_)) => {}
-        }
-    }
-    notes
-}
-
-/// One sandbox's bundle directory, locked while it exists; removed on
-/// drop.
-struct Bundle {
-    dir: PathBuf,
-    _lock: fs::File,
-}
-
-impl Drop for Bundle {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), "cannot remove the gVisor bundle: {e}");
-        }
-    }
-}
-
 impl Gvisor {
     /// The runtime over a jail of its own. Fails only when the jail
     /// cannot be made. `runsc` and the state directory are found (and what
@@ -348,20 +274,19 @@ impl Gvisor {
     pub fn with_jail(opts: Options, jail: Arc<Jail>) -> Gvisor {
         let euid = jail.host().euid;
         Gvisor {
-            jail,
+            sup: Supervisor::new(jail),
             opts,
             found: OnceLock::new(),
             rootless: euid != 0,
             platforms: OnceLock::new(),
-            net: OnceLock::new(),
         }
     }
 
     fn found(&self) -> &Found {
         self.found.get_or_init(|| {
-            let state = state_dir(self.opts.state_dir.as_deref(), self.jail.host().euid);
+            let state = state_dir(self.opts.state_dir.as_deref(), self.sup.jail().host().euid);
             let notes = match &state {
-                Ok(s) => sweep(s),
+                Ok(s) => crate::supervisor::sweep(s, BUNDLE),
                 Err(_) => Vec::new(),
             };
             Found {
@@ -418,22 +343,6 @@ impl Gvisor {
         ))
     }
 
-    fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Err(e) = &self.found().runsc {
-            out.push(format!("runtime gvisor: {e}"));
-            return out;
-        }
-        if let Err(e) = &self.found().state {
-            out.push(format!("runtime gvisor: state directory: {e}"));
-            return out;
-        }
-        if let Err(e) = self.chosen() {
-            out.push(format!("runtime gvisor: {e}"));
-        }
-        out
-    }
-
     /// How each mechanism holds for a sandbox of `spec` here.
     pub fn mechanisms(&self, spec: &SandboxSpec) -> Vec<MechanismState> {
         let mut out = vec![
@@ -447,185 +356,16 @@ impl Gvisor {
                 "not applied inside gVisor: the application kernel serves the tool's file system from read-only binds through its gofer",
             ),
         ];
-        out.push(match self.jail.cgroup_fallback_reason() {
-            Some(why) => MechanismState::missing(
-                Mechanism::Cgroup,
-                format!(
-                    "{why}: the gVisor sandbox (Sentry included) would have no memory, task or CPU limit"
-                ),
-            ),
-            None => {
-                let l = &self.jail.host().cgroup_layout;
-                let absent: Vec<&str> = [
-                    ("memory", l.memory.is_some()),
-                    ("pids", l.pids.is_some()),
-                    ("cpu", l.cpu.is_some() || spec.limits.cpu_percent.is_none()),
-                ]
-                .into_iter()
-                .filter(|(_, ok)| !ok)
-                .map(|(n, _)| n)
-                .collect();
-                if absent.is_empty() {
-                    MechanismState::enforced(Mechanism::Cgroup)
-                } else {
-                    MechanismState::partial(
-                        Mechanism::Cgroup,
-                        format!("no {} controller here", absent.join(", ")),
-                    )
-                }
-            }
-        });
+        out.push(
+            self.sup
+                .cgroup(spec, "the gVisor sandbox (Sentry included)"),
+        );
         out
-    }
-
-    fn net(&self) -> Result<&tokio::runtime::Runtime, RunError> {
-        if let Some(rt) = self.net.get() {
-            return Ok(rt);
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cordon-egress")
-            .enable_all()
-            .build()
-            .map_err(|e| RunError::Setup(format!("start the egress runtime: {e}")))?;
-        Ok(self.net.get_or_init(|| rt))
-    }
-
-    /// A new bundle for `spec` and the supervisor's spec that runs it.
-    fn prepare(
-        &self,
-        spec: &SandboxSpec,
-        ctx: &Context,
-    ) -> Result<(Bundle, JailSpec, Option<cordon_egress::EgressPolicy>), RunError> {
-        let problems = self.problems();
-        if !problems.is_empty() {
-            return Err(RunError::Refused(format!(
-                "{}: would not start on this host: {}",
-                spec.tool,
-                problems.join("; ")
-            )));
-        }
-        if !ctx.credentials.is_empty() {
-            // Fail closed: no session CA or substitution is wired into a
-            // gVisor sandbox's doors yet, so its secrets could not be
-            // delivered as the manifest says.
-            return Err(RunError::Refused(format!(
-                "{}: the gvisor runtime does not deliver secrets in this build; refusing rather than running without them",
-                spec.tool
-            )));
-        }
-        let (Ok(runsc), Ok(state), Ok(platform)) =
-            (&self.found().runsc, &self.found().state, self.chosen())
-        else {
-            return Err(RunError::Refused(format!(
-                "{}: runtime gvisor cannot start here",
-                spec.tool
-            )));
-        };
-        let setup = |what: &str, e: std::io::Error| {
-            RunError::Setup(format!("{}: gVisor bundle: {what}: {e}", spec.tool))
-        };
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let id = format!("cordon-{}-{n}", std::process::id());
-        let dir = state.join(&id);
-        fs::DirBuilder::new()
-            .mode(0o711)
-            .create(&dir)
-            .map_err(|e| setup(&format!("create {}", dir.display()), e))?;
-        let lock = fs::File::create(dir.join("lock"))
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|e| setup("lock", e));
-        let lock = match lock {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let bundle = Bundle {
-            dir: dir.clone(),
-            _lock: lock,
-        };
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
-            .map_err(|e| setup("chmod", e))?;
-
-        let mut env = spec.env.clone();
-        let (network, egress, net) = match &spec.network {
-            Network::None => (NetMode::None, None, Net::Own),
-            Network::Doors(ep) => {
-                let plan = cordon_egress::plan(ep);
-                env.retain(|(k, _)| !plan.env.iter().any(|(pk, _)| pk == k));
-                env.extend(plan.env.iter().cloned());
-                (
-                    NetMode::Doors(DoorRequest {
-                        local_cidrs: plan
-                            .local_cidrs
-                            .iter()
-                            .map(|n| (n.addr(), n.prefix_len()))
-                            .collect(),
-                        tcp: plan.tcp.clone(),
-                        udp: plan.udp.clone(),
-                        // The DNS door answers from 198.18.0.0/15 here:
-                        // gVisor's own resolver is not pointed at it.
-                        local_addresses: false,
-                    }),
-                    Some((**ep).clone()),
-                    Net::Inherit,
-                )
-            }
-        };
-        for (k, v) in &ctx.credentials.env {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.to_string()));
-        }
-        oci::write_bundle(&dir, spec, &env, &self.jail.host().system_dirs, net)
-            .map_err(|e| RunError::Refused(format!("{}: {e}", spec.tool)))?;
-
-        let mut argv: Vec<String> = vec![
-            runsc.path.to_string_lossy().into_owned(),
-            "--root".into(),
-            dir.join("state").to_string_lossy().into_owned(),
-            format!("--platform={}", platform.name()),
-            format!(
-                "--network={}",
-                if net == Net::Inherit { "host" } else { "none" }
-            ),
-            "--ignore-cgroups".into(),
-            "--overlay2=none".into(),
-            "--oci-seccomp".into(),
-        ];
-        if self.rootless {
-            argv.push("--rootless".into());
-        }
-        argv.extend([
-            "run".into(),
-            "--bundle".into(),
-            dir.to_string_lossy().into_owned(),
-            id,
-        ]);
-        let l = &spec.limits;
-        let js = JailSpec {
-            tool: spec.tool.clone(),
-            argv,
-            env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
-            binds: Vec::new(),
-            volumes: Vec::new(),
-            limits: *l,
-            network,
-            seccomp: Seccomp::DenyList,
-            landlock: false,
-            trust_bundle: None,
-            root: Root::HostBinds,
-            cwd: None,
-            user: None,
-            host_ids: None,
-        };
-        Ok((bundle, js, egress))
     }
 
     /// The jail underneath (host facts).
     pub fn jail(&self) -> &Arc<Jail> {
-        &self.jail
+        self.sup.jail()
     }
 
     /// Where bundles go; each is `cordon-<broker pid>-<n>`, which is also
@@ -735,13 +475,90 @@ fn try_platform(
     r
 }
 
+impl Child for Gvisor {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn leftover(&self) -> &'static str {
+        BUNDLE
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Err(e) = &self.found().runsc {
+            out.push(format!("runtime gvisor: {e}"));
+            return out;
+        }
+        if let Err(e) = &self.found().state {
+            out.push(format!("runtime gvisor: state directory: {e}"));
+            return out;
+        }
+        if let Err(e) = self.chosen() {
+            out.push(format!("runtime gvisor: {e}"));
+        }
+        out
+    }
+
+    fn state_dir(&self) -> Result<&Path, String> {
+        Gvisor::state_dir(self)
+    }
+
+    /// The bundle (the guest's environment, trust bundle and network
+    /// written into `config.json`, see [`oci`]) and `runsc run` of it.
+    fn launch(&self, spec: &SandboxSpec, guest: &Guest, dir: &WorkDir) -> Result<Launch, RunError> {
+        let (Ok(runsc), Ok(platform)) = (&self.found().runsc, self.chosen()) else {
+            return Err(RunError::Refused(format!(
+                "{}: runtime gvisor cannot start here",
+                spec.tool
+            )));
+        };
+        let net = if guest.doors { Net::Inherit } else { Net::Own };
+        oci::write_bundle(
+            dir.path(),
+            spec,
+            &guest.env,
+            guest.trust_bundle.as_deref(),
+            &self.jail().host().system_dirs,
+            net,
+        )
+        .map_err(|e| RunError::Refused(format!("{}: {e}", spec.tool)))?;
+        let mut argv: Vec<String> = vec![
+            runsc.path.to_string_lossy().into_owned(),
+            "--root".into(),
+            dir.path().join("state").to_string_lossy().into_owned(),
+            format!("--platform={}", platform.name()),
+            format!(
+                "--network={}",
+                if net == Net::Inherit { "host" } else { "none" }
+            ),
+            "--ignore-cgroups".into(),
+            "--overlay2=none".into(),
+            "--oci-seccomp".into(),
+        ];
+        if self.rootless {
+            argv.push("--rootless".into());
+        }
+        argv.extend([
+            "run".into(),
+            "--bundle".into(),
+            dir.path().to_string_lossy().into_owned(),
+            dir.id().to_string(),
+        ]);
+        Ok(Launch {
+            argv,
+            cleanup: Vec::new(),
+        })
+    }
+}
+
 impl Runtime for Gvisor {
     fn name(&self) -> &'static str {
         "gvisor"
     }
 
     fn check(&self, spec: &SandboxSpec) -> Check {
-        let mut problems = self.problems();
+        let mut problems = Child::problems(self);
         if spec.workspace.is_some() || spec.state.is_some() {
             problems.push(format!(
                 "{}: the gvisor runtime does not mount a workspace or state yet (use `runtime: native`)",
@@ -755,6 +572,7 @@ impl Runtime for Gvisor {
                 m.dst.display()
             ));
         }
+        problems.extend(oci::problems(spec));
         Check {
             mechanisms: self.mechanisms(spec),
             problems,
@@ -762,67 +580,11 @@ impl Runtime for Gvisor {
     }
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
-        let (bundle, js, egress) = self.prepare(spec, ctx)?;
-        let net = match &egress {
-            Some(_) => Some(self.net()?.handle().clone()),
-            None => None,
-        };
-        let r = crate::native::run_jail(
-            &self.jail,
-            net.as_ref(),
-            &js,
-            egress.map(|e| (e, None)),
-            Stdin::Bytes(input),
-            ctx,
-            true,
-        );
-        drop(bundle);
-        r
+        self.sup.run(self, spec, input, ctx)
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
-        let (bundle, mut js, egress) = self.prepare(spec, ctx)?;
-        js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
-        let tool = spec.tool.clone();
-        let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(|e| io("socket pair", e))?;
-        let (stop_r, stop_w) = std::io::pipe().map_err(|e| io("stop pipe", e))?;
-        let stream = cordon_jail::Stream {
-            socket: std::os::fd::OwnedFd::from(theirs),
-            stop: std::os::fd::OwnedFd::from(stop_r),
-        };
-        let handle = Arc::new(crate::native::NativeHandle::new(
-            tool.clone(),
-            std::os::fd::OwnedFd::from(stop_w),
-        ));
-        let jail = self.jail.clone();
-        let net = match &egress {
-            Some(_) => Some(self.net()?.handle().clone()),
-            None => None,
-        };
-        let h = handle.clone();
-        let ctx = ctx.clone();
-        std::thread::Builder::new()
-            .name(format!("gvisor-{tool}"))
-            .spawn(move || {
-                let r = crate::native::run_jail(
-                    &jail,
-                    net.as_ref(),
-                    &js,
-                    egress.map(|e| (e, None)),
-                    Stdin::Stream(stream),
-                    &ctx,
-                    true,
-                );
-                drop(bundle);
-                h.finish(r);
-            })
-            .map_err(|e| io("start the sandbox thread", e))?;
-        Ok(Spawned {
-            stream: ours,
-            handle,
-        })
+        self.sup.spawn(self, spec, ctx)
     }
 
     fn facts(&self) -> Facts {

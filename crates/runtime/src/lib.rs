@@ -23,6 +23,7 @@ pub mod oci;
 pub mod outcome;
 pub mod pool;
 pub mod spec;
+pub mod supervisor;
 pub mod volume;
 
 use std::os::unix::net::UnixStream;
@@ -401,6 +402,7 @@ impl Registry {
     /// Admit `policy` for `use_` on this host, or refuse it with every
     /// reason: nothing this build or host cannot enforce ever runs weaker.
     pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
+        admit_secrets(policy, self.credentials.as_deref())?;
         let spec = spec::lower(
             policy,
             use_,
@@ -446,6 +448,22 @@ impl Registry {
             mechanisms: check.mechanisms,
             warnings,
         })
+    }
+}
+
+/// Admission of `policy`'s secrets: refused without a credential broker
+/// (`minting`), or when it cannot mint them. The one place this is
+/// decided.
+pub fn admit_secrets(policy: &ToolPolicy, minting: Option<&dyn Minting>) -> Result<(), String> {
+    if policy.secrets.is_empty() {
+        return Ok(());
+    }
+    match minting {
+        None => Err(format!(
+            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+            policy.name
+        )),
+        Some(m) => m.can_mint(policy),
     }
 }
 

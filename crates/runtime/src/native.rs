@@ -3,20 +3,18 @@
 //! egress doors served by the broker. See `cordon-jail` for the mechanism
 //! itself.
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::Arc;
 
-use cordon_egress::{
-    DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa, UpstreamTrust,
-};
-use cordon_jail::{Bind, DoorRequest, Jail, JailError, JailOptions, JailSpec, NetMode, Stdin};
+use cordon_egress::{EgressPolicy, Interception};
+use cordon_jail::{Bind, Jail, JailError, JailOptions, JailSpec, Stdin};
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::outcome::{Outcome, RunError};
-use crate::spec::{Network, SandboxSpec};
-use crate::{Check, Context, Facts, Runtime, SandboxHandle, Spawned};
+use crate::spec::SandboxSpec;
+pub use crate::supervisor::TRUST_BUNDLE_ENV;
+use crate::supervisor::{EgressRuntime, Thread};
+use crate::{Check, Context, Facts, Runtime, Spawned};
 
 /// Options of the native runtime.
 #[derive(Debug, Clone, Default)]
@@ -49,16 +47,7 @@ pub struct Native {
     jail: Arc<Jail>,
     preflight_on_failure: bool,
     /// Serves egress doors; started on first use.
-    net: OnceLock<tokio::runtime::Runtime>,
-}
-
-impl Drop for Native {
-    fn drop(&mut self) {
-        // Never block: the last owner may be a task on another runtime.
-        if let Some(rt) = self.net.take() {
-            rt.shutdown_background();
-        }
-    }
+    net: EgressRuntime,
 }
 
 impl Native {
@@ -74,26 +63,13 @@ impl Native {
         Native {
             jail,
             preflight_on_failure: false,
-            net: OnceLock::new(),
+            net: EgressRuntime::default(),
         }
     }
 
     /// The jail underneath (host facts, notes).
     pub fn jail(&self) -> &Arc<Jail> {
         &self.jail
-    }
-
-    fn net(&self) -> Result<&tokio::runtime::Runtime, RunError> {
-        if let Some(rt) = self.net.get() {
-            return Ok(rt);
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cordon-egress")
-            .enable_all()
-            .build()
-            .map_err(|e| RunError::Setup(format!("start the egress runtime: {e}")))?;
-        Ok(self.net.get_or_init(|| rt))
     }
 
     fn preflight(&self, js: &JailSpec) -> Vec<String> {
@@ -151,16 +127,7 @@ impl Native {
                 ),
             ),
             None => {
-                let l = &f.cgroup_layout;
-                let absent: Vec<&str> = [
-                    ("memory", l.memory.is_some()),
-                    ("pids", l.pids.is_some()),
-                    ("cpu", l.cpu.is_some() || spec.limits.cpu_percent.is_none()),
-                ]
-                .into_iter()
-                .filter(|(_, ok)| !ok)
-                .map(|(n, _)| n)
-                .collect();
+                let absent = crate::supervisor::absent_controllers(&self.jail, spec);
                 let delegated = cordon_jail::delegate::current().and_then(|d| d.scope());
                 if absent.is_empty() {
                     MechanismState::enforced(Mechanism::Cgroup)
@@ -197,27 +164,7 @@ impl Native {
             crate::volume::mechanism().map_err(|e| format!("{}: {e}", spec.tool))?;
         }
         let mut env = spec.env.clone();
-        let (network, egress) = match &spec.network {
-            Network::None => (NetMode::None, None),
-            Network::Doors(ep) => {
-                let plan = cordon_egress::plan(ep);
-                env.retain(|(k, _)| !plan.env.iter().any(|(pk, _)| pk == k));
-                env.extend(plan.env.iter().cloned());
-                (
-                    NetMode::Doors(DoorRequest {
-                        local_cidrs: plan
-                            .local_cidrs
-                            .iter()
-                            .map(|n| (n.addr(), n.prefix_len()))
-                            .collect(),
-                        tcp: plan.tcp.clone(),
-                        udp: plan.udp.clone(),
-                        local_addresses: true,
-                    }),
-                    Some((**ep).clone()),
-                )
-            }
-        };
+        let (network, egress) = crate::supervisor::network(&spec.network, &mut env, true);
         Ok((
             JailSpec {
                 tool: spec.tool.clone(),
@@ -259,11 +206,8 @@ impl Native {
         stdin: Stdin,
         ctx: &Context,
     ) -> Result<Outcome, RunError> {
-        let net = match &egress {
-            Some(_) => Some(self.net()?.handle().clone()),
-            None => None,
-        };
-        run_jail(
+        let net = self.net.for_doors(egress.as_ref())?;
+        crate::supervisor::run_jail(
             &self.jail,
             net.as_ref(),
             spec,
@@ -273,10 +217,6 @@ impl Native {
             false,
         )
     }
-}
-
-fn setup(e: JailError) -> RunError {
-    RunError::Setup(e.to_string())
 }
 
 impl Runtime for Native {
@@ -328,44 +268,19 @@ impl Runtime for Native {
         }
         let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
-        js.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
-        let tool = spec.tool.clone();
-        let io = |what: &str, e: std::io::Error| RunError::Setup(format!("{tool}: {what}: {e}"));
-        let (ours, theirs) = UnixStream::pair().map_err(|e| io("socket pair", e))?;
-        let (stop_r, stop_w) = std::io::pipe().map_err(|e| io("stop pipe", e))?;
-        let stream = cordon_jail::Stream {
-            socket: OwnedFd::from(theirs),
-            stop: OwnedFd::from(stop_r),
-        };
-        let handle = Arc::new(NativeHandle::new(tool.clone(), OwnedFd::from(stop_w)));
-        // The jail blocks its thread for the sandbox's life; the doors are
-        // served on this runtime's own workers.
-        let jail = self.jail.clone();
-        let net = match &egress {
-            Some(_) => Some(self.net()?.handle().clone()),
-            None => None,
-        };
-        let h = handle.clone();
-        let ctx = ctx.clone();
-        std::thread::Builder::new()
-            .name(format!("sandbox-{tool}"))
-            .spawn(move || {
-                let r = run_jail(
-                    &jail,
-                    net.as_ref(),
-                    &js,
-                    egress.map(|e| (e, icpt)),
-                    Stdin::Stream(stream),
-                    &ctx,
-                    false,
-                );
-                h.finish(r);
-            })
-            .map_err(|e| io("start the sandbox thread", e))?;
-        Ok(Spawned {
-            stream: ours,
-            handle,
-        })
+        let net = self.net.for_doors(egress.as_ref())?;
+        crate::supervisor::spawn_jail(
+            Thread {
+                jail: self.jail.clone(),
+                net,
+                spec: js,
+                egress: egress.map(|e| (e, icpt)),
+                supervisor: false,
+                name: "sandbox",
+            },
+            ctx,
+            (),
+        )
     }
 
     fn jail(&self) -> Option<Arc<Jail>> {
@@ -388,199 +303,16 @@ impl Runtime for Native {
     }
 }
 
-/// The rtnetlink socket the jail made in a sandbox's namespace: adds the addresses the DNS
-/// door answers to the sandbox's `lo`.
-#[derive(Debug)]
-struct RouteSocket {
-    /// The socket, and the sequence number of the last request (one request at a time).
-    nl: Mutex<(OwnedFd, u32)>,
-}
-
-impl RouteSocket {
-    fn new(fd: OwnedFd) -> Self {
-        RouteSocket {
-            nl: Mutex::new((fd, 0)),
-        }
-    }
-}
-
-impl cordon_egress::LocalAddresses for RouteSocket {
-    fn add(&self, ip: std::net::Ipv4Addr) -> Result<(), String> {
-        // A poisoned lock only means another add panicked; the socket is still usable (a
-        // stale answer is skipped by its sequence number).
-        let mut g = self.nl.lock().unwrap_or_else(|p| p.into_inner());
-        g.1 = g.1.wrapping_add(1);
-        let seq = g.1;
-        cordon_sys::net::add_local_address(g.0.as_fd(), ip.into(), 32, seq)
-            .map_err(|e| format!("add {ip}/32 to lo: {e}"))
-    }
-}
-
-/// Run `spec` in `jail` (as a supervisor, see `Jail::run_supervisor`,
-/// when `supervisor`); with `egress`, its doors are served on `rt` for the
-/// sandbox's whole life and shut down once it is gone. Blocks the calling
-/// thread, which must not be one of `rt`'s workers.
-pub(crate) fn run_jail(
-    jail: &Jail,
-    rt: Option<&tokio::runtime::Handle>,
-    spec: &JailSpec,
-    egress: Option<(EgressPolicy, Option<Interception>)>,
-    stdin: Stdin,
-    ctx: &Context,
-    supervisor: bool,
-) -> Result<Outcome, RunError> {
-    let (Some(rt), Some((policy, icpt))) = (rt, egress) else {
-        return if supervisor {
-            jail.run_supervisor(spec, stdin, |_| {})
-        } else {
-            jail.run(spec, stdin)
-        }
-        .map_err(setup);
-    };
-    let plan = cordon_egress::plan(&policy);
-    let n_tcp = plan.tcp.len();
-    let dctx = DoorContext {
-        tool: spec.tool.clone(),
-        session: ctx.session.clone(),
-    };
-    let on = ctx.on_egress.clone();
-    let sink = EventSink::new(move |e| on(e));
-    let handle: Mutex<Option<Result<DoorHandle, String>>> = Mutex::new(None);
-    let policy = Arc::new(policy);
-    let n_udp = plan.udp.len();
-    let on_doors = |fds: Vec<OwnedFd>| {
-        let mut doors = Doors::default();
-        for (i, fd) in fds.into_iter().enumerate() {
-            if i < n_tcp {
-                doors.tcp.push(std::net::TcpListener::from(fd));
-            } else if i < n_tcp + n_udp {
-                doors.udp.push(std::net::UdpSocket::from(fd));
-            } else {
-                doors.local = Some(Arc::new(RouteSocket::new(fd)));
-            }
-        }
-        let served = rt
-            .block_on(cordon_egress::serve_with(policy, dctx, doors, sink, icpt))
-            .map_err(|e| e.to_string());
-        if let Ok(mut h) = handle.lock() {
-            *h = Some(served);
-        }
-    };
-    let out = if supervisor {
-        jail.run_supervisor(spec, stdin, on_doors)
-    } else {
-        jail.run_with_doors(spec, stdin, on_doors)
-    };
-    let served = handle.lock().ok().and_then(|mut h| h.take());
-    match served {
-        Some(Ok(h)) => rt.block_on(h.shutdown()),
-        Some(Err(e)) => {
-            return Err(RunError::Setup(format!("{}: egress doors: {e}", spec.tool)));
-        }
-        None => {}
-    }
-    out.map_err(setup)
-}
-
-/// A sandbox run on a thread of its own: a stop pipe to kill it, and its
-/// outcome once it has ended (the native and gVisor runtimes' handle).
-#[derive(Debug)]
-pub(crate) struct NativeHandle {
-    tool: String,
-    /// Dropping it stops the sandbox.
-    stop: Mutex<Option<OwnedFd>>,
-    done: Mutex<Option<Result<Outcome, RunError>>>,
-    ended: Condvar,
-}
-
-impl NativeHandle {
-    /// The handle of `tool`'s sandbox, stopped when `stop` is dropped.
-    pub(crate) fn new(tool: String, stop: OwnedFd) -> NativeHandle {
-        NativeHandle {
-            tool,
-            stop: Mutex::new(Some(stop)),
-            done: Mutex::new(None),
-            ended: Condvar::new(),
-        }
-    }
-
-    pub(crate) fn finish(&self, r: Result<Outcome, RunError>) {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        *d = Some(r);
-        self.ended.notify_all();
-    }
-}
-
-impl SandboxHandle for NativeHandle {
-    fn kill(&self) {
-        let mut s = self.stop.lock().unwrap_or_else(|p| p.into_inner());
-        if s.take().is_some() {
-            tracing::debug!(tool = %self.tool, "stopping the sandbox");
-        }
-    }
-
-    fn outcome(&self) -> Option<Result<Outcome, RunError>> {
-        self.done.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn wait(&self) -> Result<Outcome, RunError> {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = d.as_ref() {
-                return r.clone();
-            }
-            d = self.ended.wait(d).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-}
-
-/// Variables that name a trust bundle, for the usual TLS stacks (OpenSSL,
-/// Python `requests`, curl, Node, git, cargo, Deno).
-pub const TRUST_BUNDLE_ENV: [&str; 7] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CARGO_HTTP_CAINFO",
-    "DENO_CERT",
-];
-
-/// The host's roots, read once per broker.
-fn system_trust() -> Result<UpstreamTrust, String> {
-    static TRUST: OnceLock<Result<UpstreamTrust, String>> = OnceLock::new();
-    TRUST.get_or_init(UpstreamTrust::system).clone()
-}
-
-/// The session's credential variables, over any of the same name. With
-/// injections and egress doors: a session CA for the doors to intercept
-/// with, made the sandbox's trust (the host's roots plus the CA, in the
-/// root's trust-bundle paths and the [`TRUST_BUNDLE_ENV`] variables).
+/// The session's credentials (see [`crate::supervisor::credentials`]),
+/// the trust bundle in the jail's root.
 fn add_credentials(
     js: &mut JailSpec,
     egress: Option<&EgressPolicy>,
     ctx: &Context,
 ) -> Result<Option<Interception>, RunError> {
-    for (k, v) in &ctx.credentials.env {
-        js.env.retain(|(ek, _)| ek != k);
-        js.env.push((k.clone(), v.to_string()));
-    }
-    if ctx.credentials.injections.is_empty() || egress.is_none() {
-        return Ok(None);
-    }
-    let tool = js.tool.clone();
-    let fail = |e: String| RunError::Setup(format!("{tool}: credential injection: {e}"));
-    let ca = Arc::new(SessionCa::new(&format!("{tool} {}", ctx.session)).map_err(fail)?);
-    let trust = system_trust().map_err(fail)?;
-    let mut bundle = trust.pem();
-    bundle.push_str(ca.cert_pem());
-    let icpt = Interception::new(ctx.credentials.injections.clone(), ca, trust).map_err(fail)?;
-    js.trust_bundle = Some(bundle.into_bytes());
-    if let Some(path) = js.trust_bundle_path() {
-        for k in TRUST_BUNDLE_ENV {
-            js.env.retain(|(ek, _)| ek != k);
-            js.env.push((k.to_string(), path.to_string()));
-        }
-    }
-    Ok(Some(icpt))
+    let trust_path = crate::supervisor::trust_bundle_path(&js.root);
+    let d = crate::supervisor::credentials(&js.tool, &mut js.env, egress, ctx, trust_path)?;
+    js.trust_bundle = d.trust_bundle;
+    Ok(d.interception)
 }
+

@@ -44,11 +44,18 @@ pub enum Net {
 
 /// Write a bundle for `spec` into `dir` (which must exist and be empty):
 /// `config.json`, `rootfs/` and, for a host root, `etc/`. `env` is the
-/// complete environment of the process.
+/// complete environment of the process. `trust_bundle` is made the
+/// sandbox's system trust as the jail makes it: for a host root, written
+/// at `/etc/ssl/certs/ca-certificates.crt` (the host's `/etc/ssl` is then
+/// not bound) with the other usual paths linked to it; for an image root,
+/// written into the bundle directory and bound at
+/// `/dev/cordon-ca-bundle.crt` and over each usual path the image has as a
+/// regular file.
 pub fn write_bundle(
     dir: &Path,
     spec: &SandboxSpec,
     env: &[(String, String)],
+    trust_bundle: Option<&[u8]>,
     system_dirs: &[SystemDir],
     net: Net,
 ) -> Result<(), String> {
@@ -82,16 +89,19 @@ pub fn write_bundle(
                 fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
                     .map_err(|e| io("chmod", &p, e))?;
             }
-            // The host's entries of the layout, and its trust store: this
-            // bundle writes no trust bundle of its own.
+            // The host's entries of the layout, and its trust store unless
+            // this bundle writes a trust bundle of its own.
             let host_etc: Vec<_> = HOST_ETC
                 .into_iter()
-                .chain([HOST_TRUST_STORE])
+                .chain(trust_bundle.is_none().then_some(HOST_TRUST_STORE))
                 .filter(|e| e.on_host())
                 .collect();
             for e in host_etc.iter().filter(|e| e.dir) {
                 let p = etc.join(e.name);
                 fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
+            }
+            if let Some(bundle) = trust_bundle {
+                write_trust_bundle(&etc, bundle)?;
             }
             binds.push((etc.clone(), "/etc".into()));
             for e in &host_etc {
@@ -114,6 +124,18 @@ pub fn write_bundle(
                     }
                 }
             }
+            if let Some(bundle) = trust_bundle {
+                let p = dir.join("ca-bundle.crt");
+                fs::write(&p, bundle).map_err(|e| io("write", &p, e))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
+                    .map_err(|e| io("chmod", &p, e))?;
+                binds.push((p.clone(), cordon_jail::TRUST_BUNDLE_IMAGE.into()));
+                for path in cordon_jail::TRUST_BUNDLE_PATHS {
+                    if image_regular_file(image, Path::new(path)) {
+                        binds.push((p.clone(), path.into()));
+                    }
+                }
+            }
         }
     }
     for m in &spec.mounts {
@@ -133,6 +155,71 @@ pub fn write_bundle(
         .save(&path)
         .map_err(|e| format!("write {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// A host root's trust bundle in the `/etc` written for it (`etc`), where
+/// the jail writes it, the other usual paths linked to it.
+fn write_trust_bundle(etc: &Path, bundle: &[u8]) -> Result<(), String> {
+    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    let r = |abs: &str| etc.join(abs.trim_start_matches("/etc/"));
+    for d in ["ssl", "ssl/certs", "pki", "pki/tls", "pki/tls/certs"] {
+        let p = etc.join(d);
+        fs::create_dir(&p).map_err(|e| io("create", &p, e))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("chmod", &p, e))?;
+    }
+    let file = r(cordon_jail::TRUST_BUNDLE);
+    fs::write(&file, bundle).map_err(|e| io("write", &file, e))?;
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644))
+        .map_err(|e| io("chmod", &file, e))?;
+    for link in &cordon_jail::TRUST_BUNDLE_PATHS[1..] {
+        let l = r(link);
+        symlink(cordon_jail::TRUST_BUNDLE, &l).map_err(|e| io("symlink", &l, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `path` (absolute, in the sandbox) is a regular file of the
+/// image at `root`, reached without a symlink.
+fn image_regular_file(root: &Path, path: &Path) -> bool {
+    let mut p = root.to_path_buf();
+    let mut comps = path
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)));
+    let Some(last) = comps.next_back() else {
+        return false;
+    };
+    for c in comps {
+        p.push(c);
+        if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            return false;
+        }
+    }
+    p.push(last);
+    fs::symlink_metadata(&p).is_ok_and(|m| m.is_file())
+}
+
+/// Why a bundle for `spec` could not be written, whatever the host: a
+/// mount destination that is not a plain absolute path or is the
+/// sandbox's own, an environment variable `config.json` cannot carry (for
+/// admission, which otherwise would let them through to the first call).
+pub fn problems(spec: &SandboxSpec) -> Vec<String> {
+    let mut out: Vec<String> = spec
+        .mounts
+        .iter()
+        .filter_map(|m| check_dst(&m.dst).err())
+        .collect();
+    out.extend(spec.env.iter().filter_map(|(k, v)| env_entry(k, v).err()));
+    out
+}
+
+/// `KEY=value` for `config.json`.
+fn env_entry(k: &str, v: &str) -> Result<String, String> {
+    if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+        Err(format!("bad environment variable {k:?}"))
+    } else {
+        Ok(format!("{k}={v}"))
+    }
 }
 
 /// A destination inside the sandbox: absolute, normal components only.
@@ -204,13 +291,7 @@ pub fn config(
         .args(spec.argv.clone())
         .env(
             env.iter()
-                .map(|(k, v)| {
-                    if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                        Err(format!("bad environment variable {k:?}"))
-                    } else {
-                        Ok(format!("{k}={v}"))
-                    }
-                })
+                .map(|(k, v)| env_entry(k, v))
                 .collect::<Result<Vec<_>, _>>()?,
         )
         .cwd(spec.cwd.clone().unwrap_or_else(|| "/tmp".into()))
@@ -377,4 +458,67 @@ fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
         b = b.default_errno_ret(eperm);
     }
     b.build().map_err(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Mount;
+
+    #[test]
+    fn what_no_bundle_can_carry_is_a_problem_before_the_first_call() {
+        // Positive control: a plain mount and variable.
+        let mut spec = SandboxSpec::new("t", ["/bin/true"]);
+        spec.mounts.push(Mount {
+            src: "/srv/data".into(),
+            dst: "/data".into(),
+            writable: false,
+        });
+        assert!(problems(&spec).is_empty(), "{:?}", problems(&spec));
+        spec.mounts.push(Mount {
+            src: "/srv/x".into(),
+            dst: "/proc".into(),
+            writable: false,
+        });
+        spec.env.push(("A=B".into(), "c".into()));
+        assert_eq!(
+            problems(&spec),
+            [
+                "mount destination /proc is the sandbox's own",
+                "bad environment variable \"A=B\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_trust_bundle_goes_where_the_jail_puts_it() {
+        let d = tempfile::tempdir().unwrap();
+        let etc = d.path().join("etc");
+        fs::create_dir(&etc).unwrap();
+        write_trust_bundle(&etc, b"PEM").unwrap();
+        assert_eq!(
+            fs::read(etc.join("ssl/certs/ca-certificates.crt")).unwrap(),
+            b"PEM"
+        );
+        for l in ["ssl/cert.pem", "pki/tls/certs/ca-bundle.crt"] {
+            assert_eq!(
+                fs::read_link(etc.join(l)).unwrap(),
+                Path::new(cordon_jail::TRUST_BUNDLE)
+            );
+        }
+        // An image: only a regular file reached without a symlink.
+        let img = d.path().join("img");
+        fs::create_dir_all(img.join("etc/ssl/certs")).unwrap();
+        fs::write(img.join("etc/ssl/certs/ca-certificates.crt"), "").unwrap();
+        symlink("certs/ca-certificates.crt", img.join("etc/ssl/cert.pem")).unwrap();
+        assert!(image_regular_file(
+            &img,
+            Path::new("/etc/ssl/certs/ca-certificates.crt")
+        ));
+        assert!(!image_regular_file(&img, Path::new("/etc/ssl/cert.pem")));
+        assert!(!image_regular_file(
+            &img,
+            Path::new("/etc/pki/tls/certs/ca-bundle.crt")
+        ));
+    }
 }

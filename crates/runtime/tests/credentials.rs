@@ -52,6 +52,18 @@ fn secrets_need_a_broker_that_can_mint_them() {
     assert!(err.contains("no credential broker"), "{err}");
     let reg = reg.with_credentials(Arc::new(Broker(Err("cannot".into()))));
     assert_eq!(reg.admit(&t, Use::Call).unwrap_err(), "cannot");
+    // Admission's one decision, asked directly.
+    let err = cordon_runtime::admit_secrets(&t, None).unwrap_err();
+    assert_eq!(
+        err,
+        "api: declares secrets, but no credential broker is configured; refusing rather than running without them"
+    );
+    assert_eq!(
+        cordon_runtime::admit_secrets(&t, Some(&no)).unwrap_err(),
+        "api: secret `T`: provider `vault` is not defined"
+    );
+    assert!(cordon_runtime::admit_secrets(&t, Some(&yes)).is_ok());
+    assert!(cordon_runtime::admit_secrets(&tool(""), None).is_ok());
 }
 
 #[test]

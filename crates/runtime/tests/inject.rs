@@ -515,3 +515,237 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
         "IMAGE ROOTS\n"
     );
 }
+
+/// What the gVisor sandbox runs (curl and `requests`, both through the
+/// proxy door: a guest kernel's resolver is not pointed at the DNS door).
+const GVISOR_SCRIPT: &str = r#"
+set -u
+c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
+c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
+c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
+python3 - <<'PY'
+import os, requests
+tls, ph = os.environ["TLS"], os.environ["JIRA_TOKEN"]
+def case(name, f):
+    try:
+        print("CASE", name, f().status_code, flush=True)
+    except Exception as e:
+        print("CASE", name, "error", type(e).__name__, flush=True)
+case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
+PY
+echo "ENV $JIRA_TOKEN"
+python3 -c '
+import os, sys
+half = sys.stdin.read().strip().encode()
+hits = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for f in ("environ", "cmdline"):
+            try:
+                if half in open(f"/proc/{pid}/{f}", "rb").read(): hits.append(f"/proc/{pid}/{f}")
+            except OSError: pass
+n = 0
+for top in ("/etc", "/tmp", "/dev"):
+    for d, _, files in os.walk(top):
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                if os.path.isfile(p):
+                    n += 1
+                    if half in open(p, "rb").read(): hits.append(p)
+            except OSError: pass
+print("SCANNED", n, "HITS", hits)
+'
+echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $REQUESTS_CA_BUNDLE"
+"#;
+
+/// A P3 gVisor tool with a secret: the placeholder in the sandbox becomes
+/// the token at the door for the bound endpoint only, the session CA being
+/// the bundle's trust.
+#[test]
+fn a_gvisor_sandbox_gets_its_token_substituted_at_the_door() {
+    let test = "a_gvisor_sandbox_gets_its_token_substituted_at_the_door";
+    if std::env::var_os(NOBODY_CHILD).is_some() {
+        gvisor_injection(test);
+        return;
+    }
+    if !nix_root() {
+        skip::skip_or_fail(test, "not root: the test runs as root and as uid 65534");
+        return;
+    }
+    gvisor_injection(test);
+    // And from an unprivileged broker (`runsc --rootless`), in a copy of
+    // this test binary run as uid 65534.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(NOBODY_CHILD, "1")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "{test} as uid 65534 failed:\n{so}\n{se}"
+    );
+}
+
+/// Set in the copy of this test binary that runs as uid 65534.
+const NOBODY_CHILD: &str = "CORDON_INJECT_TEST_NOBODY";
+
+fn gvisor_injection(test: &str) {
+    if !have("/usr/bin/python3", &["-c", "import requests"]) {
+        skip::skip_or_fail(test, "python3-requests is not installed (scripts/setup.sh)");
+        return;
+    }
+    let g = cordon_runtime::gvisor::Gvisor::new(Default::default(), Default::default())
+        .expect("gvisor runtime");
+    let problems = g.check(&SandboxSpec::new("probe", ["/bin/true"])).problems;
+    if !problems.is_empty() {
+        skip::skip_or_fail(test, &problems.join("; "));
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let log: Log = Arc::default();
+    let (ca_pem, cfg) = test_pki();
+    let tls = rt.block_on(upstream(Some(cfg), log.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let mut policy = EgressPolicy::allowlist(
+        "jira_search",
+        [format!("api.test:{tls}"), format!("other.test:{tls}")],
+    )
+    .unwrap();
+    for n in ["api.test", "other.test", "denied.test"] {
+        policy
+            .resolve
+            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
+    }
+    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", GVISOR_SCRIPT]);
+    spec.profile = cordon_policy::policy::Profile::P3;
+    spec.limits = cordon_policy::resolve::default_limits(spec.profile)
+        .expect("P3 limits")
+        .into();
+    spec.limits.wall = Duration::from_secs(120);
+    spec.env.push(("TLS".into(), tls.to_string()));
+    spec.network = Network::Doors(Box::new(policy));
+    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
+    let ev = events.clone();
+    let ctx = Context {
+        session: "sess-gvisor".into(),
+        tenant: cordon_runtime::DEFAULT_TENANT.into(),
+        on_egress: Arc::new(move |e| ev.lock().unwrap().push(e)),
+        credentials: Credentials {
+            env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],
+            injections: Injections::new(vec![Injection {
+                secret: "JIRA_TOKEN".into(),
+                placeholder: PH.into(),
+                binding: Binding {
+                    host: "api.test".into(),
+                    port: tls,
+                    path_prefix: Some("/rest".into()),
+                    placement: Placement::Header {
+                        name: "Authorization".into(),
+                        template: "Bearer {token}".into(),
+                    },
+                    upstream_ca: Some(ca_file.clone()),
+                },
+                source: Arc::new(Fixed(TOKEN)),
+            }]),
+        },
+    };
+    let half = &TOKEN[..TOKEN.len() / 2];
+    let o = g
+        .run(&spec, format!("{half}\n").into_bytes(), &ctx)
+        .expect("run");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
+            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
+            .to_string()
+    };
+    // Positive controls: the bound endpoint, over HTTPS trusting the
+    // session CA with no flag of the client's own.
+    for c in ["curl-https", "py-https"] {
+        assert_eq!(case(c), "200", "{c}: {out} {err}");
+    }
+    // The placeholder to another allowed host is refused at the door.
+    for c in ["curl-other-host", "py-other-host"] {
+        assert_eq!(case(c), "403", "{c}: {out} {err}");
+    }
+    let got = case("curl-denied-host");
+    assert!(
+        got == "403" || got == "000",
+        "curl-denied-host: {got}: {out}"
+    );
+    // The sandbox sees only the placeholder.
+    assert!(out.contains(&format!("\nENV {PH}\n")), "{out}");
+    let scan = out
+        .lines()
+        .find(|l| l.starts_with("SCANNED"))
+        .unwrap_or_else(|| panic!("{out} {err}"));
+    assert!(scan.ends_with("HITS []"), "{scan}");
+    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n >= 5, "{scan}");
+    // The upstream sees the real token, on the bound requests only, and
+    // never a placeholder.
+    let seen = log.lock().unwrap().clone();
+    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
+    assert_eq!(with_token.len(), 2, "curl and requests: {seen:#?}");
+    for s in &with_token {
+        assert!(
+            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
+            "{s}"
+        );
+        assert!(s.contains("/rest/"), "{s}");
+    }
+    for s in &seen {
+        assert!(!s.contains(PH), "a placeholder reached the upstream: {s}");
+        assert!(
+            !s.contains("/rest/x"),
+            "a refused request reached the upstream: {s}"
+        );
+    }
+    let ev = events.lock().unwrap().clone();
+    let used = ev
+        .iter()
+        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
+        .count();
+    assert_eq!(used, 2, "{ev:#?}");
+    let exfil = ev
+        .iter()
+        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
+        .count();
+    assert_eq!(exfil, 2, "{ev:#?}");
+    let all = format!("{ev:?}{out}{err}{}", o.reason);
+    for t in [TOKEN, half] {
+        assert!(!all.contains(t), "a token in cordon's output or events");
+    }
+    // The trust bundle: the host's roots plus the session CA, where the
+    // jail puts it, linked and named.
+    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
+    let f: Vec<&str> = bundle.split_whitespace().collect();
+    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
+    assert_eq!(
+        &f[2..],
+        [
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/ssl/certs/ca-certificates.crt"
+        ]
+    );
+}
