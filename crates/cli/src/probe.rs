@@ -263,7 +263,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
         // For `cordon inventory`: a failure to record does not change the run's verdict.
         if !records.is_empty()
-            && let Err(e) = state::save_probe_records(&state::state_dir(), records)
+            && let Err(e) = state::state_dir().and_then(|d| state::save_probe_records(&d, records))
         {
             eprintln!(
                 "cordon probe: the results could not be recorded for `cordon inventory`: {e:#}"

@@ -222,7 +222,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).map_err(|e| anyhow!("{e}"))?);
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
-        .with_listing_cache(Some(cordon_mcp::default_listing_dir()));
+        .with_listing_cache(match cordon_mcp::default_listing_dir() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("cordon: the MCP listing cache is off: {e}");
+                None
+            }
+        });
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
     }
