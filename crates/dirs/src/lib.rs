@@ -147,7 +147,7 @@ impl Dirs {
             .ok_or_else(|| {
                 self.error(
                     "state directory",
-                    "neither XDG_STATE_HOME nor HOME is an absolute path",
+                    "neither XDG_STATE_HOME nor HOME is set to an absolute path",
                     "CORDON_STATE_DIR (or XDG_STATE_HOME or HOME)",
                 )
             })
@@ -183,7 +183,7 @@ impl Dirs {
             .ok_or_else(|| {
                 self.error(
                     "runtime directory",
-                    "XDG_RUNTIME_DIR is not an absolute path",
+                    "XDG_RUNTIME_DIR is not set to an absolute path",
                     "CORDON_RUN_DIR or XDG_RUNTIME_DIR (a directory of this user only)",
                 )
             })
@@ -215,7 +215,7 @@ impl Dirs {
             .ok_or_else(|| {
                 self.error(
                     "image store",
-                    "neither XDG_DATA_HOME nor HOME is an absolute path",
+                    "neither XDG_DATA_HOME nor HOME is set to an absolute path",
                     "CORDON_STORE (or XDG_DATA_HOME or HOME)",
                 )
             })
@@ -242,7 +242,7 @@ impl Dirs {
             .ok_or_else(|| {
                 self.error(
                     "audit log",
-                    "neither XDG_STATE_HOME nor HOME is an absolute path",
+                    "neither XDG_STATE_HOME nor HOME is set to an absolute path",
                     "CORDON_AUDIT (or XDG_STATE_HOME or HOME), or give --audit PATH",
                 )
             })
