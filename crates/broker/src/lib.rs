@@ -173,20 +173,14 @@ pub fn limit_hit(s: Status) -> Option<&'static str> {
     }
 }
 
-/// Where the audit log goes: `$CORDON_AUDIT`, else /var/log/cordon as
-/// root, else `$XDG_STATE_HOME` or `~/.local/state`.
-pub fn default_audit_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORDON_AUDIT") {
-        return PathBuf::from(p);
-    }
-    if cordon_sys::io::geteuid() == 0 {
-        return PathBuf::from("/var/log/cordon/audit.jsonl");
-    }
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    state.join("cordon/audit.jsonl")
+/// Where the audit log goes: `$CORDON_AUDIT`, else
+/// /var/log/cordon/audit.jsonl as root, else `cordon/audit.jsonl` in
+/// `$XDG_STATE_HOME` or `~/.local/state` (see `cordon_dirs`). `Err`: no
+/// safe place (never a fixed path under /tmp), saying what to set.
+pub fn default_audit_path() -> Result<PathBuf, String> {
+    cordon_dirs::Dirs::current()
+        .audit_log()
+        .map_err(|e| e.to_string())
 }
 
 /// The audit log at `path` (default [`default_audit_path`]; `-` for
@@ -196,7 +190,18 @@ pub fn open_audit(
     path: Option<PathBuf>,
     fail_open: bool,
 ) -> Result<(AuditLog, Option<String>), String> {
-    let path = path.unwrap_or_else(default_audit_path);
+    let path = match path.map_or_else(default_audit_path, Ok) {
+        Ok(p) => p,
+        Err(e) if fail_open => {
+            return Ok((
+                AuditLog::new().with_sink(StderrSink),
+                Some(format!(
+                    "{e}; --audit-fail-open: audit records go to stderr"
+                )),
+            ));
+        }
+        Err(e) => return Err(format!("{e}; refusing to run tools unaudited")),
+    };
     if path.as_os_str() == "-" {
         return Ok((AuditLog::new().with_sink(StderrSink), None));
     }
@@ -295,10 +300,7 @@ impl Broker {
                     .into(),
             );
         }
-        let volumes = {
-            let (run_dir, state_dir) = cordon_runtime::volume::default_dirs();
-            Volumes::new(run_dir, state_dir, registry.sandbox_owner())
-        };
+        let volumes = Volumes::at_default_dirs(registry.sandbox_owner());
         Ok(Broker {
             registry,
             audit,

@@ -61,14 +61,6 @@ fn parse_range(s: &str) -> Result<(u32, u32), String> {
     Ok((first, count))
 }
 
-/// cordon's state directory (`$CORDON_STATE_DIR`, else `/var/lib/cordon`
-/// as root).
-fn default_state_dir() -> PathBuf {
-    std::env::var_os("CORDON_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/cordon"))
-}
-
 impl TenantUids {
     /// What this host offers: only a root broker can map other uids.
     pub fn discover() -> Availability {
@@ -77,7 +69,12 @@ impl TenantUids {
                 "the broker is not root: every sandbox maps to the broker's own uid".into(),
             );
         }
-        let state_dir = default_state_dir().join("tenant-uids");
+        // `tenant-uids` in cordon's state directory (`$CORDON_STATE_DIR`,
+        // else `/var/lib/cordon` as root).
+        let state_dir = match cordon_dirs::Dirs::current().tenant_uids() {
+            Ok(d) => d,
+            Err(e) => return Availability::Off(e.to_string()),
+        };
         let range = match std::env::var(RANGE_ENV) {
             Ok(s) => parse_range(&s).map(|(f, c)| (f, f, c)),
             Err(_) => {

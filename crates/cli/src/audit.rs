@@ -48,7 +48,9 @@ pub enum AuditCmd {
 pub fn run(cmd: AuditCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         AuditCmd::Tail { n, follow, file } => {
-            let path = file.unwrap_or_else(default_audit_path);
+            let path = file
+                .map_or_else(default_audit_path, Ok)
+                .map_err(|e| anyhow!(e))?;
             let mut out = std::io::stdout().lock();
             cordon_audit::tail(&path, n, follow, &mut out).map_err(|e| anyhow!("{e}"))?;
         }
@@ -61,7 +63,9 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<ExitCode> {
             json,
             file,
         } => {
-            let path = file.unwrap_or_else(default_audit_path);
+            let path = file
+                .map_or_else(default_audit_path, Ok)
+                .map_err(|e| anyhow!(e))?;
             let since = since
                 .map(|s| cordon_audit::parse_duration(&s))
                 .transpose()

@@ -109,7 +109,7 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
     if let Some(cb) = crate::run::credentials_for(loaded.policy.tools.values(), providers)? {
         registry = registry.with_credentials(cb);
     }
-    let records = state::probe_records(&state::state_dir())?;
+    let records = state::probe_records(&state::state_dir()?)?;
     let mut out = Vec::new();
     for p in loaded.policy.tools.values() {
         let (enforceable, enforcement) = if p.profile == Profile::P0 {

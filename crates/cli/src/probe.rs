@@ -120,10 +120,8 @@ fn not_held(report: &Report) -> Vec<String> {
         .collect()
 }
 
-/// Probe one tool's own sandbox with the default targets (the fail-closed
-/// checks of `run --probe-first` and `serve`). `Err` names the tool and
-/// every probe that did not hold, or why it cannot be probed.
-pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
+/// Run the default catalogue in one tool's own sandbox.
+fn run_tool_suite(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
     let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
     let sb = tool_sandbox(p, registry).map_err(|why| {
         anyhow!(
@@ -132,8 +130,17 @@ pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report>
         )
     })?;
     let prof = sb.profile(&profile_label(p));
-    let report =
-        cordon_probes::run_suite(&sb, &agent, &prof, &Targets::default(), &Filter::default());
+    Ok(cordon_probes::run_suite(
+        &sb,
+        &agent,
+        &prof,
+        &Targets::default(),
+        &Filter::default(),
+    ))
+}
+
+/// `Err` naming the tool and every probe of `report` that did not hold.
+fn held_or_refused(p: &ToolPolicy, report: Report) -> anyhow::Result<Report> {
     let failed = not_held(&report);
     if !failed.is_empty() {
         return Err(anyhow!(
@@ -144,6 +151,126 @@ pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report>
         ));
     }
     Ok(report)
+}
+
+/// Probe one tool's own sandbox with the default targets (the fail-closed
+/// check of `run --probe-first`). `Err` names the tool and every probe
+/// that did not hold, or why it cannot be probed.
+pub fn probe_tool(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
+    held_or_refused(p, run_tool_suite(p, registry)?)
+}
+
+/// The wall clock of a start-up probe run (`serve`), in seconds: short, so
+/// that start-up stays quick; the mechanism under test is the same.
+pub const START_PROBE_WALL: u64 = 3;
+
+/// The longest wall a start-up probe run is retried with (3, 6, 12, 24 s).
+pub const MAX_PROBE_WALL: u64 = 24;
+
+/// What one run of the catalogue says of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    /// Every probe held (or was skipped) and the control passed.
+    Held,
+    /// A probe escaped, or failed otherwise than by running out of time:
+    /// the sandbox does not hold (an escape wins over every timeout).
+    Refused,
+    /// Nothing escaped, and every probe that did not hold (the control
+    /// included) was stopped by the wall clock or the harness's timeout
+    /// before it gave an answer: no verdict either way.
+    Inconclusive,
+}
+
+/// Whether a probe run ended for lack of time rather than with an answer.
+fn ran_out_of_time(r: &cordon_probes::ProbeResult) -> bool {
+    use cordon_probes::sandbox::{LimitKind, RunStatus};
+    r.verdict == cordon_probes::Verdict::Error
+        && matches!(
+            r.status,
+            Some(RunStatus::Limit(LimitKind::Wall) | RunStatus::HarnessTimeout)
+        )
+}
+
+/// What `report` says: see [`Finding`].
+pub fn finding(report: &Report) -> Finding {
+    use cordon_probes::Verdict;
+    let not_held: Vec<_> = report
+        .results
+        .iter()
+        .filter(|r| !matches!(r.verdict, Verdict::Held | Verdict::Skipped))
+        .collect();
+    if not_held.is_empty() {
+        return Finding::Held;
+    }
+    // Void: not run because the control failed; the control's own result
+    // says why.
+    let judged: Vec<_> = not_held
+        .into_iter()
+        .filter(|r| r.verdict != Verdict::Void)
+        .collect();
+    if !judged.is_empty() && judged.iter().all(|r| ran_out_of_time(r)) {
+        Finding::Inconclusive
+    } else {
+        Finding::Refused
+    }
+}
+
+/// After a run with a wall of `wall` seconds that found `f`: the wall to
+/// run again with (an inconclusive run, doubled up to [`MAX_PROBE_WALL`]),
+/// or `None` (a verdict, or no longer wall left to try).
+pub fn retry_wall(f: Finding, wall: u64) -> Option<u64> {
+    (f == Finding::Inconclusive && wall < MAX_PROBE_WALL)
+        .then(|| wall.saturating_mul(2).clamp(1, MAX_PROBE_WALL))
+}
+
+/// Run `run` with a wall of `first` seconds, then again with a longer
+/// wall for as long as it is inconclusive (see [`retry_wall`]). The last
+/// report, what it found, and every wall tried.
+pub fn with_retries<E>(
+    first: u64,
+    mut run: impl FnMut(u64) -> Result<Report, E>,
+) -> Result<(Report, Finding, Vec<u64>), E> {
+    let mut walls = vec![first];
+    loop {
+        let wall = walls[walls.len() - 1];
+        let report = run(wall)?;
+        let f = finding(&report);
+        match retry_wall(f, wall) {
+            Some(next) => walls.push(next),
+            None => return Ok((report, f, walls)),
+        }
+    }
+}
+
+/// Probe one tool's own sandbox at `serve`'s start: with a wall clock of
+/// [`START_PROBE_WALL`] (or the tool's own, if shorter), and, where every
+/// probe that did not hold ran out of time (a loaded host), again with a
+/// longer wall, up to [`MAX_PROBE_WALL`]. Never a pass for a sandbox that
+/// leaks (an escape refuses at once), nor a refusal without saying why:
+/// still out of time at the longest wall, the tool is refused, saying its
+/// probes timed out.
+pub fn probe_tool_at_start(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
+    let Some(own) = p.limits.as_ref().map(|l| l.wall_seconds) else {
+        return probe_tool(p, registry);
+    };
+    let (report, found, walls) = with_retries(own.min(START_PROBE_WALL), |wall| {
+        let mut p = p.clone();
+        if let Some(l) = p.limits.as_mut() {
+            l.wall_seconds = wall;
+        }
+        run_tool_suite(&p, registry)
+    })?;
+    if found == Finding::Inconclusive {
+        let walls: Vec<String> = walls.iter().map(|w| format!("{w} s")).collect();
+        let failed = not_held(&report);
+        return Err(anyhow!(
+            "{}: refusing to start: its probes timed out, inconclusive with a wall clock of {} (is the host overloaded?): {}",
+            p.name,
+            walls.join(", "),
+            failed.join("; ")
+        ));
+    }
+    held_or_refused(p, report)
 }
 
 /// The exit status of a whole run: an escape (or a failed control) wins
@@ -265,7 +392,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
         // For `cordon inventory`: a failure to record does not change the run's verdict.
         if !records.is_empty()
-            && let Err(e) = state::save_probe_records(&state::state_dir(), records)
+            && let Err(e) = state::state_dir().and_then(|d| state::save_probe_records(&d, records))
         {
             eprintln!(
                 "cordon probe: the results could not be recorded for `cordon inventory`: {e:#}"
@@ -364,5 +491,114 @@ mod tests {
         );
         assert_eq!(combined_exit(&[escaped, error], 3), exit::FINDING);
         assert_ne!(INCONCLUSIVE, exit::USAGE);
+    }
+
+    /// `report`, with the results named in `timed_out` stopped by the
+    /// wall clock (or the harness) before they answered.
+    fn timed(verdicts: &[(&str, Verdict)], timed_out: &[(&str, RunStatus)]) -> Report {
+        let mut r = report(verdicts);
+        for res in &mut r.results {
+            if let Some((_, st)) = timed_out.iter().find(|(p, _)| *p == res.probe) {
+                res.status = Some(st.clone());
+            }
+        }
+        r
+    }
+
+    use cordon_probes::sandbox::{LimitKind, RunStatus};
+    const WALL: RunStatus = RunStatus::Limit(LimitKind::Wall);
+
+    #[test]
+    fn a_run_out_of_time_is_inconclusive_never_held_nor_refused() {
+        let held = report(&[("control", Verdict::Held), ("mount", Verdict::Skipped)]);
+        assert_eq!(finding(&held), Finding::Held);
+        // A probe stopped by the wall clock before it answered.
+        let slow = timed(
+            &[("control", Verdict::Held), ("net", Verdict::Error)],
+            &[("net", WALL)],
+        );
+        assert_eq!(finding(&slow), Finding::Inconclusive);
+        // The control itself out of time: every other probe void.
+        let slow_control = timed(
+            &[
+                ("control", Verdict::Error),
+                ("mount", Verdict::Void),
+                ("net", Verdict::Void),
+            ],
+            &[("control", RunStatus::HarnessTimeout)],
+        );
+        assert_eq!(finding(&slow_control), Finding::Inconclusive);
+        // An escape wins over a timeout.
+        let leaky = timed(
+            &[
+                ("control", Verdict::Held),
+                ("host_fs", Verdict::Escaped),
+                ("net", Verdict::Error),
+            ],
+            &[("net", WALL)],
+        );
+        assert_eq!(finding(&leaky), Finding::Refused);
+        // So does an error that is not for lack of time.
+        let broken = timed(
+            &[
+                ("control", Verdict::Held),
+                ("mount", Verdict::Error),
+                ("net", Verdict::Error),
+            ],
+            &[("net", WALL)],
+        );
+        assert_eq!(finding(&broken), Finding::Refused);
+        let other_limit = timed(
+            &[("control", Verdict::Held), ("net", Verdict::Error)],
+            &[("net", RunStatus::Limit(LimitKind::Memory))],
+        );
+        assert_eq!(finding(&other_limit), Finding::Refused);
+        // A failed control not out of time: refused.
+        let control = report(&[("control", Verdict::Error), ("mount", Verdict::Void)]);
+        assert_eq!(finding(&control), Finding::Refused);
+    }
+
+    #[test]
+    fn an_inconclusive_run_is_retried_with_a_longer_wall_up_to_a_bound() {
+        assert_eq!(retry_wall(Finding::Inconclusive, 3), Some(6));
+        assert_eq!(retry_wall(Finding::Inconclusive, 12), Some(24));
+        assert_eq!(retry_wall(Finding::Inconclusive, 20), Some(24));
+        assert_eq!(retry_wall(Finding::Inconclusive, 24), None);
+        assert_eq!(retry_wall(Finding::Inconclusive, 0), Some(1));
+        assert_eq!(retry_wall(Finding::Held, 3), None);
+        assert_eq!(retry_wall(Finding::Refused, 3), None);
+
+        let slow = timed(
+            &[("control", Verdict::Held), ("net", Verdict::Error)],
+            &[("net", WALL)],
+        );
+        let held = report(&[("control", Verdict::Held), ("net", Verdict::Held)]);
+        let escaped = report(&[("control", Verdict::Held), ("net", Verdict::Escaped)]);
+        // A scripted sequence of runs: what each wall would find.
+        let script = |runs: Vec<Report>| {
+            let mut runs = runs.into_iter();
+            move |_wall: u64| runs.next().ok_or("ran more often than scripted")
+        };
+
+        // Inconclusive, then held: served.
+        let (_, f, walls) = with_retries(3, script(vec![slow.clone(), held.clone()])).unwrap();
+        assert_eq!((f, walls), (Finding::Held, vec![3, 6]));
+        // Inconclusive twice, then an escape: refused, never a pass.
+        let (r, f, walls) =
+            with_retries(3, script(vec![slow.clone(), slow.clone(), escaped.clone()])).unwrap();
+        assert_eq!((f, walls), (Finding::Refused, vec![3, 6, 12]));
+        assert!(
+            not_held(&r)[0].starts_with("net Escaped"),
+            "{:?}",
+            not_held(&r)
+        );
+        // Still inconclusive at the longest wall: stops there, inconclusive.
+        let (_, f, walls) = with_retries(3, script(vec![slow.clone(); 4])).unwrap();
+        assert_eq!((f, walls), (Finding::Inconclusive, vec![3, 6, 12, 24]));
+        // A verdict at once: no retry.
+        let (_, f, walls) = with_retries(3, script(vec![escaped])).unwrap();
+        assert_eq!((f, walls), (Finding::Refused, vec![3]));
+        let (_, f, walls) = with_retries(2, script(vec![held])).unwrap();
+        assert_eq!((f, walls), (Finding::Held, vec![2]));
     }
 }

@@ -40,10 +40,17 @@ pub fn policy(a: &ProxyArgs) -> anyhow::Result<EgressPolicy> {
 
 pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     let p = Arc::new(policy(&a)?);
-    let path = a
+    let path = match a
         .audit
         .clone()
-        .unwrap_or_else(cordon_broker::default_audit_path);
+        .map_or_else(cordon_broker::default_audit_path, Ok)
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("cordon: warning: {e}; records go to stderr");
+            PathBuf::from("-")
+        }
+    };
     let mut log = AuditLog::new().with_sink(StderrSink);
     if path.as_os_str() != "-" {
         if let Some(d) = path.parent() {

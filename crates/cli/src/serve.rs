@@ -115,7 +115,9 @@ fn url_host(url: &str) -> Option<String> {
 /// do not all hold, that cannot be probed, or whose probe thread failed,
 /// saying which. P0 tools are never served, so never probed. The wall clock
 /// of a probed sandbox is shortened to 3 s so start-up stays quick; the
-/// mechanism under test is the same.
+/// mechanism under test is the same. A run whose probes ran out of time
+/// is inconclusive and runs again with a longer wall (see
+/// [`crate::probe::probe_tool_at_start`]).
 pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry) -> Vec<String> {
     let probed: Vec<_> = set
         .tools
@@ -126,14 +128,10 @@ pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry)
     let results: Vec<(String, anyhow::Result<()>)> = std::thread::scope(|sc| {
         let handles: Vec<_> = probed
             .into_iter()
-            .map(|mut p| {
+            .map(|p| {
                 let name = p.name.clone();
-                let h = sc.spawn(move || {
-                    if let Some(l) = p.limits.as_mut() {
-                        l.wall = l.wall.min(std::time::Duration::from_secs(3));
-                    }
-                    crate::probe::probe_tool(&p, registry).map(|_| ())
-                });
+                let h =
+                    sc.spawn(move || crate::probe::probe_tool_at_start(&p, registry).map(|_| ()));
                 (name, h)
             })
             .collect();
@@ -223,7 +221,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).map_err(|e| anyhow!("{e}"))?);
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
-        .with_listing_cache(Some(cordon_mcp::default_listing_dir()));
+        .with_listing_cache(match cordon_mcp::default_listing_dir() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("cordon: the MCP listing cache is off: {e}");
+                None
+            }
+        });
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
     }

@@ -14,19 +14,12 @@ use cordon_probes::{Report, Verdict};
 
 /// `$CORDON_STATE_DIR`, else `/var/lib/cordon` as root, else
 /// `$XDG_STATE_HOME/cordon` (or `~/.local/state/cordon`): the same
-/// directory the MCP listing cache lives under.
-pub fn state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CORDON_STATE_DIR") {
-        return PathBuf::from(d);
-    }
-    if cordon_sys::io::geteuid() == 0 {
-        return PathBuf::from("/var/lib/cordon");
-    }
-    std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("cordon")
+/// directory the MCP listing cache lives under (see `cordon_dirs`).
+/// `Err`: no safe place, saying what to set.
+pub fn state_dir() -> anyhow::Result<PathBuf> {
+    cordon_dirs::Dirs::current()
+        .state()
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// One tool's last probe run.
@@ -93,7 +86,8 @@ pub fn record_of(p: &ToolPolicy, report: &Report, now: String) -> ProbeRecord {
 /// Merge `new` into the records in `dir` (made if missing), keeping each
 /// tool's last passing run, and replace the file in one rename.
 pub fn save_probe_records(dir: &Path, new: Vec<ProbeRecord>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    cordon_dirs::ensure_private(dir, cordon_sys::io::geteuid())
+        .with_context(|| format!("creating {}", dir.display()))?;
     let mut all = probe_records(dir).unwrap_or_default();
     for mut r in new {
         if r.last_passed.is_none()

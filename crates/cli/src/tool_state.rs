@@ -35,17 +35,19 @@ pub enum StateCmd {
     },
 }
 
-fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
-    match dir {
+fn dir_or_default(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    Ok(match dir {
         Some(d) => d.join("tool-state"),
-        None => cordon_runtime::volume::default_dirs().1,
-    }
+        None => cordon_dirs::Dirs::current()
+            .tool_state()
+            .map_err(|e| anyhow!(e))?,
+    })
 }
 
 pub fn run(cmd: StateCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         StateCmd::Ls { dir, json } => {
-            let d = dir_or_default(dir);
+            let d = dir_or_default(dir)?;
             let list = cordon_runtime::volume::list_states(&d).map_err(|e| anyhow!(e))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
@@ -62,7 +64,7 @@ pub fn run(cmd: StateCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(exit::OK))
         }
         StateCmd::Rm { tool, tenant, dir } => {
-            let d = dir_or_default(dir);
+            let d = dir_or_default(dir)?;
             match cordon_runtime::volume::remove_state(&d, &tenant, &tool) {
                 Ok(true) => {
                     println!("removed the state of {tool} for tenant {tenant}");

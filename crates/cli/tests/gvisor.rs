@@ -76,6 +76,14 @@ fn cordon(nobody: bool, args: &[&str], stdin: &[u8], audit: &Path) -> Output {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // uid 65534's runtime directory (it has no XDG_RUNTIME_DIR here, and
+    // cordon never falls back to a path under /tmp): one of its own.
+    if nobody {
+        let run = audit.with_extension("run");
+        std::fs::create_dir_all(&run).unwrap();
+        std::os::unix::fs::chown(&run, Some(65534), Some(65534)).unwrap();
+        cmd.env("CORDON_RUN_DIR", &run);
+    }
     let mut child = cmd.spawn().expect("spawn cordon");
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()

@@ -561,27 +561,11 @@ impl Store {
     /// Where the store is by default: `$CORDON_STORE` when set; else
     /// `/var/lib/cordon` when running as root; else `$XDG_DATA_HOME/cordon`,
     /// or `~/.local/share/cordon` when that is unset.
+    /// (See `cordon_dirs`.)
     pub fn default_dir() -> Result<PathBuf, StoreError> {
-        let env = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        if let Some(dir) = env("CORDON_STORE") {
-            return Ok(dir);
-        }
-        if nix::unistd::geteuid().is_root() {
-            return Ok(PathBuf::from("/var/lib/cordon"));
-        }
-        if let Some(xdg) = env("XDG_DATA_HOME").filter(|p| p.is_absolute()) {
-            return Ok(xdg.join("cordon"));
-        }
-        match env("HOME") {
-            Some(home) => Ok(home.join(".local/share/cordon")),
-            None => Err(StoreError::Source(
-                "no image store: set CORDON_STORE, XDG_DATA_HOME or HOME".into(),
-            )),
-        }
+        cordon_dirs::Dirs::current().images().map_err(|_| {
+            StoreError::Source("no image store: set CORDON_STORE, XDG_DATA_HOME or HOME".into())
+        })
     }
 
     /// The store's directory.

@@ -26,21 +26,14 @@ use sha2::Digest as _;
 
 use crate::upstream::Offers;
 
-/// The default directory: `$CORDON_STATE_DIR/mcp`, else
-/// `/var/lib/cordon/mcp` as root, else `$XDG_STATE_HOME/cordon/mcp` (or
-/// `~/.local/state/cordon/mcp`).
-pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CORDON_STATE_DIR") {
-        return PathBuf::from(d).join("mcp");
-    }
-    if cordon_sys::io::geteuid() == 0 {
-        return PathBuf::from("/var/lib/cordon/mcp");
-    }
-    std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("cordon/mcp")
+/// The default directory: `mcp` in cordon's state directory
+/// (`$CORDON_STATE_DIR/mcp`, else `/var/lib/cordon/mcp` as root, else
+/// `$XDG_STATE_HOME/cordon/mcp` or `~/.local/state/cordon/mcp`; see
+/// `cordon_dirs`). `Err`: no safe place, saying what to set.
+pub fn default_dir() -> Result<PathBuf, String> {
+    cordon_dirs::Dirs::current()
+        .mcp_listings()
+        .map_err(|e| e.to_string())
 }
 
 /// One cached listing.
@@ -121,7 +114,9 @@ impl ListingCache {
 
 fn write(path: &Path, listing: &Listing) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        // This user's alone: a listing read back is trusted as the
+        // server's.
+        cordon_dirs::ensure_private(dir, cordon_sys::io::geteuid())?;
     }
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, serde_json::to_vec(listing)?)?;

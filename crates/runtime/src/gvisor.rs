@@ -59,9 +59,9 @@ pub struct Options {
     /// The `runsc` binary (default: `$CORDON_RUNSC`, else `runsc` in
     /// `PATH`).
     pub runsc: Option<PathBuf>,
-    /// Where bundles and `runsc` state go (default: `/run/cordon/gvisor`
-    /// for root, `$XDG_RUNTIME_DIR/cordon/gvisor` or
-    /// `$TMPDIR/cordon-gvisor-<uid>` otherwise).
+    /// Where bundles and `runsc` state go (default: `gvisor` in cordon's
+    /// runtime directory, `/run/cordon/gvisor` for root,
+    /// `$XDG_RUNTIME_DIR/cordon/gvisor` otherwise; see `cordon_dirs`).
     pub state_dir: Option<PathBuf>,
 }
 
@@ -229,11 +229,9 @@ fn find_runsc(opt: Option<&Path>, state: Option<&Path>) -> Result<Runsc, String>
 fn state_dir(opt: Option<&Path>, euid: u32) -> Result<PathBuf, String> {
     let dir = match opt {
         Some(p) => p.to_path_buf(),
-        None if euid == 0 => PathBuf::from("/run/cordon/gvisor"),
-        None => match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-            Some(x) if x.is_absolute() && x.is_dir() => x.join("cordon").join("gvisor"),
-            _ => std::env::temp_dir().join(format!("cordon-gvisor-{euid}")),
-        },
+        None => cordon_dirs::Dirs::current()
+            .gvisor()
+            .map_err(|e| e.to_string())?,
     };
     if let Some(parent) = dir.parent()
         && !parent.exists()

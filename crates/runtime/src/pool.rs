@@ -85,26 +85,16 @@ impl std::fmt::Debug for Pool {
 }
 
 /// Where pools whose refill stopped leave a status file
-/// (`<broker pid>-<tool>.stopped`) for `cordon doctor`: `/run/cordon/pools`
-/// for root, `$XDG_RUNTIME_DIR/cordon/pools` or `$TMPDIR/cordon-pools-<uid>`
-/// otherwise. Made (0700) if missing.
+/// (`<broker pid>-<tool>.stopped`) for `cordon doctor`: `pools` in
+/// cordon's runtime directory (`/run/cordon/pools` for root,
+/// `$XDG_RUNTIME_DIR/cordon/pools` otherwise; see `cordon_dirs`). Made
+/// (0700) if missing; `None` when there is no runtime directory or it is
+/// not this uid's alone.
 pub fn status_dir() -> Option<PathBuf> {
-    let euid = cordon_sys::io::geteuid();
-    let d = if euid == 0 {
-        PathBuf::from("/run/cordon/pools")
-    } else {
-        match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-            Some(x) if x.is_absolute() && x.is_dir() => x.join("cordon").join("pools"),
-            _ => std::env::temp_dir().join(format!("cordon-pools-{euid}")),
-        }
-    };
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&d);
-    let m = std::fs::symlink_metadata(&d).ok()?;
-    (m.is_dir() && m.uid() == euid).then_some(d)
+    let dirs = cordon_dirs::Dirs::current();
+    let d = dirs.pools().ok()?;
+    cordon_dirs::ensure_private(&d, dirs.euid()).ok()?;
+    Some(d)
 }
 
 /// Pools of live brokers whose refill stopped: `(broker pid, why)`.

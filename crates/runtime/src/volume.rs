@@ -89,18 +89,16 @@ fn session_key(session: &str) -> String {
     d.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The default directories: `/run/cordon` (`CORDON_RUN_DIR`) for the
-/// mounts, and `tool-state` under cordon's state directory
-/// (`CORDON_STATE_DIR`, else `/var/lib/cordon`) for the state images.
-pub fn default_dirs() -> (PathBuf, PathBuf) {
-    let run = std::env::var_os("CORDON_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/cordon"));
-    let state = std::env::var_os("CORDON_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/cordon"))
-        .join("tool-state");
-    (run, state)
+/// The default directories (see `cordon_dirs`): cordon's runtime
+/// directory (`CORDON_RUN_DIR`, else `/run/cordon` as root) for the
+/// mounts, and `tool-state` under its state directory (`CORDON_STATE_DIR`,
+/// else `/var/lib/cordon` as root) for the state images. `Err`: there is
+/// no safe place for one of them (which variable to set).
+pub fn default_dirs() -> Result<(PathBuf, PathBuf), String> {
+    let dirs = cordon_dirs::Dirs::current();
+    let run = dirs.runtime().map_err(|e| e.to_string())?;
+    let state = dirs.tool_state().map_err(|e| e.to_string())?;
+    Ok((run, state))
 }
 
 struct Workspace {
@@ -130,6 +128,9 @@ pub struct Volumes {
     /// Host uid and gid of the sandboxes: the owner of each volume's root
     /// (a spec's `host_ids`, a tenant's own, take its place).
     owner: (u32, u32),
+    /// Why there are no directories for volumes (every volume is refused
+    /// with it).
+    unplaced: Option<String>,
     inner: Mutex<Inner>,
 }
 
@@ -168,8 +169,24 @@ impl Volumes {
             run_dir,
             state_dir,
             owner,
+            unplaced: None,
             inner: Mutex::new(Inner::default()),
         })
+    }
+
+    /// Volumes in the [`default_dirs`], or, when those have no safe place,
+    /// none: every workspace and state is refused, saying why.
+    pub fn at_default_dirs(owner: (u32, u32)) -> Arc<Volumes> {
+        match default_dirs() {
+            Ok((run_dir, state_dir)) => Volumes::new(run_dir, state_dir, owner),
+            Err(why) => Arc::new(Volumes {
+                run_dir: PathBuf::new(),
+                state_dir: PathBuf::new(),
+                owner,
+                unplaced: Some(why),
+                inner: Mutex::new(Inner::default()),
+            }),
+        }
     }
 
     /// The state images' directory.
@@ -233,6 +250,9 @@ impl Volumes {
         session: &str,
         owner: (u32, u32),
     ) -> Result<PathBuf, String> {
+        if let Some(why) = &self.unplaced {
+            return Err(why.clone());
+        }
         let key = (tenant.to_string(), session.to_string());
         let mut inner = self.lock();
         if let Some(ws) = inner.workspaces.get_mut(&key) {
@@ -289,6 +309,9 @@ impl Volumes {
         tool: &str,
         owner: (u32, u32),
     ) -> Result<PathBuf, String> {
+        if let Some(why) = &self.unplaced {
+            return Err(why.clone());
+        }
         let key = (tenant.to_string(), tool.to_string());
         let mut inner = self.lock();
         if let Some(m) = inner.states.get(&key) {

@@ -43,8 +43,17 @@ fn reexec(test: &str, unprivileged: bool) {
         "--test-threads=1",
     ])
     .env(CHILD_ENV, "1")
-    // An unprivileged broker's state directory: its own under /tmp.
     .env_remove("XDG_RUNTIME_DIR");
+    // An unprivileged broker's runtime directory (there is no
+    // XDG_RUNTIME_DIR for uid 65534 here, and cordon never falls back to a
+    // path under /tmp): one of its own.
+    let run_dir = tempfile::tempdir().unwrap();
+    if unprivileged {
+        if euid() == 0 {
+            std::os::unix::fs::chown(run_dir.path(), Some(65534), Some(65534)).unwrap();
+        }
+        cmd.env("CORDON_RUN_DIR", run_dir.path());
+    }
     let out = cmd.output().unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     let se = String::from_utf8_lossy(&out.stderr);

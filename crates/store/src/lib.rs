@@ -237,22 +237,13 @@ impl Store {
     /// uses, so that `$CORDON_STORE` moves both: `$CORDON_STORE/store`,
     /// else `/var/lib/cordon/store` as root, else
     /// `$XDG_DATA_HOME/cordon/store` (default `~/.local/share/cordon/store`).
+    /// (See `cordon_dirs`.)
     pub fn default_root() -> Result<PathBuf, StoreError> {
-        if let Some(p) = std::env::var_os("CORDON_STORE").filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(p).join("store"));
-        }
-        if cordon_sys::io::geteuid() == 0 {
-            return Ok(PathBuf::from("/var/lib/cordon/store"));
-        }
-        if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(d).join("cordon/store"));
-        }
-        match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
-            Some(h) => Ok(PathBuf::from(h).join(".local/share/cordon/store")),
-            None => Err(StoreError::Refused(
+        cordon_dirs::Dirs::current().packages().map_err(|_| {
+            StoreError::Refused(
                 "no store directory: set $CORDON_STORE or $HOME, or pass --store".into(),
-            )),
-        }
+            )
+        })
     }
 
     /// Install `pkg` (once: an install already in the store is reused).
