@@ -1,9 +1,14 @@
 //! cordon-broker: the call path: resolved policy -> sandbox -> output gate ->
 //! audit record. `cordon run`, `cordon exec` and `cordon serve` all call
-//! [`Broker::call`]; nothing else launches a tool.
+//! [`Broker::call`], and the MCP gateway starts its servers' sandboxes with
+//! [`Broker::start_server`]; nothing else launches a tool. Every audit
+//! record goes through the broker's one [`Auditor`].
 #![forbid(unsafe_code)]
 
+mod server;
 pub mod tenant_uids;
+
+pub use server::{EgressObserver, ServerControl, StartedServer, egress_record};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,13 +16,14 @@ use std::time::Instant;
 
 pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
 
+pub use cordon_audit::Auditor;
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
-    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
-    Status, Use, Volumes,
+    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxHandle,
+    SandboxSpec, State, Status, Use, Volumes,
 };
 pub use cordon_secrets::CredentialBroker;
 
@@ -51,12 +57,12 @@ type Pools = std::collections::HashMap<(String, String), Arc<Pool>>;
 /// Long-lived: the runtimes, the credential broker and the audit log.
 pub struct Broker {
     registry: Registry,
-    audit: Arc<AuditLog>,
+    /// The one writer of every record (calls, egress, credential events,
+    /// session ends, refusals).
+    audit: Arc<Auditor>,
     /// Mints each call's secrets (`None`: tools with secrets are refused).
     credentials: Option<Arc<CredentialBroker>>,
     audit_warning: Option<String>,
-    /// A record that cannot be written does not fail the call.
-    audit_fail_open: bool,
     /// Compiled gates (JSON schemas compile once), keyed by their policy.
     gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
     /// Warm pools of `lifetime: pool` tools, by tenant and tool (a pooled
@@ -189,6 +195,39 @@ pub fn default_audit_path() -> PathBuf {
     state.join("cordon/audit.jsonl")
 }
 
+/// Where the audit records that could not be written are counted (read by
+/// `cordon doctor`): `audit-unwritten.jsonl` in the state directory
+/// (`$CORDON_STATE_DIR`, else /var/lib/cordon as root, else
+/// `$XDG_STATE_HOME/cordon` or `~/.local/state/cordon`).
+pub fn default_unwritten_path() -> PathBuf {
+    let dir = if let Some(d) = std::env::var_os("CORDON_STATE_DIR") {
+        PathBuf::from(d)
+    } else if cordon_sys::io::geteuid() == 0 {
+        PathBuf::from("/var/lib/cordon")
+    } else {
+        std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"))
+            .join("cordon")
+    };
+    dir.join("audit-unwritten.jsonl")
+}
+
+/// The one audit writer of a process: the log at `path` (see
+/// [`open_audit`]), fail-open or not, counting the records it cannot write
+/// in `unwritten` (default [`default_unwritten_path`]).
+pub fn open_auditor(
+    path: Option<PathBuf>,
+    fail_open: bool,
+    unwritten: Option<PathBuf>,
+) -> Result<(Auditor, Option<String>), String> {
+    let (log, warning) = open_audit(path, fail_open)?;
+    let auditor = Auditor::new(log, fail_open)
+        .with_unwritten_file(unwritten.unwrap_or_else(default_unwritten_path));
+    Ok((auditor, warning))
+}
+
 /// The audit log at `path` (default [`default_audit_path`]; `-` for
 /// stderr). A log that cannot be opened is an error, unless `fail_open`:
 /// then records go to stderr, with a warning.
@@ -233,6 +272,9 @@ pub struct BrokerOptions {
     pub one_shot: bool,
     /// Host uids per tenant (`None`: [`tenant_uids::TenantUids::discover`]).
     pub tenant_uids: Option<tenant_uids::Availability>,
+    /// Where audit records that could not be written are counted (`None`:
+    /// [`default_unwritten_path`]).
+    pub audit_unwritten: Option<PathBuf>,
 }
 
 impl BrokerOptions {
@@ -246,6 +288,7 @@ impl BrokerOptions {
             credentials: None,
             one_shot: true,
             tenant_uids: None,
+            audit_unwritten: None,
         }
     }
 }
@@ -260,28 +303,17 @@ impl Broker {
     /// A broker over an existing registry (shared with a gateway or the
     /// probes).
     pub fn with_registry(registry: Registry, opts: &BrokerOptions) -> Result<Broker, String> {
-        let (audit, audit_warning) = open_audit(opts.audit.clone(), opts.audit_fail_open)?;
+        let (audit, audit_warning) = open_auditor(
+            opts.audit.clone(),
+            opts.audit_fail_open,
+            opts.audit_unwritten.clone(),
+        )?;
         let audit = Arc::new(audit);
         let mut registry = registry;
         if let Some(cb) = &opts.credentials {
             registry = registry.with_credentials(cb.clone());
             let log = audit.clone();
-            let fail_open = opts.audit_fail_open;
-            cb.on_event(Arc::new(move |e| {
-                // A mint whose record cannot be written is refused (unless
-                // --audit-fail-open); every failure is said on stderr.
-                match log.record(&credential_record(e)) {
-                    Ok(()) => Ok(()),
-                    Err(err) => {
-                        let what = if fail_open { "warning: " } else { "" };
-                        eprintln!(
-                            "cordon: {what}the audit record of a credential {} was not written: {err}",
-                            e.kind.as_str()
-                        );
-                        if fail_open { Ok(()) } else { Err(err.to_string()) }
-                    }
-                }
-            }));
+            cb.on_event(Arc::new(move |e| credential_event(&log, e)));
         }
         let mut audit_warning = audit_warning;
         if opts.audit_fail_open && audit_warning.is_none() {
@@ -299,7 +331,6 @@ impl Broker {
             audit,
             credentials: opts.credentials.clone(),
             audit_warning,
-            audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
             pools: (!opts.one_shot).then(|| Mutex::new(std::collections::HashMap::new())),
             tenant_uids: opts
@@ -380,8 +411,8 @@ impl Broker {
         self.credentials.as_ref()
     }
 
-    /// The audit log.
-    pub fn audit_log(&self) -> &Arc<AuditLog> {
+    /// The one audit writer.
+    pub fn auditor(&self) -> &Arc<Auditor> {
         &self.audit
     }
 
@@ -415,17 +446,26 @@ impl Broker {
     /// be written and the audit log is fail-closed: the caller must then
     /// withhold what the record was about.
     pub fn record(&self, rec: &AuditRecord) -> Result<(), CallError> {
-        match self.audit.record(rec) {
-            Ok(()) => Ok(()),
-            Err(e) if self.audit_fail_open => {
-                eprintln!("cordon: warning: audit record not written: {e}");
-                Ok(())
-            }
-            Err(e) => Err(CallError::Audit(format!(
+        self.audit.record(rec).map_err(|e| {
+            CallError::Audit(format!(
                 "{}: the audit record could not be written ({e}); the result is withheld",
                 rec.tool
-            ))),
-        }
+            ))
+        })
+    }
+
+    /// Write the record of something already done (a session's end, a
+    /// refusal already answered, an egress connection closed): one that
+    /// cannot be written is counted for `cordon doctor` and said in the
+    /// next call's warnings ([`Auditor::record_after`]).
+    pub fn record_after(&self, rec: &AuditRecord) {
+        let _ = self.audit.record_after(rec);
+    }
+
+    /// Warnings of audit records not written since the last call (each
+    /// given once).
+    pub fn audit_warnings(&self) -> Vec<String> {
+        self.audit.take_warnings()
     }
 
     /// Warnings a person should see once: audit trouble, and runtimes that
@@ -619,7 +659,7 @@ impl Broker {
                 ));
             }
         }
-        let outcome = match ran {
+        let mut outcome = match ran {
             Ok(o) => o,
             Err(e) => {
                 rec.status = match e {
@@ -630,6 +670,9 @@ impl Broker {
                 return Err(e.into());
             }
         };
+        // Records of what was already done that could not be written are
+        // said to the next call.
+        outcome.warnings.extend(self.audit.take_warnings());
         rec.exit_code = outcome.exit_code;
         rec.signal = outcome.signal;
         rec.output = Payload::of(&outcome.stdout, false);
@@ -698,6 +741,26 @@ impl Broker {
         }
         Ok(g)
     }
+}
+
+/// Write the record of a credential event. A mint is recorded before its
+/// token is handed out: `Err` (the mint is revoked and its session refused)
+/// when the record cannot be written and the log is fail-closed. Every other
+/// event (a re-mint, a revocation, a failure) is already done: a record that
+/// cannot be written is counted and said ([`Auditor::record_after`]).
+fn credential_event(log: &Auditor, e: &cordon_secrets::Event) -> Result<(), String> {
+    let rec = credential_record(e);
+    if e.kind != cordon_secrets::EventKind::Minted {
+        let _ = log.record_after(&rec);
+        return Ok(());
+    }
+    log.record(&rec).map_err(|err| {
+        eprintln!(
+            "cordon: the audit record of a credential {} was not written: {err}",
+            e.kind.as_str()
+        );
+        err.to_string()
+    })
 }
 
 /// The audit record of a credential event: whose (tool, session), which

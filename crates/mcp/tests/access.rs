@@ -580,13 +580,15 @@ async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Avail
         audit: Some(audit.clone()),
         ..GatewayOptions::default()
     };
-    let broker = cordon_broker::Broker::new(cordon_broker::BrokerOptions {
-        audit: Some(audit.clone()),
-        tenant_uids: Some(uids),
-        ..Default::default()
-    })
-    .unwrap();
-    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).unwrap());
+    let broker = Arc::new(
+        cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+            audit: Some(audit.clone()),
+            tenant_uids: Some(uids),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
     let loaded = cordon_policy::load(&m).unwrap();
     let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
     assert!(
