@@ -888,6 +888,108 @@ mod tests {
         }
     }
 
+    fn credential(kind: cordon_secrets::EventKind) -> cordon_secrets::Event {
+        cordon_secrets::Event {
+            kind,
+            tool: "jira_search".into(),
+            session: "s1".into(),
+            secret: "JIRA_TOKEN".into(),
+            provider: "mint".into(),
+            scope: "read".into(),
+            ttl_seconds: 60,
+            audience: None,
+            deliver: cordon_policy::policy::Deliver::Proxy,
+            expires_at: None,
+            reason: Some("the call ended".into()),
+        }
+    }
+
+    fn full(fail_open: bool, counted: &std::path::Path) -> Auditor {
+        Auditor::new(
+            AuditLog::new().with_sink(FileSink::open("/dev/full", Rotation::default()).unwrap()),
+            fail_open,
+        )
+        .with_unwritten_file(counted.to_path_buf())
+    }
+
+    #[test]
+    fn credential_events_are_recorded_or_their_loss_fails_the_mint_or_is_counted() {
+        use cordon_secrets::EventKind;
+        let dir = tempfile::tempdir().unwrap();
+        // Positive control: every kind is written to a writable log.
+        let path = dir.path().join("audit.jsonl");
+        let ok = Auditor::new(
+            AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap()),
+            false,
+        );
+        for k in [EventKind::Minted, EventKind::Reminted, EventKind::Revoked] {
+            credential_event(&ok, &credential(k)).unwrap();
+        }
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(log.lines().count(), 3, "{log}");
+        assert!(log.contains(r#""event":"remint""#) && log.contains(r#""event":"revoke""#));
+        // A mint not recorded is refused (fail-closed) ...
+        let counted = dir.path().join("unwritten.jsonl");
+        let closed = full(false, &counted);
+        let e = credential_event(&closed, &credential(EventKind::Minted)).unwrap_err();
+        assert!(e.contains("/dev/full"), "{e}");
+        // ... and goes on fail-open, counted.
+        credential_event(&full(true, &counted), &credential(EventKind::Minted)).unwrap();
+        assert_eq!(cordon_audit::read_unwritten(&counted).unwrap().count, 2);
+        // A re-mint or a revocation is done: counted and said to the next
+        // call, never dropped.
+        for k in [
+            EventKind::Reminted,
+            EventKind::Revoked,
+            EventKind::RevokeFailed,
+        ] {
+            credential_event(&closed, &credential(k)).unwrap();
+        }
+        let u = cordon_audit::read_unwritten(&counted).unwrap();
+        assert_eq!(u.count, 5);
+        assert_eq!(u.last.unwrap().what, "credential revoke_failed");
+        let w = closed.take_warnings();
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].contains("credential remint (jira_search, session s1)"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("credential revoke (jira_search, session s1)"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_record_after_the_fact_not_written_is_said_to_the_next_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let counted = dir.path().join("state/audit-unwritten.jsonl");
+        let b = Broker::with_registry(
+            Registry::empty(),
+            &BrokerOptions {
+                audit: Some("/dev/full".into()),
+                audit_unwritten: Some(counted.clone()),
+                tenant_uids: Some(tenant_uids::Availability::Off("test".into())),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut rec = AuditRecord::new("(session)", "");
+        rec.session = "mcp-http-1-0".into();
+        rec.status = cordon_audit::Status::SessionEnded;
+        b.record_after(&rec);
+        let w = b.audit_warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("session end ((session), session mcp-http-1-0)"),
+            "{w:?}"
+        );
+        assert!(b.audit_warnings().is_empty());
+        assert_eq!(cordon_audit::read_unwritten(&counted).unwrap().count, 1);
+        // A call's own record is not written: the call fails (status 22).
+        let e = b.record(&AuditRecord::new("t", "P1")).unwrap_err();
+        assert_eq!(e.exit_code(), exit::AUDIT_FAILED);
+    }
+
     #[test]
     fn audit_records_name_injected_secrets_and_exfiltration_attempts() {
         // Positive control: a plain event has neither.

@@ -6,9 +6,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cordon_audit::AuditRecord;
+use cordon_audit::{AuditRecord, Auditor};
 use cordon_policy::policy::ToolPolicy;
-use cordon_runtime::{Context, Outcome, RunError, SandboxHandle, Use};
+use cordon_runtime::{Context, EgressSink, Outcome, RunError, SandboxHandle, Use};
 
 use crate::{Broker, Caller, Decision, EgressEvent, audit_event, profile_name};
 
@@ -82,20 +82,10 @@ impl Broker {
             Some(l) => l.credentials()?,
             None => Default::default(),
         };
-        let tool = policy.name.clone();
-        let profile = profile_name(policy.profile);
-        let audit = self.audit.clone();
         let ctx = Context {
             session: who.session.clone(),
             tenant: who.tenant.clone(),
-            on_egress: Arc::new(move |e| {
-                // The connection has closed: a record that cannot be
-                // written is counted and said, the server goes on.
-                let _ = audit.record_after(&egress_record(&tool, profile, "mcp", "mcp-server", &e));
-                if let Some(o) = &observe {
-                    o(&e);
-                }
-            }),
+            on_egress: server_egress(self.audit.clone(), policy, observe),
             credentials,
         };
         let spawned = admitted.spawn(&ctx).map_err(|e| e.to_string())?;
@@ -108,6 +98,25 @@ impl Broker {
             warnings: admitted.warnings,
         })
     }
+}
+
+/// Where a server's egress attempts go: each its own audit record, then to
+/// `observe`. The connection has closed when its event comes: a record that
+/// cannot be written is counted and said (`cordon doctor`, the next call's
+/// warnings), and the server goes on.
+fn server_egress(
+    audit: Arc<Auditor>,
+    policy: &ToolPolicy,
+    observe: Option<EgressObserver>,
+) -> EgressSink {
+    let tool = policy.name.clone();
+    let profile = profile_name(policy.profile);
+    Arc::new(move |e| {
+        let _ = audit.record_after(&egress_record(&tool, profile, "mcp", "mcp-server", &e));
+        if let Some(o) = &observe {
+            o(&e);
+        }
+    })
 }
 
 /// The record of one egress attempt not tied to a call: a long-lived
@@ -137,4 +146,81 @@ pub fn egress_record(
         ));
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cordon_audit::{AuditLog, FileSink, Rotation};
+
+    fn event() -> EgressEvent {
+        EgressEvent {
+            tool: "srv".into(),
+            session: "mcp-http-1-0".into(),
+            name: "evil.test".into(),
+            port: 443,
+            address: None,
+            door: cordon_egress::Door::Proxy,
+            decision: Decision::Refused,
+            reason: "not in the allowlist of srv".into(),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 1,
+            time: String::new(),
+            injected: Vec::new(),
+            exfiltration: None,
+        }
+    }
+
+    fn policy() -> ToolPolicy {
+        let m = "version: 1\ntools:\n  srv:\n    profile: P1\n    description: d\n    mcp:\n      command: [/bin/true]\n";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cordon.yaml");
+        std::fs::write(&path, m).unwrap();
+        cordon_policy::load(&path).unwrap().policy.tools["srv"].clone()
+    }
+
+    #[test]
+    fn a_servers_egress_is_recorded_or_its_loss_counted_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = policy();
+        let seen = Arc::new(Mutex::new(0));
+        let s = seen.clone();
+        let observe: EgressObserver = Arc::new(move |_| *s.lock().unwrap() += 1);
+        // Positive control: a writable log gets the record.
+        let path = dir.path().join("audit.jsonl");
+        let ok = Arc::new(Auditor::new(
+            AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap()),
+            false,
+        ));
+        server_egress(ok, &p, Some(observe.clone()))(event());
+        let log = std::fs::read_to_string(&path).unwrap();
+        let rec: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        assert_eq!(rec["runtime"], "mcp");
+        assert_eq!(rec["caller"], "mcp-server");
+        assert_eq!(rec["status"], "denied");
+        assert_eq!(rec["egress"][0]["name"], "evil.test");
+        // A log that cannot be written: counted, and said to the next call.
+        let counted = dir.path().join("unwritten.jsonl");
+        let full = Arc::new(
+            Auditor::new(
+                AuditLog::new()
+                    .with_sink(FileSink::open("/dev/full", Rotation::default()).unwrap()),
+                false,
+            )
+            .with_unwritten_file(counted.clone()),
+        );
+        server_egress(full.clone(), &p, Some(observe))(event());
+        let u = cordon_audit::read_unwritten(&counted).unwrap();
+        assert_eq!(u.count, 1);
+        assert_eq!(u.last.as_ref().unwrap().what, "egress");
+        assert_eq!(u.last.as_ref().unwrap().tool, "srv");
+        let w = full.take_warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("the audit record of egress (srv, session mcp-http-1-0)"),
+            "{w:?}"
+        );
+        // The gateway's own log sees every event either way.
+        assert_eq!(*seen.lock().unwrap(), 2);
+    }
 }
