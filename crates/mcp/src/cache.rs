@@ -24,7 +24,7 @@ use rmcp::model::Tool;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use crate::upstream::Offers;
+use crate::offers::Offers;
 
 /// The default directory: `$CORDON_STATE_DIR/mcp`, else
 /// `/var/lib/cordon/mcp` as root, else `$XDG_STATE_HOME/cordon/mcp` (or

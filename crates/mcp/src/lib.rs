@@ -25,10 +25,12 @@ mod grants;
 pub mod http;
 pub mod lifetime;
 mod names;
+mod offers;
 pub mod render;
 pub mod resources;
 pub mod sandbox;
 mod upstream;
+mod uri;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
