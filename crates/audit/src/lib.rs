@@ -5,6 +5,9 @@
 //! call ended, limits hit, what the output gate stripped or refused, every egress attempt,
 //! an escaped and capped stderr excerpt, warnings.
 //!
+//! - [`Auditor`] is the one writer every record goes through: it holds the log and the
+//!   fail-open setting, fails what a record is about when the record cannot be written, and
+//!   counts (never drops) the records of what is already done.
 //! - [`AuditLog`] writes each record to one or more [`Sink`]s ([`FileSink`] with size-based
 //!   rotation, [`StderrSink`]) as one line in one write, after redacting declared secrets.
 //! - [`query`] and [`tail`] read it back across rotated files; [`render_line`] is the
@@ -25,6 +28,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod auditor;
 mod escape;
 mod read;
 mod record;
@@ -33,6 +37,7 @@ mod sink;
 
 use std::path::PathBuf;
 
+pub use auditor::{Auditor, Unwritten, UnwrittenRecord, read_unwritten};
 pub use escape::{escape_inline, escape_text};
 pub use read::{Filter, Query, log_files, parse_duration, query, render_line, tail, tail_until};
 pub use record::{

@@ -1,9 +1,14 @@
 //! cordon-broker: the call path: resolved policy -> sandbox -> output gate ->
 //! audit record. `cordon run`, `cordon exec` and `cordon serve` all call
-//! [`Broker::call`]; nothing else launches a tool.
+//! [`Broker::call`], and the MCP gateway starts its servers' sandboxes with
+//! [`Broker::start_server`]; nothing else launches a tool. Every audit
+//! record goes through the broker's one [`Auditor`].
 #![forbid(unsafe_code)]
 
+mod server;
 pub mod tenant_uids;
+
+pub use server::{EgressObserver, ServerControl, StartedServer, egress_record};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,13 +16,14 @@ use std::time::Instant;
 
 pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
 
+pub use cordon_audit::Auditor;
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
-    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxSpec, State,
-    Status, Use, Volumes,
+    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxHandle,
+    SandboxSpec, State, Status, Use, Volumes,
 };
 pub use cordon_secrets::CredentialBroker;
 
@@ -51,12 +57,12 @@ type Pools = std::collections::HashMap<(String, String), Arc<Pool>>;
 /// Long-lived: the runtimes, the credential broker and the audit log.
 pub struct Broker {
     registry: Registry,
-    audit: Arc<AuditLog>,
+    /// The one writer of every record (calls, egress, credential events,
+    /// session ends, refusals).
+    audit: Arc<Auditor>,
     /// Mints each call's secrets (`None`: tools with secrets are refused).
     credentials: Option<Arc<CredentialBroker>>,
     audit_warning: Option<String>,
-    /// A record that cannot be written does not fail the call.
-    audit_fail_open: bool,
     /// Compiled gates (JSON schemas compile once), keyed by their policy.
     gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
     /// Warm pools of `lifetime: pool` tools, by tenant and tool (a pooled
@@ -183,6 +189,34 @@ pub fn default_audit_path() -> Result<PathBuf, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Where the audit records that could not be written are counted (read by
+/// `cordon doctor`): `audit-unwritten.jsonl` in the state directory (see
+/// `cordon_dirs`). `Err`: no safe place (never a fixed path under /tmp).
+pub fn default_unwritten_path() -> Result<PathBuf, String> {
+    cordon_dirs::Dirs::current()
+        .state()
+        .map(|d| d.join("audit-unwritten.jsonl"))
+        .map_err(|e| e.to_string())
+}
+
+/// The one audit writer of a process: the log at `path` (see
+/// [`open_audit`]), fail-open or not, counting the records it cannot write
+/// in `unwritten` (default [`default_unwritten_path`]).
+pub fn open_auditor(
+    path: Option<PathBuf>,
+    fail_open: bool,
+    unwritten: Option<PathBuf>,
+) -> Result<(Auditor, Option<String>), String> {
+    let (log, warning) = open_audit(path, fail_open)?;
+    let mut auditor = Auditor::new(log, fail_open);
+    // Without a state directory the lost records are still said on stderr
+    // and in the next call's warnings; only the count for doctor is absent.
+    if let Ok(file) = unwritten.map_or_else(default_unwritten_path, Ok) {
+        auditor = auditor.with_unwritten_file(file);
+    }
+    Ok((auditor, warning))
+}
+
 /// The audit log at `path` (default [`default_audit_path`]; `-` for
 /// stderr). A log that cannot be opened is an error, unless `fail_open`:
 /// then records go to stderr, with a warning.
@@ -241,6 +275,9 @@ pub struct BrokerOptions {
     /// Where the egress doors resolve names (the CLI's reading of
     /// `CORDON_UPSTREAM_DNS`; default the host's resolver).
     pub upstream_dns: cordon_runtime::spec::UpstreamDns,
+    /// Where audit records that could not be written are counted (`None`:
+    /// [`default_unwritten_path`]).
+    pub audit_unwritten: Option<PathBuf>,
 }
 
 impl BrokerOptions {
@@ -255,6 +292,7 @@ impl BrokerOptions {
             one_shot: true,
             tenant_uids: None,
             upstream_dns: Default::default(),
+            audit_unwritten: None,
         }
     }
 }
@@ -270,28 +308,17 @@ impl Broker {
     /// A broker over an existing registry (shared with a gateway or the
     /// probes).
     pub fn with_registry(registry: Registry, opts: &BrokerOptions) -> Result<Broker, String> {
-        let (audit, audit_warning) = open_audit(opts.audit.clone(), opts.audit_fail_open)?;
+        let (audit, audit_warning) = open_auditor(
+            opts.audit.clone(),
+            opts.audit_fail_open,
+            opts.audit_unwritten.clone(),
+        )?;
         let audit = Arc::new(audit);
         let mut registry = registry;
         if let Some(cb) = &opts.credentials {
             registry = registry.with_credentials(cb.clone());
             let log = audit.clone();
-            let fail_open = opts.audit_fail_open;
-            cb.on_event(Arc::new(move |e| {
-                // A mint whose record cannot be written is refused (unless
-                // --audit-fail-open); every failure is said on stderr.
-                match log.record(&credential_record(e)) {
-                    Ok(()) => Ok(()),
-                    Err(err) => {
-                        let what = if fail_open { "warning: " } else { "" };
-                        eprintln!(
-                            "cordon: {what}the audit record of a credential {} was not written: {err}",
-                            e.kind.as_str()
-                        );
-                        if fail_open { Ok(()) } else { Err(err.to_string()) }
-                    }
-                }
-            }));
+            cb.on_event(Arc::new(move |e| credential_event(&log, e)));
         }
         let mut audit_warning = audit_warning;
         if opts.audit_fail_open && audit_warning.is_none() {
@@ -306,7 +333,6 @@ impl Broker {
             audit,
             credentials: opts.credentials.clone(),
             audit_warning,
-            audit_fail_open: opts.audit_fail_open,
             gates: Mutex::new(std::collections::HashMap::new()),
             pools: (!opts.one_shot).then(|| Mutex::new(std::collections::HashMap::new())),
             tenant_uids: opts
@@ -387,8 +413,8 @@ impl Broker {
         self.credentials.as_ref()
     }
 
-    /// The audit log.
-    pub fn audit_log(&self) -> &Arc<AuditLog> {
+    /// The one audit writer.
+    pub fn auditor(&self) -> &Arc<Auditor> {
         &self.audit
     }
 
@@ -425,17 +451,26 @@ impl Broker {
     /// be written and the audit log is fail-closed: the caller must then
     /// withhold what the record was about.
     pub fn record(&self, rec: &AuditRecord) -> Result<(), CallError> {
-        match self.audit.record(rec) {
-            Ok(()) => Ok(()),
-            Err(e) if self.audit_fail_open => {
-                eprintln!("cordon: warning: audit record not written: {e}");
-                Ok(())
-            }
-            Err(e) => Err(CallError::Audit(format!(
+        self.audit.record(rec).map_err(|e| {
+            CallError::Audit(format!(
                 "{}: the audit record could not be written ({e}); the result is withheld",
                 rec.tool
-            ))),
-        }
+            ))
+        })
+    }
+
+    /// Write the record of something already done (a session's end, a
+    /// refusal already answered, an egress connection closed): one that
+    /// cannot be written is counted for `cordon doctor` and said in the
+    /// next call's warnings ([`Auditor::record_after`]).
+    pub fn record_after(&self, rec: &AuditRecord) {
+        let _ = self.audit.record_after(rec);
+    }
+
+    /// Warnings of audit records not written since the last call (each
+    /// given once).
+    pub fn audit_warnings(&self) -> Vec<String> {
+        self.audit.take_warnings()
     }
 
     /// Warnings a person should see once: audit trouble, and runtimes that
@@ -629,7 +664,7 @@ impl Broker {
                 ));
             }
         }
-        let outcome = match ran {
+        let mut outcome = match ran {
             Ok(o) => o,
             Err(e) => {
                 rec.status = match e {
@@ -640,6 +675,9 @@ impl Broker {
                 return Err(e.into());
             }
         };
+        // Records of what was already done that could not be written are
+        // said to the next call.
+        outcome.warnings.extend(self.audit.take_warnings());
         rec.exit_code = outcome.exit_code;
         rec.signal = outcome.signal;
         rec.output = Payload::of(&outcome.stdout, false);
@@ -708,6 +746,26 @@ impl Broker {
         }
         Ok(g)
     }
+}
+
+/// Write the record of a credential event. A mint is recorded before its
+/// token is handed out: `Err` (the mint is revoked and its session refused)
+/// when the record cannot be written and the log is fail-closed. Every other
+/// event (a re-mint, a revocation, a failure) is already done: a record that
+/// cannot be written is counted and said ([`Auditor::record_after`]).
+fn credential_event(log: &Auditor, e: &cordon_secrets::Event) -> Result<(), String> {
+    let rec = credential_record(e);
+    if e.kind != cordon_secrets::EventKind::Minted {
+        let _ = log.record_after(&rec);
+        return Ok(());
+    }
+    log.record(&rec).map_err(|err| {
+        eprintln!(
+            "cordon: the audit record of a credential {} was not written: {err}",
+            e.kind.as_str()
+        );
+        err.to_string()
+    })
 }
 
 /// The audit record of a credential event: whose (tool, session), which
@@ -833,6 +891,108 @@ mod tests {
             injected: Vec::new(),
             exfiltration: None,
         }
+    }
+
+    fn credential(kind: cordon_secrets::EventKind) -> cordon_secrets::Event {
+        cordon_secrets::Event {
+            kind,
+            tool: "jira_search".into(),
+            session: "s1".into(),
+            secret: "JIRA_TOKEN".into(),
+            provider: "mint".into(),
+            scope: "read".into(),
+            ttl_seconds: 60,
+            audience: None,
+            deliver: cordon_policy::policy::Deliver::Proxy,
+            expires_at: None,
+            reason: Some("the call ended".into()),
+        }
+    }
+
+    fn full(fail_open: bool, counted: &std::path::Path) -> Auditor {
+        Auditor::new(
+            AuditLog::new().with_sink(FileSink::open("/dev/full", Rotation::default()).unwrap()),
+            fail_open,
+        )
+        .with_unwritten_file(counted.to_path_buf())
+    }
+
+    #[test]
+    fn credential_events_are_recorded_or_their_loss_fails_the_mint_or_is_counted() {
+        use cordon_secrets::EventKind;
+        let dir = tempfile::tempdir().unwrap();
+        // Positive control: every kind is written to a writable log.
+        let path = dir.path().join("audit.jsonl");
+        let ok = Auditor::new(
+            AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap()),
+            false,
+        );
+        for k in [EventKind::Minted, EventKind::Reminted, EventKind::Revoked] {
+            credential_event(&ok, &credential(k)).unwrap();
+        }
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(log.lines().count(), 3, "{log}");
+        assert!(log.contains(r#""event":"remint""#) && log.contains(r#""event":"revoke""#));
+        // A mint not recorded is refused (fail-closed) ...
+        let counted = dir.path().join("unwritten.jsonl");
+        let closed = full(false, &counted);
+        let e = credential_event(&closed, &credential(EventKind::Minted)).unwrap_err();
+        assert!(e.contains("/dev/full"), "{e}");
+        // ... and goes on fail-open, counted.
+        credential_event(&full(true, &counted), &credential(EventKind::Minted)).unwrap();
+        assert_eq!(cordon_audit::read_unwritten(&counted).unwrap().count, 2);
+        // A re-mint or a revocation is done: counted and said to the next
+        // call, never dropped.
+        for k in [
+            EventKind::Reminted,
+            EventKind::Revoked,
+            EventKind::RevokeFailed,
+        ] {
+            credential_event(&closed, &credential(k)).unwrap();
+        }
+        let u = cordon_audit::read_unwritten(&counted).unwrap();
+        assert_eq!(u.count, 5);
+        assert_eq!(u.last.unwrap().what, "credential revoke_failed");
+        let w = closed.take_warnings();
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].contains("credential remint (jira_search, session s1)"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("credential revoke (jira_search, session s1)"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_record_after_the_fact_not_written_is_said_to_the_next_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let counted = dir.path().join("state/audit-unwritten.jsonl");
+        let b = Broker::with_registry(
+            Registry::empty(),
+            &BrokerOptions {
+                audit: Some("/dev/full".into()),
+                audit_unwritten: Some(counted.clone()),
+                tenant_uids: Some(tenant_uids::Availability::Off("test".into())),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut rec = AuditRecord::new("(session)", "");
+        rec.session = "mcp-http-1-0".into();
+        rec.status = cordon_audit::Status::SessionEnded;
+        b.record_after(&rec);
+        let w = b.audit_warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("session end ((session), session mcp-http-1-0)"),
+            "{w:?}"
+        );
+        assert!(b.audit_warnings().is_empty());
+        assert_eq!(cordon_audit::read_unwritten(&counted).unwrap().count, 1);
+        // A call's own record is not written: the call fails (status 22).
+        let e = b.record(&AuditRecord::new("t", "P1")).unwrap_err();
+        assert_eq!(e.exit_code(), exit::AUDIT_FAILED);
     }
 
     #[test]

@@ -105,6 +105,44 @@ fn verdict(
     }
 }
 
+/// Audit records that could not be written (counted by the audit writer),
+/// the first and the last.
+fn unwritten_audit_check(path: &Path) -> Check {
+    let how = format!(
+        "each record the audit writer could not write is counted in {} (delete it once dealt with)",
+        path.display()
+    );
+    let (ok, detail) = match cordon_audit::read_unwritten(path) {
+        Ok(u) if u.count == 0 => (true, "every audit record was written".to_string()),
+        Ok(u) => {
+            let show = |r: &Option<cordon_audit::UnwrittenRecord>| {
+                r.as_ref()
+                    .map(|r| {
+                        format!(
+                            "{} at {} ({}, session {}): {}",
+                            r.what, r.time, r.tool, r.session, r.error
+                        )
+                    })
+                    .unwrap_or_else(|| "not readable".into())
+            };
+            let detail = format!(
+                "{} audit record(s) could not be written; first: {}; last: {}",
+                u.count,
+                show(&u.first),
+                show(&u.last)
+            );
+            (false, detail)
+        }
+        Err(e) => (false, format!("{} cannot be read: {e}", path.display())),
+    };
+    Check {
+        name: "audit records written",
+        ok,
+        detail,
+        how,
+    }
+}
+
 fn which(bin: &str) -> Option<String> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
@@ -442,6 +480,9 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         },
         how: "--providers, $CORDON_PROVIDERS, else /etc/cordon/providers.yaml (mode 0600)".into(),
     });
+    if let Ok(unwritten) = cordon_broker::default_unwritten_path() {
+        checks.push(unwritten_audit_check(&unwritten));
+    }
     let broker_missing = match &credentials {
         Ok(Some(_)) => Vec::new(),
         _ => vec![

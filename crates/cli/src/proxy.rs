@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::anyhow;
 
-use cordon_audit::{AuditLog, AuditRecord, FileSink, Rotation, StderrSink};
 use cordon_egress::{DoorContext, EgressPolicy, EventSink};
 
 use crate::exit;
@@ -27,6 +26,10 @@ pub struct ProxyArgs {
     /// Audit log file (`-` for stderr only).
     #[arg(long, env = "CORDON_AUDIT")]
     pub audit: Option<PathBuf>,
+    /// Go on when the audit log cannot be opened or a record cannot be
+    /// written (default: the proxy does not start, or stops, with status 22).
+    #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
+    pub audit_fail_open: bool,
 }
 
 pub fn policy(a: &ProxyArgs) -> anyhow::Result<EgressPolicy> {
@@ -40,49 +43,31 @@ pub fn policy(a: &ProxyArgs) -> anyhow::Result<EgressPolicy> {
 
 pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     let p = Arc::new(policy(&a)?);
-    let path = match a
-        .audit
-        .clone()
-        .map_or_else(cordon_broker::default_audit_path, Ok)
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("cordon: warning: {e}; records go to stderr");
-            PathBuf::from("-")
-        }
-    };
-    let mut log = AuditLog::new().with_sink(StderrSink);
-    if path.as_os_str() != "-" {
-        if let Some(d) = path.parent() {
-            let _ = std::fs::create_dir_all(d);
-        }
-        match FileSink::open(&path, Rotation::default()) {
-            Ok(s) => log = AuditLog::new().with_sink(s),
-            Err(e) => eprintln!(
-                "cordon: warning: audit log {} cannot be opened ({e}); records go to stderr",
-                path.display()
-            ),
-        }
+    let (auditor, warning) =
+        match cordon_broker::open_auditor(a.audit.clone(), a.audit_fail_open, None) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("cordon: {e}");
+                return Ok(ExitCode::from(exit::AUDIT_FAILED));
+            }
+        };
+    if let Some(w) = warning {
+        eprintln!("cordon: warning: {w}");
     }
-    let log = Arc::new(log);
+    let auditor = Arc::new(auditor);
+    // Fail-closed, a record that cannot be written stops the proxy: the
+    // connection it records has closed, but no other goes out unaudited.
+    let unaudited = Arc::new(tokio::sync::Notify::new());
     let name = a.name.clone();
+    let (log, stop) = (auditor.clone(), unaudited.clone());
     let sink = EventSink::new(move |e| {
         eprintln!(
             "cordon proxy: {:?} {}:{} {}",
             e.decision, e.name, e.port, e.reason
         );
-        let mut r = AuditRecord::new(&name, "proxy");
-        r.runtime = "proxy".into();
-        r.session = e.session.clone();
-        r.caller = "proxy".into();
-        r.duration_ms = e.duration_ms;
-        r.egress.push(cordon_broker::audit_event(&e));
-        if e.decision == cordon_egress::Decision::Refused {
-            r.status = cordon_audit::Status::Denied;
-            r.reason = Some(e.reason.clone());
-        }
-        if let Err(err) = log.record(&r) {
-            eprintln!("cordon: warning: audit record not written: {err}");
+        let r = cordon_broker::egress_record(&name, "proxy", "proxy", "proxy", &e);
+        if log.record_after(&r).is_err() && !log.fail_open() {
+            stop.notify_one();
         }
     });
     let ctx = DoorContext {
@@ -94,7 +79,17 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     eprintln!("cordon proxy: listening on {}", a.listen);
-    rt.block_on(cordon_egress::run_proxy(a.listen, p, ctx, sink))
-        .map_err(|e| anyhow!("{e}"))?;
+    let stopped = rt.block_on(async {
+        tokio::select! {
+            r = cordon_egress::run_proxy(a.listen, p, ctx, sink) => r.map(|()| false),
+            _ = unaudited.notified() => Ok(true),
+        }
+    });
+    if stopped.map_err(|e| anyhow!("{e}"))? {
+        eprintln!(
+            "cordon proxy: stopped: an audit record could not be written, and no egress goes out unaudited (--audit-fail-open to go on without it)"
+        );
+        return Ok(ExitCode::from(exit::AUDIT_FAILED));
+    }
     Ok(ExitCode::from(exit::OK))
 }

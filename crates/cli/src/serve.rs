@@ -216,9 +216,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         credentials: credentials.clone(),
         ..Default::default()
     };
-    let broker =
-        cordon_broker::Broker::with_registry(registry, &bopts).map_err(|e| anyhow!("{e}"))?;
-    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).map_err(|e| anyhow!("{e}"))?);
+    let broker = Arc::new(
+        cordon_broker::Broker::with_registry(registry, &bopts).map_err(|e| anyhow!("{e}"))?,
+    );
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
         .with_listing_cache(match cordon_mcp::default_listing_dir() {

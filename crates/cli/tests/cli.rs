@@ -964,6 +964,166 @@ fn proxy_serves_the_door_on_a_host_address() {
     );
 }
 
+/// `cordon proxy` honours fail-closed audit: a log that cannot be opened
+/// refuses to start it, and a record that cannot be written (the log is
+/// /dev/full) stops it with status 22 after the connection it records;
+/// `--audit-fail-open` goes on. Every record not written is counted, and
+/// `cordon doctor` says so.
+#[test]
+fn proxy_fails_closed_when_its_audit_record_cannot_be_written() {
+    use std::io::Read;
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in upstream.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let dir = audit_file("proxy-full").parent().unwrap().to_path_buf();
+    let state = dir.join("state");
+    let _ = std::fs::remove_dir_all(&state);
+    let unwritten = state.join("audit-unwritten.jsonl");
+    let proxy = |audit: &Path, extra: &[&str]| {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut args = vec![
+            "proxy".to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--egress".into(),
+            format!("api.test:{up}"),
+            "--resolve".into(),
+            "api.test=127.0.0.1".into(),
+            "--allow-cidr".into(),
+            "127.0.0.1/32".into(),
+            "--name".into(),
+            "tproxy".into(),
+            "--audit".into(),
+            audit.to_str().unwrap().into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(CORDON)
+            .args(&args)
+            .env("CORDON_STATE_DIR", &state)
+            .env_remove("CORDON_AUDIT_FAIL_OPEN")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, port)
+    };
+    let ask = |port: u16| -> String {
+        for _ in 0..200 {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                let _ = write!(
+                    s,
+                    "GET http://api.test:{up}/x HTTP/1.1\r\nHost: api.test:{up}\r\nConnection: close\r\n\r\n"
+                );
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                return out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        String::new()
+    };
+    let count = || cordon_audit::read_unwritten(&unwritten).unwrap().count;
+
+    // A log that cannot be opened (its directory is a file): not started.
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, b"").unwrap();
+    let (child, _) = proxy(&blocker.join("audit.jsonl"), &[]);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(22), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("cannot be opened")
+            && text(&o.stderr).contains("--audit-fail-open"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    // /dev/full, fail-closed: the request is served (its record comes once
+    // its connection has closed), then the proxy stops with status 22.
+    let (mut child, port) = proxy(Path::new("/dev/full"), &[]);
+    let ok = ask(port);
+    assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
+    let mut status = None;
+    for _ in 0..400 {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(22), "{err}");
+    assert!(
+        err.contains("stopped: an audit record could not be written"),
+        "{err}"
+    );
+    assert!(err.contains("the audit record of egress (tproxy"), "{err}");
+    assert_eq!(count(), 1);
+    let last = cordon_audit::read_unwritten(&unwritten)
+        .unwrap()
+        .last
+        .unwrap();
+    assert_eq!(
+        (last.what.as_str(), last.tool.as_str()),
+        ("egress", "tproxy")
+    );
+
+    // --audit-fail-open: it goes on, each record still counted.
+    let (mut child, port) = proxy(Path::new("/dev/full"), &["--audit-fail-open"]);
+    for _ in 0..2 {
+        let ok = ask(port);
+        assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
+    }
+    for _ in 0..400 {
+        if count() >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the fail-open proxy stopped"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(count(), 3);
+
+    // `cordon doctor` says how many were not written.
+    let o = Command::new(CORDON)
+        .arg("doctor")
+        .env("CORDON_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("3 audit record(s) could not be written; first: egress at"),
+        "{out}"
+    );
+    // The positive control: a state directory with none is clean.
+    let o = Command::new(CORDON)
+        .arg("doctor")
+        .env("CORDON_STATE_DIR", dir.join("clean-state"))
+        .output()
+        .unwrap();
+    assert!(
+        text(&o.stdout).contains("every audit record was written"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
 /// A root broker without CAP_SYS_ADMIN (a restricted container) cannot make
 /// the pooled network namespaces; it says so and each sandbox makes its own
 /// inside its user namespace: still no network, never the host's.

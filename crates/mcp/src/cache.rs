@@ -24,7 +24,7 @@ use rmcp::model::Tool;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use crate::upstream::Offers;
+use crate::offers::Offers;
 
 /// The default directory: `mcp` in cordon's state directory
 /// (`$CORDON_STATE_DIR/mcp`, else `/var/lib/cordon/mcp` as root, else

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::Session;
 use crate::render::{Refusal, refusal};
-use crate::resources::cordon_uri;
+use crate::uri::cordon_uri;
 
 /// The claims of `p` a grant is held against.
 pub(crate) fn claims(p: &Principal) -> Claims<'_> {

@@ -343,9 +343,10 @@ async fn session_owner(
                 rec.tenant = Some(who.tenant.clone());
                 rec.status = cordon_audit::Status::Denied;
                 rec.reason = Some("a request for a session opened by another principal".into());
-                if broker.record(&rec).is_err() {
-                    tracing::warn!(session = %id, "the refusal's audit record was not written");
-                }
+                // The refusal stands whatever becomes of its record; one
+                // that cannot be written is counted and said (`cordon
+                // doctor`, the next call's warnings).
+                broker.record_after(&rec);
                 return (
                     StatusCode::FORBIDDEN,
                     "this session was opened by another principal",

@@ -25,10 +25,12 @@ mod grants;
 pub mod http;
 pub mod lifetime;
 mod names;
+mod offers;
 pub mod render;
 pub mod resources;
 pub mod sandbox;
 mod upstream;
+mod uri;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -60,19 +62,10 @@ pub use sandbox::{RuntimeServers, ServerHandle, ServerProcess, ServerSandbox};
 
 use render::refusal;
 
-/// The server sandbox of a gateway: the broker's runtimes, with egress
-/// attempts audited.
-pub fn servers_for(broker: &Broker, opts: &GatewayOptions) -> Result<RuntimeServers, GatewayError> {
-    let (audit, _) = cordon_broker::open_audit(opts.audit.clone(), opts.audit_fail_open)
-        .map_err(GatewayError::Sandbox)?;
-    let mut s = RuntimeServers::new(broker.registry().clone(), opts.max_server_lifetime)
-        .with_audit(Arc::new(audit))
-        .with_tenant_uids(broker.tenant_uids().clone())
-        .with_volumes(broker.volumes().clone());
-    if let Some(cb) = broker.credentials() {
-        s = s.with_credentials(cb.clone());
-    }
-    Ok(s)
+/// The server sandbox of a gateway: servers started by `broker`, each for
+/// at most the options' `max_server_lifetime`.
+pub fn servers_for(broker: &Arc<Broker>, opts: &GatewayOptions) -> RuntimeServers {
+    RuntimeServers::new(broker.clone(), opts.max_server_lifetime)
 }
 
 /// Why the gateway could not start or stopped.
@@ -154,8 +147,8 @@ impl Gateway {
             audit_fail_open: opts.audit_fail_open,
             ..Default::default()
         };
-        let broker = Broker::new(bopts.clone()).map_err(GatewayError::Sandbox)?;
-        let sandbox = Arc::new(servers_for(&broker, opts)?);
+        let broker = Arc::new(Broker::new(bopts.clone()).map_err(GatewayError::Sandbox)?);
+        let sandbox = Arc::new(servers_for(&broker, opts));
         Gateway::new(&loaded.policy, broker, sandbox)
     }
 
@@ -166,9 +159,10 @@ impl Gateway {
     /// does not compile is an error.
     pub fn new(
         policy: &PolicySet,
-        broker: Broker,
+        broker: impl Into<Arc<Broker>>,
         sandbox: Arc<dyn ServerSandbox>,
     ) -> Result<Gateway, GatewayError> {
+        let broker: Arc<Broker> = broker.into();
         let caps = Arc::new(caps::Caps::new(policy));
         // Each server started holds one of the live sandboxes.
         let sandbox: Arc<dyn ServerSandbox> = match caps.sandboxes() {
@@ -227,7 +221,7 @@ impl Gateway {
             }
         }
         Ok(Gateway {
-            broker: Arc::new(broker),
+            broker,
             commands,
             servers,
             sandbox,
@@ -1209,8 +1203,15 @@ impl ServerHandler for Session {
                     return r.map(Into::into);
                 }
             };
-            let r = u.call(&name, request.arguments, &context).await;
+            let mut r = u.call(&name, request.arguments, &context).await;
             audit.warnings = u.warnings();
+            // Records of what was already done that could not be written
+            // are said to the next call.
+            let unwritten = self.gw.broker.audit_warnings();
+            if !unwritten.is_empty() {
+                audit.warnings.extend(unwritten);
+                r = r.map(|res| render::with_warnings(res, &audit.warnings));
+            }
             audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
             return r.map(Into::into);
         }

@@ -253,9 +253,9 @@ impl HttpSessions {
             rec.tenant = Some(c.tenant);
             rec.status = cordon_audit::Status::SessionEnded;
             rec.reason = Some(format!("session {why}; every sandbox of it was stopped"));
-            if let Err(e) = self.broker.record(&rec) {
-                tracing::error!("session {session}: the record of its end was not written: {e}");
-            }
+            // The session has ended: a record that cannot be written is
+            // counted and said (`cordon doctor`, the next call's warnings).
+            self.broker.record_after(&rec);
         }
         if let Err(e) = self.manager.close_session(&Arc::from(id)).await {
             tracing::error!("session {id}: close: {e}");

@@ -580,13 +580,15 @@ async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Avail
         audit: Some(audit.clone()),
         ..GatewayOptions::default()
     };
-    let broker = cordon_broker::Broker::new(cordon_broker::BrokerOptions {
-        audit: Some(audit.clone()),
-        tenant_uids: Some(uids),
-        ..Default::default()
-    })
-    .unwrap();
-    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts).unwrap());
+    let broker = Arc::new(
+        cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+            audit: Some(audit.clone()),
+            tenant_uids: Some(uids),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
     let loaded = cordon_policy::load(&m).unwrap();
     let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
     assert!(
@@ -701,4 +703,106 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
         assert_eq!(r.tenant_uid, Some(want), "{r:#?}");
         assert!(r.shared_uid.is_none(), "{r:#?}");
     }
+}
+
+/// A request for another principal's session whose audit record cannot be
+/// written (the log is /dev/full) is refused all the same; the record's
+/// loss is counted for `cordon doctor` and said in the next call's
+/// warnings (fail-open, so that the next call returns at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_whose_record_cannot_be_written_is_refused_counted_and_said() {
+    if cordon_sys::io::geteuid() != 0 {
+        skip::skip_or_fail(
+            "access",
+            "the gateway's sandboxes are set up as root in this suite",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path());
+    let unwritten = dir.path().join("state/audit-unwritten.jsonl");
+    let broker = Arc::new(
+        cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+            audit: Some("/dev/full".into()),
+            audit_fail_open: true,
+            audit_unwritten: Some(unwritten.clone()),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let opts = GatewayOptions {
+        audit: Some("/dev/full".into()),
+        audit_fail_open: true,
+        ..GatewayOptions::default()
+    };
+    let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
+    let loaded = cordon_policy::load(&m).unwrap();
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{}{}",
+        listener.local_addr().unwrap(),
+        cordon_mcp::HTTP_PATH
+    );
+    let stop = CancellationToken::new();
+    let http_opts = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    let _served = Served {
+        url: url.clone(),
+        audit: "/dev/full".into(),
+        stop: stop.clone(),
+        _dir: dir,
+    };
+    tokio::spawn(cordon_mcp::serve_http(
+        Arc::new(gw),
+        listener,
+        http_opts,
+        stop,
+    ));
+    cordon_mcp::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let id = raw_initialize(&http, &url, ALICE).await;
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    // The positive control: its own principal is served.
+    let mine = raw(&http, &url, ALICE, Some(&id), list.clone())
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(mine.contains("word_count"), "{mine}");
+    assert_eq!(
+        cordon_audit::read_unwritten(&unwritten).unwrap().count,
+        0,
+        "nothing was to be recorded yet"
+    );
+    let r = raw(&http, &url, BOB, Some(&id), list).await;
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "{text}");
+    assert!(text.contains("opened by another principal"), "{text}");
+    // Counted, with what it was about and whose session.
+    let u = cordon_audit::read_unwritten(&unwritten).unwrap();
+    assert_eq!(u.count, 1, "{u:?}");
+    let last = u.last.unwrap();
+    assert_eq!(
+        (last.what.as_str(), last.session.as_str()),
+        ("refusal", id.as_str())
+    );
+    // And said in the next call's warnings.
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "word_count", "arguments": {"text": "a b c"}}});
+    let answer = raw(&http, &url, ALICE, Some(&id), call)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        answer.contains("cordon/warnings")
+            && answer.contains(&format!("the audit record of refusal (-, session {id})")),
+        "{answer}"
+    );
 }

@@ -108,15 +108,17 @@ impl Asks {
         )
     }
 
-    /// Audit one request of the server to the client.
+    /// Audit one request of the server to the client. `Err` (the answer
+    /// is then withheld from the server) when its record could not be
+    /// written and the audit log is fail-closed.
     fn record<T: serde::Serialize>(
         &self,
         method: &str,
         params: &serde_json::Value,
         outcome: &Result<T, ErrorData>,
-    ) {
+    ) -> Result<(), ErrorData> {
         let Some((broker, session, who)) = &self.audit else {
-            return;
+            return Ok(());
         };
         let input =
             serde_json::to_vec(&json!({"method": method, "params": params})).unwrap_or_default();
@@ -130,9 +132,9 @@ impl Asks {
             input,
         );
         let who = crate::caller_of(session, "mcp-server", who);
-        if let Err(e) = audit.finish_with(broker, &who, out) {
+        audit.finish_with(broker, &who, out).inspect_err(|e| {
             tracing::warn!(tool = %self.policy.name, "audit record of {method} not written: {}", e.message);
-        }
+        })
     }
 }
 
@@ -269,7 +271,7 @@ impl ClientHandler for Forwarder {
             agent.create_message(params).await.map_err(client_error)
         }
         .await;
-        self.asks.record(METHOD, &raw, &r);
+        self.asks.record(METHOD, &raw, &r)?;
         r
     }
 
@@ -295,7 +297,7 @@ impl ClientHandler for Forwarder {
                 .map_err(client_error)
         }
         .await;
-        self.asks.record(METHOD, &raw, &r);
+        self.asks.record(METHOD, &raw, &r)?;
         r
     }
 

@@ -32,6 +32,7 @@ use rmcp::model::{Prompt, Resource, ResourceTemplate};
 use serde_json::json;
 
 use crate::names::NameClaims;
+pub(crate) use crate::offers::{KnownOffers, Offers};
 use crate::render::{self, Refusal};
 use crate::sandbox::ServerSandbox;
 use connection::{Live, ProgressRoutes, Subscriptions};
@@ -49,26 +50,9 @@ struct State {
     /// What the server listed last (after the manifest's allowlists):
     /// the only resources, templates and prompts an agent may reach.
     resources: Option<Vec<Resource>>,
-    templates: Option<Vec<(ResourceTemplate, crate::resources::Template)>>,
+    templates: Option<Vec<(ResourceTemplate, crate::uri::Template)>>,
     prompts: Option<Vec<Prompt>>,
 }
-
-/// What a server offers besides tools, learnt from its `initialize`
-/// answer and shared by the sessions of one gateway (the capabilities are
-/// advertised before any session has started the server).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Offers {
-    pub resources: bool,
-    pub prompts: bool,
-    pub completions: bool,
-    pub subscribe: bool,
-    /// The server sends `list_changed` for resources / prompts.
-    pub resources_list_changed: bool,
-    pub prompts_list_changed: bool,
-}
-
-/// The gateway's record of each server's [`Offers`] (`None`: not started yet).
-pub(crate) type KnownOffers = Arc<Mutex<Option<Offers>>>;
 
 /// The logging level the agent's client set, shared by its session and the
 /// session's servers (`None`: not set).

@@ -72,7 +72,7 @@ impl Upstream {
             if allow.is_some_and(|a| !a.contains(&t.uri_template)) {
                 continue;
             }
-            let compiled = match crate::resources::Template::new(&t.uri_template) {
+            let compiled = match crate::uri::Template::new(&t.uri_template) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("cordon: warning: {}: not listed: {e}", self.policy.name);
