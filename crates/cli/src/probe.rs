@@ -224,9 +224,10 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
         let mut registry = Registry::for_host(Default::default());
-        if let Some(cb) =
-            crate::run::credentials_for(loaded.policy.tools.values(), a.providers.as_deref())?
-        {
+        if let Some(cb) = crate::credentials::credentials_for(
+            loaded.policy.tools.values(),
+            a.providers.as_deref(),
+        )? {
             registry = registry.with_credentials(cb);
         }
         let tools: Vec<&ToolPolicy> = match &a.tool {

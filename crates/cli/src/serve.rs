@@ -196,8 +196,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         ..GatewayOptions::default()
     };
     let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
-    let credentials =
-        crate::run::credentials_for(loaded.policy.tools.values(), args.providers.as_deref())?;
+    let credentials = crate::credentials::credentials_for(
+        loaded.policy.tools.values(),
+        args.providers.as_deref(),
+    )?;
     let mut registry = Registry::for_host(Default::default());
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
