@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use crate::files::{Privacy, read_checked};
+use cordon_config::Privacy;
 
 /// Why the authentication file cannot be used: the file, and the line
 /// and column of the field when the error is about one (0 otherwise).
@@ -160,27 +160,12 @@ fn check_url(key: &str, u: &str) -> Result<(), String> {
 }
 
 fn yaml_error(path: &Path, e: serde_saphyr::Error) -> ConfigError {
-    let (line, column) = e
-        .location()
-        .map(|l| (l.line(), l.column()))
-        .unwrap_or((1, 1));
-    let first = e.to_string();
-    let first = first
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .trim_start_matches("error: ")
-        .to_string();
-    let message = match first.find(": ") {
-        Some(i) if first.starts_with("line ") => first[i + 2..].to_string(),
-        _ => first,
-    };
+    let y = cordon_config::yaml_error(&e);
     ConfigError {
         path: path.to_path_buf(),
-        line,
-        column,
-        message,
+        line: y.line,
+        column: y.column,
+        message: y.message,
     }
 }
 
@@ -188,14 +173,13 @@ impl AuthConfig {
     /// Read and check the file at `path`.
     pub fn load(path: &Path) -> Result<AuthConfig, ConfigError> {
         let text =
-            read_checked(path, Privacy::NotWritableByOthers).map_err(|message| ConfigError {
-                path: path.to_path_buf(),
-                line: 0,
-                column: 0,
-                message: message
-                    .strip_prefix(&format!("{}: ", path.display()))
-                    .map(str::to_string)
-                    .unwrap_or(message),
+            cordon_config::read_checked(path, Privacy::NotWritableByOthers).map_err(|message| {
+                ConfigError {
+                    path: path.to_path_buf(),
+                    line: 0,
+                    column: 0,
+                    message,
+                }
             })?;
         Self::parse(path, &text)
     }

@@ -57,7 +57,7 @@ pub struct Principal {
 }
 
 /// The tenant of callers that carry none (stdio, unauthenticated HTTP).
-pub const DEFAULT_TENANT: &str = "default";
+pub use cordon_config::DEFAULT_TENANT;
 
 impl Principal {
     /// The local user running cordon (stdio, `cordon run`).

@@ -99,7 +99,7 @@ impl Caller {
             session: session.to_string(),
             client: client.to_string(),
             principal: None,
-            tenant: cordon_auth::DEFAULT_TENANT.to_string(),
+            tenant: cordon_runtime::DEFAULT_TENANT.to_string(),
         }
     }
 }

@@ -179,6 +179,72 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut checks = Vec::new();
     let mut notes = Vec::new();
 
+    userns_checks(&facts, &mut checks);
+    checks.push(volumes_check());
+    checks.push(cgroups_check(&facts));
+    let cgroup_usable = cgroup_usable_check(native_facts.as_ref(), native_err.as_ref());
+    checks.push(delegation_check());
+    checks.push(tenant_uids_check());
+    checks.push(cgroup_usable);
+    kernel_checks(&facts, &mut checks);
+    let gvisor = Gvisor::of(&registry);
+    gvisor_checks(&gvisor, &mut checks);
+    checks.push(qemu_check());
+    checks.push(image_store_check());
+    let (credential_check, broker_missing) = credential_broker_check(providers);
+    checks.push(credential_check);
+    if let Ok(unwritten) = cordon_broker::default_unwritten_path() {
+        checks.push(unwritten_audit_check(&unwritten));
+    }
+    if let Some(f) = &native_facts {
+        notes.extend(f.notes.iter().cloned());
+    }
+    for n in &facts.notes {
+        if !notes.contains(n) {
+            notes.push(n.clone());
+        }
+    }
+
+    let profiles = profile_verdicts(
+        native_facts.as_ref(),
+        native_err.as_ref(),
+        &gvisor,
+        broker_missing,
+    );
+    for (pid, why) in cordon_runtime::pool::stopped_pools() {
+        notes.push(format!("broker {pid}: {why}"));
+    }
+    for n in &gvisor.notes {
+        let n = format!("gvisor: {n}");
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
+    }
+    let runtimes = registry
+        .runtimes()
+        .iter()
+        .map(|rt| RuntimeReport {
+            runtime: rt.name(),
+            mechanisms: rt.facts().mechanisms,
+        })
+        .collect();
+    let report = Report {
+        host: facts,
+        checks,
+        runtimes,
+        profiles,
+        notes,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::from(exit::OK));
+    }
+    print_text(&report, &registry);
+    Ok(ExitCode::from(exit::OK))
+}
+
+/// User namespaces, for root and for an unprivileged user.
+fn userns_checks(facts: &HostFacts, checks: &mut Vec<Check>) {
     let userns_max = read_trim("/proc/sys/user/max_user_namespaces").unwrap_or_default();
     let unpriv_knob = read_trim("/proc/sys/kernel/unprivileged_userns_clone");
     let apparmor = read_trim("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
@@ -202,8 +268,12 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         how: "/proc/sys/kernel/{unprivileged_userns_clone,apparmor_restrict_unprivileged_userns}"
             .into(),
     });
+}
+
+/// Whether workspace and state volume sizes are enforced.
+fn volumes_check() -> Check {
     let volumes = cordon_runtime::volume::mechanism();
-    checks.push(Check {
+    Check {
         name: "workspace and state sizes",
         ok: volumes.is_ok(),
         detail: match &volumes {
@@ -211,7 +281,12 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             Err(why) => why.clone(),
         },
         how: "tmpfs size= and ext4 images mounted by a root broker (docs/workspaces.md)".into(),
-    });
+    }
+}
+
+/// The cgroup hierarchies mounted, and where the memory, pids and cpu
+/// controllers are.
+fn cgroups_check(facts: &HostFacts) -> Check {
     let layout = &facts.cgroup_layout;
     let place = |p: &Option<cordon_jail::cgroup::Placement>| match p {
         Some(p) => format!(
@@ -252,7 +327,7 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             (false, false) => "none mounted",
         }
     };
-    checks.push(Check {
+    Check {
         name: "cgroups",
         ok: layout.memory.is_some() && layout.pids.is_some(),
         detail: format!(
@@ -265,14 +340,21 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             "/proc/self/mounts and /proc/self/cgroup: {}",
             hierarchies.join("; ")
         ),
-    });
-    let cgroup_state = native_facts.as_ref().and_then(|f| {
+    }
+}
+
+/// Whether the native runtime made its cgroup pool.
+fn cgroup_usable_check(
+    native_facts: Option<&cordon_runtime::Facts>,
+    native_err: Option<&String>,
+) -> Check {
+    let cgroup_state = native_facts.and_then(|f| {
         f.mechanisms
             .iter()
             .find(|m| m.mechanism == Mechanism::Cgroup)
             .cloned()
     });
-    let (cg_usable, cg_detail) = match (&cgroup_state, &native_err) {
+    let (cg_usable, cg_detail) = match (&cgroup_state, native_err) {
         (Some(m), _) if m.is_enforced() => (
             true,
             "a pool of cgroups was created and limits can be written".to_string(),
@@ -281,10 +363,20 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         (None, Some(e)) => (false, format!("the jail cannot start: {e}")),
         (None, None) => (false, "no native runtime".to_string()),
     };
+    Check {
+        name: "cgroup limits usable",
+        ok: cg_usable,
+        detail: cg_detail,
+        how: "created the broker's cgroup pool under its own cgroup".into(),
+    }
+}
+
+/// Whether systemd delegated a cgroup subtree to this process.
+fn delegation_check() -> Check {
     // The native runtime's jail asked (or not) for a delegated scope when
     // it was made, above.
     let delegation = cordon_jail::delegate::current();
-    checks.push(Check {
+    Check {
         name: "systemd delegation",
         ok: !matches!(
             delegation,
@@ -299,37 +391,37 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             None => "not asked for: the native runtime did not start, or uses no cgroups".into(),
         },
         how: "on a pure cgroup v2 host below its root cgroup: StartTransientUnit (a scope with Delegate=yes holding this process) on the systemd manager's D-Bus (the user bus for an unprivileged user, the system bus for root; or the manager's private socket)".into(),
-    });
-    {
-        use cordon_broker::tenant_uids::{Availability, RANGE_ENV, SUBID_USER, TenantUids};
-        let (ok, detail) = match TenantUids::discover() {
-            Availability::InForce(u) => (
-                true,
-                format!(
-                    "in force: each tenant's native sandboxes run as a uid of its own from {}+{} (gids from {}), kept under {}",
-                    u.uid_first,
-                    u.count,
-                    u.gid_first,
-                    u.state_dir.display()
-                ),
-            ),
-            Availability::Off(why) => (false, format!("not in force: {why}")),
-        };
-        checks.push(Check {
-            name: "per-tenant host uids",
-            ok,
-            detail,
-            how: format!(
-                "the `{SUBID_USER}` user's lines in /etc/subuid and /etc/subgid, or {RANGE_ENV}; root only"
-            ),
-        });
     }
-    checks.push(Check {
-        name: "cgroup limits usable",
-        ok: cg_usable,
-        detail: cg_detail,
-        how: "created the broker's cgroup pool under its own cgroup".into(),
-    });
+}
+
+/// Whether each tenant's sandboxes run as host uids of their own.
+fn tenant_uids_check() -> Check {
+    use cordon_broker::tenant_uids::{Availability, RANGE_ENV, SUBID_USER, TenantUids};
+    let (ok, detail) = match TenantUids::discover() {
+        Availability::InForce(u) => (
+            true,
+            format!(
+                "in force: each tenant's native sandboxes run as a uid of its own from {}+{} (gids from {}), kept under {}",
+                u.uid_first,
+                u.count,
+                u.gid_first,
+                u.state_dir.display()
+            ),
+        ),
+        Availability::Off(why) => (false, format!("not in force: {why}")),
+    };
+    Check {
+        name: "per-tenant host uids",
+        ok,
+        detail,
+        how: format!(
+            "the `{SUBID_USER}` user's lines in /etc/subuid and /etc/subgid, or {RANGE_ENV}; root only"
+        ),
+    }
+}
+
+/// Kernel features the jail uses when present.
+fn kernel_checks(facts: &HostFacts, checks: &mut Vec<Check>) {
     checks.push(Check {
         name: "mount_setattr",
         ok: facts.mount_setattr,
@@ -381,62 +473,93 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         },
         how: "open(/dev/kvm, O_RDWR)".into(),
     });
-    // gVisor: runsc, its release, and which platforms start a sandbox here.
-    let gvisor = registry
-        .get(
-            cordon_policy::policy::Runtime::Gvisor,
-            cordon_runtime::Use::Call,
-        )
-        .ok();
-    let gv_problems: Vec<String> = match &gvisor {
-        Some(g) => g
-            .check(&cordon_runtime::SandboxSpec::new("doctor", ["/bin/true"]))
-            .problems
-            .iter()
-            .map(|p| p.trim_start_matches("runtime gvisor: ").to_string())
-            .collect(),
-        None => vec!["runtime gvisor is not available in this build".into()],
-    };
-    let gv_facts = gvisor.as_ref().map(|g| g.facts());
-    let gv_notes: Vec<String> = gv_facts
-        .as_ref()
-        .map(|f| f.notes.clone())
-        .unwrap_or_default();
-    let gv_note = |prefix: &str| {
-        gv_notes
+}
+
+/// gVisor: runsc, its release, and which platforms start a sandbox here.
+struct Gvisor {
+    /// Why it cannot run here (empty: it can).
+    problems: Vec<String>,
+    facts: Option<cordon_runtime::Facts>,
+    notes: Vec<String>,
+}
+
+impl Gvisor {
+    fn of(registry: &Registry) -> Gvisor {
+        let gvisor = registry
+            .get(
+                cordon_policy::policy::Runtime::Gvisor,
+                cordon_runtime::Use::Call,
+            )
+            .ok();
+        let gv_problems: Vec<String> = match &gvisor {
+            Some(g) => g
+                .check(&cordon_runtime::SandboxSpec::new("doctor", ["/bin/true"]))
+                .problems
+                .iter()
+                .map(|p| p.trim_start_matches("runtime gvisor: ").to_string())
+                .collect(),
+            None => vec!["runtime gvisor is not available in this build".into()],
+        };
+        let gv_facts = gvisor.as_ref().map(|g| g.facts());
+        let gv_notes: Vec<String> = gv_facts
+            .as_ref()
+            .map(|f| f.notes.clone())
+            .unwrap_or_default();
+        Gvisor {
+            problems: gv_problems,
+            facts: gv_facts,
+            notes: gv_notes,
+        }
+    }
+
+    /// The note of the gVisor runtime that starts with `prefix`, without it.
+    fn note(&self, prefix: &str) -> Option<String> {
+        self.notes
             .iter()
             .find_map(|n| n.strip_prefix(prefix).map(str::to_string))
-    };
+    }
+}
+
+/// runsc and the platforms it starts a sandbox with here.
+fn gvisor_checks(gv: &Gvisor, checks: &mut Vec<Check>) {
     checks.push(Check {
         name: "gvisor (runsc)",
-        ok: gv_problems.is_empty(),
-        detail: if gv_problems.is_empty() {
-            gv_note("runsc ").unwrap_or_default()
+        ok: gv.problems.is_empty(),
+        detail: if gv.problems.is_empty() {
+            gv.note("runsc ").unwrap_or_default()
         } else {
-            gv_problems.join("; ")
+            gv.problems.join("; ")
         },
         how: "$CORDON_RUNSC or runsc in PATH; `runsc --version` (release 20240101 or newer)".into(),
     });
-    if let Some(platforms) = gv_note("platforms: ") {
+    if let Some(platforms) = gv.note("platforms: ") {
         checks.push(Check {
             name: "gvisor platforms",
-            ok: gv_note("chosen platform: ").is_some(),
+            ok: gv.note("chosen platform: ").is_some(),
             detail: format!(
                 "{platforms}; chosen: {}",
-                gv_note("chosen platform: ").unwrap_or_else(|| "none".into())
+                gv.note("chosen platform: ").unwrap_or_else(|| "none".into())
             ),
             how: "runsc --platform=P --network=none --ignore-cgroups do /bin/true for systrap, kvm, ptrace (cached per runsc release and kernel)".into(),
         });
     }
+}
+
+/// QEMU, for the microVM runtime.
+fn qemu_check() -> Check {
     let qemu = which("qemu-system-x86_64");
-    checks.push(Check {
+    Check {
         name: "qemu",
         ok: qemu.is_some(),
         detail: qemu.clone().unwrap_or_else(|| "not found".into()),
         how: "qemu-system-x86_64 in PATH".into(),
-    });
+    }
+}
+
+/// Where images are kept, and how many.
+fn image_store_check() -> Check {
     let store = cordon_image::store::Store::default_dir();
-    checks.push(Check {
+    Check {
         name: "image store",
         ok: store.is_ok(),
         detail: match &store {
@@ -453,10 +576,15 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             Err(e) => e.to_string(),
         },
         how: "$CORDON_STORE, /var/lib/cordon as root, else ~/.local/share/cordon".into(),
-    });
+    }
+}
+
+/// The credential broker's provider file, and what the profiles miss
+/// without one.
+fn credential_broker_check(providers: Option<&Path>) -> (Check, Vec<String>) {
     let (pf, pf_how) = cordon_secrets::describe_source(providers);
     let credentials = cordon_secrets::CredentialBroker::discover(providers);
-    checks.push(Check {
+    let check = Check {
         name: "credential broker",
         ok: matches!(credentials, Ok(Some(_))),
         detail: match &credentials {
@@ -479,10 +607,7 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             Err(e) => format!("{e}: tools that declare secrets are refused"),
         },
         how: "--providers, $CORDON_PROVIDERS, else /etc/cordon/providers.yaml (mode 0600)".into(),
-    });
-    if let Ok(unwritten) = cordon_broker::default_unwritten_path() {
-        checks.push(unwritten_audit_check(&unwritten));
-    }
+    };
     let broker_missing = match &credentials {
         Ok(Some(_)) => Vec::new(),
         _ => vec![
@@ -490,29 +615,30 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
                 .to_string(),
         ],
     };
-    if let Some(f) = &native_facts {
-        notes.extend(f.notes.iter().cloned());
-    }
-    for n in &facts.notes {
-        if !notes.contains(n) {
-            notes.push(n.clone());
-        }
-    }
+    (check, broker_missing)
+}
 
-    let ms = native_facts.as_ref().map(|f| f.mechanisms.as_slice());
-    let p1 = verdict(Profile::P1, "P1", ms, native_err.clone(), Vec::new());
+/// P1 and P2 on the native runtime, P3 on gVisor.
+fn profile_verdicts(
+    native_facts: Option<&cordon_runtime::Facts>,
+    native_err: Option<&String>,
+    gv: &Gvisor,
+    broker_missing: Vec<String>,
+) -> Vec<ProfileVerdict> {
+    let ms = native_facts.map(|f| f.mechanisms.as_slice());
+    let p1 = verdict(Profile::P1, "P1", ms, native_err.cloned(), Vec::new());
     let p2 = verdict(
         Profile::P2,
         "P2",
         ms,
-        native_err.clone(),
+        native_err.cloned(),
         broker_missing.clone(),
     );
-    let p3 = if gv_problems.is_empty() {
+    let p3 = if gv.problems.is_empty() {
         verdict(
             Profile::P3,
             "P3",
-            gv_facts.as_ref().map(|f| f.mechanisms.as_slice()),
+            gv.facts.as_ref().map(|f| f.mechanisms.as_slice()),
             None,
             broker_missing,
         )
@@ -523,39 +649,16 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
             None,
             Some(format!(
                 "runtime gvisor (P3 tools are refused): {}",
-                gv_problems.join("; ")
+                gv.problems.join("; ")
             )),
             Vec::new(),
         )
     };
-    for (pid, why) in cordon_runtime::pool::stopped_pools() {
-        notes.push(format!("broker {pid}: {why}"));
-    }
-    for n in &gv_notes {
-        let n = format!("gvisor: {n}");
-        if !notes.contains(&n) {
-            notes.push(n);
-        }
-    }
-    let runtimes = registry
-        .runtimes()
-        .iter()
-        .map(|rt| RuntimeReport {
-            runtime: rt.name(),
-            mechanisms: rt.facts().mechanisms,
-        })
-        .collect();
-    let report = Report {
-        host: facts,
-        checks,
-        runtimes,
-        profiles: vec![p1, p2, p3],
-        notes,
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(ExitCode::from(exit::OK));
-    }
+    vec![p1, p2, p3]
+}
+
+/// The report as lines for a person.
+fn print_text(report: &Report, registry: &Registry) {
     println!(
         "host: kernel {} {}, running as uid {}{}",
         report.host.kernel,
@@ -602,75 +705,5 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     }
     for n in &report.notes {
         println!("note: {n}");
-    }
-    Ok(ExitCode::from(exit::OK))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn all_enforced() -> Vec<MechanismState> {
-        Mechanism::ALL
-            .iter()
-            .map(|m| MechanismState::enforced(*m))
-            .collect()
-    }
-
-    #[test]
-    fn full_only_when_everything_is_enforced() {
-        let ms = all_enforced();
-        let v = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
-        assert_eq!((v.strength, v.missing.len()), ("full", 0));
-        // An older Landlock: partial, and named.
-        let mut ms = all_enforced();
-        ms[5] = MechanismState::partial(Mechanism::Landlock, "ABI 3 is older than 6");
-        let v = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
-        assert_eq!(v.strength, "partial");
-        assert_eq!(v.missing, vec!["landlock: partial (ABI 3 is older than 6)"]);
-        // No cgroups: P1 runs on rlimits (partial), P2 requires them.
-        let mut ms = all_enforced();
-        ms[6] = MechanismState::missing(Mechanism::Cgroup, "no delegation");
-        let p1 = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
-        assert_eq!(p1.strength, "partial");
-        let p2 = verdict(Profile::P2, "P2", Some(&ms), None, vec![]);
-        assert_eq!(p2.strength, "unavailable");
-        assert!(
-            p2.missing[0].contains("accept: [cgroup]"),
-            "{:?}",
-            p2.missing
-        );
-        // The rlimit fallback is partial, and still blocks P2 by default.
-        let mut ms = all_enforced();
-        ms[6] = MechanismState::partial(Mechanism::Cgroup, "rlimit fallback in force");
-        let p1 = verdict(Profile::P1, "P1", Some(&ms), None, vec![]);
-        assert_eq!(p1.strength, "partial");
-        assert_eq!(
-            p1.missing,
-            vec!["cgroup: partial (rlimit fallback in force)"]
-        );
-        let p2 = verdict(Profile::P2, "P2", Some(&ms), None, vec![]);
-        assert_eq!(p2.strength, "unavailable");
-        // A missing piece of the profile itself.
-        let v = verdict(
-            Profile::P2,
-            "P2",
-            Some(&all_enforced()),
-            None,
-            vec!["x".into()],
-        );
-        assert_eq!(
-            (v.strength, v.missing.as_slice()),
-            ("partial", &["x".to_string()][..])
-        );
-        // No runtime at all.
-        let v = verdict(
-            Profile::P1,
-            "P1",
-            None,
-            Some("no user namespaces".into()),
-            vec![],
-        );
-        assert_eq!(v.strength, "unavailable");
     }
 }

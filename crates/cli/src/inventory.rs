@@ -106,7 +106,8 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
     let loaded = cordon_policy::load(path).map_err(|e| anyhow!("{e}"))?;
     let mut registry = cordon_runtime::Registry::for_host(Default::default())
         .with_upstream_dns(crate::run::upstream_dns());
-    if let Some(cb) = crate::run::credentials_for(loaded.policy.tools.values(), providers)? {
+    if let Some(cb) = crate::credentials::credentials_for(loaded.policy.tools.values(), providers)?
+    {
         registry = registry.with_credentials(cb);
     }
     let records = state::probe_records(&state::state_dir()?)?;

@@ -5,6 +5,7 @@
 mod add;
 mod audit;
 mod check;
+mod credentials;
 mod doctor;
 mod exit;
 mod explain;

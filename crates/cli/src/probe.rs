@@ -351,11 +351,12 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
-        let mut registry =
-            Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
-        if let Some(cb) =
-            crate::run::credentials_for(loaded.policy.tools.values(), a.providers.as_deref())?
-        {
+        let mut registry = Registry::for_host(Default::default())
+        .with_upstream_dns(crate::run::upstream_dns());
+        if let Some(cb) = crate::credentials::credentials_for(
+            loaded.policy.tools.values(),
+            a.providers.as_deref(),
+        )? {
             registry = registry.with_credentials(cb);
         }
         let tools: Vec<&ToolPolicy> = match &a.tool {

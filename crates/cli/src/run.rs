@@ -67,21 +67,6 @@ pub struct RunOpts {
     pub providers: Option<PathBuf>,
 }
 
-/// The credential broker for `policy`: loaded only when it declares
-/// secrets. `Ok(None)`: none needed, or none configured (admission then
-/// refuses the tool).
-pub fn credentials_for<'a>(
-    mut policies: impl Iterator<Item = &'a ToolPolicy>,
-    explicit: Option<&Path>,
-) -> anyhow::Result<Option<std::sync::Arc<cordon_broker::CredentialBroker>>> {
-    if !policies.any(|p| !p.secrets.is_empty()) {
-        return Ok(None);
-    }
-    cordon_secrets::CredentialBroker::discover(explicit)
-        .map(|b| b.map(std::sync::Arc::new))
-        .map_err(|e| anyhow!("credential broker: {e}"))
-}
-
 /// `CORDON_UPSTREAM_DNS` (where the egress doors resolve names), read
 /// wherever a registry or broker is built.
 pub fn upstream_dns() -> cordon_runtime::spec::UpstreamDns {
@@ -94,8 +79,11 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
         let mut registry = cordon_runtime::Registry::for_host(Default::default())
-            .with_upstream_dns(crate::run::upstream_dns());
-        match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
+        .with_upstream_dns(crate::run::upstream_dns());
+        match crate::credentials::credentials_for(
+            std::iter::once(policy),
+            opts.providers.as_deref(),
+        ) {
             Ok(Some(cb)) => registry = registry.with_credentials(cb),
             Ok(None) => {}
             Err(e) => {
@@ -112,7 +100,10 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
 }
 
 pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<ExitCode> {
-    let credentials = match credentials_for(std::iter::once(policy), opts.providers.as_deref()) {
+    let credentials = match crate::credentials::credentials_for(
+        std::iter::once(policy),
+        opts.providers.as_deref(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cordon: {e:#}");

@@ -194,10 +194,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         ..GatewayOptions::default()
     };
     let mut loaded = cordon_policy::load(&args.manifest.path).map_err(|e| anyhow!("{e}"))?;
-    let credentials =
-        crate::run::credentials_for(loaded.policy.tools.values(), args.providers.as_deref())?;
-    let mut registry =
-        Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
+    let credentials = crate::credentials::credentials_for(
+        loaded.policy.tools.values(),
+        args.providers.as_deref(),
+    )?;
+    let mut registry = Registry::for_host(Default::default())
+        .with_upstream_dns(crate::run::upstream_dns());
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
     }

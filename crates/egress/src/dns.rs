@@ -15,8 +15,8 @@ use hickory_resolver::proto::rr::{DNSClass, RData, Record, RecordType};
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, OpenError, clean, started};
-use crate::event::{Decision, Door};
+use crate::engine::{Engine, OpenError};
+use crate::event::{Decision, Door, clean, started};
 use crate::name::{Host, normalize_host};
 use crate::plan::{DOOR_RANGE, METADATA};
 use crate::vet::{Forbidden, classify};

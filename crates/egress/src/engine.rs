@@ -16,8 +16,8 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::event::{Decision, Door, EgressEvent, EventSink, now_rfc3339};
-use crate::intercept::Interception;
+use crate::event::{Decision, Door, EgressEvent, EventSink, clean};
+use crate::interception::Interception;
 use crate::name::{Host, normalize_host};
 use crate::peek::{Presented, presented};
 use crate::plan::DOOR_RANGE;
@@ -541,35 +541,6 @@ impl Engine {
     }
 }
 
-/// Start of an attempt, for the event's `duration_ms` and `time`.
-pub(crate) fn started() -> (Instant, String) {
-    (Instant::now(), now_rfc3339())
-}
-
-/// The refusal text: the tool sees it (403 body) and the event carries it.
-pub(crate) fn refusal(target: &str, port: u16, why: &str) -> String {
-    format!("egress to {}:{port} refused: {why}", clean(target))
-}
-
-/// Make tool-supplied text safe for one log line: printable ASCII only, bounded length.
-pub(crate) fn clean(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_graphic() || c == ' ' {
-                c
-            } else {
-                '?'
-            }
-        })
-        .take(256)
-        .collect();
-    if s.chars().count() > 256 {
-        out.push_str("...");
-    }
-    out
-}
-
 fn is_local_name(n: &str) -> bool {
     n == "localhost"
         || n.ends_with(".localhost")
@@ -727,6 +698,7 @@ impl Answers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::refusal;
 
     fn engine(p: EgressPolicy) -> Arc<Engine> {
         Engine::new(

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -120,4 +121,33 @@ pub(crate) fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
+}
+
+/// Start of an attempt, for the event's `duration_ms` and `time`.
+pub(crate) fn started() -> (Instant, String) {
+    (Instant::now(), now_rfc3339())
+}
+
+/// The refusal text: the tool sees it (403 body) and the event carries it.
+pub(crate) fn refusal(target: &str, port: u16, why: &str) -> String {
+    format!("egress to {}:{port} refused: {why}", clean(target))
+}
+
+/// Make tool-supplied text safe for one log line: printable ASCII only, bounded length.
+pub(crate) fn clean(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(256)
+        .collect();
+    if s.chars().count() > 256 {
+        out.push_str("...");
+    }
+    out
 }

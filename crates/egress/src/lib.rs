@@ -38,8 +38,10 @@ mod ca;
 mod dns;
 mod engine;
 mod event;
+mod http;
 mod inject;
 mod intercept;
+mod interception;
 mod io;
 mod name;
 mod peek;
@@ -61,7 +63,7 @@ use tokio::task::JoinSet;
 pub use ca::{SessionCa, UpstreamTrust, der_to_pem};
 pub use event::{Decision, Door, EgressEvent, EventSink};
 pub use inject::{Binding, Injection, Injections, Placement, TokenSource};
-pub use intercept::Interception;
+pub use interception::Interception;
 pub use name::{Host, NameError, normalize_host, parse_ipv4_literal};
 pub use plan::{DNS_DOOR, DOOR_RANGE, DoorPlan, METADATA, PROXY_DOOR, plan};
 pub use policy::{
@@ -70,7 +72,8 @@ pub use policy::{
 };
 pub use vet::{Forbidden, classify, vet};
 
-use engine::{Engine, clean, refusal, started};
+use engine::Engine;
+use event::{clean, refusal, started};
 
 /// Who the doors serve: carried into every event.
 #[derive(Clone, Debug, PartialEq, Eq)]

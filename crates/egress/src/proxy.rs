@@ -9,9 +9,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
 use hyper::http::uri::Authority;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -19,13 +19,13 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, OpenError, clean, refusal, started};
-use crate::event::{Decision, Door};
-use crate::intercept::{self, Dest, ReqBody, ScanBody, plain_body};
+use crate::engine::{Engine, OpenError};
+use crate::event::{Decision, Door, clean, refusal, started};
+use crate::http::{ReqBody, RespBody as Body, empty, plain_body, strip_hop_by_hop, text};
+use crate::intercept::{self, Dest, ScanBody};
 use crate::io::{Meter, Metered, tunnel_upgraded};
 use crate::name::{Host, normalize_host};
 
-type Body = BoxBody<Bytes, hyper::Error>;
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Serve one client connection on the proxy door. Holds `permit` (a connection slot) until the
@@ -66,26 +66,6 @@ pub(crate) async fn serve_conn(
         tasks.spawn(t);
     }
     while tasks.join_next().await.is_some() {}
-}
-
-fn text(status: StatusCode, msg: &str) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(Bytes::from(format!("{msg}\n")))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
-fn empty() -> Body {
-    Full::new(Bytes::new())
-        .map_err(|never| match never {})
-        .boxed()
 }
 
 /// Host and port of a request target, checked: `Err(response)` when refused (event emitted).
@@ -514,58 +494,5 @@ async fn forward(
             StatusCode::BAD_GATEWAY,
             &format!("egress to {}:{} failed: {e}", t.label, t.port),
         ),
-    }
-}
-
-/// Drop hop-by-hop headers (RFC 9110 7.6.1): those named in `Connection`, and the fixed set.
-pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for n in listed {
-        h.remove(n);
-    }
-    for n in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
-        h.remove(n);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_are_dropped() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
-        );
-        h.insert("x-secret-hop", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
-        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("accept", HeaderValue::from_static("*/*"));
-        h.insert("user-agent", HeaderValue::from_static("t"));
-        strip_hop_by_hop(&mut h);
-        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        names.sort();
-        assert_eq!(names, vec!["accept", "user-agent"]);
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::engine::{Engine, OpenError, refusal, started};
-use crate::event::{Decision, Door};
+use crate::engine::{Engine, OpenError};
+use crate::event::{Decision, Door, refusal, started};
 use crate::intercept::{self, Dest};
 use crate::io::{Meter, tunnel};
 use crate::name::Host;

@@ -279,11 +279,11 @@ fn could_name_a_tool(m: &crate::manifest::Manifest, pat: &str) -> bool {
         None => glob_matches(pat, name),
         Some(server) => {
             if server.expose.as_ref().map(|e| e.value).unwrap_or_default()
-                == crate::policy::Expose::AsIs
+                == crate::manifest::Expose::AsIs
             {
                 return true;
             }
-            let prefix = format!("{name}{}", crate::policy::NAME_SEPARATOR);
+            let prefix = format!("{name}{}", crate::manifest::NAME_SEPARATOR);
             if pat.contains('*') {
                 literal.starts_with(&prefix) || prefix.starts_with(literal)
             } else {

@@ -8,6 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::access::{Access, Grantee, Kind, glob_covers};
+use crate::gateway::{Concurrency, GatewayPolicy};
 use crate::policy::{
     Deliver, Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp,
     Secret, ToolPolicy,
@@ -50,7 +51,7 @@ pub fn diff(old: &PolicySet, new: &PolicySet) -> Vec<Change> {
             (None, None) => {}
         }
     }
-    crate::gateway::diff_gateway(&old.gateway, &new.gateway, &mut out);
+    diff_gateway(&old.gateway, &new.gateway, &mut out);
     diff_access(old.access.as_ref(), new.access.as_ref(), &mut out);
     out
 }
@@ -283,7 +284,7 @@ fn lifetime_name(l: Lifetime) -> &'static str {
 
 fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
     let t = &o.name;
-    crate::gateway::diff_concurrency(t, o.concurrency, n.concurrency, out);
+    diff_concurrency(t, o.concurrency, n.concurrency, out);
     if o.profile != n.profile {
         out.push(change(
             t,
@@ -831,5 +832,144 @@ fn diff_keyed(
         if !n.contains_key(k) {
             out.push(change(t, field, &show(k, v), ABSENT, false));
         }
+    }
+}
+
+/// The tool name [`Change`]s of the gateway section carry.
+pub const GATEWAY_CHANGE: &str = "(gateway)";
+
+fn bound(v: Option<impl ToString>) -> String {
+    v.map(|n| n.to_string())
+        .unwrap_or_else(|| "unbounded".into())
+}
+
+/// A cap that is raised or removed loosens it.
+fn looser(old: Option<u64>, new: Option<u64>) -> bool {
+    match (old, new) {
+        (Some(_), None) => true,
+        (Some(o), Some(n)) => n > o,
+        _ => false,
+    }
+}
+
+/// Changes of the gateway section: a longer idle timeout or grace keeps
+/// sandboxes of gone clients longer, and a raised or removed cap lets a
+/// caller take more; each weakens.
+pub fn diff_gateway(old: &GatewayPolicy, new: &GatewayPolicy, out: &mut Vec<Change>) {
+    let mut push = |field: &str, o: String, n: String, weakens: bool| {
+        if o != n {
+            out.push(Change {
+                tool: GATEWAY_CHANGE.into(),
+                field: field.into(),
+                old: o,
+                new: n,
+                weakens,
+            });
+        }
+    };
+    push(
+        "idle_timeout",
+        format!("{}s", old.idle_timeout_seconds),
+        format!("{}s", new.idle_timeout_seconds),
+        new.idle_timeout_seconds > old.idle_timeout_seconds,
+    );
+    push(
+        "disconnect_grace",
+        format!("{}s", old.disconnect_grace_seconds),
+        format!("{}s", new.disconnect_grace_seconds),
+        new.disconnect_grace_seconds > old.disconnect_grace_seconds,
+    );
+    push(
+        "max_sandboxes",
+        bound(old.max_sandboxes),
+        bound(new.max_sandboxes),
+        looser(old.max_sandboxes, new.max_sandboxes),
+    );
+    let (o, n) = (&old.per_principal, &new.per_principal);
+    push(
+        "per_principal.calls_per_minute",
+        bound(o.calls_per_minute),
+        bound(n.calls_per_minute),
+        looser(
+            o.calls_per_minute.map(u64::from),
+            n.calls_per_minute.map(u64::from),
+        ),
+    );
+    push(
+        "per_principal.sessions",
+        bound(o.sessions),
+        bound(n.sessions),
+        looser(o.sessions.map(u64::from), n.sessions.map(u64::from)),
+    );
+}
+
+/// Changes of a tool's concurrency cap (raised or removed weakens).
+pub fn diff_concurrency(
+    tool: &str,
+    old: Option<Concurrency>,
+    new: Option<Concurrency>,
+    out: &mut Vec<Change>,
+) {
+    let (om, nm) = (
+        old.map(|c| u64::from(c.max_concurrent)),
+        new.map(|c| u64::from(c.max_concurrent)),
+    );
+    if om != nm {
+        out.push(Change {
+            tool: tool.into(),
+            field: "max_concurrent".into(),
+            old: bound(om),
+            new: bound(nm),
+            weakens: looser(om, nm),
+        });
+    }
+    if let (Some(o), Some(n)) = (old, new)
+        && o.queue_seconds != n.queue_seconds
+    {
+        out.push(Change {
+            tool: tool.into(),
+            field: "queue_seconds".into(),
+            old: o.queue_seconds.to_string(),
+            new: n.queue_seconds.to_string(),
+            weakens: false,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::PrincipalCaps;
+
+    #[test]
+    fn raised_and_removed_caps_weaken() {
+        let a = GatewayPolicy {
+            max_sandboxes: Some(10),
+            per_principal: PrincipalCaps {
+                calls_per_minute: Some(60),
+                sessions: Some(4),
+            },
+            ..GatewayPolicy::default()
+        };
+        let mut b = a.clone();
+        b.max_sandboxes = None;
+        b.per_principal.sessions = Some(8);
+        b.per_principal.calls_per_minute = Some(30);
+        b.idle_timeout_seconds = 3600;
+        let mut out = Vec::new();
+        diff_gateway(&a, &b, &mut out);
+        let weak: Vec<&str> = out
+            .iter()
+            .filter(|c| c.weakens)
+            .map(|c| c.field.as_str())
+            .collect();
+        assert_eq!(
+            weak,
+            ["idle_timeout", "max_sandboxes", "per_principal.sessions"]
+        );
+        assert!(
+            out.iter()
+                .any(|c| c.field == "per_principal.calls_per_minute" && !c.weakens)
+        );
     }
 }

@@ -549,6 +549,11 @@ pub struct McpServer {
     pub prompts: Option<Vec<Spanned<String>>>,
 }
 
+/// What goes between an `mcp:` tool's name and a server's name in the
+/// prefixed form (`scratch__read_text_file`): inside the set of characters
+/// model APIs accept in a tool name.
+pub const NAME_SEPARATOR: &str = "__";
+
 /// How an `mcp:` server's tools and prompts are named to the agent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Expose {

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, OutputKind,
-    Overflow, PoolSettings, Profile, Runtime,
+    Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, NAME_SEPARATOR,
+    OutputKind, Overflow, PoolSettings, Profile, Runtime,
 };
 /// A tool's limits and system-call filter are the sandbox's own.
 pub use cordon_sandbox::{Limits, Seccomp};
@@ -307,11 +307,6 @@ pub const DEFAULT_STARTUP_SECONDS: u64 = 20;
 fn default_startup_seconds() -> u64 {
     DEFAULT_STARTUP_SECONDS
 }
-
-/// What goes between an `mcp:` tool's name and a server's name in the
-/// prefixed form (`scratch__read_text_file`): inside the set of characters
-/// model APIs accept in a tool name.
-pub const NAME_SEPARATOR: &str = "__";
 
 /// The longest tool name model APIs accept.
 pub const MAX_NAME_LEN: usize = 64;

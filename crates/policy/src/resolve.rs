@@ -100,38 +100,22 @@ fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
         },
     };
     serde_saphyr::from_str_with_options::<Manifest>(text, options).map_err(|e| {
-        let (line, column) = e
-            .location()
-            .map(|l| (l.line(), l.column()))
-            .unwrap_or((1, 1));
-        let (message, hint) = explain_parse_error(&e.to_string());
+        let y = cordon_config::yaml_error(&e);
+        let hint = parse_hint(&y.message);
         ManifestError::Invalid(vec![Diagnostic {
             file: path.to_path_buf(),
-            line,
-            column,
+            line: y.line,
+            column: y.column,
             tool: None,
-            message,
+            message: y.message,
             hint,
         }])
     })
 }
 
-/// serde-saphyr renders a snippet; keep its first line as the message and
-/// add what would be right for the errors people make most.
-fn explain_parse_error(rendered: &str) -> (String, Option<String>) {
-    let first = rendered
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or(rendered)
-        .trim()
-        .trim_start_matches("error: ")
-        .to_string();
-    // Drop a leading "line N column M:" that duplicates our own prefix.
-    let message = match first.find(": ") {
-        Some(i) if first.starts_with("line ") => first[i + 2..].to_string(),
-        _ => first,
-    };
-    let hint = if message.contains("unknown field") {
+/// What would be right for the parse errors people make most.
+fn parse_hint(message: &str) -> Option<String> {
+    if message.contains("unknown field") {
         Some(
             "unknown keys are refused so that a typo cannot weaken a policy; \
              `cordon schema` prints every key the manifest accepts"
@@ -141,8 +125,7 @@ fn explain_parse_error(rendered: &str) -> (String, Option<String>) {
         Some("see `cordon schema` for the accepted values".to_string())
     } else {
         None
-    };
-    (message, hint)
+    }
 }
 
 /// One profile rule: checks a tool and reports what it does not meet.
@@ -1371,197 +1354,13 @@ fn requirements(profile: Profile, m: &Manifest, t: &Tool) -> (Vec<Mechanism>, Ve
 fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
     let t = c.tool;
     let profile = c.profile();
-    let limits = match default_limits(profile) {
-        None => None,
-        Some(mut l) => {
-            if let Some(sl) = &t.limits {
-                let ml = &sl.value;
-                let bad = |m: String| c.diag(sl.referenced, format!("limits: {m}"), None);
-                if let Some(v) = ml.wall_seconds {
-                    l.wall = Duration::from_secs(v);
-                }
-                if let Some(v) = &ml.memory {
-                    l.memory_bytes = parse_size(v).map_err(bad)?;
-                }
-                if let Some(v) = ml.tasks {
-                    l.tasks = v;
-                }
-                if let Some(v) = &ml.cpu {
-                    l.cpu_percent = Some(parse_cpu(v).map_err(bad)?);
-                }
-                if let Some(v) = &ml.output_bytes {
-                    l.output_bytes = parse_size(v).map_err(bad)?;
-                }
-                if let Some(v) = &ml.stderr_bytes {
-                    l.stderr_bytes = parse_size(v).map_err(bad)?;
-                }
-                if let Some(v) = ml.nofile {
-                    l.nofile = v;
-                }
-                if let Some(v) = &ml.disk {
-                    l.disk_bytes = parse_size(v).map_err(bad)?;
-                }
-                for (what, v) in [
-                    ("wall_seconds", l.wall.as_secs()),
-                    ("memory", l.memory_bytes),
-                    ("tasks", l.tasks),
-                    ("output_bytes", l.output_bytes),
-                    ("nofile", l.nofile),
-                ] {
-                    if v == 0 {
-                        return Err(bad(format!("{what} is 0: the tool could never run")));
-                    }
-                }
-                if l.memory_bytes < (4 << 20) {
-                    return Err(bad("memory below 4M cannot start a process".into()));
-                }
-            }
-            Some(l)
-        }
-    };
-    if let (Profile::P0, Some(sl)) = (profile, &t.limits) {
-        return Err(c.diag(
-            sl.referenced,
-            "profile P0 has no sandbox, so `limits` would not be enforced".into(),
-            Some("remove `limits`, or choose P1-P3 to have them enforced"),
-        ));
-    }
-
-    let exec = if let Some(img) = &t.image {
-        let (reference, digest) =
-            split_digest(&img.value).map_err(|m| c.diag(img.referenced, m, None))?;
-        Exec::Image {
-            reference,
-            digest,
-            command: t.command.clone(),
-        }
-    } else if let Some(cmd) = &t.command {
-        Exec::Command { argv: cmd.clone() }
-    } else if let Some(mcp) = &t.mcp {
-        let tools = mcp.tools.clone();
-        Exec::Mcp {
-            command: mcp.command.clone(),
-            image: mcp.image.clone(),
-            expose: expose_of(mcp),
-            allow_sampling: mcp.allow_sampling.unwrap_or(false),
-            allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
-            fold_resources: mcp.fold_resources.unwrap_or(false),
-            startup_seconds: match &mcp.startup_seconds {
-                None => policy::DEFAULT_STARTUP_SECONDS,
-                Some(s) if s.value == 0 => {
-                    return Err(c.diag(
-                        s.referenced,
-                        "`startup_seconds` is 0: the server could never start".into(),
-                        None,
-                    ));
-                }
-                Some(s) => s.value,
-            },
-            allow: tools
-                .as_ref()
-                .and_then(|t| t.allow.as_ref())
-                .map(|a| a.iter().map(|x| x.value.clone()).collect()),
-            rename: tools
-                .as_ref()
-                .map(|t| {
-                    t.rename
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.value.clone()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            descriptions: tools.map(|t| t.descriptions).unwrap_or_default(),
-            resources: mcp.resources.clone(),
-            prompts: mcp
-                .prompts
-                .as_ref()
-                .map(|p| p.iter().map(|x| x.value.clone()).collect()),
-        }
-    } else {
-        Exec::Unspecified
-    };
-
-    let network = if profile == Profile::P0 {
-        Network::Host
-    } else {
-        match t.egress.as_ref().map(|e| &e.value) {
-            None => Network::None,
-            Some(Egress::Proxy(_)) => Network::Proxy {
-                resolve: t.resolve.clone(),
-                allow_cidrs: t.allow_cidrs.clone(),
-            },
-            Some(Egress::Allow(list)) => {
-                let mut allow = list.clone();
-                allow.sort();
-                allow.dedup();
-                Network::Allowlist {
-                    allow,
-                    resolve: t.resolve.clone(),
-                    allow_cidrs: t.allow_cidrs.clone(),
-                }
-            }
-        }
-    };
-
-    let mut env = BTreeMap::new();
-    if profile != Profile::P0 {
-        env.insert("PATH".to_string(), SANDBOX_PATH.to_string());
-        env.insert("HOME".to_string(), "/tmp".to_string());
-        env.insert("LANG".to_string(), "C.UTF-8".to_string());
-    }
-    env.extend(t.env.clone());
-
-    let mut mounts: Vec<policy::Mount> = t
-        .mounts
-        .iter()
-        .map(|m| parse_mount(&m.value).map_err(|e| c.diag(m.referenced, e, None)))
-        .collect::<Result<_, _>>()?;
-    mounts.sort();
-
-    let workspace = match &t.workspace {
-        None => None,
-        Some(w) => {
-            let bad = |m: String| c.diag(w.referenced, format!("workspace: {m}"), None);
-            Some(policy::Workspace {
-                mount: w.value.mount.clone(),
-                size_bytes: parse_size(&w.value.size).map_err(bad)?,
-                retain_seconds: match &w.value.retain {
-                    None => 0,
-                    Some(r) => parse_duration(r).map_err(bad)?,
-                },
-            })
-        }
-    };
-    let state = match &t.state {
-        None => None,
-        Some(s) => Some(policy::State {
-            mount: s.value.mount.clone(),
-            size_bytes: parse_size(&s.value.size)
-                .map_err(|m| c.diag(s.referenced, format!("state: {m}"), None))?,
-        }),
-    };
-
-    let o = t.output.clone().unwrap_or_default();
-    let output = policy::Output {
-        kind: o.kind.unwrap_or(manifest::OutputKind::Text),
-        media_type: o.media_type,
-        on_overflow: o.on_overflow.unwrap_or(manifest::Overflow::Fail),
-        strip_html: o.strip_html.unwrap_or(false),
-        strip_markdown: o.strip_markdown.unwrap_or(false),
-        strip: {
-            let d = policy::StripClasses::default();
-            let c = o.strip.clone().unwrap_or_default();
-            policy::StripClasses {
-                control: c.control.unwrap_or(d.control),
-                ansi: c.ansi.unwrap_or(d.ansi),
-                bidi: c.bidi.unwrap_or(d.bidi),
-                zero_width: c.zero_width.unwrap_or(d.zero_width),
-                tags: c.tags.unwrap_or(d.tags),
-            }
-        },
-        label: o.label.unwrap_or(manifest::Label::Wrapped),
-        invalid_utf8: o.invalid_utf8.unwrap_or(manifest::InvalidUtf8::Replace),
-    };
+    let limits = resolve_limits(c, profile)?;
+    let exec = resolve_exec(c)?;
+    let network = resolve_network(t, profile);
+    let env = resolve_env(t, profile);
+    let mounts = resolve_mounts(c)?;
+    let (workspace, state) = resolve_volumes(c)?;
+    let output = resolve_output(t);
 
     let (require, accept) = requirements(profile, c.manifest, t);
 
@@ -1627,4 +1426,229 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
             t.queue_seconds.as_ref(),
         )?,
     })
+}
+
+/// The tool's limits: the profile's defaults with the manifest's
+/// `limits:` over them (none for P0, which has no sandbox to enforce them).
+fn resolve_limits(c: &Ctx<'_>, profile: Profile) -> Result<Option<Limits>, Diagnostic> {
+    let t = c.tool;
+    let limits = match default_limits(profile) {
+        None => None,
+        Some(mut l) => {
+            if let Some(sl) = &t.limits {
+                let ml = &sl.value;
+                let bad = |m: String| c.diag(sl.referenced, format!("limits: {m}"), None);
+                if let Some(v) = ml.wall_seconds {
+                    l.wall = Duration::from_secs(v);
+                }
+                if let Some(v) = &ml.memory {
+                    l.memory_bytes = parse_size(v).map_err(bad)?;
+                }
+                if let Some(v) = ml.tasks {
+                    l.tasks = v;
+                }
+                if let Some(v) = &ml.cpu {
+                    l.cpu_percent = Some(parse_cpu(v).map_err(bad)?);
+                }
+                if let Some(v) = &ml.output_bytes {
+                    l.output_bytes = parse_size(v).map_err(bad)?;
+                }
+                if let Some(v) = &ml.stderr_bytes {
+                    l.stderr_bytes = parse_size(v).map_err(bad)?;
+                }
+                if let Some(v) = ml.nofile {
+                    l.nofile = v;
+                }
+                if let Some(v) = &ml.disk {
+                    l.disk_bytes = parse_size(v).map_err(bad)?;
+                }
+                for (what, v) in [
+                    ("wall_seconds", l.wall.as_secs()),
+                    ("memory", l.memory_bytes),
+                    ("tasks", l.tasks),
+                    ("output_bytes", l.output_bytes),
+                    ("nofile", l.nofile),
+                ] {
+                    if v == 0 {
+                        return Err(bad(format!("{what} is 0: the tool could never run")));
+                    }
+                }
+                if l.memory_bytes < (4 << 20) {
+                    return Err(bad("memory below 4M cannot start a process".into()));
+                }
+            }
+            Some(l)
+        }
+    };
+    if let (Profile::P0, Some(sl)) = (profile, &t.limits) {
+        return Err(c.diag(
+            sl.referenced,
+            "profile P0 has no sandbox, so `limits` would not be enforced".into(),
+            Some("remove `limits`, or choose P1-P3 to have them enforced"),
+        ));
+    }
+    Ok(limits)
+}
+
+/// What the tool runs: an image, a command, an MCP server, or nothing yet.
+fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
+    let t = c.tool;
+    let exec = if let Some(img) = &t.image {
+        let (reference, digest) =
+            split_digest(&img.value).map_err(|m| c.diag(img.referenced, m, None))?;
+        Exec::Image {
+            reference,
+            digest,
+            command: t.command.clone(),
+        }
+    } else if let Some(cmd) = &t.command {
+        Exec::Command { argv: cmd.clone() }
+    } else if let Some(mcp) = &t.mcp {
+        let tools = mcp.tools.clone();
+        Exec::Mcp {
+            command: mcp.command.clone(),
+            image: mcp.image.clone(),
+            expose: expose_of(mcp),
+            allow_sampling: mcp.allow_sampling.unwrap_or(false),
+            allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
+            fold_resources: mcp.fold_resources.unwrap_or(false),
+            startup_seconds: match &mcp.startup_seconds {
+                None => policy::DEFAULT_STARTUP_SECONDS,
+                Some(s) if s.value == 0 => {
+                    return Err(c.diag(
+                        s.referenced,
+                        "`startup_seconds` is 0: the server could never start".into(),
+                        None,
+                    ));
+                }
+                Some(s) => s.value,
+            },
+            allow: tools
+                .as_ref()
+                .and_then(|t| t.allow.as_ref())
+                .map(|a| a.iter().map(|x| x.value.clone()).collect()),
+            rename: tools
+                .as_ref()
+                .map(|t| {
+                    t.rename
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.value.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            descriptions: tools.map(|t| t.descriptions).unwrap_or_default(),
+            resources: mcp.resources.clone(),
+            prompts: mcp
+                .prompts
+                .as_ref()
+                .map(|p| p.iter().map(|x| x.value.clone()).collect()),
+        }
+    } else {
+        Exec::Unspecified
+    };
+    Ok(exec)
+}
+
+/// What the tool may reach: the host's network for P0, else its `egress:`.
+fn resolve_network(t: &Tool, profile: Profile) -> Network {
+    if profile == Profile::P0 {
+        Network::Host
+    } else {
+        match t.egress.as_ref().map(|e| &e.value) {
+            None => Network::None,
+            Some(Egress::Proxy(_)) => Network::Proxy {
+                resolve: t.resolve.clone(),
+                allow_cidrs: t.allow_cidrs.clone(),
+            },
+            Some(Egress::Allow(list)) => {
+                let mut allow = list.clone();
+                allow.sort();
+                allow.dedup();
+                Network::Allowlist {
+                    allow,
+                    resolve: t.resolve.clone(),
+                    allow_cidrs: t.allow_cidrs.clone(),
+                }
+            }
+        }
+    }
+}
+
+/// The tool's environment: the sandbox's own, then the manifest's.
+fn resolve_env(t: &Tool, profile: Profile) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    if profile != Profile::P0 {
+        env.insert("PATH".to_string(), SANDBOX_PATH.to_string());
+        env.insert("HOME".to_string(), "/tmp".to_string());
+        env.insert("LANG".to_string(), "C.UTF-8".to_string());
+    }
+    env.extend(t.env.clone());
+    env
+}
+
+/// The tool's mounts, parsed and sorted.
+fn resolve_mounts(c: &Ctx<'_>) -> Result<Vec<policy::Mount>, Diagnostic> {
+    let t = c.tool;
+    let mut mounts: Vec<policy::Mount> = t
+        .mounts
+        .iter()
+        .map(|m| parse_mount(&m.value).map_err(|e| c.diag(m.referenced, e, None)))
+        .collect::<Result<_, _>>()?;
+    mounts.sort();
+    Ok(mounts)
+}
+
+/// The tool's session workspace and persistent state volume.
+fn resolve_volumes(
+    c: &Ctx<'_>,
+) -> Result<(Option<policy::Workspace>, Option<policy::State>), Diagnostic> {
+    let t = c.tool;
+    let workspace = match &t.workspace {
+        None => None,
+        Some(w) => {
+            let bad = |m: String| c.diag(w.referenced, format!("workspace: {m}"), None);
+            Some(policy::Workspace {
+                mount: w.value.mount.clone(),
+                size_bytes: parse_size(&w.value.size).map_err(bad)?,
+                retain_seconds: match &w.value.retain {
+                    None => 0,
+                    Some(r) => parse_duration(r).map_err(bad)?,
+                },
+            })
+        }
+    };
+    let state = match &t.state {
+        None => None,
+        Some(s) => Some(policy::State {
+            mount: s.value.mount.clone(),
+            size_bytes: parse_size(&s.value.size)
+                .map_err(|m| c.diag(s.referenced, format!("state: {m}"), None))?,
+        }),
+    };
+    Ok((workspace, state))
+}
+
+/// How the tool's output is checked and labelled, after defaults.
+fn resolve_output(t: &Tool) -> policy::Output {
+    let o = t.output.clone().unwrap_or_default();
+    policy::Output {
+        kind: o.kind.unwrap_or(manifest::OutputKind::Text),
+        media_type: o.media_type,
+        on_overflow: o.on_overflow.unwrap_or(manifest::Overflow::Fail),
+        strip_html: o.strip_html.unwrap_or(false),
+        strip_markdown: o.strip_markdown.unwrap_or(false),
+        strip: {
+            let d = policy::StripClasses::default();
+            let c = o.strip.clone().unwrap_or_default();
+            policy::StripClasses {
+                control: c.control.unwrap_or(d.control),
+                ansi: c.ansi.unwrap_or(d.ansi),
+                bidi: c.bidi.unwrap_or(d.bidi),
+                zero_width: c.zero_width.unwrap_or(d.zero_width),
+                tags: c.tags.unwrap_or(d.tags),
+            }
+        },
+        label: o.label.unwrap_or(manifest::Label::Wrapped),
+        invalid_utf8: o.invalid_utf8.unwrap_or(manifest::InvalidUtf8::Replace),
+    }
 }

@@ -15,10 +15,10 @@ pub mod sandbox;
 pub mod suite;
 pub mod wire;
 
-pub use report::{Format, ProbeResult, Report, Verdict};
+pub use report::{Category, Format, ProbeResult, Report, Verdict};
 pub use runtime::RuntimeSandbox;
 pub use sandbox::{
     Capture, LimitKind, NoSandbox, PrefixSandbox, ProbeRun, RunResult, RunStatus, Sandbox,
     SandboxError,
 };
-pub use suite::{CATALOGUE, Category, Filter, Limits, ProbeInfo, Profile, Targets, run_suite};
+pub use suite::{CATALOGUE, Filter, Limits, ProbeInfo, Profile, Targets, run_suite};

@@ -7,7 +7,18 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::sandbox::RunStatus;
-use crate::suite::Category;
+
+/// What a probe is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    /// The positive control.
+    Control,
+    /// Reaching something outside the boundary.
+    Escape,
+    /// Exhausting a resource.
+    Resource,
+}
 
 /// The harness's verdict on one probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

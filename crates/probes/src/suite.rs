@@ -13,21 +13,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::agent::{AGENT_SUBCOMMAND, CANARY_NAME, CANARY_PREFIX};
-use crate::report::{ProbeResult, Report, Verdict};
+use crate::report::{Category, ProbeResult, Report, Verdict};
 use crate::sandbox::{ProbeRun, RunResult, RunStatus, Sandbox};
 use crate::wire::{AgentEvent, AgentLine, AgentOutcome};
-
-/// What a probe is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Category {
-    /// The positive control.
-    Control,
-    /// Reaching something outside the boundary.
-    Escape,
-    /// Exhausting a resource.
-    Resource,
-}
 
 /// One entry of the catalogue.
 #[derive(Debug, Clone, Copy)]

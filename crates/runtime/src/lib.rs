@@ -56,7 +56,7 @@ pub struct Context {
 }
 
 /// The tenant of a [`Context`] made without one (`cordon run`, tests).
-pub const DEFAULT_TENANT: &str = "default";
+pub use cordon_config::DEFAULT_TENANT;
 
 impl Context {
     /// A context whose egress events are dropped.

@@ -16,9 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -201,37 +198,7 @@ fn whole(path: &Path, message: String) -> ConfigError {
 /// Read a file that holds secrets: owned by the caller or root, neither
 /// group- nor world-readable (checked on the open descriptor).
 pub fn read_private(path: &Path) -> Result<Zeroizing<String>, ConfigError> {
-    let mut f = File::open(path).map_err(|e| whole(path, format!("cannot be opened: {e}")))?;
-    let md = f
-        .metadata()
-        .map_err(|e| whole(path, format!("cannot be inspected: {e}")))?;
-    if !md.is_file() {
-        return Err(whole(path, "is not a regular file".into()));
-    }
-    let mode = md.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(whole(
-            path,
-            format!(
-                "is readable or writable by group or others (mode {mode:04o}); refusing to use it: `chmod 600 {}`",
-                path.display()
-            ),
-        ));
-    }
-    let me = cordon_sys::io::geteuid();
-    if md.uid() != me && md.uid() != 0 {
-        return Err(whole(
-            path,
-            format!(
-                "is owned by uid {}, neither this user (uid {me}) nor root; refusing to use it",
-                md.uid()
-            ),
-        ));
-    }
-    let mut text = Zeroizing::new(String::new());
-    f.read_to_string(&mut text)
-        .map_err(|e| whole(path, format!("cannot be read: {e}")))?;
-    Ok(text)
+    cordon_config::read_checked(path, cordon_config::Privacy::Private).map_err(|m| whole(path, m))
 }
 
 /// Load and check a provider file.
@@ -243,27 +210,12 @@ pub fn load(path: &Path) -> Result<ProviderFile, ConfigError> {
 /// Parse provider-file text (`path` for messages).
 pub fn parse(path: &Path, text: &str) -> Result<ProviderFile, ConfigError> {
     let f: File_ = serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e
-            .location()
-            .map(|l| (l.line(), l.column()))
-            .unwrap_or((1, 1));
-        let first = e.to_string();
-        let first = first
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .trim_start_matches("error: ")
-            .to_string();
-        let message = match first.find(": ") {
-            Some(i) if first.starts_with("line ") => first[i + 2..].to_string(),
-            _ => first,
-        };
+        let y = cordon_config::yaml_error(&e);
         ConfigError {
             path: path.to_path_buf(),
-            line,
-            column,
-            message,
+            line: y.line,
+            column: y.column,
+            message: y.message,
         }
     })?;
     let mut providers = BTreeMap::new();

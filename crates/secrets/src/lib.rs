@@ -127,12 +127,22 @@ impl std::fmt::Debug for CredentialBroker {
     }
 }
 
+/// The provider a spec describes.
+fn build(name: &str, spec: &config::ProviderSpec) -> Result<Box<dyn Provider>, String> {
+    let timeout = Duration::from_secs(spec.timeout_seconds.unwrap_or(10));
+    Ok(match spec.kind {
+        Kind::Exec => provider::exec(name, spec, timeout),
+        Kind::Static => provider::fixed(name, spec),
+        Kind::Oauth2 => Box::new(oauth2::OAuth2::new(name, spec, timeout)?),
+    })
+}
+
 impl CredentialBroker {
     /// The broker of a loaded provider file.
     pub fn new(file: ProviderFile) -> Result<CredentialBroker, ConfigError> {
         let mut providers = BTreeMap::new();
         for (name, (spec, line, column)) in &file.providers {
-            let p = provider::build(name, spec).map_err(|m| ConfigError {
+            let p = build(name, spec).map_err(|m| ConfigError {
                 path: file.path.clone(),
                 line: *line,
                 column: *column,

@@ -58,22 +58,22 @@ pub trait Provider: Send + Sync {
     fn revoke(&self, token: &Zeroizing<String>) -> Result<Revoked, String>;
 }
 
-/// The provider a spec describes.
-pub fn build(name: &str, spec: &ProviderSpec) -> Result<Box<dyn Provider>, String> {
-    let timeout = Duration::from_secs(spec.timeout_seconds.unwrap_or(10));
-    Ok(match spec.kind {
-        Kind::Exec => Box::new(Exec {
-            name: name.to_string(),
-            command: spec.command.clone().unwrap_or_default(),
-            revoke: spec.revoke.clone(),
-            timeout,
-        }),
-        Kind::Static => Box::new(Static {
-            name: name.to_string(),
-            file: spec.file.clone(),
-            env: spec.env.clone(),
-        }),
-        Kind::Oauth2 => Box::new(crate::oauth2::OAuth2::new(name, spec, timeout)?),
+/// The `exec` provider a spec describes.
+pub(crate) fn exec(name: &str, spec: &ProviderSpec, timeout: Duration) -> Box<dyn Provider> {
+    Box::new(Exec {
+        name: name.to_string(),
+        command: spec.command.clone().unwrap_or_default(),
+        revoke: spec.revoke.clone(),
+        timeout,
+    })
+}
+
+/// The `static` provider a spec describes.
+pub(crate) fn fixed(name: &str, spec: &ProviderSpec) -> Box<dyn Provider> {
+    Box::new(Static {
+        name: name.to_string(),
+        file: spec.file.clone(),
+        env: spec.env.clone(),
     })
 }
 

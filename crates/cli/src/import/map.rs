@@ -374,6 +374,121 @@ fn launcher(s: &ClientServer, cmd: &str, args: &[String]) -> Result<Option<Launc
 
 /// The proposed entry for one local server.
 pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
+    let Stdio {
+        command,
+        args,
+        cwd,
+        env,
+    } = stdio(s)?;
+    let name = tool_name(&s.name);
+    let mut base = base_dir(s);
+    let mut got = Gathered {
+        notes: vec![format!(
+            "From {} ({}), `{}`.",
+            s.file.display(),
+            s.format.name(),
+            s.at
+        )],
+        ..Gathered::default()
+    };
+    let prog = refuse_shells(s, command, args, cwd)?;
+
+    // Expansions.
+    if let Some(c) = cwd {
+        let c = expand_field(s, cx.env, "cwd", c, &base)?;
+        let c = if c.starts_with('/') {
+            PathBuf::from(c)
+        } else {
+            base.join(c)
+        };
+        got.notes.push(format!(
+            "The client starts it in {}; the manifest has no working directory, so relative paths in its arguments were made absolute from there.",
+            c.display()
+        ));
+        base = c;
+    }
+    let command = expand_field(s, cx.env, "command", command, &base)?;
+    let mut args: Vec<String> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| expand_field(s, cx.env, &format!("args[{i}]"), a, &base))
+        .collect::<Result<_, _>>()?;
+
+    let known =
+        known::lookup(std::iter::once(command.as_str()).chain(args.iter().map(String::as_str)));
+    let (mut argv, interpreter) = match launcher(s, &command, &args)? {
+        Some(l) => {
+            let (argv, interpreter) = installed(s, cx, &command, &args, &l, &mut got)?;
+            args = l.rest;
+            (argv, interpreter)
+        }
+        None => host_program(s, cx, &command, &base, prog, &mut got)?,
+    };
+
+    // Paths and URLs in the arguments.
+    arg_paths(s, &mut args, &base, known, interpreter, &mut got)?;
+    argv.extend(args);
+
+    // The environment: credentials become secrets.
+    let secrets = env_entries(s, cx, env, &base, known, &name, &mut got)?;
+    if known.is_some_and(|k| k.names[0] == "@modelcontextprotocol/server-memory")
+        && !env.contains_key("MEMORY_FILE_PATH")
+    {
+        got.env.push((
+            "MEMORY_FILE_PATH".into(),
+            "/tmp/memory.jsonl".into(),
+            Some("Unset, the server writes its graph next to its script, on a read-only mount: the sandbox's own /tmp instead (the graph lasts as long as the sandbox)".into()),
+        ));
+    }
+    if !got.skipped_hosts.is_empty() {
+        got.notes.push(format!(
+            "Not allowed: {}: a sandbox has its own loopback and the egress door refuses private addresses; add `allow_cidrs` and `resolve` by hand if the server must reach one.",
+            got.skipped_hosts.join(", ")
+        ));
+    }
+
+    // Profile and network.
+    let mut entry = Entry {
+        name,
+        notes: got.notes,
+        command: argv,
+        mounts: dedup(got.mounts),
+        env: got.env,
+        ..Entry::default()
+    };
+    profile_and_network(&mut entry, known, got.hosts);
+    entry.secrets = deliveries(secrets, &entry.network);
+    entry.limits = limits_for(interpreter);
+    Ok(entry)
+}
+
+/// What mapping a server gathers on the way.
+#[derive(Default)]
+struct Gathered {
+    notes: Vec<String>,
+    mounts: Vec<MountEntry>,
+    /// The manifest's `env`, each with why when it is not the server's own.
+    env: Vec<(String, String, Option<String>)>,
+    /// Hosts to allow, each with where it was named.
+    hosts: Vec<(String, String)>,
+    /// Local hosts named, not allowed.
+    skipped_hosts: Vec<String>,
+}
+
+/// A server's environment, as its client gives it.
+type EnvMap = BTreeMap<String, String>;
+
+/// A stdio server as its client starts it.
+struct Stdio<'a> {
+    command: &'a String,
+    args: &'a [String],
+    cwd: Option<&'a String>,
+    env: &'a EnvMap,
+}
+
+/// A stdio server's command, arguments, working directory and environment;
+/// a remote server, one without a command, or an `envFile` is refused.
+fn stdio(s: &ClientServer) -> Result<Stdio<'_>, Refusal> {
     let (command, args, cwd, env, env_file) = match &s.transport {
         Transport::Stdio {
             command,
@@ -408,17 +523,23 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             ),
         ));
     }
-    let name = tool_name(&s.name);
-    let mut base = base_dir(s);
-    let mut notes = vec![format!(
-        "From {} ({}), `{}`.",
-        s.file.display(),
-        s.format.name(),
-        s.at
-    )];
+    Ok(Stdio {
+        command,
+        args,
+        cwd: cwd.as_ref(),
+        env,
+    })
+}
 
-    // Windows paths and shells, before anything is expanded.
-    for (field, v) in std::iter::once(("command".to_string(), command.as_str()))
+/// Windows paths and shells, refused before anything is expanded. Returns
+/// the program's file name.
+fn refuse_shells<'c>(
+    s: &ClientServer,
+    command: &'c str,
+    args: &[String],
+    cwd: Option<&String>,
+) -> Result<&'c str, Refusal> {
+    for (field, v) in std::iter::once(("command".to_string(), command))
         .chain(
             args.iter()
                 .enumerate()
@@ -461,164 +582,171 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             ),
         ));
     }
+    Ok(prog)
+}
 
-    // Expansions.
+/// `v` of `field` expanded, or the refusal saying what cannot be.
+fn expand_field(
+    s: &ClientServer,
+    env: &EnvMap,
+    field: &str,
+    v: &str,
+    base: &Path,
+) -> Result<String, Refusal> {
     let mut missing = String::new();
-    let mut exp = |field: &str, v: &str, base: &Path| -> Result<String, Refusal> {
-        expand(v, base, cx.env, &mut missing).map_err(|input| match input {
-            Some(id) => refuse(
-                s,
-                field,
-                format!("`${{input:{id}}}` is asked by the client at every start; cordon cannot prompt there: pass it through `env` (it becomes a secret) or write the value"),
-            ),
-            None => refuse(
-                s,
-                field,
-                format!("`{v}`: `{missing}` is not set here, so the expansion cannot be resolved; set it or write the value"),
-            ),
-        })
+    expand(v, base, env, &mut missing).map_err(|input| match input {
+        Some(id) => refuse(
+            s,
+            field,
+            format!("`${{input:{id}}}` is asked by the client at every start; cordon cannot prompt there: pass it through `env` (it becomes a secret) or write the value"),
+        ),
+        None => refuse(
+            s,
+            field,
+            format!("`{v}`: `{missing}` is not set here, so the expansion cannot be resolved; set it or write the value"),
+        ),
+    })
+}
+
+/// A package a launcher (`npx`, `uvx`...) would fetch at every start,
+/// installed once into cordon's store. Returns the argv and the
+/// interpreter.
+fn installed(
+    s: &ClientServer,
+    cx: &Ctx<'_>,
+    command: &str,
+    args: &[String],
+    l: &Launch,
+    got: &mut Gathered,
+) -> Result<(Vec<String>, Option<&'static str>), Refusal> {
+    let what = match l.pkg.ecosystem {
+        Ecosystem::Npm => "npm",
+        Ecosystem::Pypi => "pypi",
     };
-    if let Some(c) = cwd {
-        let c = exp("cwd", c, &base)?;
-        let c = if c.starts_with('/') {
-            PathBuf::from(c)
-        } else {
-            base.join(c)
-        };
-        notes.push(format!(
-            "The client starts it in {}; the manifest has no working directory, so relative paths in its arguments were made absolute from there.",
-            c.display()
-        ));
-        base = c;
-    }
-    let command = exp("command", command, &base)?;
-    let mut args: Vec<String> = args
-        .iter()
-        .enumerate()
-        .map(|(i, a)| exp(&format!("args[{i}]"), a, &base))
-        .collect::<Result<_, _>>()?;
-
-    let known =
-        known::lookup(std::iter::once(command.as_str()).chain(args.iter().map(String::as_str)));
-    let mut mounts: Vec<MountEntry> = Vec::new();
-    let mut out_env: Vec<(String, String, Option<String>)> = Vec::new();
-    let mut argv: Vec<String>;
-    let interpreter: Option<&'static str>;
-
-    match launcher(s, &command, &args)? {
-        Some(l) => {
-            let what = match l.pkg.ecosystem {
-                Ecosystem::Npm => "npm",
-                Ecosystem::Pypi => "pypi",
-            };
-            let store = match l.pkg.ecosystem {
-                Ecosystem::Npm => cx.store,
-                Ecosystem::Pypi => cx.pypi_store,
-            };
-            let inst = store.install(&l.pkg).map_err(|e| {
-                refuse(
-                    s,
-                    "command",
-                    format!(
-                        "`{command} {}` would download {what}:{} at every start; cordon installs it once into its store ({}) and that failed: {e}",
-                        args.join(" "),
-                        l.pkg.name,
-                        store.root.display()
-                    ),
-                )
-            })?;
-            notes.push(format!(
-                "{what}:{}@{} from cordon's store ({}; lock {}), in place of `{command}` fetching it at every start.",
+    let store = match l.pkg.ecosystem {
+        Ecosystem::Npm => cx.store,
+        Ecosystem::Pypi => cx.pypi_store,
+    };
+    let inst = store.install(&l.pkg).map_err(|e| {
+        refuse(
+            s,
+            "command",
+            format!(
+                "`{command} {}` would download {what}:{} at every start; cordon installs it once into its store ({}) and that failed: {e}",
+                args.join(" "),
                 l.pkg.name,
-                inst.version,
-                inst.root.display(),
-                inst.lock_digest
-            ));
-            for m in &inst.mounts {
-                mounts.push(MountEntry {
-                    src: m.src.display().to_string(),
-                    dst: (m.dst != m.src).then(|| m.dst.display().to_string()),
-                    rw: m.rw,
-                    reason: "the installed package".into(),
-                });
-            }
-            for (k, v) in &inst.env {
-                out_env.push((
-                    k.clone(),
-                    v.clone(),
-                    Some("the installed package's environment".into()),
-                ));
-            }
-            interpreter = Some(match l.pkg.ecosystem {
-                Ecosystem::Npm => "node",
-                Ecosystem::Pypi => "python",
-            });
-            argv = inst.command.clone();
-            args = l.rest;
-        }
-        None => {
-            // The program: absolute, relative to the base, or on PATH.
-            let path = if command.contains('/') {
-                let p = Path::new(&command);
-                if p.is_absolute() {
-                    p.to_path_buf()
-                } else {
-                    base.join(p)
-                }
-            } else {
-                which(&command, cx.env).ok_or_else(|| {
-                    refuse(
-                        s,
-                        "command",
-                        format!("`{command}` is not on this host's PATH"),
-                    )
-                })?
-            };
-            if !path.is_file() {
-                return Err(refuse(
-                    s,
-                    "command",
-                    format!("`{}` does not exist on this host", path.display()),
-                ));
-            }
-            let p = path.display().to_string();
-            if let Some(d) = in_reserved_dir(&p) {
-                return Err(refuse(
-                    s,
-                    "command",
-                    format!(
-                        "`{p}` is under {d}, which each sandbox builds itself: install the program elsewhere"
-                    ),
-                ));
-            }
-            if !in_system_dir(&p) {
-                // A program in `<prefix>/bin` needs its prefix (nvm, pyenv).
-                let parent = path.parent().unwrap_or(Path::new("/"));
-                let root = if parent.file_name().and_then(|f| f.to_str()) == Some("bin") {
-                    parent.parent().unwrap_or(parent).to_path_buf()
-                } else {
-                    script_root(&path)
-                };
-                mounts.push(MountEntry {
-                    src: root.display().to_string(),
-                    dst: None,
-                    rw: false,
-                    reason: format!("the server's program, {p}, read-only"),
-                });
-            }
-            interpreter = match prog {
-                p if p.starts_with("node") || p == "bun" || p == "deno" => Some("node"),
-                p if p.starts_with("python") => Some("python"),
-                _ => None,
-            };
-            argv = vec![p];
-        }
+                store.root.display()
+            ),
+        )
+    })?;
+    got.notes.push(format!(
+        "{what}:{}@{} from cordon's store ({}; lock {}), in place of `{command}` fetching it at every start.",
+        l.pkg.name,
+        inst.version,
+        inst.root.display(),
+        inst.lock_digest
+    ));
+    for m in &inst.mounts {
+        got.mounts.push(MountEntry {
+            src: m.src.display().to_string(),
+            dst: (m.dst != m.src).then(|| m.dst.display().to_string()),
+            rw: m.rw,
+            reason: "the installed package".into(),
+        });
     }
+    for (k, v) in &inst.env {
+        got.env.push((
+            k.clone(),
+            v.clone(),
+            Some("the installed package's environment".into()),
+        ));
+    }
+    let interpreter = Some(match l.pkg.ecosystem {
+        Ecosystem::Npm => "node",
+        Ecosystem::Pypi => "python",
+    });
+    Ok((inst.command.clone(), interpreter))
+}
 
-    // Paths and URLs in the arguments.
+/// A program on this host: absolute, relative to the base, or on PATH,
+/// with its prefix mounted when it is not in a system directory. Returns
+/// the argv and the interpreter.
+fn host_program(
+    s: &ClientServer,
+    cx: &Ctx<'_>,
+    command: &str,
+    base: &Path,
+    prog: &str,
+    got: &mut Gathered,
+) -> Result<(Vec<String>, Option<&'static str>), Refusal> {
+    // The program: absolute, relative to the base, or on PATH.
+    let path = if command.contains('/') {
+        let p = Path::new(command);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    } else {
+        which(command, cx.env).ok_or_else(|| {
+            refuse(
+                s,
+                "command",
+                format!("`{command}` is not on this host's PATH"),
+            )
+        })?
+    };
+    if !path.is_file() {
+        return Err(refuse(
+            s,
+            "command",
+            format!("`{}` does not exist on this host", path.display()),
+        ));
+    }
+    let p = path.display().to_string();
+    if let Some(d) = in_reserved_dir(&p) {
+        return Err(refuse(
+            s,
+            "command",
+            format!(
+                "`{p}` is under {d}, which each sandbox builds itself: install the program elsewhere"
+            ),
+        ));
+    }
+    if !in_system_dir(&p) {
+        // A program in `<prefix>/bin` needs its prefix (nvm, pyenv).
+        let parent = path.parent().unwrap_or(Path::new("/"));
+        let root = if parent.file_name().and_then(|f| f.to_str()) == Some("bin") {
+            parent.parent().unwrap_or(parent).to_path_buf()
+        } else {
+            script_root(&path)
+        };
+        got.mounts.push(MountEntry {
+            src: root.display().to_string(),
+            dst: None,
+            rw: false,
+            reason: format!("the server's program, {p}, read-only"),
+        });
+    }
+    let interpreter = match prog {
+        p if p.starts_with("node") || p == "bun" || p == "deno" => Some("node"),
+        p if p.starts_with("python") => Some("python"),
+        _ => None,
+    };
+    Ok((vec![p], interpreter))
+}
+
+/// Paths and URLs in the arguments: a relative path made absolute, a host
+/// path mounted read-only, a URL's host allowed.
+fn arg_paths(
+    s: &ClientServer,
+    args: &mut [String],
+    base: &Path,
+    known: Option<&Known>,
+    interpreter: Option<&'static str>,
+    got: &mut Gathered,
+) -> Result<(), Refusal> {
     let writes = known.map(|k| k.paths == Paths::Write);
-    let mut hosts: Vec<(String, String)> = Vec::new();
-    let mut skipped_hosts: Vec<String> = Vec::new();
     for (i, a) in args.iter_mut().enumerate() {
         let (prefix, val) = match a.split_once('=') {
             Some((k, v)) if k.starts_with('-') => (format!("{k}="), v.to_string()),
@@ -626,9 +754,10 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         };
         if let Some((h, port)) = url_host(&val) {
             if local_host(&h) {
-                skipped_hosts.push(format!("{h}:{port} (args[{i}])"));
+                got.skipped_hosts.push(format!("{h}:{port} (args[{i}])"));
             } else {
-                hosts.push((format!("{h}:{port}"), format!("named in args[{i}]")));
+                got.hosts
+                    .push((format!("{h}:{port}"), format!("named in args[{i}]")));
             }
             continue;
         }
@@ -671,13 +800,13 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             ));
         }
         if !abs.exists() {
-            notes.push(format!(
+            got.notes.push(format!(
                 "args[{i}] `{shown}` looks like a path but does not exist here: not mounted."
             ));
             continue;
         }
         if abs.is_file() && i == 0 && interpreter.is_some() {
-            mounts.push(MountEntry {
+            got.mounts.push(MountEntry {
                 src: script_root(&abs).display().to_string(),
                 dst: None,
                 rw: false,
@@ -695,16 +824,28 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             Some(false) => format!("args[{i}], read-only (the known server only reads)"),
             None => format!("args[{i}], read-only"),
         };
-        mounts.push(MountEntry {
+        got.mounts.push(MountEntry {
             src: abs.display().to_string(),
             dst: None,
             rw: false,
             reason,
         });
     }
-    argv.extend(args);
+    Ok(())
+}
 
-    // The environment: credentials become secrets.
+/// The environment: credentials become secrets (their scope asked), the
+/// rest is expanded and passed on, with hosts allowed and paths mounted as
+/// in the arguments.
+fn env_entries(
+    s: &ClientServer,
+    cx: &mut Ctx<'_>,
+    env: &EnvMap,
+    base: &Path,
+    known: Option<&Known>,
+    name: &str,
+    got: &mut Gathered,
+) -> Result<Vec<SecretEntry>, Refusal> {
     let mut secrets: Vec<SecretEntry> = Vec::new();
     for (k, v) in env {
         let field = format!("env.{k}");
@@ -715,7 +856,7 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 "changes how every program is loaded; cordon refuses it",
             ));
         }
-        let input = expand(v, &base, cx.env, &mut String::new()).err().flatten();
+        let input = expand(v, base, cx.env, &mut String::new()).err().flatten();
         let reason = if let Some(id) = &input {
             let desc = s
                 .inputs
@@ -742,7 +883,7 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 let default_scope = known
                     .and_then(|kn| kn.scope)
                     .map(str::to_string)
-                    .unwrap_or_else(|| name.clone());
+                    .unwrap_or_else(|| name.to_string());
                 let scope = cx.ask.ask(
                     &format!("server `{}`: scope of the credential {k}?", s.name),
                     &default_scope,
@@ -756,12 +897,13 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 });
             }
             None => {
-                let val = exp(&field, v, &base)?;
+                let val = expand_field(s, cx.env, &field, v, base)?;
                 if let Some((h, port)) = url_host(&val) {
                     if local_host(&h) {
-                        skipped_hosts.push(format!("{h}:{port} (env {k})"));
+                        got.skipped_hosts.push(format!("{h}:{port} (env {k})"));
                     } else {
-                        hosts.push((format!("{h}:{port}"), format!("named in env {k}")));
+                        got.hosts
+                            .push((format!("{h}:{port}"), format!("named in env {k}")));
                     }
                 }
                 // A host path in a variable: mounted read-only, as in args.
@@ -773,42 +915,24 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                     && val != "/"
                     && !val.contains(':')
                 {
-                    mounts.push(MountEntry {
+                    got.mounts.push(MountEntry {
                         src: val.clone(),
                         dst: None,
                         rw: false,
                         reason: format!("env {k}, read-only"),
                     });
                 }
-                out_env.push((k.clone(), val, None));
+                got.env.push((k.clone(), val, None));
             }
         }
     }
-    if known.is_some_and(|k| k.names[0] == "@modelcontextprotocol/server-memory")
-        && !env.contains_key("MEMORY_FILE_PATH")
-    {
-        out_env.push((
-            "MEMORY_FILE_PATH".into(),
-            "/tmp/memory.jsonl".into(),
-            Some("Unset, the server writes its graph next to its script, on a read-only mount: the sandbox's own /tmp instead (the graph lasts as long as the sandbox)".into()),
-        ));
-    }
-    if !skipped_hosts.is_empty() {
-        notes.push(format!(
-            "Not allowed: {}: a sandbox has its own loopback and the egress door refuses private addresses; add `allow_cidrs` and `resolve` by hand if the server must reach one.",
-            skipped_hosts.join(", ")
-        ));
-    }
+    Ok(secrets)
+}
 
-    // Profile and network.
-    let mut entry = Entry {
-        name,
-        notes,
-        command: argv,
-        mounts: dedup(mounts),
-        env: out_env,
-        ..Entry::default()
-    };
+/// The profile, runtime and network of a server: P3 on gVisor for one
+/// whose worst input is a hostile page, else P2; its known hosts and those
+/// its arguments and environment name.
+fn profile_and_network(entry: &mut Entry, known: Option<&Known>, hosts: Vec<(String, String)>) {
     if let Some(k) = known {
         entry
             .notes
@@ -855,7 +979,12 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             Network::Allow(hosts.into_iter().filter(|(h, _)| seen.insert(h.clone())).collect())
         }
     };
-    let allow_count = match &entry.network {
+}
+
+/// How each secret is delivered: by the egress door on the one egress
+/// entry, else in the environment (and why).
+fn deliveries(mut secrets: Vec<SecretEntry>, network: &Network) -> Vec<SecretEntry> {
+    let allow_count = match network {
         Network::Allow(h) => h.len(),
         _ => 0,
     };
@@ -875,8 +1004,12 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
                 .push_str("\nDelivered by the egress door on its one egress entry: the sandbox sees a placeholder.");
         }
     }
-    entry.secrets = secrets;
-    entry.limits = match interpreter {
+    secrets
+}
+
+/// More memory than the default for the interpreters that need it.
+fn limits_for(interpreter: Option<&str>) -> Option<(Vec<(String, String)>, String)> {
+    match interpreter {
         Some("node") => Some((
             vec![("memory".into(), "1G".into())],
             "node reserves more memory than the profile's default 256M.".into(),
@@ -886,8 +1019,7 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
             "a Python server's interpreter and libraries need more than the default 256M.".into(),
         )),
         _ => None,
-    };
-    Ok(entry)
+    }
 }
 
 fn known_reason(k: Option<&Known>) -> String {

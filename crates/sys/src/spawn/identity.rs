@@ -2,7 +2,7 @@
 //! left `setgroups` allowed), then gid and uid inside the user namespace.
 
 use super::ChildStep;
-use super::program::Shared;
+use super::plan::ChildPlan;
 use super::raw::sc;
 use super::step::ErrPipe;
 
@@ -18,12 +18,14 @@ pub(super) struct Identity {
 }
 
 impl Identity {
-    pub(super) fn of(s: &Shared) -> Self {
+    /// The ids `plan` asks for; `dumpable`: the broker's
+    /// `PR_GET_DUMPABLE` for a child that shares its memory.
+    pub(super) fn of(plan: &ChildPlan, dumpable: Option<usize>) -> Self {
         Identity {
-            clear_groups: s.plan.clear_groups,
-            uid: s.plan.uid,
-            gid: s.plan.gid,
-            dumpable: s.vm.then_some(s.dumpable),
+            clear_groups: plan.clear_groups,
+            uid: plan.uid,
+            gid: plan.gid,
+            dumpable,
         }
     }
 

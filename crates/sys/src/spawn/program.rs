@@ -89,7 +89,7 @@ impl Shared {
 
         // 5. Identity.
         // SAFETY: child only.
-        unsafe { Identity::of(self).install(err) };
+        unsafe { Identity::of(&self.plan, self.vm.then_some(self.dumpable)).install(err) };
 
         // 6. Die with the broker.
         // SAFETY: child only; fd 3 is still the go-ahead pipe.

@@ -1,8 +1,6 @@
 //! Resource limits, child side: `prlimit64` on the child itself, one
 //! `(resource, soft, hard)` after the other.
 
-use std::fmt;
-
 use super::ChildStep;
 use super::plan::ChildPlan;
 use super::raw::sc;
@@ -44,34 +42,5 @@ impl<'a> Rlimits<'a> {
             };
             err.check(ChildStep::Rlimit(res), r);
         }
-    }
-}
-
-/// A resource number (`RLIMIT_*`), shown by its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Resource(pub(super) u32);
-
-impl fmt::Display for Resource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self.0 {
-            libc::RLIMIT_CPU => "RLIMIT_CPU",
-            libc::RLIMIT_FSIZE => "RLIMIT_FSIZE",
-            libc::RLIMIT_DATA => "RLIMIT_DATA",
-            libc::RLIMIT_STACK => "RLIMIT_STACK",
-            libc::RLIMIT_CORE => "RLIMIT_CORE",
-            libc::RLIMIT_RSS => "RLIMIT_RSS",
-            libc::RLIMIT_NPROC => "RLIMIT_NPROC",
-            libc::RLIMIT_NOFILE => "RLIMIT_NOFILE",
-            libc::RLIMIT_MEMLOCK => "RLIMIT_MEMLOCK",
-            libc::RLIMIT_AS => "RLIMIT_AS",
-            libc::RLIMIT_LOCKS => "RLIMIT_LOCKS",
-            libc::RLIMIT_SIGPENDING => "RLIMIT_SIGPENDING",
-            libc::RLIMIT_MSGQUEUE => "RLIMIT_MSGQUEUE",
-            libc::RLIMIT_NICE => "RLIMIT_NICE",
-            libc::RLIMIT_RTPRIO => "RLIMIT_RTPRIO",
-            libc::RLIMIT_RTTIME => "RLIMIT_RTTIME",
-            other => return write!(f, "resource {other}"),
-        };
-        f.write_str(name)
     }
 }

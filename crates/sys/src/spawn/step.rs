@@ -9,7 +9,6 @@ use std::os::fd::RawFd;
 use nix::errno::Errno;
 
 use super::raw::{ck, exit, sc};
-use super::rlimits::Resource;
 
 /// Where the child stopped, as reported over the error pipe.
 ///
@@ -228,6 +227,35 @@ impl ErrPipe {
             Ok(v) => v,
             Err(e) => self.fail(step, e),
         }
+    }
+}
+
+/// A resource number (`RLIMIT_*`), shown by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Resource(pub(super) u32);
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.0 {
+            libc::RLIMIT_CPU => "RLIMIT_CPU",
+            libc::RLIMIT_FSIZE => "RLIMIT_FSIZE",
+            libc::RLIMIT_DATA => "RLIMIT_DATA",
+            libc::RLIMIT_STACK => "RLIMIT_STACK",
+            libc::RLIMIT_CORE => "RLIMIT_CORE",
+            libc::RLIMIT_RSS => "RLIMIT_RSS",
+            libc::RLIMIT_NPROC => "RLIMIT_NPROC",
+            libc::RLIMIT_NOFILE => "RLIMIT_NOFILE",
+            libc::RLIMIT_MEMLOCK => "RLIMIT_MEMLOCK",
+            libc::RLIMIT_AS => "RLIMIT_AS",
+            libc::RLIMIT_LOCKS => "RLIMIT_LOCKS",
+            libc::RLIMIT_SIGPENDING => "RLIMIT_SIGPENDING",
+            libc::RLIMIT_MSGQUEUE => "RLIMIT_MSGQUEUE",
+            libc::RLIMIT_NICE => "RLIMIT_NICE",
+            libc::RLIMIT_RTPRIO => "RLIMIT_RTPRIO",
+            libc::RLIMIT_RTTIME => "RLIMIT_RTTIME",
+            other => return write!(f, "resource {other}"),
+        };
+        f.write_str(name)
     }
 }
 

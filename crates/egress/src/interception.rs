@@ -1,0 +1,106 @@
+//! What the doors of one sandbox need to intercept its HTTP: the secrets
+//! bound to hosts (with their placeholders to find), the session CA the
+//! sandbox trusts, and the roots the real upstreams are verified against.
+//! The engine holds one per sandbox; the intercepting doors serve with it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::ca::{SessionCa, UpstreamTrust};
+use crate::event::clean;
+use crate::inject::Injections;
+use crate::name::{Host, normalize_host};
+use crate::scan::Needles;
+
+/// What the doors of one sandbox need to intercept: its injections, the
+/// session CA whose certificate the sandbox trusts, and the roots the real
+/// upstreams are verified against.
+#[derive(Clone)]
+pub struct Interception {
+    /// The secrets delivered by the proxy, each with its binding.
+    pub(crate) injections: Injections,
+    /// Each injection's bound host, normalized (same order).
+    pub(crate) bound: Vec<Host>,
+    pub(crate) ca: Arc<SessionCa>,
+    pub(crate) trust: UpstreamTrust,
+    needles: Arc<Needles>,
+    /// Extra upstream CA certificates (PEM) per bound `(host, port)`.
+    pub(crate) extra_ca: HashMap<(Host, u16), String>,
+}
+
+impl std::fmt::Debug for Interception {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interception")
+            .field("injections", &self.injections)
+            .field("trust", &self.trust)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Interception {
+    /// Interception for `injections`, terminating TLS with `ca` and
+    /// verifying upstreams against `trust` (plus each binding's
+    /// `upstream_ca`, read now). Fails on a binding whose host is not a
+    /// valid host name or whose CA file cannot be read.
+    pub fn new(
+        injections: Injections,
+        ca: Arc<SessionCa>,
+        trust: UpstreamTrust,
+    ) -> Result<Interception, String> {
+        let mut bound = Vec::new();
+        let mut extra_ca: HashMap<(Host, u16), String> = HashMap::new();
+        for inj in injections.iter() {
+            let b = &inj.binding;
+            let host = normalize_host(&b.host).map_err(|e| {
+                format!(
+                    "secret {}: bound host `{}`: {e}",
+                    inj.secret,
+                    clean(&b.host)
+                )
+            })?;
+            if let Some(path) = &b.upstream_ca {
+                let pem = std::fs::read_to_string(path).map_err(|e| {
+                    format!(
+                        "secret {}: upstream CA file {}: {e}",
+                        inj.secret,
+                        path.display()
+                    )
+                })?;
+                crate::ca::parse_pem_certs(&pem).map_err(|e| {
+                    format!(
+                        "secret {}: upstream CA file {}: {e}",
+                        inj.secret,
+                        path.display()
+                    )
+                })?;
+                extra_ca
+                    .entry((host.clone(), b.port))
+                    .or_default()
+                    .push_str(&pem);
+            }
+            bound.push(host);
+        }
+        let needles = Arc::new(Needles::new(
+            injections
+                .iter()
+                .map(|i| (i.secret.as_str(), i.placeholder.as_str())),
+        ));
+        Ok(Interception {
+            injections,
+            bound,
+            ca,
+            trust,
+            needles,
+            extra_ca,
+        })
+    }
+
+    /// The session CA.
+    pub fn ca(&self) -> &Arc<SessionCa> {
+        &self.ca
+    }
+
+    pub(crate) fn needles(&self) -> &Arc<Needles> {
+        &self.needles
+    }
+}
