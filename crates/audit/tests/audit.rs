@@ -25,7 +25,7 @@ fn all(path: &std::path::Path) -> Vec<AuditRecord> {
 
 #[test]
 fn records_round_trip_as_one_json_line_each() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("sub/audit.jsonl");
     let log = AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap());
     let mut r = rec("pdf_to_text", 1);
@@ -77,7 +77,7 @@ fn payload_hash_is_sha256_and_content_only_on_request() {
 
 #[test]
 fn rotation_keeps_n_files_and_query_reads_them_in_order() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let rotation = Rotation {
         max_bytes: 2000,
@@ -117,7 +117,7 @@ fn rotation_keeps_n_files_and_query_reads_them_in_order() {
 
 #[test]
 fn concurrent_writers_never_interleave_lines() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let big = Rotation {
         max_bytes: u64::MAX,
@@ -185,7 +185,7 @@ fn secrets_are_redacted_everywhere_in_all_forms() {
     let plain = AuditLog::new().to_line(&r).unwrap();
     assert!(plain.contains(secret) && plain.contains(b64) && plain.contains(hex_form));
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::new()
         .with_sink(FileSink::open(&path, Rotation::default()).unwrap())
@@ -232,7 +232,7 @@ fn stderr_is_escaped_capped_and_never_parsed() {
 
 #[test]
 fn query_filters_by_tool_time_and_denial() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap());
     let mut old = rec("a", 0);
@@ -299,7 +299,7 @@ fn query_filters_by_tool_time_and_denial() {
 
 #[test]
 fn query_reports_bad_lines_and_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap());
     log.record(&rec("t", 1)).unwrap();
@@ -322,7 +322,7 @@ fn query_reports_bad_lines_and_goes_on() {
 
 #[test]
 fn tail_prints_the_last_n_across_rotations() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::new().with_sink(
         FileSink::open(
@@ -353,7 +353,7 @@ fn tail_prints_the_last_n_across_rotations() {
 
 #[test]
 fn tail_follow_sees_new_records_and_rotation() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = Arc::new(
         AuditLog::new().with_sink(
@@ -470,7 +470,7 @@ fn gate_summary_from_a_gated_result() {
 
 #[test]
 fn query_filters_by_principal_and_tenant_and_the_line_shows_them() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::new().with_sink(FileSink::open(&path, Rotation::default()).unwrap());
     let of = |n: u64, principal: Option<&str>, tenant: Option<&str>| {

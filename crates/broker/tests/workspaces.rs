@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use cordon_broker::{Broker, BrokerOptions, CallError, Caller, Volumes};
 use cordon_policy::ToolPolicy;
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 const CHILD_ENV: &str = "CORDON_WORKSPACE_TEST_CHILD";
 
@@ -34,9 +33,7 @@ tools:
     command: ["/bin/sh"]
 "#;
 
-fn euid() -> u32 {
-    cordon_sys::io::geteuid()
-}
+use cordon_testkit::euid;
 
 /// Fields drop in order: the broker (unmounting what it mounted) before
 /// the directory.
@@ -45,14 +42,11 @@ struct Bed {
     run: PathBuf,
     state: PathBuf,
     tools: std::collections::BTreeMap<String, ToolPolicy>,
-    dir: tempfile::TempDir,
+    dir: cordon_testkit::Scratch,
 }
 
 fn bed() -> Bed {
-    let dir = tempfile::Builder::new()
-        .prefix("cordon-ws-")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = cordon_testkit::scratch::named("cordon-ws-");
     // The sandbox's host uid reaches its workspace's mount point by path.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();

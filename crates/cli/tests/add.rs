@@ -16,10 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use cordon_mcp::rmcp;
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
 const MEMORY: &str = "npm:@modelcontextprotocol/server-memory@2026.8.31";
@@ -174,17 +172,13 @@ impl Work {
     }
 
     async fn serve(&self) -> RunningService<RoleClient, ()> {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-        cmd.arg("serve")
+        Serve::new(env!("CARGO_BIN_EXE_cordon"))
             .arg("-m")
             .arg(&self.manifest)
             .env("CORDON_AUDIT", self.root.join("audit.jsonl"))
-            .env("CORDON_STATE_DIR", self.root.join("state"));
-        let (transport, _stderr) = TokioChildProcess::builder(cmd)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn cordon serve");
-        ().serve(transport).await.expect("initialize")
+            .env("CORDON_STATE_DIR", self.root.join("state"))
+            .stdio((), Stdio::inherit())
+            .await
     }
 }
 

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{Kill, TempDir, tempdir, text_of};
+use common::{Kill, Serve, TempDir, tempdir, text_of};
 use cordon_mcp::rmcp;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
@@ -197,7 +197,7 @@ fn init(addr: &str, authorization: Option<&str>) -> (u16, String, String) {
 
 /// A running `cordon serve`.
 struct Served {
-    _child: Kill,
+    _child: cordon_testkit::serve::Http,
     url: String,
     addr: String,
     stderr: Vec<String>,
@@ -214,43 +214,16 @@ fn serve(dir: &TempDir, auth: &Path, extra: &[&str]) -> Served {
     let m = dir.path().join("cordon.yaml");
     std::fs::write(&m, MANIFEST).unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--http", "127.0.0.1:0", "-m"])
-        .arg(&m)
+    let child = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
         .arg("--auth")
         .arg(auth)
         .args(extra)
-        .env("CORDON_AUDIT", &audit)
-        .env("CORDON_STATE_DIR", dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cordon serve");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut stderr = Vec::new();
-    let url = loop {
-        let line = match lines.next() {
-            Some(l) => l.unwrap(),
-            None => panic!("cordon serve exited before listening: {stderr:#?}"),
-        };
-        stderr.push(line.clone());
-        if let Some(rest) = line.split("serving MCP on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let addr = url
-        .split("://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/mcp")
-        .to_owned();
+        .http();
     Served {
-        _child: Kill(child),
-        url,
-        addr,
-        stderr,
+        url: child.url.clone(),
+        addr: child.addr(),
+        stderr: child.stderr.clone(),
+        _child: child,
     }
 }
 

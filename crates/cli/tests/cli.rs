@@ -6,8 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 use skip::{skip_or_fail, this_test};
 
 const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
@@ -20,17 +19,7 @@ fn example() -> PathBuf {
     repo().join("examples/cordon.yaml")
 }
 
-fn is_root() -> bool {
-    // SAFETY-free: read our own euid from /proc.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
+use cordon_testkit::is_root;
 
 /// Who runs cordon.
 #[derive(Clone, Copy, Debug)]

@@ -20,19 +20,9 @@ fn fixtures() -> PathBuf {
         .unwrap()
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
+use cordon_testkit::is_root;
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 /// Root and setpriv, or the test fails (unless skipping is allowed).
 fn need_root(test: &str) -> bool {
@@ -47,10 +37,8 @@ fn need_root(test: &str) -> bool {
 }
 
 /// A world-readable directory of its own.
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cordon-fc-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+fn dir(tag: &str) -> cordon_testkit::Scratch {
+    let d = cordon_testkit::scratch::named(&format!("cordon-fc-{tag}-"));
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
     d
 }

@@ -4,25 +4,15 @@
 //! limits, is refused unless the call accepts their absence).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 use skip::{skip_or_fail, this_test};
 
 const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
+use cordon_testkit::is_root;
 
 /// `runsc` is there and new enough, or the test fails (skips only when
 /// allowed).
@@ -46,9 +36,8 @@ fn have_runsc() -> bool {
     true
 }
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cordon-gv-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+fn dir(tag: &str) -> cordon_testkit::Scratch {
+    let d = cordon_testkit::scratch::named(&format!("cordon-gv-cli-{tag}-"));
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
     d

@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
 
@@ -24,28 +23,10 @@ fn npm_dir() -> PathBuf {
 
 /// A scratch directory of its own (world-traversable: the sandbox's uid
 /// reaches the store's rootfs through it), removed when dropped.
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = PathBuf;
-    fn deref(&self) -> &PathBuf {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use cordon_testkit::Scratch;
 
 fn dir(tag: &str) -> Scratch {
-    use std::os::unix::fs::PermissionsExt;
-    let d = std::env::temp_dir().join(format!("cordon-img-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    Scratch(d)
+    cordon_testkit::scratch::named(&format!("cordon-img-{tag}-"))
 }
 
 fn cordon(store: &Path, args: &[&str], input: &[u8]) -> Output {
@@ -353,16 +334,8 @@ async fn serve(
     manifest: &Path,
     audit: &Path,
 ) -> cordon_mcp::rmcp::service::RunningService<cordon_mcp::rmcp::RoleClient, ()> {
-    use cordon_mcp::rmcp::ServiceExt;
-    use cordon_mcp::rmcp::transport::TokioChildProcess;
-    let mut cmd = tokio::process::Command::new(CORDON);
-    cmd.args(["serve", "-m", manifest.to_str().unwrap()])
+    cordon_testkit::serve::Serve::manifest(CORDON, manifest, audit)
         .env("CORDON_STORE", store)
-        .env("CORDON_AUDIT", audit)
-        .env("CORDON_STATE_DIR", audit.parent().unwrap());
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    ().serve(transport).await.expect("initialize")
+        .stdio((), Stdio::inherit())
+        .await
 }

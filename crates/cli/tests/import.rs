@@ -5,9 +5,10 @@
 //! official Python MCP SDK client, lists the same tools under cordon's
 //! names; unwrap gives back the original byte for byte.
 //!
-//! Test files live under the cargo target's tmp directory, not /tmp: the
-//! sandbox builds its own /tmp, so a host path there cannot be mounted at
-//! the same place (import refuses it, see `odd_entries_are_refused`).
+//! Test files live in the tests' scratch directories, never under /tmp
+//! wherever the checkout is: the sandbox builds its own /tmp, so a host
+//! path there cannot be mounted at the same place (import refuses it, see
+//! `odd_entries_are_refused`).
 
 mod common;
 use common::*;
@@ -24,18 +25,10 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// A fresh directory under the target's tmp dir, removed on drop.
+/// A fresh scratch directory (see `cordon_testkit::scratch`), removed on
+/// drop.
 fn dir() -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "import-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
+    cordon_testkit::scratch::named("import-")
 }
 
 /// `cordon ARGS` with its state and audit in `d`.
@@ -395,21 +388,15 @@ fn every_format_is_imported_checked_and_served() {
 
 /// The tool names `cordon serve -m M` lists (rmcp client over stdio).
 fn served_tools(m: &Path, d: &Path) -> Vec<String> {
-    use cordon_mcp::rmcp::ServiceExt;
-    use cordon_mcp::rmcp::transport::TokioChildProcess;
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut cmd = tokio::process::Command::new(CORDON);
-        cmd.arg("serve")
+        let client = Serve::new(CORDON)
             .arg("-m")
             .arg(m)
             .env("CORDON_AUDIT", d.join("audit.jsonl"))
-            .env("CORDON_STATE_DIR", d.join("state"));
-        let (transport, _) = TokioChildProcess::builder(cmd)
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("spawn cordon serve");
-        let client = ().serve(transport).await.expect("initialize");
+            .env("CORDON_STATE_DIR", d.join("state"))
+            .stdio((), std::process::Stdio::inherit())
+            .await;
         let tools = client.list_all_tools().await.expect("tools/list");
         let _ = client.cancel().await;
         let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();

@@ -18,8 +18,7 @@ use rmcp::model::{
     JsonObject, SamplingMessage,
 };
 use rmcp::service::{RequestContext, RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, ErrorData, ServiceExt};
+use rmcp::{ClientHandler, ErrorData};
 use serde_json::{Value, json};
 
 /// A client with a model and a user: records what it was asked.
@@ -105,18 +104,10 @@ async fn sampling_and_elicitation_reach_the_client_only_when_allowed() {
     let dir = tempdir();
     let m = manifest(dir.path());
     let audit = dir.path().join("audit.jsonl");
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(&m)
-        .env("CORDON_AUDIT", &audit)
-        .env("CORDON_STATE_DIR", dir.path());
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
     let asked = Asked::default();
-    let c = asked.clone().serve(transport).await.unwrap();
+    let c = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .stdio(asked.clone(), Stdio::inherit())
+        .await;
 
     // Allowed: both reach the client, gated and labelled; the answers go back.
     let r = ask(&c, "open__ask").await;

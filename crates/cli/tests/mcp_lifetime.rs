@@ -5,8 +5,6 @@
 mod common;
 use common::*;
 
-use std::io::BufRead;
-use std::process::Stdio;
 use std::time::Duration;
 
 use cordon_mcp::rmcp;
@@ -55,32 +53,10 @@ async fn serve_idle_timeout_ends_an_idle_session() {
     let m = dir.path().join("cordon.yaml");
     std::fs::write(&m, MANIFEST).unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--idle-timeout",
-            "1",
-            "-m",
-        ])
-        .arg(&m)
-        .env("CORDON_AUDIT", &audit)
-        .env("CORDON_STATE_DIR", dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("cordon serve exited").unwrap();
-        if let Some(rest) = line.split("serving MCP on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let _guard = Kill(child);
+    let _guard = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .args(["--idle-timeout", "1"])
+        .http();
+    let url = _guard.url.clone();
     cordon_mcp::install_crypto_provider();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     config.reinit_on_expired_session = false;

@@ -12,10 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cordon_mcp::rmcp;
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
-use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, ServiceExt};
+use rmcp::ClientHandler;
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
 use serde_json::{Value, json};
 
 /// What the client was told: log messages (level, logger, data) and the
@@ -114,29 +112,12 @@ fn manifest(dir: &Path) -> PathBuf {
 }
 
 async fn client(manifest: &Path, audit: &Path, stderr: &Path) -> (Client, Heard) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
     let log = std::fs::File::create(stderr).unwrap();
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn cordon serve");
     let h = Heard::default();
-    let c = h.clone().serve(transport).await.expect("initialize");
+    let c = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit)
+        .stdio(h.clone(), Stdio::from(log))
+        .await;
     (c, h)
-}
-
-async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
-    let mut p = CallToolRequestParams::new(tool.to_owned());
-    p.arguments = Some(a.as_object().cloned().unwrap_or_else(JsonObject::new));
-    c.peer().call_tool(p).await
 }
 
 #[allow(deprecated)]

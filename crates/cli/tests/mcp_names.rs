@@ -11,11 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use cordon_mcp::rmcp;
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult, GetPromptRequestParams, JsonObject};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
-use serde_json::{Value, json};
+use rmcp::model::GetPromptRequestParams;
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::json;
 
 /// Two fixture servers exposed as-is beside a command tool `echo`: `a`
 /// (every tool, two with names no model API accepts, `crash` renamed) and
@@ -62,27 +60,10 @@ tools:
 type Client = RunningService<RoleClient, ()>;
 
 async fn client(manifest: &Path, audit: &Path, stderr: &Path) -> Client {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
     let log = std::fs::File::create(stderr).unwrap();
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn cordon serve");
-    ().serve(transport).await.expect("initialize")
-}
-
-async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
-    let mut p = CallToolRequestParams::new(tool.to_owned());
-    p.arguments = Some(a.as_object().cloned().unwrap_or_else(JsonObject::new));
-    c.peer().call_tool(p).await
+    Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit)
+        .stdio((), Stdio::from(log))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,6 @@ use rmcp::model::{
     ResourceContents,
 };
 use rmcp::service::{RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
 /// server-everything as `everything` (with `extra` appended to its tool
@@ -80,24 +79,11 @@ tools:
 type Client = RunningService<RoleClient, ()>;
 
 async fn client(manifest: &Path, audit: &Path) -> Client {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
+    Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit)
         .arg("--no-probe")
-        .arg("-m")
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    ().serve(transport).await.expect("initialize")
+        .stdio((), Stdio::inherit())
+        .await
 }
-
-use rmcp::ServiceExt;
 
 async fn read(c: &Client, uri: &str) -> Result<ReadResourceResult, ServiceError> {
     c.peer()
@@ -538,21 +524,10 @@ async fn resource_text_is_stripped_and_wrapped_and_only_subscribed_updates_reach
         );
     let m_path = dir.0.join("fx-resources.yaml");
     std::fs::write(&m_path, m).unwrap();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(&m_path)
-        .env("CORDON_AUDIT", &audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
     let notes = Notes::default();
-    let c = notes.clone().serve(transport).await.expect("initialize");
+    let c = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m_path, &audit)
+        .stdio(notes.clone(), Stdio::inherit())
+        .await;
     let caps = &c.peer().peer_info().expect("server info").capabilities;
     let r = caps.resources.as_ref().expect("resources advertised");
     assert_eq!(r.subscribe, Some(true), "{caps:?}");

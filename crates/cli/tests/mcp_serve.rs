@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -11,7 +10,6 @@ use cordon_mcp::rmcp;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode, JsonObject};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
 mod support {
@@ -56,7 +54,7 @@ mod support {
     }
 }
 
-use common::{Kill, audit_records, mcp_error, tempdir, text_of};
+use common::{Serve, audit_records, mcp_error, tempdir, text_of};
 use support::{b64_decode, b64_encode};
 
 fn repo() -> PathBuf {
@@ -70,20 +68,9 @@ fn example() -> PathBuf {
 type Client = RunningService<RoleClient, ()>;
 
 async fn stdio_client(manifest: &Path, audit: &Path) -> Client {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
-    let (transport, _stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    ().serve(transport).await.expect("initialize over stdio")
+    Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit)
+        .stdio((), Stdio::inherit())
+        .await
 }
 
 fn args(v: Value) -> JsonObject {
@@ -393,38 +380,15 @@ async fn limits_failures_and_argv_slots() {
 }
 
 /// Start `cordon serve --http 127.0.0.1:0` and read the URL it prints.
-fn http_server(manifest: &Path, audit: &Path) -> (std::process::Child, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--http", "127.0.0.1:0", "-m"])
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env("CORDON_STATE_DIR", audit.parent().unwrap())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cordon serve --http");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("cordon serve exited before listening")
-            .unwrap();
-        if let Some(rest) = line.split("serving MCP on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (child, url)
+fn http_server(manifest: &Path, audit: &Path) -> cordon_testkit::serve::Http {
+    Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit).http()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamable_http_on_loopback() {
     let dir = tempdir();
-    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
-    let _guard = Kill(child);
+    let _guard = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let url = _guard.url.clone();
     assert!(
         url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
         "{url}"
@@ -458,8 +422,8 @@ async fn streamable_http_on_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_refuses_a_foreign_host_header() {
     let dir = tempdir();
-    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
-    let _guard = Kill(child);
+    let _guard = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let url = _guard.url.clone();
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
@@ -495,8 +459,8 @@ async fn http_refuses_a_foreign_host_header() {
 async fn http_session_delete_answers_200() {
     use std::io::{Read, Write};
     let dir = tempdir();
-    let (child, url) = http_server(&example(), &dir.path().join("audit.jsonl"));
-    let _guard = Kill(child);
+    let _guard = http_server(&example(), &dir.path().join("audit.jsonl"));
+    let url = _guard.url.clone();
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")

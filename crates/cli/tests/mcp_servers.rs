@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -13,11 +12,10 @@ use std::time::Duration;
 
 use cordon_mcp::rmcp;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ErrorCode, JsonObject, NumberOrString,
-    ProgressNotificationParam, ProgressToken, RequestMetaObject,
+    CallToolRequestParams, CallToolResult, ErrorCode, NumberOrString, ProgressNotificationParam,
+    ProgressToken, RequestMetaObject,
 };
-use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Value, json};
 
@@ -65,28 +63,11 @@ impl ClientHandler for Progress {
 type Client = RunningService<RoleClient, Progress>;
 
 async fn stdio_client(manifest: &Path, audit: &Path) -> (Client, Progress) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve")
-        .arg("-m")
-        .arg(manifest)
-        .env("CORDON_AUDIT", audit)
-        .env(
-            "CORDON_STATE_DIR",
-            std::path::Path::new(&audit).parent().unwrap(),
-        );
-    let (transport, _stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
     let p = Progress::default();
-    let c = p.clone().serve(transport).await.expect("initialize");
+    let c = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), manifest, audit)
+        .stdio(p.clone(), Stdio::inherit())
+        .await;
     (c, p)
-}
-
-async fn call(c: &Client, tool: &str, a: Value) -> Result<CallToolResult, ServiceError> {
-    let mut p = CallToolRequestParams::new(tool.to_owned());
-    p.arguments = Some(a.as_object().cloned().unwrap_or_else(JsonObject::new));
-    c.peer().call_tool(p).await
 }
 
 /// The body of a wrapped text result (between the markers).
@@ -344,25 +325,9 @@ async fn an_http_session_end_stops_its_sandbox() {
     let dir = tempdir();
     let mount = "/fx-http-session";
     let m = manifest(&dir.0, mount, "", "session");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--http", "127.0.0.1:0", "-m"])
-        .arg(&m)
-        .env("CORDON_AUDIT", dir.0.join("audit.jsonl"))
-        .env("CORDON_STATE_DIR", &dir.0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("cordon exited").unwrap();
-        if let Some(rest) = line.split("serving MCP on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let child = Kill(child);
+    let child =
+        Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &dir.0.join("audit.jsonl")).http();
+    let url = child.url.clone();
 
     let a = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
     let b = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
@@ -428,34 +393,8 @@ for line in sys.stdin:
 /// A loopback HTTP upstream that answers every request with `body` and
 /// counts the requests it saw.
 fn upstream(body: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for conn in l.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => req.extend_from_slice(&buf[..n]),
-                }
-            }
-            let head = String::from_utf8_lossy(&req);
-            s.lock()
-                .unwrap()
-                .push(head.lines().next().unwrap_or("").to_string());
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    (port, seen)
+    let (addr, seen) = cordon_testkit::loopback::request_lines(move |_| body.to_string());
+    (addr.port(), seen)
 }
 
 /// An `mcp:` server with `egress` runs with the egress doors for its whole

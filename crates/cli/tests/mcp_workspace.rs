@@ -9,13 +9,11 @@ use std::path::Path;
 use std::process::Stdio;
 
 use cordon_mcp::rmcp;
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
 use serde_json::json;
 
-use common::{skip, tempdir, text_of};
+use common::{Serve, skip, tempdir, text_of};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -41,21 +39,18 @@ tools:
 /// conformance probes at start (which run each tool's sandbox without its
 /// workspace), else `--no-probe`.
 async fn client(dir: &Path, probe: bool) -> Client {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("serve");
+    let mut serve = Serve::new(env!("CARGO_BIN_EXE_cordon"));
     if !probe {
-        cmd.arg("--no-probe");
+        serve = serve.arg("--no-probe");
     }
-    cmd.arg("-m")
+    serve
+        .arg("-m")
         .arg(dir.join("cordon.yaml"))
         .env("CORDON_AUDIT", dir.join("audit.jsonl"))
         .env("CORDON_RUN_DIR", dir.join("run"))
-        .env("CORDON_STATE_DIR", dir.join("state"));
-    let (transport, _stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn cordon serve");
-    ().serve(transport).await.expect("initialize over stdio")
+        .env("CORDON_STATE_DIR", dir.join("state"))
+        .stdio((), Stdio::inherit())
+        .await
 }
 
 async fn sh(c: &Client, tool: &str, script: &str) -> String {
@@ -79,7 +74,7 @@ fn workspace_mounts(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_workspace_is_shared_by_its_tools_and_goes_with_it() {
-    if cordon_sys::io::geteuid() != 0 {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(
             "a_session_workspace_is_shared_by_its_tools_and_goes_with_it",
             "needs root (workspaces are tmpfs mounts of the broker's)",
@@ -135,7 +130,7 @@ async fn a_session_workspace_is_shared_by_its_tools_and_goes_with_it() {
 /// `cordon state rm`.
 #[test]
 fn cordon_state_ls_and_rm() {
-    if cordon_sys::io::geteuid() != 0 {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(
             "cordon_state_ls_and_rm",
             "needs root (a state is a loop-mounted ext4 image)",
@@ -193,7 +188,7 @@ fn cordon_state_ls_and_rm() {
 /// it goes when the session ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_gets_the_session_workspace() {
-    if cordon_sys::io::geteuid() != 0 {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(
             "an_mcp_server_gets_the_session_workspace",
             "needs root (workspaces are tmpfs mounts of the broker's)",

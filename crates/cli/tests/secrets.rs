@@ -10,7 +10,6 @@
 mod common;
 use common::*;
 
-use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -59,9 +58,7 @@ fn lines(p: &Path) -> Vec<String> {
         .collect()
 }
 
-fn is_root() -> bool {
-    cordon_sys::io::geteuid() == 0
-}
+use cordon_testkit::is_root;
 
 #[test]
 fn check_refuses_an_unknown_provider_at_its_line_and_flags_weak_secrets() {
@@ -420,34 +417,17 @@ async fn serve_mints_for_the_session_and_revokes_on_sigterm() {
     )
     .unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let mut child = std::process::Command::new(CORDON)
-        .args([
-            "serve",
-            "--no-probe",
-            "--http",
-            "127.0.0.1:0",
-            "--providers",
-        ])
+    let mut served = Serve::new(CORDON)
+        .args(["--no-probe", "--providers"])
         .arg(&providers)
         .arg("-m")
         .arg(&m)
         .arg("--audit")
         .arg(&audit)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut lines_in = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines_in.next().expect("cordon exited").unwrap();
-        if let Some(rest) = line.split("serving MCP on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    let stderr_rest =
-        std::thread::spawn(move || lines_in.map_while(Result::ok).collect::<Vec<_>>());
+        .http();
+    let pid = served.pid();
+    let url = served.url.clone();
+    let stderr_rest = served.rest();
     let client = ().serve(cordon_mcp::http_client(&url)).await.unwrap();
     let mut p = CallToolRequestParams::new("fx__probe");
     p.arguments = json!({}).as_object().cloned();
@@ -476,7 +456,7 @@ async fn serve_mints_for_the_session_and_revokes_on_sigterm() {
     assert!(st.success());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = served.child.0.try_wait().unwrap() {
             assert!(s.success(), "{s}");
             break;
         }
@@ -598,18 +578,15 @@ async fn jira_search_calls_its_api_with_the_minted_token() {
         ),
     )
     .unwrap();
-    let mut cmd = tokio::process::Command::new(CORDON);
-    cmd.args(["serve", "--no-probe", "--providers"])
+    let c = Serve::new(CORDON)
+        .args(["--no-probe", "--providers"])
         .arg(&providers)
         .arg("-m")
         .arg(&m)
         .arg("--audit")
-        .arg(dir.path().join("audit.jsonl"));
-    let (transport, _) = rmcp::transport::TokioChildProcess::builder(cmd)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let c = ().serve(transport).await.unwrap();
+        .arg(dir.path().join("audit.jsonl"))
+        .stdio((), Stdio::inherit())
+        .await;
     let call = |path: &str| {
         let mut p = CallToolRequestParams::new("jira__jira_search");
         p.arguments = json!({"url": format!("http://api.test:{port}{path}")})

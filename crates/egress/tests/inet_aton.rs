@@ -8,8 +8,7 @@ use cordon_egress::parse_ipv4_literal;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 const ORACLE: &str = r#"
 import json, socket, sys

@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -17,10 +16,7 @@ use cordon_egress::{
     Binding, Decision, DoorContext, EgressEvent, EgressPolicy, EventSink, HostPort, Injection,
     Injections, Interception, Placement, SessionCa, TokenSource, UpstreamTrust, run_proxy_with,
 };
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use cordon_testkit::upstream::{Log, Seen, test_pki, upstream};
 use zeroize::Zeroizing;
 
 const TOOL: &str = "jira_search";
@@ -44,147 +40,6 @@ impl TokenSource for Fixed {
     }
 }
 
-#[derive(Clone, Debug)]
-struct Seen {
-    version: String,
-    target: String,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Seen {
-    fn all(&self) -> String {
-        format!(
-            "{} {}\n{}\n{}",
-            self.version,
-            self.target,
-            self.headers,
-            String::from_utf8_lossy(&self.body)
-        )
-    }
-}
-
-type Log = Arc<Mutex<Vec<Seen>>>;
-
-async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() == "/ws" {
-        // An upgrade: 101, then echo every byte back.
-        let headers: String = req
-            .headers()
-            .iter()
-            .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())))
-            .collect();
-        log.lock().unwrap().push(Seen {
-            version: format!("{:?}", req.version()),
-            target: req.uri().to_string(),
-            headers,
-            body: Vec::new(),
-        });
-        let on = hyper::upgrade::on(&mut req);
-        tokio::spawn(async move {
-            if let Ok(u) = on.await {
-                let mut io = TokioIo::new(u);
-                let mut buf = [0u8; 1024];
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                while let Ok(n) = io.read(&mut buf).await {
-                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        let mut r = Response::new(Full::new(Bytes::new()));
-        *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
-        r.headers_mut()
-            .insert("connection", "upgrade".parse().unwrap());
-        r.headers_mut()
-            .insert("upgrade", "websocket".parse().unwrap());
-        return Ok(r);
-    }
-    let version = format!("{:?}", req.version());
-    let target = req.uri().to_string();
-    let headers: String = req
-        .headers()
-        .iter()
-        .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())))
-        .collect();
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes().to_vec())
-        .unwrap_or_default();
-    log.lock().unwrap().push(Seen {
-        version: version.clone(),
-        target: target.clone(),
-        headers,
-        body,
-    });
-    Ok(Response::new(Full::new(Bytes::from(format!(
-        "upstream ok {version} {target}\n"
-    )))))
-}
-
-/// The test CA and an upstream leaf for `names`.
-fn test_pki(names: &[&str]) -> (String, rustls::ServerConfig) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::default();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "cordon test upstream CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    (ca.pem(), cfg)
-}
-
-/// A recording upstream on loopback, TLS or plain, HTTP/1.1 and HTTP/2.
-async fn upstream(tls: Option<rustls::ServerConfig>, log: Log) -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let log = log.clone();
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |r| record(r, log.clone()));
-                let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                match acceptor {
-                    Some(a) => {
-                        if let Ok(t) = a.accept(s).await {
-                            let _ = b.serve_connection_with_upgrades(TokioIo::new(t), svc).await;
-                        }
-                    }
-                    None => {
-                        let _ = b.serve_connection_with_upgrades(TokioIo::new(s), svc).await;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
 struct Rig {
     _rt: tokio::runtime::Runtime,
     proxy: SocketAddr,
@@ -192,7 +47,7 @@ struct Rig {
     plain_port: u16,
     log: Log,
     rx: tokio::sync::mpsc::UnboundedReceiver<EgressEvent>,
-    dir: tempfile::TempDir,
+    dir: cordon_testkit::Scratch,
     upstream_ca: std::path::PathBuf,
 }
 
@@ -305,7 +160,7 @@ fn rig() -> Rig {
         ),
     ]);
     let session_ca = Arc::new(SessionCa::new("jira_search test").unwrap());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let ca_file = dir.path().join("session-ca.pem");
     std::fs::write(&ca_file, session_ca.cert_pem()).unwrap();
     let upstream_ca = dir.path().join("upstream-ca.pem");

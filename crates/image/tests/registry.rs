@@ -4,8 +4,7 @@
 //! pushed with `skopeo`. Nothing but 127.0.0.1 is contacted.
 
 mod common;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 use std::ffi::OsString;
 use std::io::{Read, Write};

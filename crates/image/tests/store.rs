@@ -804,7 +804,7 @@ fn default_store_dir() {
         default_dir_with(&[("CORDON_STORE", "/srv/images")], false),
         "/srv/images"
     );
-    if nix::unistd::geteuid().is_root() {
+    if cordon_testkit::is_root() {
         assert_eq!(default_dir_with(&[], false), "/var/lib/cordon");
         assert_eq!(
             default_dir_with(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "/x/data")], true),

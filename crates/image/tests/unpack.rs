@@ -17,8 +17,7 @@ use cordon_image::unpack::{Budget, Caps, Compression, UnpackError, apply_layer};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 const MTIME: u64 = 1_600_000_000;
 
@@ -209,7 +208,7 @@ fn snapshot(dir: &Path, skip: Option<&Path>) -> BTreeMap<PathBuf, Seen> {
 /// `bait/exe`, `bait/dir/inner`, `outside` and a symlink `bait/link`, all
 /// with an old modification time.
 struct Fx {
-    _tmp: tempfile::TempDir,
+    _tmp: cordon_testkit::Scratch,
     top: PathBuf,
     bait: PathBuf,
     root: PathBuf,
@@ -217,7 +216,7 @@ struct Fx {
 }
 
 fn fx() -> Fx {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = cordon_testkit::scratch();
     let top = tmp.path().to_path_buf();
     let bait = top.join("bait");
     fs::create_dir_all(bait.join("dir")).unwrap();
@@ -1181,7 +1180,7 @@ fn unprivileged() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let probe = tempfile::tempdir().unwrap();
+    let probe = cordon_testkit::scratch();
     if fs::metadata(probe.path()).unwrap().uid() != 0 {
         // Already unprivileged: the suite itself is the unprivileged run.
         return;

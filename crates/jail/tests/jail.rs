@@ -8,18 +8,13 @@
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
-use std::process::Command;
 use std::time::Duration;
 
 use cordon_jail::*;
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
-use skip::skip_or_fail;
-#[path = "../../../tests/support/image.rs"]
-mod image;
+use cordon_testkit::reexec::Harness;
+use cordon_testkit::{euid, image, skip, skip_or_fail};
 
-const CHILD_ENV: &str = "CORDON_JAIL_TEST_CHILD";
 /// Set (to anything) where the jail must use cgroup limits, as root and as
 /// a user with systemd delegation in the test bed of tests/vm: a jail on
 /// the rlimit fallback there fails the test instead of taking the
@@ -29,11 +24,14 @@ const CGROUPS_REQUIRED_ENV: &str = "CORDON_TEST_CGROUPS_REQUIRED";
 const SECRET_ENV: &str = "HOST_SECRET_TOKEN";
 const SECRET: &str = "s3cr3t-value-that-must-not-leak";
 
-fn euid() -> u32 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    line.split_whitespace().nth(2).unwrap().parse().unwrap()
-}
+/// Every body re-run as root and as uid 65534, with the host secret in its
+/// environment.
+const HARNESS: Harness = Harness {
+    child_env: "CORDON_JAIL_TEST_CHILD",
+    env: &[(SECRET_ENV, SECRET)],
+    env_remove_as_nobody: &[CGROUPS_REQUIRED_ENV],
+    ..Harness::NONE
+};
 
 /// The host uid and gid a tool runs as: 65534 when the broker is root, the
 /// broker's own otherwise (uid 65534 under these tests' setpriv; another
@@ -50,75 +48,9 @@ fn tool_host_ids() -> (u32, u32) {
     (id("Uid:"), id("Gid:"))
 }
 
-fn reexec(test: &str, unprivileged: bool) {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = if unprivileged && euid() == 0 {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
-        c.arg(&exe);
-        c.env_remove(CGROUPS_REQUIRED_ENV);
-        c
-    } else {
-        Command::new(&exe)
-    };
-    cmd.args([
-        "--exact",
-        test,
-        "--include-ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, "1")
-    .env(SECRET_ENV, SECRET);
-    let out = cmd.output().unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && so.contains("1 passed"),
-        "{test} (unprivileged={unprivileged}) failed:\n{so}\n{se}"
-    );
-    // Surface skips of the child.
-    for l in so.lines().chain(se.lines()).filter(|l| l.contains("SKIP")) {
-        println!("{l}");
-    }
-}
-
-fn as_root(test: &str) {
-    if euid() != 0 {
-        let name = format!("{}::as_root", test.trim_end_matches("::body"));
-        skip_or_fail(&name, &format!("the tests run as uid {}, not root", euid()));
-        return;
-    }
-    reexec(test, false);
-}
-
-fn as_nobody(test: &str) {
-    reexec(test, true);
-}
-
-fn in_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
-}
-
 macro_rules! jail_test {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn as_root() {
-                super::as_root(concat!(stringify!($name), "::body"));
-            }
-            #[test]
-            fn as_nobody() {
-                super::as_nobody(concat!(stringify!($name), "::body"));
-            }
-            #[test]
-            #[ignore = "runs through as_root / as_nobody"]
-            fn body() {
-                if super::in_child() {
-                    super::$name();
-                }
-            }
-        }
+        cordon_testkit::reexec_test!(HARNESS, $name);
     };
 }
 
@@ -442,10 +374,7 @@ jail_test!(tmp_does_not_persist);
 
 fn binds_are_read_only() {
     let j = jail();
-    let d = tempfile::Builder::new()
-        .prefix("cordon-bind")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let d = cordon_testkit::scratch::named("cordon-bind");
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -496,10 +425,7 @@ fn setup_errors_are_precise() {
         "missing: sandbox setup failed: execve /nonexistent/tool: ENOENT"
     );
     // A bind source below a directory the sandbox's uid cannot traverse.
-    let private = tempfile::Builder::new()
-        .prefix("cordon-private")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let private = cordon_testkit::scratch::named("cordon-private");
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -548,14 +474,11 @@ fn setup_errors_are_precise() {
 }
 jail_test!(setup_errors_are_precise);
 
-/// A directory under /tmp the sandbox's uid can enter, with executable
+/// A scratch directory the sandbox's uid can enter, with executable
 /// files written into it.
-fn tool_dir(files: &[(&str, &[u8], u32)]) -> tempfile::TempDir {
+fn tool_dir(files: &[(&str, &[u8], u32)]) -> cordon_testkit::Scratch {
     use std::os::unix::fs::PermissionsExt;
-    let d = tempfile::Builder::new()
-        .prefix("cordon-preflight")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let d = cordon_testkit::scratch::named("cordon-preflight");
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     for (name, body, mode) in files {
         let p = d.path().join(name);
@@ -1812,8 +1735,8 @@ jail_test!(concurrent_calls);
 
 // ------------------------------------------------------------ image roots
 
-/// A busybox image (see `tests/support/image.rs`), or None after a skip.
-fn busybox_image() -> Option<tempfile::TempDir> {
+/// A busybox image (see `cordon_testkit::image`), or None after a skip.
+fn busybox_image() -> Option<cordon_testkit::Scratch> {
     if let Some(why) = image::missing() {
         skip_or_fail(&skip::this_test(), &why);
         return None;

@@ -8,8 +8,7 @@
 //! The principal comes from a test authenticator through the gateway's
 //! `Authenticator` seam (a header the product never accepts).
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,7 +27,6 @@ use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 const HEADER: &str = "x-test-principal";
 
@@ -120,18 +118,12 @@ access:
 struct Served {
     url: String,
     audit: PathBuf,
-    stop: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    _gateway: cordon_testkit::serve::Gateway,
+    _dir: cordon_testkit::Scratch,
 }
 
 async fn serve() -> Option<Served> {
-    if cordon_sys::io::geteuid() != 0 {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(
             "access",
             "the gateway's sandboxes are set up as root in this suite",
@@ -142,7 +134,7 @@ async fn serve() -> Option<Served> {
         skip::skip_or_fail("access", "/usr/bin/python3 is missing (the fixture server)");
         return None;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let audit = dir.path().join("audit.jsonl");
     let opts = GatewayOptions {
         audit: Some(audit.clone()),
@@ -157,29 +149,15 @@ async fn serve() -> Option<Served> {
             gw.warnings()
         );
     }
-    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!(
-        "http://{}{}",
-        listener.local_addr().unwrap(),
-        cordon_mcp::HTTP_PATH
-    );
-    let stop = CancellationToken::new();
     let http = HttpOptions {
         authenticator: Some(Arc::new(TestHeader)),
         ..HttpOptions::default()
     };
-    tokio::spawn(cordon_mcp::serve_http(
-        Arc::new(gw),
-        listener,
-        http,
-        stop.clone(),
-    ));
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
     Some(Served {
-        url,
+        url: gateway.url.clone(),
         audit,
-        stop,
+        _gateway: gateway,
         _dir: dir,
     })
 }
@@ -572,7 +550,7 @@ async fn a_tenant_never_gets_a_sandbox_pooled_for_another() {
 /// A gateway over `manifest` whose broker has (or lacks) a subordinate
 /// range for tenants' host uids.
 async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Availability) -> Served {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let m = dir.path().join("cordon.yaml");
     std::fs::write(&m, manifest).unwrap();
     let audit = dir.path().join("audit.jsonl");
@@ -596,29 +574,15 @@ async fn serve_with_uids(manifest: &str, uids: cordon_broker::tenant_uids::Avail
         "{:?}",
         gw.warnings()
     );
-    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!(
-        "http://{}{}",
-        listener.local_addr().unwrap(),
-        cordon_mcp::HTTP_PATH
-    );
-    let stop = CancellationToken::new();
     let http = HttpOptions {
         authenticator: Some(Arc::new(TestHeader)),
         ..HttpOptions::default()
     };
-    tokio::spawn(cordon_mcp::serve_http(
-        Arc::new(gw),
-        listener,
-        http,
-        stop.clone(),
-    ));
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
     Served {
-        url,
+        url: gateway.url.clone(),
         audit,
-        stop,
+        _gateway: gateway,
         _dir: dir,
     }
 }
@@ -649,7 +613,7 @@ async fn marked_by(c: &Client) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     use cordon_broker::tenant_uids::{Availability, TenantUids};
-    if cordon_sys::io::geteuid() != 0 {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail("tenant uids", "only a root broker maps other host uids");
         return;
     }
@@ -671,7 +635,7 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     );
     drop(s);
 
-    let state = tempfile::tempdir().unwrap();
+    let state = cordon_testkit::scratch();
     let uids = TenantUids {
         uid_first: 420_000,
         gid_first: 420_000,

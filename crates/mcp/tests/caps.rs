@@ -16,8 +16,7 @@
 //! The tests of this file run one at a time: the process scan counts every
 //! descendant of the test process.
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +32,6 @@ use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -62,14 +60,8 @@ impl Authenticator for HeaderAuth {
 struct Served {
     url: String,
     audit: PathBuf,
-    stop: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    _gateway: cordon_testkit::serve::Gateway,
+    _dir: cordon_testkit::Scratch,
 }
 
 fn fixtures() -> PathBuf {
@@ -83,7 +75,7 @@ fn fixtures() -> PathBuf {
 /// here: a tool this host cannot run fails the test unless skipping is
 /// allowed, then `None`).
 async fn serve(test: &str, manifest: &str) -> Option<Served> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let path = dir.path().join("cordon.yaml");
     std::fs::write(&path, manifest).unwrap();
     let audit = dir.path().join("audit.jsonl");
@@ -104,29 +96,15 @@ async fn serve(test: &str, manifest: &str) -> Option<Served> {
         );
         return None;
     }
-    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!(
-        "http://{}{}",
-        listener.local_addr().unwrap(),
-        cordon_mcp::HTTP_PATH
-    );
-    let stop = CancellationToken::new();
     let http = HttpOptions {
         authenticator: Some(Arc::new(HeaderAuth)),
         ..HttpOptions::default()
     };
-    tokio::spawn(cordon_mcp::serve_http(
-        Arc::new(gw),
-        listener,
-        http,
-        stop.clone(),
-    ));
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
     Some(Served {
-        url,
+        url: gateway.url.clone(),
         audit,
-        stop,
+        _gateway: gateway,
         _dir: dir,
     })
 }
@@ -603,7 +581,7 @@ async fn a_python_client_killed_mid_call_leaves_nothing_behind() {
     let Some(s) = serve(test, &fixture_manifest(&marker)).await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let script = dir.path().join("client.py");
     std::fs::write(&script, PY_CLIENT).unwrap();
     let mut py = tokio::process::Command::new("python3")

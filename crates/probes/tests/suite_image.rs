@@ -1,5 +1,5 @@
 //! The probe agent inside an image root: a busybox image (built here from
-//! busybox-static, `tests/support/image.rs`) has none of the host's
+//! busybox-static, `cordon_testkit::image`) has none of the host's
 //! libraries, so a dynamically linked agent runs through its own loader,
 //! bound with its libraries under `/.cordon/lib` (see
 //! `cordon_probes::runtime`). The control and the host file system probe
@@ -15,10 +15,8 @@ use cordon_probes::{Filter, RuntimeSandbox, Targets, Verdict, run_suite, runtime
 use cordon_runtime::native::Native;
 use cordon_runtime::{Limits, Root, SandboxSpec};
 
-#[path = "../../../tests/support/image.rs"]
-mod image;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::image;
+use cordon_testkit::skip;
 
 fn image_spec(rootfs: &Path) -> SandboxSpec {
     let mut spec = SandboxSpec::new("cordon-probe", [AGENT_IN_JAIL]);
@@ -39,7 +37,7 @@ fn image_spec(rootfs: &Path) -> SandboxSpec {
     spec
 }
 
-fn busybox(test: &str) -> Option<tempfile::TempDir> {
+fn busybox(test: &str) -> Option<cordon_testkit::Scratch> {
     if let Some(why) = image::missing() {
         skip::skip_or_fail(test, &why);
         return None;

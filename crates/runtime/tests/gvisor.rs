@@ -4,120 +4,36 @@
 //! 65534 through `setpriv`. A missing or too old `runsc` fails the tests
 //! (unless `CORDON_TEST_ALLOW_SKIP=1`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::process::Command;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cordon_runtime::gvisor::{Gvisor, Options};
 use cordon_runtime::{Context, EgressEvent, EgressPolicy, Network, Runtime, SandboxSpec, Status};
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
-use skip::skip_or_fail;
+use cordon_testkit::reexec::Harness;
+use cordon_testkit::{skip, skip_or_fail};
 
-const CHILD_ENV: &str = "CORDON_GVISOR_TEST_CHILD";
-
-fn euid() -> u32 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    line.split_whitespace().nth(2).unwrap().parse().unwrap()
-}
-
-fn reexec(test: &str, unprivileged: bool) {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = if unprivileged && euid() == 0 {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
-        c.arg(&exe);
-        c
-    } else {
-        Command::new(&exe)
-    };
-    cmd.args([
-        "--exact",
-        test,
-        "--include-ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, "1")
-    .env_remove("XDG_RUNTIME_DIR");
-    // An unprivileged broker's runtime directory (there is no
-    // XDG_RUNTIME_DIR for uid 65534 here, and cordon never falls back to a
-    // path under /tmp): one of its own.
-    let run_dir = tempfile::tempdir().unwrap();
-    if unprivileged {
-        if euid() == 0 {
-            std::os::unix::fs::chown(run_dir.path(), Some(65534), Some(65534)).unwrap();
-        }
-        cmd.env("CORDON_RUN_DIR", run_dir.path());
-    }
-    let out = cmd.output().unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && so.contains("1 passed"),
-        "{test} (unprivileged={unprivileged}) failed:\n{so}\n{se}"
-    );
-    for l in so.lines().chain(se.lines()).filter(|l| l.contains("SKIP")) {
-        println!("{l}");
-    }
-}
-
-fn as_root(test: &str) {
-    if euid() != 0 {
-        let name = format!("{}::as_root", test.trim_end_matches("::body"));
-        skip_or_fail(&name, &format!("the tests run as uid {}, not root", euid()));
-        return;
-    }
-    reexec(test, false);
-}
-
-fn in_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
-}
+/// Every body re-run as root and (where it does not need cgroup limits) as
+/// uid 65534; an unprivileged broker's runtime directory is its own.
+const HARNESS: Harness = Harness {
+    child_env: "CORDON_GVISOR_TEST_CHILD",
+    env_remove: &["XDG_RUNTIME_DIR"],
+    run_dir_as_nobody: true,
+    ..Harness::NONE
+};
 
 /// Both as root and as uid 65534.
 macro_rules! gvisor_test {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn as_root() {
-                super::as_root(concat!(stringify!($name), "::body"));
-            }
-            #[test]
-            fn as_nobody() {
-                super::reexec(concat!(stringify!($name), "::body"), true);
-            }
-            #[test]
-            #[ignore = "runs through as_root / as_nobody"]
-            fn body() {
-                if super::in_child() {
-                    super::$name();
-                }
-            }
-        }
+        cordon_testkit::reexec_test!(HARNESS, $name);
     };
 }
 
 /// As root only: needs cgroup limits.
 macro_rules! gvisor_root_test {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn as_root() {
-                super::as_root(concat!(stringify!($name), "::body"));
-            }
-            #[test]
-            #[ignore = "runs through as_root"]
-            fn body() {
-                if super::in_child() {
-                    super::$name();
-                }
-            }
-        }
+        cordon_testkit::reexec_test!(root_only, HARNESS, $name);
     };
 }
 
@@ -300,32 +216,7 @@ fn without_network_there_is_only_lo() {
 /// A loopback HTTP upstream: answers every request with `upstream saw
 /// <request line>`; counts requests.
 fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { continue };
-            let mut r = BufReader::new(c.try_clone().unwrap());
-            let mut first = String::new();
-            let _ = r.read_line(&mut first);
-            loop {
-                let mut h = String::new();
-                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                    break;
-                }
-            }
-            let body = format!("upstream saw {}", first.trim());
-            s.lock().unwrap().push(first.trim().to_string());
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    (addr, seen)
+    cordon_testkit::loopback::request_lines(|first| format!("upstream saw {first}"))
 }
 
 gvisor_test!(egress_goes_through_the_doors_only);
@@ -413,7 +304,7 @@ fn nothing_written_in_one_task_is_seen_in_the_next() {
 
 #[test]
 fn a_missing_or_old_runsc_is_named_by_check() {
-    let state = tempfile::tempdir().unwrap();
+    let state = cordon_testkit::scratch();
     let opts = |runsc: &std::path::Path| Options {
         runsc: Some(runsc.to_path_buf()),
         state_dir: Some(state.path().join("gv")),

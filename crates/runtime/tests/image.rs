@@ -2,7 +2,7 @@
 //! rootfs, read-only, is the sandbox's `/`, with the jail's `/proc`, `/dev`
 //! and `/tmp`; the spec's working directory and user apply; every limit
 //! and the network stay as for the host root. The images are built here
-//! from busybox-static (`tests/support/image.rs`).
+//! from busybox-static (`cordon_testkit::image`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -12,10 +12,8 @@ use std::time::Duration;
 use cordon_runtime::native::Native;
 use cordon_runtime::{Context, EgressPolicy, Network, Outcome, Root, Runtime, SandboxSpec, Status};
 
-#[path = "../../../tests/support/image.rs"]
-mod image;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::image;
+use cordon_testkit::skip;
 
 const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 

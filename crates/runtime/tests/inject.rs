@@ -7,7 +7,6 @@
 //! a body, base64, Basic auth to the wrong host) it is refused; the token is
 //! nowhere in the sandbox nor in what cordon reports.
 
-use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,16 +16,11 @@ use cordon_runtime::native::Native;
 use cordon_runtime::{
     Context, Credentials, EgressEvent, EgressPolicy, Network, Root, Runtime, SandboxSpec, Status,
 };
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use zeroize::Zeroizing;
 
-#[path = "../../../tests/support/image.rs"]
-mod image;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::image;
+use cordon_testkit::skip;
+use cordon_testkit::upstream::{Log, test_pki, upstream};
 
 const PH: &str = "cordon-ph-Jr4Qn8Wc2Lx6Vb0Tz5Hm9Ks3";
 const TOKEN: &str = "jira-real-token-5b1f0c9e77a2d4836e";
@@ -39,83 +33,6 @@ impl TokenSource for Fixed {
     fn current(&self) -> Result<Zeroizing<String>, String> {
         Ok(Zeroizing::new(self.0.to_string()))
     }
-}
-
-type Log = Arc<Mutex<Vec<String>>>;
-
-async fn record(req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
-    let mut seen = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
-    for (k, v) in req.headers() {
-        seen.push_str(&format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())));
-    }
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    seen.push_str(&String::from_utf8_lossy(&body));
-    log.lock().unwrap().push(seen);
-    Ok(Response::new(Full::new(Bytes::from_static(
-        b"upstream ok\n",
-    ))))
-}
-
-fn test_pki() -> (String, rustls::ServerConfig) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::default();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "cordon test upstream CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(vec!["api.test".to_string(), "other.test".to_string()])
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    (ca.pem(), cfg)
-}
-
-async fn upstream(tls: Option<rustls::ServerConfig>, log: Log) -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let (log, acceptor) = (log.clone(), acceptor.clone());
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |r| record(r, log.clone()));
-                let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                match acceptor {
-                    Some(a) => {
-                        if let Ok(t) = a.accept(s).await {
-                            let _ = b.serve_connection(TokioIo::new(t), svc).await;
-                        }
-                    }
-                    None => {
-                        let _ = b.serve_connection(TokioIo::new(s), svc).await;
-                    }
-                }
-            });
-        }
-    });
-    port
 }
 
 fn have(prog: &str, args: &[&str]) -> bool {
@@ -196,7 +113,7 @@ echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $
 #[test]
 fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node() {
     let test = "placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node";
-    if !nix_root() {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
         return;
     }
@@ -216,10 +133,10 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
         .build()
         .unwrap();
     let log: Log = Arc::default();
-    let (ca_pem, cfg) = test_pki();
+    let (ca_pem, cfg) = test_pki(&["api.test", "other.test"]);
     let tls = rt.block_on(upstream(Some(cfg), log.clone()));
     let plain = rt.block_on(upstream(None, log.clone()));
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
 
@@ -345,7 +262,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     }
     // What arrived upstream: the token on the bound requests only, never
     // a placeholder.
-    let seen = log.lock().unwrap().clone();
+    let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
     let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
     assert_eq!(with_token.len(), 3, "curl, requests and fetch: {seen:#?}");
     for s in &with_token {
@@ -414,17 +331,6 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     );
 }
 
-fn nix_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
     let test = "an_image_root_gets_the_session_ca_over_its_own_bundle";
@@ -432,7 +338,7 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
         skip::skip_or_fail(test, &why);
         return;
     }
-    if !nix_root() {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
         return;
     }

@@ -149,7 +149,7 @@ fn a_pool_whose_starts_fail_stops_refilling_and_says_why() {
         }
     }
     let bad = cat(1024);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let p = Pool::new(
         Arc::new(Failing),
         bad,

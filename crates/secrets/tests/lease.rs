@@ -72,7 +72,7 @@ fn is_placeholder(v: &str) -> bool {
 
 #[test]
 fn proxy_delivery_gives_a_placeholder_and_the_door_the_token_until_revoked() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let (b, events) = exec_broker(d.path(), "");
     let t = tool(
         "      - {name: API_TOKEN, scope: \"read:issues\", ttl: 600, audience: jira, bind: {path: /rest/}}\n",
@@ -158,7 +158,7 @@ fn proxy_delivery_gives_a_placeholder_and_the_door_the_token_until_revoked() {
 
 #[test]
 fn a_short_lived_token_is_reminted_before_it_expires_and_the_old_one_revoked() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let (b, events) = exec_broker(d.path(), "");
     let t = tool("      - {name: API_TOKEN, scope: s, ttl: 3}\n");
     let lease = b.mint(&t, "long").unwrap();
@@ -197,7 +197,7 @@ fn a_short_lived_token_is_reminted_before_it_expires_and_the_old_one_revoked() {
 
 #[test]
 fn env_delivery_puts_the_token_itself_in_the_variable() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let (b, _) = exec_broker(d.path(), "");
     let t = tool("      - {name: API_TOKEN, scope: s, ttl: 60, deliver: env}\n");
     let lease = b.mint(&t, "s").unwrap();
@@ -208,7 +208,7 @@ fn env_delivery_puts_the_token_itself_in_the_variable() {
 
 #[test]
 fn a_failed_mint_refuses_the_session_without_showing_the_output() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let (b, events) = exec_broker(d.path(), "");
     std::fs::write(d.path().join("FAIL"), "").unwrap();
     let t = tool("      - {name: API_TOKEN, scope: s, ttl: 60}\n");
@@ -226,7 +226,7 @@ fn a_failed_mint_refuses_the_session_without_showing_the_output() {
 
 #[test]
 fn a_mint_that_cannot_be_audited_is_revoked_and_refused() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let (b, _) = exec_broker(d.path(), "");
     b.on_event(Arc::new(|ev| match ev.kind {
         EventKind::Minted => Err("disk full".into()),
@@ -251,7 +251,7 @@ fn a_mint_that_cannot_be_audited_is_revoked_and_refused() {
 
 #[test]
 fn a_provider_that_does_not_answer_is_killed_at_its_timeout() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let p = d.path().join("providers.yaml");
     private(
         &p,
@@ -267,7 +267,7 @@ fn a_provider_that_does_not_answer_is_killed_at_its_timeout() {
 #[test]
 fn unknown_or_missing_providers_are_refused_at_admission() {
     use cordon_runtime::Minting;
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let p = d.path().join("providers.yaml");
     private(&p, "providers:\n  dev:\n    type: static\n    env: NOPE\n");
     let b = CredentialBroker::new(config::load(&p).unwrap()).unwrap();
@@ -291,7 +291,7 @@ fn unknown_or_missing_providers_are_refused_at_admission() {
 
 #[test]
 fn static_values_come_from_a_private_file_or_the_broker_environment() {
-    let d = tempfile::tempdir().unwrap();
+    let d = cordon_testkit::scratch();
     let value = d.path().join("value");
     private(&value, "static-value-123\n");
     let p = d.path().join("providers.yaml");

@@ -4,8 +4,7 @@
 //! an RFC 8693 token-exchange grant on @node-oauth/oauth2-server (which
 //! oauth2-mock-server lacks). Both are installed by scripts/setup.sh.
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use cordon_testkit::skip;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -28,7 +27,7 @@ struct Servers {
     te: u16,
     log: PathBuf,
     ca: PathBuf,
-    dir: tempfile::TempDir,
+    dir: cordon_testkit::Scratch,
 }
 
 impl Drop for Servers {
@@ -126,7 +125,7 @@ fn start() -> Option<Servers> {
             return None;
         }
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let (ca, key, cert) = make_ca(dir.path());
     let log = dir.path().join("requests.jsonl");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oauth2-server.mjs");
@@ -307,7 +306,7 @@ fn token_exchange_sends_the_subject_token_scope_and_audience() {
 #[test]
 fn an_endpoint_whose_certificate_the_ca_file_does_not_sign_is_refused() {
     let Some(s) = start() else { return };
-    let other = tempfile::tempdir().unwrap();
+    let other = cordon_testkit::scratch();
     let (other_ca, _, _) = make_ca(other.path());
     let mk = |ca: &Path| {
         broker(

@@ -8,8 +8,7 @@ use cordon_mcp::rmcp::model::CallToolResult;
 use cordon_mcp::rmcp::service::ServiceError;
 use serde_json::Value;
 
-#[path = "../../../../tests/support/skip.rs"]
-pub mod skip;
+pub use cordon_testkit::skip;
 #[allow(unused_imports)] // not every test binary skips
 pub use skip::{skip_or_fail, this_test};
 
@@ -33,40 +32,16 @@ pub fn npm_dir() -> Option<PathBuf> {
 }
 
 /// A directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub fn tempdir() -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "cordon-mcp-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
-}
-
+pub use cordon_testkit::Scratch as TempDir;
 /// A child process killed and reaped on drop.
-pub struct Kill(pub std::process::Child);
+#[allow(unused_imports)] // not every test binary kills
+pub use cordon_testkit::serve::Kill;
+#[allow(unused_imports)] // not every test binary serves
+pub use cordon_testkit::serve::{Serve, call};
 
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// A fresh scratch directory (see `cordon_testkit::scratch`).
+pub fn tempdir() -> TempDir {
+    cordon_testkit::scratch::named("cordon-mcp-test-")
 }
 
 pub fn mcp_error(e: ServiceError) -> cordon_mcp::rmcp::ErrorData {

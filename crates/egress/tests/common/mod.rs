@@ -15,8 +15,7 @@ use hickory_resolver::proto::rr::rdata::{A, AAAA};
 use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[path = "../../../../tests/support/skip.rs"]
-pub mod skip;
+pub use cordon_testkit::skip;
 #[allow(unused_imports)] // not every test binary skips
 pub use skip::{skip_or_fail, this_test};
 
@@ -32,7 +31,7 @@ pub struct Netns {
 impl Netns {
     /// `Err(reason)` when this machine cannot do it (not root, no namespaces).
     pub fn new(local_cidrs: &[String]) -> Result<Netns, String> {
-        if !nix::unistd::geteuid().is_root() {
+        if !cordon_testkit::is_root() {
             return Err("not root: cannot create a network namespace".into());
         }
         let (tx, rx) = mpsc::channel::<Job>();

@@ -25,7 +25,7 @@ const PROBE_V6: &str = "fd00:1::2";
 
 pub fn require_root() {
     assert!(
-        nix::unistd::geteuid().is_root(),
+        cordon_testkit::is_root(),
         "this test creates network namespaces and must run as root"
     );
 }

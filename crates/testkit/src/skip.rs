@@ -3,9 +3,6 @@
 //! skipping was asked for with `CORDON_TEST_ALLOW_SKIP=1`. A security test
 //! that passes without running proves nothing.
 //!
-//! Shared by the test suites of several crates through
-//! `#[path = ".../tests/support/skip.rs"] mod skip;`.
-#![allow(dead_code)]
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,7 +28,7 @@ pub fn skip_or_fail(test: &str, why: &str) {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    let line = format!("{} {test}: {}\n", env!("CARGO_PKG_NAME"), why.join(" / "));
+    let line = format!("{} {test}: {}\n", package(), why.join(" / "));
     if let Some(dir) = log.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -55,8 +52,14 @@ pub fn skip_or_fail(test: &str, why: &str) {
 pub fn this_test() -> String {
     std::thread::current()
         .name()
-        .unwrap_or(env!("CARGO_CRATE_NAME"))
-        .to_string()
+        .map(str::to_string)
+        .unwrap_or_else(package)
+}
+
+/// The package whose tests run: cargo sets `CARGO_PKG_NAME` for the test
+/// binaries it runs, and the re-run copies inherit it.
+fn package() -> String {
+    std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "cordon".to_string())
 }
 
 fn skip_log() -> PathBuf {

@@ -1,14 +1,12 @@
 //! Tiny image root file systems for tests of image roots, built from
 //! Debian's `busybox-static` (`scripts/setup.sh` installs it): what an
 //! unpacked OCI image looks like on the host, without the image store.
-//!
-//! Shared by the test suites of several crates through
-//! `#[path = ".../tests/support/image.rs"] mod image;`.
-#![allow(dead_code)]
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
+
+use crate::Scratch;
 
 /// The static busybox of Debian's `busybox-static`.
 pub const BUSYBOX: &str = "/bin/busybox";
@@ -31,14 +29,9 @@ pub fn missing() -> Option<String> {
     }
 }
 
-/// A directory under /tmp every uid can enter, for a rootfs.
-fn rootfs_dir(prefix: &str) -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/tmp")
-        .expect("create a rootfs directory");
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).expect("chmod rootfs");
-    d
+/// A scratch directory every uid can enter, for a rootfs.
+fn rootfs_dir(prefix: &str) -> Scratch {
+    crate::scratch::named(prefix)
 }
 
 fn mkdir(p: &Path) {
@@ -54,7 +47,7 @@ fn copy_exe(from: &str, to: &Path) {
 /// A busybox image: `/bin/busybox` with the [`APPLETS`] as symlinks to
 /// it (`sh -> busybox`), and an `/etc/passwd` ([`PASSWD`]) of its own; no
 /// `/tmp`, `/proc` or `/dev` at all.
-pub fn busybox() -> tempfile::TempDir {
+pub fn busybox() -> Scratch {
     let d = rootfs_dir("cordon-image-busybox");
     let root = d.path();
     mkdir(&root.join("bin"));
@@ -71,7 +64,7 @@ pub fn busybox() -> tempfile::TempDir {
 
 /// A distroless image: one static binary, `/app/busybox`, and nothing
 /// else (no shell, no `/etc`).
-pub fn distroless() -> tempfile::TempDir {
+pub fn distroless() -> Scratch {
     let d = rootfs_dir("cordon-image-distroless");
     mkdir(&d.path().join("app"));
     copy_exe(BUSYBOX, &d.path().join("app/busybox"));
