@@ -250,13 +250,13 @@ pub fn with_retries<E>(
 /// still out of time at the longest wall, the tool is refused, saying its
 /// probes timed out.
 pub fn probe_tool_at_start(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
-    let Some(own) = p.limits.as_ref().map(|l| l.wall_seconds) else {
+    let Some(own) = p.limits.as_ref().map(|l| l.wall.as_secs()) else {
         return probe_tool(p, registry);
     };
     let (report, found, walls) = with_retries(own.min(START_PROBE_WALL), |wall| {
         let mut p = p.clone();
         if let Some(l) = p.limits.as_mut() {
-            l.wall_seconds = wall;
+            l.wall = std::time::Duration::from_secs(wall);
         }
         run_tool_suite(&p, registry)
     })?;
@@ -351,8 +351,8 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("cordon.yaml"));
         let loaded = cordon_policy::load(&path).map_err(|e| anyhow!("{e}"))?;
-        let mut registry = Registry::for_host(Default::default())
-        .with_upstream_dns(crate::run::upstream_dns());
+        let mut registry =
+            Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
         if let Some(cb) = crate::credentials::credentials_for(
             loaded.policy.tools.values(),
             a.providers.as_deref(),

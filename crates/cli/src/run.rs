@@ -79,7 +79,7 @@ pub fn run_tool(manifest: &Path, tool: &str, opts: &RunOpts) -> anyhow::Result<E
     let policy = crate::explain::tool_in(&loaded, manifest, tool)?;
     if opts.probe_first {
         let mut registry = cordon_runtime::Registry::for_host(Default::default())
-        .with_upstream_dns(crate::run::upstream_dns());
+            .with_upstream_dns(crate::run::upstream_dns());
         match crate::credentials::credentials_for(
             std::iter::once(policy),
             opts.providers.as_deref(),

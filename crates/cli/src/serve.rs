@@ -198,8 +198,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         loaded.policy.tools.values(),
         args.providers.as_deref(),
     )?;
-    let mut registry = Registry::for_host(Default::default())
-        .with_upstream_dns(crate::run::upstream_dns());
+    let mut registry =
+        Registry::for_host(Default::default()).with_upstream_dns(crate::run::upstream_dns());
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
     }

@@ -5,6 +5,8 @@
 mod common;
 use common::*;
 
+use std::io::BufRead;
+use std::process::Stdio;
 use std::time::Duration;
 
 use cordon_mcp::rmcp;

@@ -682,7 +682,7 @@ async fn a_refusal_whose_record_cannot_be_written_is_refused_counted_and_said() 
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let m = manifest(dir.path());
     let unwritten = dir.path().join("state/audit-unwritten.jsonl");
     let broker = Arc::new(
@@ -702,31 +702,18 @@ async fn a_refusal_whose_record_cannot_be_written_is_refused_counted_and_said() 
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
     let loaded = cordon_policy::load(&m).unwrap();
     let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
-    let listener = cordon_mcp::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!(
-        "http://{}{}",
-        listener.local_addr().unwrap(),
-        cordon_mcp::HTTP_PATH
-    );
-    let stop = CancellationToken::new();
     let http_opts = HttpOptions {
         authenticator: Some(Arc::new(TestHeader)),
         ..HttpOptions::default()
     };
+    let gateway = cordon_testkit::serve::gateway(gw, http_opts).await;
+    let url = gateway.url.clone();
     let _served = Served {
         url: url.clone(),
         audit: "/dev/full".into(),
-        stop: stop.clone(),
+        _gateway: gateway,
         _dir: dir,
     };
-    tokio::spawn(cordon_mcp::serve_http(
-        Arc::new(gw),
-        listener,
-        http_opts,
-        stop,
-    ));
     cordon_mcp::install_crypto_provider();
     let http = reqwest::Client::new();
     let id = raw_initialize(&http, &url, ALICE).await;

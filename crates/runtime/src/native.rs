@@ -315,4 +315,3 @@ fn add_credentials(
     js.trust_bundle = d.trust_bundle;
     Ok(d.interception)
 }
-

@@ -473,35 +473,27 @@ echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $
 #[test]
 fn a_gvisor_sandbox_gets_its_token_substituted_at_the_door() {
     let test = "a_gvisor_sandbox_gets_its_token_substituted_at_the_door";
-    if std::env::var_os(NOBODY_CHILD).is_some() {
+    if GVISOR_HARNESS.in_child() {
         gvisor_injection(test);
         return;
     }
-    if !nix_root() {
+    if !cordon_testkit::is_root() {
         skip::skip_or_fail(test, "not root: the test runs as root and as uid 65534");
         return;
     }
     gvisor_injection(test);
     // And from an unprivileged broker (`runsc --rootless`), in a copy of
-    // this test binary run as uid 65534.
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(NOBODY_CHILD, "1")
-        .env_remove("XDG_RUNTIME_DIR")
-        .output()
-        .unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && so.contains("1 passed"),
-        "{test} as uid 65534 failed:\n{so}\n{se}"
-    );
+    // this test binary run as uid 65534 with a runtime directory of its own.
+    GVISOR_HARNESS.as_nobody(test);
 }
 
-/// Set in the copy of this test binary that runs as uid 65534.
-const NOBODY_CHILD: &str = "CORDON_INJECT_TEST_NOBODY";
+/// The copy of this test binary that runs as uid 65534.
+const GVISOR_HARNESS: cordon_testkit::reexec::Harness = cordon_testkit::reexec::Harness {
+    child_env: "CORDON_INJECT_TEST_NOBODY",
+    env_remove: &["XDG_RUNTIME_DIR"],
+    run_dir_as_nobody: true,
+    ..cordon_testkit::reexec::Harness::NONE
+};
 
 fn gvisor_injection(test: &str) {
     if !have("/usr/bin/python3", &["-c", "import requests"]) {
@@ -521,9 +513,9 @@ fn gvisor_injection(test: &str) {
         .build()
         .unwrap();
     let log: Log = Arc::default();
-    let (ca_pem, cfg) = test_pki();
+    let (ca_pem, cfg) = test_pki(&["api.test", "other.test"]);
     let tls = rt.block_on(upstream(Some(cfg), log.clone()));
-    let dir = tempfile::tempdir().unwrap();
+    let dir = cordon_testkit::scratch();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
     let mut policy = EgressPolicy::allowlist(
@@ -609,7 +601,7 @@ fn gvisor_injection(test: &str) {
     assert!(n >= 5, "{scan}");
     // The upstream sees the real token, on the bound requests only, and
     // never a placeholder.
-    let seen = log.lock().unwrap().clone();
+    let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
     let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
     assert_eq!(with_token.len(), 2, "curl and requests: {seen:#?}");
     for s in &with_token {
