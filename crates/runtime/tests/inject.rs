@@ -532,9 +532,7 @@ fn gvisor_injection(test: &str) {
     policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
     let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", GVISOR_SCRIPT]);
     spec.profile = cordon_policy::policy::Profile::P3;
-    spec.limits = cordon_policy::resolve::default_limits(spec.profile)
-        .expect("P3 limits")
-        .into();
+    spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
     spec.limits.wall = Duration::from_secs(120);
     spec.env.push(("TLS".into(), tls.to_string()));
     spec.network = Network::Doors(Box::new(policy));
