@@ -30,34 +30,8 @@ use serde_saphyr::Spanned;
 
 use cordon_config::Privacy;
 
-/// Why the authentication file cannot be used: the file, and the line
-/// and column of the field when the error is about one (0 otherwise).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub path: PathBuf,
-    pub line: u64,
-    pub column: u64,
-    pub message: String,
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}: {}", self.path.display(), self.message)
-        } else {
-            write!(
-                f,
-                "{}:{}:{}: {}",
-                self.path.display(),
-                self.line,
-                self.column,
-                self.message
-            )
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// Why the file cannot be used (file:line:column).
+pub use cordon_config::ConfigError;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

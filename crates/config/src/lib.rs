@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
@@ -105,6 +105,40 @@ pub fn first_line(rendered: &str) -> String {
         _ => first,
     }
 }
+
+/// Why an operator's file cannot be used: the file, and the line and
+/// column of the field when the error is about one (both 0 when it is about
+/// the whole file). Shown as `FILE:LINE:COLUMN: MESSAGE` or `FILE: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based; 0 when the error is about the whole file.
+    pub line: u64,
+    /// 1-based; 0 with `line`.
+    pub column: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path.display(), self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.path.display(),
+                self.line,
+                self.column,
+                self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 #[cfg(test)]
 mod tests {

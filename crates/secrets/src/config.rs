@@ -15,7 +15,6 @@
 //! the broker's user or root and be neither group- nor world-readable.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -28,35 +27,8 @@ pub const DEFAULT_PATH: &str = "/etc/cordon/providers.yaml";
 /// The variable naming the provider file.
 pub const ENV: &str = "CORDON_PROVIDERS";
 
-/// Why the provider file (or a file it names) cannot be used. The message
-/// names the file, and the line when it is about one provider.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub path: PathBuf,
-    /// 1-based; 0 when the error is about the whole file.
-    pub line: u64,
-    pub column: u64,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}: {}", self.path.display(), self.message)
-        } else {
-            write!(
-                f,
-                "{}:{}:{}: {}",
-                self.path.display(),
-                self.line,
-                self.column,
-                self.message
-            )
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// Why the file cannot be used (file:line:column).
+pub use cordon_config::ConfigError;
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
