@@ -22,8 +22,8 @@ use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
-    Admitted, Context, Mechanism, MechanismState, Outcome, Registry, RunError, SandboxHandle,
-    SandboxSpec, State, Status, Use, Volumes,
+    Admitted, Context, Mechanism, MechanismState, Outcome, Placement, Registry, RunError,
+    SandboxHandle, SandboxSpec, State, Status, Use, Volumes,
 };
 pub use cordon_secrets::CredentialBroker;
 
@@ -353,6 +353,7 @@ impl Broker {
         &self,
         policy: &ToolPolicy,
         tenant: &str,
+        host_ids: Option<(u32, u32)>,
         admitted: &Admitted,
     ) -> Option<Result<Arc<Pool>, String>> {
         let settings = policy.pool?;
@@ -368,6 +369,7 @@ impl Broker {
         let made = Pool::labelled(
             admitted.runtime.clone(),
             admitted.spec.clone(),
+            host_ids,
             cordon_runtime::pool::Settings {
                 size: settings.size as usize,
                 refill: settings.refill,
@@ -577,27 +579,31 @@ impl Broker {
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
-        let mut admitted = match admitted {
+        let admitted = match admitted {
             Ok(a) => a,
             Err(msg) => return refuse(rec, msg),
         };
         // The tenant's own host uid, where this host has a range for them.
-        match self.tenant_ids(policy, &who.tenant) {
+        let host_ids = match self.tenant_ids(policy, &who.tenant) {
             Ok(Some(ids)) => {
-                admitted.spec.host_ids = Some(ids);
                 rec.tenant_uid = Some(ids.0);
+                Some(ids)
             }
-            Ok(None) => rec.shared_uid = self.shared_uid_reason(policy),
+            Ok(None) => {
+                rec.shared_uid = self.shared_uid_reason(policy);
+                None
+            }
             Err(msg) => return refuse(rec, msg),
-        }
+        };
         // Volumes after the host ids: their roots belong to the sandbox's uid.
-        match self
-            .volumes
-            .prepare(&admitted.spec, &who.tenant, &who.session)
-        {
-            Ok(v) => admitted.spec.volumes = v,
-            Err(msg) => return refuse(rec, msg),
-        }
+        let volumes =
+            match self
+                .volumes
+                .prepare(&admitted.spec, host_ids, &who.tenant, &who.session)
+            {
+                Ok(v) => v,
+                Err(msg) => return refuse(rec, msg),
+            };
         let gate = match self.gate(policy) {
             Ok(g) => g,
             Err(msg) => return refuse(rec, msg),
@@ -631,12 +637,17 @@ impl Broker {
                 }
             }),
             credentials,
+            placement: Placement {
+                host_ids,
+                volumes,
+                lifetime: None,
+            },
         };
         // A call with credentials cold-starts: a pooled sandbox was made
         // before this session's secrets were minted.
         let pool = match &lease {
             Some(_) => None,
-            None => self.pool_for(policy, &who.tenant, &admitted),
+            None => self.pool_for(policy, &who.tenant, host_ids, &admitted),
         };
         let ran = match pool {
             Some(Ok(pool)) => admitted.run_pooled(&pool, input, &ctx),
@@ -646,6 +657,7 @@ impl Broker {
             }),
             None => admitted.run(input, &ctx),
         };
+        let full_volumes = Volumes::full(&ctx.placement.volumes);
         drop(ctx);
         if let Some(l) = lease {
             l.revoke("the call ended");
@@ -683,7 +695,7 @@ impl Broker {
         rec.output = Payload::of(&outcome.stdout, false);
         rec.set_stderr(&outcome.stderr);
         rec.warnings = outcome.warnings.clone();
-        rec.warnings.extend(Volumes::full(&admitted.spec.volumes));
+        rec.warnings.extend(full_volumes);
         rec.status = match outcome.status {
             Status::Ok => cordon_audit::Status::Ok,
             Status::Exited if outcome.signal.is_some() => cordon_audit::Status::Killed,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cordon_audit::{AuditRecord, Auditor};
 use cordon_policy::policy::ToolPolicy;
-use cordon_runtime::{Context, EgressSink, Outcome, RunError, SandboxHandle, Use};
+use cordon_runtime::{Context, EgressSink, Outcome, Placement, RunError, SandboxHandle, Use};
 
 use crate::{Broker, Caller, Decision, EgressEvent, audit_event, profile_name};
 
@@ -70,13 +70,12 @@ impl Broker {
         lifetime: Duration,
         observe: Option<EgressObserver>,
     ) -> Result<StartedServer, String> {
-        let mut admitted = self.registry.admit(policy, Use::Serve)?;
-        admitted.spec.limits.wall = lifetime;
-        admitted.spec.host_ids = self.tenant_ids(policy, &who.tenant)?;
+        let admitted = self.registry.admit(policy, Use::Serve)?;
+        let host_ids = self.tenant_ids(policy, &who.tenant)?;
         // Volumes after the host ids: their roots belong to the sandbox's uid.
-        admitted.spec.volumes = self
+        let volumes = self
             .volumes
-            .prepare(&admitted.spec, &who.tenant, &who.session)?;
+            .prepare(&admitted.spec, host_ids, &who.tenant, &who.session)?;
         let lease = self.mint(policy, &who.session)?;
         let credentials = match &lease {
             Some(l) => l.credentials()?,
@@ -87,6 +86,11 @@ impl Broker {
             tenant: who.tenant.clone(),
             on_egress: server_egress(self.audit.clone(), policy, observe),
             credentials,
+            placement: Placement {
+                host_ids,
+                volumes,
+                lifetime: Some(lifetime),
+            },
         };
         let spawned = admitted.spawn(&ctx).map_err(|e| e.to_string())?;
         Ok(StartedServer {

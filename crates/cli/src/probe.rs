@@ -94,11 +94,11 @@ fn targets(a: &ProbeArgs) -> Targets {
 /// they belong to a session and a tenant, which a probe run has not, and
 /// they are read-write binds the probes would only write into.
 pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
-    let admitted = registry.admit(p, Use::of(p))?;
-    let mut spec = admitted.spec;
-    spec.workspace = None;
-    spec.state = None;
-    Ok(RuntimeSandbox::new(admitted.runtime, spec))
+    let mut p = p.clone();
+    p.workspace = None;
+    p.state = None;
+    let admitted = registry.admit(&p, Use::of(&p))?;
+    Ok(RuntimeSandbox::new(admitted.runtime, admitted.spec))
 }
 
 fn profile_label(p: &ToolPolicy) -> String {

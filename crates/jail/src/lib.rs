@@ -74,6 +74,7 @@ pub mod host;
 mod netns;
 mod plan;
 pub mod preflight;
+mod pump;
 mod rootdir;
 mod run;
 pub mod seccomp;

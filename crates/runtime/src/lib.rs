@@ -53,6 +53,40 @@ pub struct Context {
     pub on_egress: EgressSink,
     /// The session's credentials for this tool (empty: none).
     pub credentials: Credentials,
+    /// Where this sandbox is placed for its tenant and session.
+    pub placement: Placement,
+}
+
+/// What the broker decides for one call or server start, beyond the
+/// admitted spec (which nothing changes after admission): whose host ids
+/// the sandbox runs under, the directories made for its session, and how
+/// long a server lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The host uid and gid of the call's tenant (a subordinate range's,
+    /// see the broker's `tenant_uids`); `None`: the runtime's shared
+    /// unprivileged identity (65534 for a root broker). The native runtime
+    /// maps the sandbox to it when the broker is root; gVisor does not
+    /// use it.
+    pub host_ids: Option<(u32, u32)>,
+    /// Read-write binds of the directories the broker made for the
+    /// sandbox's declared workspace and state ([`Volumes::prepare`]).
+    pub volumes: Vec<Volume>,
+    /// The sandbox's whole life, when it is not the spec's wall clock: a
+    /// server's, which bounds each call by the wall clock and lives across
+    /// many.
+    pub lifetime: Option<std::time::Duration>,
+}
+
+impl Placement {
+    /// `spec`'s limits with this placement's lifetime as the wall clock.
+    pub fn limits(&self, spec: &SandboxSpec) -> Limits {
+        let mut l = spec.limits;
+        if let Some(life) = self.lifetime {
+            l.wall = life;
+        }
+        l
+    }
 }
 
 /// The tenant of a [`Context`] made without one (`cordon run`, tests).
@@ -66,6 +100,7 @@ impl Context {
             tenant: DEFAULT_TENANT.to_string(),
             on_egress: Arc::new(|_| {}),
             credentials: Credentials::default(),
+            placement: Placement::default(),
         }
     }
 }
@@ -110,6 +145,7 @@ impl std::fmt::Debug for Context {
         f.debug_struct("Context")
             .field("session", &self.session)
             .field("tenant", &self.tenant)
+            .field("placement", &self.placement)
             .finish_non_exhaustive()
     }
 }

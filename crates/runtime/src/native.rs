@@ -14,7 +14,7 @@ use crate::outcome::{Outcome, RunError};
 use crate::spec::SandboxSpec;
 pub use crate::supervisor::TRUST_BUNDLE_ENV;
 use crate::supervisor::{EgressRuntime, Thread};
-use crate::{Check, Context, Facts, Runtime, Spawned};
+use crate::{Check, Context, Facts, Placement, Runtime, Spawned};
 
 /// Options of the native runtime.
 #[derive(Debug, Clone, Default)]
@@ -151,8 +151,12 @@ impl Native {
         out
     }
 
-    /// The jail's spec for `spec`, and its egress policy.
-    fn jail_spec(spec: &SandboxSpec) -> Result<(JailSpec, Option<EgressPolicy>), String> {
+    /// The jail's spec for `spec` placed as `placement` says, and its
+    /// egress policy.
+    fn jail_spec(
+        spec: &SandboxSpec,
+        placement: &Placement,
+    ) -> Result<(JailSpec, Option<EgressPolicy>), String> {
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
             return Err(format!(
                 "mount {}:{}:rw: the native runtime binds host paths read-only only",
@@ -175,7 +179,7 @@ impl Native {
                     .iter()
                     .map(cordon_sandbox::Mount::bind)
                     .collect(),
-                volumes: spec
+                volumes: placement
                     .volumes
                     .iter()
                     .map(|v| Bind {
@@ -183,7 +187,7 @@ impl Native {
                         dst: v.dst.clone(),
                     })
                     .collect(),
-                limits: spec.limits,
+                limits: placement.limits(spec),
                 network,
                 seccomp: spec.seccomp.clone(),
                 landlock: spec.landlock,
@@ -191,7 +195,7 @@ impl Native {
                 cwd: spec.cwd.as_ref().map(PathBuf::from),
                 user: spec.user,
                 trust_bundle: None,
-                host_ids: spec.host_ids,
+                host_ids: placement.host_ids,
             },
             egress,
         ))
@@ -226,7 +230,7 @@ impl Runtime for Native {
 
     fn check(&self, spec: &SandboxSpec) -> Check {
         let mechanisms = self.mechanisms(spec);
-        let problems = match Native::jail_spec(spec) {
+        let problems = match Native::jail_spec(spec, &Placement::default()) {
             Err(e) => vec![e],
             Ok(_) if self.preflight_on_failure => Vec::new(),
             Ok((js, _)) => self.preflight(&js),
@@ -238,10 +242,11 @@ impl Runtime for Native {
     }
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
-        if let Some(why) = spec.unprepared_volumes() {
+        if let Some(why) = spec.unprepared_volumes(&ctx.placement.volumes) {
             return Err(RunError::Refused(why));
         }
-        let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        let (mut js, egress) =
+            Native::jail_spec(spec, &ctx.placement).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         match self.run_jail(&js, egress, icpt, Stdin::Bytes(input), ctx) {
             Ok(o) => Ok(o),
@@ -263,10 +268,11 @@ impl Runtime for Native {
     }
 
     fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
-        if let Some(why) = spec.unprepared_volumes() {
+        if let Some(why) = spec.unprepared_volumes(&ctx.placement.volumes) {
             return Err(RunError::Refused(why));
         }
-        let (mut js, egress) = Native::jail_spec(spec).map_err(RunError::Refused)?;
+        let (mut js, egress) =
+            Native::jail_spec(spec, &ctx.placement).map_err(RunError::Refused)?;
         let icpt = add_credentials(&mut js, egress.as_ref(), ctx)?;
         let net = self.net.for_doors(egress.as_ref())?;
         crate::supervisor::spawn_jail(

@@ -69,6 +69,8 @@ struct State {
 pub struct Pool {
     runtime: Arc<dyn Runtime>,
     spec: SandboxSpec,
+    /// The host ids its sandboxes run under (`None`: the shared ones).
+    host_ids: Option<(u32, u32)>,
     settings: Settings,
     state: Mutex<State>,
     wake: Condvar,
@@ -152,14 +154,16 @@ impl Pool {
         status_dir: Option<PathBuf>,
     ) -> Result<Arc<Pool>, String> {
         let label = spec.tool.clone();
-        Pool::labelled(runtime, spec, settings, status_dir, &label)
+        Pool::labelled(runtime, spec, None, settings, status_dir, &label)
     }
 
-    /// [`Pool::new`] whose status file is named by `label` instead of the
-    /// tool (a broker keeps one pool of a tool per tenant).
+    /// [`Pool::new`] of sandboxes run under `host_ids` (a tenant's own;
+    /// `None`: the shared ones), whose status file is named by `label`
+    /// instead of the tool (a broker keeps one pool of a tool per tenant).
     pub fn labelled(
         runtime: Arc<dyn Runtime>,
         spec: SandboxSpec,
+        host_ids: Option<(u32, u32)>,
         settings: Settings,
         status_dir: Option<PathBuf>,
         label: &str,
@@ -175,6 +179,7 @@ impl Pool {
         let pool = Arc::new(Pool {
             runtime,
             spec,
+            host_ids,
             settings,
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
@@ -251,6 +256,10 @@ impl Pool {
                 }
             }),
             credentials: Default::default(),
+            placement: crate::Placement {
+                host_ids: self.host_ids,
+                ..Default::default()
+            },
         };
         let spawned = self.runtime.spawn(&self.pooled_spec(), &ctx)?;
         Ok(Idle {

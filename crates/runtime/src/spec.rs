@@ -41,25 +41,15 @@ pub struct SandboxSpec {
     /// the native runtime).
     pub cwd: Option<String>,
     /// The session workspace the tool declares (its directory is made
-    /// per call or server start: [`SandboxSpec::volumes`]).
+    /// per call or server start: [`crate::Placement::volumes`]).
     pub workspace: Option<policy::Workspace>,
     /// The per-tenant state the tool declares.
     pub state: Option<policy::State>,
-    /// Read-write binds of the directories the broker made for this
-    /// sandbox's workspace and state ([`crate::volume::Volumes::prepare`]);
-    /// empty in an admitted spec, filled for each call or server start.
-    pub volumes: Vec<crate::volume::Volume>,
     /// uid and gid inside the sandbox (an image's `User`); `None`: the
     /// runtime's default (1000 for the native runtime). Whatever they are,
     /// the tool has an unprivileged identity on the host and no
     /// capabilities: uid 0 is root of the sandbox's own namespace only.
     pub user: Option<(u32, u32)>,
-    /// The host uid and gid of this call's tenant (a subordinate range's,
-    /// see the broker's `tenant_uids`); `None`: the runtime's shared
-    /// unprivileged identity (65534 for a root broker). The native runtime
-    /// maps the sandbox to it when the broker is root; gVisor does not
-    /// use it.
-    pub host_ids: Option<(u32, u32)>,
 }
 
 /// The longest message a spawned sandbox may write when its results are
@@ -276,9 +266,7 @@ pub fn lower(
         cwd,
         workspace: p.workspace.clone(),
         state: p.state.clone(),
-        volumes: Vec::new(),
         user,
-        host_ids: None,
     })
 }
 
@@ -414,15 +402,13 @@ impl SandboxSpec {
             cwd: None,
             workspace: None,
             state: None,
-            volumes: Vec::new(),
             user: None,
-            host_ids: None,
         }
     }
 
     /// Why the spec cannot run as it is: a declared workspace or state
     /// whose directory was not prepared for it (it never runs without).
-    pub fn unprepared_volumes(&self) -> Option<String> {
+    pub fn unprepared_volumes(&self, volumes: &[crate::volume::Volume]) -> Option<String> {
         let declared = self
             .workspace
             .as_ref()
@@ -430,7 +416,7 @@ impl SandboxSpec {
             .into_iter()
             .chain(self.state.as_ref().map(|s| ("state", &s.mount)));
         for (what, mount) in declared {
-            if !self.volumes.iter().any(|v| v.dst == Path::new(mount)) {
+            if !volumes.iter().any(|v| v.dst == Path::new(mount)) {
                 return Some(format!(
                     "{}: its {what} at {mount} was not prepared for this sandbox",
                     self.tool

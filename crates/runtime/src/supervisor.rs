@@ -681,7 +681,7 @@ impl Supervisor {
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
             binds: Vec::new(),
             volumes: Vec::new(),
-            limits: spec.limits,
+            limits: ctx.placement.limits(spec),
             network,
             seccomp: crate::spec::Seccomp::DenyList,
             landlock: false,

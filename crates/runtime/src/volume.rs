@@ -126,7 +126,7 @@ pub struct Volumes {
     run_dir: PathBuf,
     state_dir: PathBuf,
     /// Host uid and gid of the sandboxes: the owner of each volume's root
-    /// (a spec's `host_ids`, a tenant's own, take its place).
+    /// (a placement's `host_ids`, a tenant's own, take its place).
     owner: (u32, u32),
     /// Why there are no directories for volumes (every volume is refused
     /// with it).
@@ -198,13 +198,14 @@ impl Volumes {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The read-write binds a sandbox of `spec` gets for `tenant`'s
-    /// `session`: its workspace (made now if the session has none yet)
+    /// The read-write binds a sandbox of `spec` run under `host_ids` (the
+    /// shared ones: `None`) gets for `tenant`'s `session`: its workspace (made now if the session has none yet)
     /// and its state (mounted now if this broker has not yet). `Err`: why
     /// not (the call is refused; nothing runs without its size enforced).
     pub fn prepare(
         self: &Arc<Self>,
         spec: &SandboxSpec,
+        host_ids: Option<(u32, u32)>,
         tenant: &str,
         session: &str,
     ) -> Result<Vec<Volume>, String> {
@@ -215,7 +216,7 @@ impl Volumes {
         let tenant = component("tenant", tenant)?;
         // The sandbox's host ids: the tenant's own where the broker gave it
         // some, else the shared ones.
-        let owner = spec.host_ids.unwrap_or(self.owner);
+        let owner = host_ids.unwrap_or(self.owner);
         let mut out = Vec::new();
         if let Some(w) = &spec.workspace {
             out.push(Volume {

@@ -210,6 +210,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
             ],
             injections,
         },
+        placement: Default::default(),
     };
     let native = Native::new(Default::default()).expect("native runtime");
     let half = &TOKEN[..TOKEN.len() / 2];
@@ -400,6 +401,7 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
                 source: Arc::new(Fixed(TOKEN)),
             }]),
         },
+        placement: Default::default(),
     };
     let (out, err) = run(&ctx);
     let lines: Vec<&str> = out.lines().collect();
@@ -560,6 +562,7 @@ fn gvisor_injection(test: &str) {
                 source: Arc::new(Fixed(TOKEN)),
             }]),
         },
+        placement: Default::default(),
     };
     let half = &TOKEN[..TOKEN.len() / 2];
     let o = g
