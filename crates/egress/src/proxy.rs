@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use http_body_util::BodyExt;
@@ -23,6 +23,7 @@ use crate::engine::{Engine, OpenError};
 use crate::event::{Decision, Door, clean, refusal, started};
 use crate::http::{ReqBody, RespBody as Body, empty, plain_body, strip_hop_by_hop, text};
 use crate::intercept::{self, Dest, ScanBody};
+use crate::interception::Interception;
 use crate::io::{Meter, Metered, tunnel_upgraded};
 use crate::name::{Host, normalize_host};
 
@@ -328,6 +329,8 @@ async fn connect(
     r
 }
 
+/// Forward one absolute-form `http://` request: checked, opened, prepared, sent, and the
+/// upstream's response relayed.
 async fn forward(
     engine: Arc<Engine>,
     req: Request<Incoming>,
@@ -343,6 +346,61 @@ async fn forward(
         Ok(ok) => ok,
         Err(resp) => return *resp,
     };
+    let dest = t.into_dest(addr);
+    let icpt = engine.interception(&dest.host, dest.port);
+    let (upstream_req, inspected) =
+        match prepare(&engine, req, &auth, &dest, icpt.as_deref(), &t0).await {
+            Ok(ok) => ok,
+            Err(resp) => return resp,
+        };
+    let result =
+        match send_upstream(&engine, upstream, &dest, upstream_req, &tasks, t0.clone()).await {
+            Ok(result) => result,
+            Err(resp) => return resp,
+        };
+    if let Some(i) = &icpt
+        && let Some(resp) = inspected.verdict(&engine, i, &dest, result.is_ok(), &t0)
+    {
+        return resp;
+    }
+    relay(result, &dest)
+}
+
+impl Target {
+    /// The destination as the proxy door reports it, once opened at `addr`.
+    fn into_dest(self, addr: IpAddr) -> Dest {
+        Dest {
+            host: self.host,
+            port: self.port,
+            label: self.label,
+            allowed_why: self.allowed_why,
+            addr,
+            door: Door::Proxy,
+        }
+    }
+}
+
+/// What interception learned of a request on its way upstream.
+struct Inspected {
+    /// Where a placeholder found in the streamed rest of the body is recorded (interception
+    /// only).
+    hit: Option<Arc<Mutex<Option<String>>>>,
+    /// The secrets whose tokens were substituted.
+    injected: Vec<String>,
+    /// The request's path, as events show it.
+    path: String,
+}
+
+/// The request in origin form over HTTP/1.1, interception's substitutions applied, hop-by-hop
+/// headers dropped and its body scanned; `Err(response)` on refusal (event emitted).
+async fn prepare(
+    engine: &Engine,
+    req: Request<Incoming>,
+    auth: &Authority,
+    dest: &Dest,
+    icpt: Option<&Interception>,
+    t0: &(Instant, String),
+) -> Result<(Request<ReqBody>, Inspected), Response<Body>> {
     let (mut parts, body) = req.into_parts();
     let origin = parts
         .uri
@@ -354,46 +412,47 @@ async fn forward(
         Err(_) => Uri::from_static("/"),
     };
     parts.version = Version::HTTP_11;
-    let icpt = engine.interception(&t.host, t.port);
     let mut injected = Vec::new();
-    if let Some(i) = &icpt {
-        let dest = Dest {
-            host: t.host.clone(),
-            port: t.port,
-            label: t.label.clone(),
-            allowed_why: t.allowed_why.clone(),
-            addr,
-            door: Door::Proxy,
-        };
-        match intercept::apply(i, &t.host, t.port, &mut parts) {
+    if let Some(i) = icpt {
+        match intercept::apply(i, &dest.host, dest.port, &mut parts) {
             Ok(v) => injected = v,
-            Err(r) => return r.respond(&engine, &dest, &t0),
+            Err(r) => return Err(r.respond(engine, dest, t0)),
         }
     }
     strip_hop_by_hop(&mut parts.headers);
     if let Ok(v) = HeaderValue::from_str(auth.as_str()) {
         parts.headers.insert(header::HOST, v);
     }
-    let (body, hit) = match &icpt {
+    let (body, hit) = match icpt {
         Some(i) => match ScanBody::read(body, i.needles().clone()).await {
             Ok((b, h)) => (b, Some(h)),
             Err(s) => {
-                let dest = Dest {
-                    host: t.host.clone(),
-                    port: t.port,
-                    label: t.label.clone(),
-                    allowed_why: t.allowed_why.clone(),
-                    addr,
-                    door: Door::Proxy,
-                };
-                return intercept::exfil(&s, "the request body", i).respond(&engine, &dest, &t0);
+                return Err(intercept::exfil(&s, "the request body", i).respond(engine, dest, t0));
             }
         },
         None => (plain_body(body), None),
     };
     let path = clean(parts.uri.path());
-    let upstream_req = Request::from_parts(parts, body);
+    let inspected = Inspected {
+        hit,
+        injected,
+        path,
+    };
+    Ok((Request::from_parts(parts, body), inspected))
+}
 
+/// Send the request on a new HTTP/1.1 connection over `upstream`, driven (and reported when
+/// done) by tasks of the client connection; `Err(response)` when the handshake fails (event
+/// emitted) or the door is shutting down.
+async fn send_upstream(
+    engine: &Arc<Engine>,
+    upstream: TcpStream,
+    dest: &Dest,
+    upstream_req: Request<ReqBody>,
+    tasks: &mpsc::UnboundedSender<Task>,
+    t0: (Instant, String),
+) -> Result<hyper::Result<Response<Incoming>>, Response<Body>> {
+    let addr = dest.addr;
     let meter = Meter::new();
     let io = TokioIo::new(Metered::new(upstream, meter.clone()));
     let idle = engine.policy.idle_timeout;
@@ -403,18 +462,18 @@ async fn forward(
     {
         Ok(ok) => ok,
         Err(e) => {
-            let msg = format!("egress to {}:{} failed: {e}", t.label, t.port);
+            let msg = format!("egress to {}:{} failed: {e}", dest.label, dest.port);
             engine.emit(
                 Door::Proxy,
-                &t.label,
-                t.port,
+                &dest.label,
+                dest.port,
                 Some(addr),
                 Decision::Allowed,
                 msg.clone(),
                 (0, 0),
                 t0,
             );
-            return text(StatusCode::BAD_GATEWAY, &msg);
+            return Err(text(StatusCode::BAD_GATEWAY, &msg));
         }
     };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Option<String>>();
@@ -427,20 +486,19 @@ async fn forward(
         let _ = done_tx.send(note);
     };
     if tasks.send(Box::pin(driver)).is_err() {
-        return text(
+        return Err(text(
             StatusCode::SERVICE_UNAVAILABLE,
             "egress door is shutting down",
-        );
+        ));
     }
     let result = sender.send_request(upstream_req).await;
     drop(sender);
     // Report when the upstream connection is done (response body delivered or failed).
     let report_engine = engine.clone();
-    let label = t.label.clone();
-    let port = t.port;
-    let allowed_why = t.allowed_why.clone();
+    let label = dest.label.clone();
+    let port = dest.port;
+    let allowed_why = dest.allowed_why.clone();
     let report_meter = meter.clone();
-    let report_t0 = t0.clone();
     let report = async move {
         let note = done_rx.await.ok().flatten();
         let reason = match note {
@@ -455,35 +513,47 @@ async fn forward(
             Decision::Allowed,
             reason,
             (report_meter.written_bytes(), report_meter.read_bytes()),
-            report_t0,
+            t0,
         );
     };
     // If the door is shutting down the report is lost with the connection; nothing to do.
     let _ = tasks.send(Box::pin(report));
-    if let (Some(i), Some(hit)) = (&icpt, hit) {
-        let dest = Dest {
-            host: t.host.clone(),
-            port: t.port,
-            label: t.label.clone(),
-            allowed_why: t.allowed_why.clone(),
-            addr,
-            door: Door::Proxy,
-        };
+    Ok(result)
+}
+
+impl Inspected {
+    /// After an intercepted request went: a placeholder in the streamed rest of its body
+    /// refuses the response (`Some`); otherwise a substitution made is reported.
+    fn verdict(
+        self,
+        engine: &Engine,
+        icpt: &Interception,
+        dest: &Dest,
+        sent: bool,
+        t0: &(Instant, String),
+    ) -> Option<Response<Body>> {
+        let hit = self.hit?;
         let found = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(s) = found {
-            return intercept::exfil(&s, "the request body", i).respond(&engine, &dest, &t0);
+            return Some(intercept::exfil(&s, "the request body", icpt).respond(engine, dest, t0));
         }
-        if !injected.is_empty() && result.is_ok() {
+        if !self.injected.is_empty() && sent {
             let reason = format!(
-                "{}; substituted the token of {} on a request to {}:{}{path}",
-                t.allowed_why,
-                injected.join(", "),
-                t.label,
-                t.port
+                "{}; substituted the token of {} on a request to {}:{}{}",
+                dest.allowed_why,
+                self.injected.join(", "),
+                dest.label,
+                dest.port,
+                self.path
             );
-            dest.event(&engine, Decision::Allowed, reason, injected, None, &t0);
+            dest.event(engine, Decision::Allowed, reason, self.injected, None, t0);
         }
+        None
     }
+}
+
+/// The upstream's response with hop-by-hop headers dropped, or a 502 when it failed.
+fn relay(result: hyper::Result<Response<Incoming>>, dest: &Dest) -> Response<Body> {
     match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -492,7 +562,7 @@ async fn forward(
         }
         Err(e) => text(
             StatusCode::BAD_GATEWAY,
-            &format!("egress to {}:{} failed: {e}", t.label, t.port),
+            &format!("egress to {}:{} failed: {e}", dest.label, dest.port),
         ),
     }
 }

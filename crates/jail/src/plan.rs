@@ -524,9 +524,22 @@ fn check_image_dst(rootfs: &Path, dst: &Path) -> Result<(), JailError> {
 /// `/dev`, `/proc`, `/tmp`, the spec's binds, `pivot_root`, the read-only
 /// remount and the working directory.
 fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
+    dev_dir(p, root)?;
+    proc_dir(p, root)?;
+    tmp_dir(p, root, spec)?;
+    trust_bundle(p, root, spec)?;
+    for b in &spec.binds {
+        tool_bind(p, root, spec, b)?;
+    }
+    for v in &spec.volumes {
+        volume(p, root, spec, v)?;
+    }
+    enter_root(p, root, spec)
+}
+
+/// `/dev`: five device binds and the fd symlinks.
+fn dev_dir(p: &mut Program, root: &Path) -> Result<(), JailError> {
     let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
-    let ro = libc::MS_NOSUID | libc::MS_NODEV;
-    // /dev: five device binds and the fd symlinks.
     p.push(
         "mkdir /dev".into(),
         Op::Mkdir {
@@ -569,9 +582,14 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
             },
         );
     }
-    // /proc of the new pid namespace, with the OCI masks. Mounted while
-    // the host's /proc is still visible (the kernel refuses a new proc in
-    // a user namespace otherwise).
+    Ok(())
+}
+
+/// `/proc` of the new pid namespace, with the OCI masks. Mounted while
+/// the host's /proc is still visible (the kernel refuses a new proc in
+/// a user namespace otherwise).
+fn proc_dir(p: &mut Program, root: &Path) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     p.push(
         "mkdir /proc".into(),
         Op::Mkdir {
@@ -625,7 +643,12 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
             },
         );
     }
-    // /tmp: the only writable place.
+    Ok(())
+}
+
+/// `/tmp`: the only writable place, a tmpfs sized by the disk limit.
+fn tmp_dir(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     p.push(
         "mkdir /tmp".into(),
         Op::Mkdir {
@@ -647,95 +670,112 @@ fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailEr
             ))?),
         },
     );
-    trust_bundle(p, root, spec)?;
-    // The tool's binds.
-    for b in &spec.binds {
-        check_dst(&b.dst)?;
-        if let Root::Image { rootfs, .. } = &spec.root {
-            check_image_dst(rootfs, &b.dst)?;
-        }
-        let meta = std::fs::metadata(&b.src)
-            .map_err(|e| JailError::Spec(format!("bind source {}: {e}", b.src.display())))?;
-        let mut cur = PathBuf::from("/");
-        let comps: Vec<_> = b.dst.components().skip(1).collect();
-        for (i, comp) in comps.iter().enumerate() {
-            cur.push(comp);
-            let last = i + 1 == comps.len();
-            let target = cp(&r(&cur.to_string_lossy()))?;
-            if last && !meta.is_dir() {
-                p.push(
-                    format!("create {}", cur.display()),
-                    Op::WriteFile {
-                        path: target,
-                        mode: 0o644,
-                        contents: Vec::new(),
-                    },
-                );
-            } else {
-                p.push(
-                    format!("mkdir {}", cur.display()),
-                    Op::Mkdir {
-                        path: target,
-                        mode: 0o755,
-                    },
-                );
-            }
-        }
-        p.push(
-            format!("mount {} on {} read-only", b.src.display(), b.dst.display()),
-            Op::BindReadOnly {
-                src: cp(&b.src)?,
-                target: cp(&r(&b.dst.to_string_lossy()))?,
-                flags: ro,
-            },
-        );
+    Ok(())
+}
+
+/// One of the tool's binds: its destination's parents made, then the
+/// source mounted there read-only.
+fn tool_bind(
+    p: &mut Program,
+    root: &Path,
+    spec: &JailSpec,
+    b: &crate::Bind,
+) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    check_dst(&b.dst)?;
+    if let Root::Image { rootfs, .. } = &spec.root {
+        check_image_dst(rootfs, &b.dst)?;
     }
-    // The volumes: read-write, never setuid or device files.
-    for v in &spec.volumes {
-        check_dst(&v.dst)?;
-        if let Root::Image { rootfs, .. } = &spec.root {
-            check_image_dst(rootfs, &v.dst)?;
-        }
-        if spec.binds.iter().any(|b| b.dst == v.dst) {
-            return Err(JailError::Spec(format!(
-                "volume {} is also a bind destination",
-                v.dst.display()
-            )));
-        }
-        let mut cur = PathBuf::from("/");
-        for comp in v.dst.components().skip(1) {
-            cur.push(comp);
+    let meta = std::fs::metadata(&b.src)
+        .map_err(|e| JailError::Spec(format!("bind source {}: {e}", b.src.display())))?;
+    let mut cur = PathBuf::from("/");
+    let comps: Vec<_> = b.dst.components().skip(1).collect();
+    for (i, comp) in comps.iter().enumerate() {
+        cur.push(comp);
+        let last = i + 1 == comps.len();
+        let target = cp(&r(&cur.to_string_lossy()))?;
+        if last && !meta.is_dir() {
+            p.push(
+                format!("create {}", cur.display()),
+                Op::WriteFile {
+                    path: target,
+                    mode: 0o644,
+                    contents: Vec::new(),
+                },
+            );
+        } else {
             p.push(
                 format!("mkdir {}", cur.display()),
                 Op::Mkdir {
-                    path: cp(&r(&cur.to_string_lossy()))?,
+                    path: target,
                     mode: 0o755,
                 },
             );
         }
-        let target = cp(&r(&v.dst.to_string_lossy()))?;
+    }
+    p.push(
+        format!("mount {} on {} read-only", b.src.display(), b.dst.display()),
+        Op::BindReadOnly {
+            src: cp(&b.src)?,
+            target: cp(&r(&b.dst.to_string_lossy()))?,
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+        },
+    );
+    Ok(())
+}
+
+/// One volume: mounted read-write, never setuid or device files.
+fn volume(p: &mut Program, root: &Path, spec: &JailSpec, v: &crate::Bind) -> Result<(), JailError> {
+    let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
+    check_dst(&v.dst)?;
+    if let Root::Image { rootfs, .. } = &spec.root {
+        check_image_dst(rootfs, &v.dst)?;
+    }
+    if spec.binds.iter().any(|b| b.dst == v.dst) {
+        return Err(JailError::Spec(format!(
+            "volume {} is also a bind destination",
+            v.dst.display()
+        )));
+    }
+    let mut cur = PathBuf::from("/");
+    for comp in v.dst.components().skip(1) {
+        cur.push(comp);
         p.push(
-            format!(
-                "mount {} on {} read-write",
-                v.src.display(),
-                v.dst.display()
-            ),
-            Op::Mount {
-                src: Some(cp(&v.src)?),
-                target: target.clone(),
-                fstype: None,
-                flags: libc::MS_BIND,
-                data: None,
-            },
-        );
-        p.push(
-            format!("remount {} nosuid, nodev", v.dst.display()),
-            Op::Remount {
-                target,
-                flags: libc::MS_NOSUID | libc::MS_NODEV,
+            format!("mkdir {}", cur.display()),
+            Op::Mkdir {
+                path: cp(&r(&cur.to_string_lossy()))?,
+                mode: 0o755,
             },
         );
     }
+    let target = cp(&r(&v.dst.to_string_lossy()))?;
+    p.push(
+        format!(
+            "mount {} on {} read-write",
+            v.src.display(),
+            v.dst.display()
+        ),
+        Op::Mount {
+            src: Some(cp(&v.src)?),
+            target: target.clone(),
+            fstype: None,
+            flags: libc::MS_BIND,
+            data: None,
+        },
+    );
+    p.push(
+        format!("remount {} nosuid, nodev", v.dst.display()),
+        Op::Remount {
+            target,
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+        },
+    );
+    Ok(())
+}
+
+/// `pivot_root` into the new root, `/` remounted read-only, and the
+/// working directory.
+fn enter_root(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
     p.push(
         "pivot_root into the new root".into(),
         Op::PivotRoot {

@@ -21,13 +21,13 @@ use cordon_sandbox::layout::{
     self, HOST_ETC, HOST_TRUST_STORE, ImageEntryKind, SystemDir, USR, etc_files,
 };
 use oci_spec::runtime::{
-    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    Linux, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
     LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
     LinuxSeccompBuilder, LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder,
-    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    PosixRlimitType, Process, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use crate::spec::{Root, SandboxSpec, Seccomp};
+use crate::spec::{Limits, Root, SandboxSpec, Seccomp};
 
 /// Default uid and gid of the sandbox's process.
 pub use cordon_sandbox::layout::DEFAULT_USER;
@@ -265,9 +265,34 @@ pub fn config(
     binds: &[(PathBuf, PathBuf)],
     net: Net,
 ) -> Result<Spec, String> {
-    fn e(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> String {
-        move |err| format!("OCI {what}: {err}")
-    }
+    let process = process(spec, env)?;
+    let mounts = mounts(&spec.limits, binds)?;
+    let linux = linux(spec, net)?;
+    SpecBuilder::default()
+        .version("1.0.2")
+        .hostname("cordon")
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(true)
+                .build()
+                .map_err(oci_err("root"))?,
+        )
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .map_err(oci_err("spec"))
+}
+
+/// The message of an error building the OCI `what`.
+fn oci_err(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> String {
+    move |err| format!("OCI {what}: {err}")
+}
+
+/// The process: the spec's program, environment, user and working directory, its rlimits,
+/// no capabilities and no new privileges.
+fn process(spec: &SandboxSpec, env: &[(String, String)]) -> Result<Process, String> {
     let (uid, gid) = spec.user.unwrap_or(DEFAULT_USER);
     let l = &spec.limits;
     let rlimit = |typ: PosixRlimitType, v: u64| {
@@ -276,17 +301,17 @@ pub fn config(
             .soft(v)
             .hard(v)
             .build()
-            .map_err(e("rlimit"))
+            .map_err(oci_err("rlimit"))
     };
     let none: HashSet<oci_spec::runtime::Capability> = HashSet::new();
-    let process = ProcessBuilder::default()
+    ProcessBuilder::default()
         .terminal(false)
         .user(
             UserBuilder::default()
                 .uid(uid)
                 .gid(gid)
                 .build()
-                .map_err(e("user"))?,
+                .map_err(oci_err("user"))?,
         )
         .args(spec.argv.clone())
         .env(
@@ -303,7 +328,7 @@ pub fn config(
                 .permitted(none.clone())
                 .ambient(none)
                 .build()
-                .map_err(e("capabilities"))?,
+                .map_err(oci_err("capabilities"))?,
         )
         .rlimits(vec![
             rlimit(PosixRlimitType::RlimitNofile, l.nofile)?,
@@ -316,7 +341,12 @@ pub fn config(
         ])
         .no_new_privileges(true)
         .build()
-        .map_err(e("process"))?;
+        .map_err(oci_err("process"))
+}
+
+/// The mounts: a fresh `/proc`, `/tmp` and `/dev/shm` as tmpfs of `disk_bytes`, an empty
+/// read-only `/sys`, then the read-only binds `(host, sandbox)`.
+fn mounts(l: &Limits, binds: &[(PathBuf, PathBuf)]) -> Result<Vec<Mount>, String> {
     let mut mounts = vec![
         MountBuilder::default()
             .destination("/proc")
@@ -324,7 +354,7 @@ pub fn config(
             .source("proc")
             .options(["nosuid", "noexec", "nodev"].map(String::from).to_vec())
             .build()
-            .map_err(e("mount /proc"))?,
+            .map_err(oci_err("mount /proc"))?,
         MountBuilder::default()
             .destination("/tmp")
             .typ("tmpfs")
@@ -336,7 +366,7 @@ pub fn config(
                 format!("size={}", l.disk_bytes.max(4096)),
             ])
             .build()
-            .map_err(e("mount /tmp"))?,
+            .map_err(oci_err("mount /tmp"))?,
         // No /sys: an empty read-only directory over gVisor's own.
         MountBuilder::default()
             .destination("/sys")
@@ -348,7 +378,7 @@ pub fn config(
                     .to_vec(),
             )
             .build()
-            .map_err(e("mount /sys"))?,
+            .map_err(oci_err("mount /sys"))?,
         // Shared memory (a browser's renderers need it), as small.
         MountBuilder::default()
             .destination("/dev/shm")
@@ -362,11 +392,18 @@ pub fn config(
                 format!("size={}", l.disk_bytes.max(4096)),
             ])
             .build()
-            .map_err(e("mount /dev/shm"))?,
+            .map_err(oci_err("mount /dev/shm"))?,
     ];
     for (src, dst) in binds {
         mounts.push(bind(src, dst)?);
     }
+    Ok(mounts)
+}
+
+/// The Linux part: the namespaces (a network one for [`Net::Own`]), the memory and task
+/// limits, and cordon's system-call filter.
+fn linux(spec: &SandboxSpec, net: Net) -> Result<Linux, String> {
+    let l = &spec.limits;
     let mut namespaces = vec![
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Mount,
@@ -376,13 +413,13 @@ pub fn config(
     if net == Net::Own {
         namespaces.push(LinuxNamespaceType::Network);
     }
-    let linux = LinuxBuilder::default()
+    LinuxBuilder::default()
         .namespaces(
             namespaces
                 .into_iter()
                 .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(e("namespace"))?,
+                .map_err(oci_err("namespace"))?,
         )
         .resources(
             LinuxResourcesBuilder::default()
@@ -390,35 +427,20 @@ pub fn config(
                     LinuxMemoryBuilder::default()
                         .limit(i64::try_from(l.memory_bytes).unwrap_or(i64::MAX))
                         .build()
-                        .map_err(e("memory"))?,
+                        .map_err(oci_err("memory"))?,
                 )
                 .pids(
                     LinuxPidsBuilder::default()
                         .limit(i64::try_from(l.tasks).unwrap_or(i64::MAX))
                         .build()
-                        .map_err(e("pids"))?,
+                        .map_err(oci_err("pids"))?,
                 )
                 .build()
-                .map_err(e("resources"))?,
+                .map_err(oci_err("resources"))?,
         )
         .seccomp(seccomp(&spec.seccomp)?)
         .build()
-        .map_err(e("linux"))?;
-    SpecBuilder::default()
-        .version("1.0.2")
-        .hostname("cordon")
-        .root(
-            RootBuilder::default()
-                .path("rootfs")
-                .readonly(true)
-                .build()
-                .map_err(e("root"))?,
-        )
-        .process(process)
-        .mounts(mounts)
-        .linux(linux)
-        .build()
-        .map_err(e("spec"))
+        .map_err(oci_err("linux"))
 }
 
 /// cordon's filter in OCI form (applied by the OCI runtime to the tool):

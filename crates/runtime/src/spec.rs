@@ -12,6 +12,8 @@ use cordon_policy::{ToolPolicy, policy};
 pub use cordon_sandbox::{Limits, Mount, Root, Seccomp};
 use serde::Serialize;
 
+use crate::images::ResolvedImage;
+
 /// One sandbox: root, program, mounts, limits, network.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SandboxSpec {
@@ -107,143 +109,18 @@ pub fn lower(
             p.name
         ));
     }
-    // An image: its rootfs is the root; its config gives the program,
-    // environment, working directory and user unless the manifest says.
-    let image_ref = match (&p.exec, use_) {
-        (
-            Exec::Image {
-                reference, digest, ..
-            },
-            Use::Call,
-        ) => Some(format!("{reference}@{digest}")),
-        (Exec::Image { .. }, Use::Serve) => {
-            return Err(format!(
-                "{}: an image tool runs once per call, not as a server (use `mcp: {{image: ...}}`)",
-                p.name
-            ));
-        }
-        (
-            Exec::Mcp {
-                image: Some(reference),
-                ..
-            },
-            Use::Serve,
-        ) => Some(reference.clone()),
-        _ => None,
-    };
-    let image = match &image_ref {
-        None => None,
-        Some(r) => {
-            let Some(images) = images else {
-                return Err(format!(
-                    "{}: image {r} needs the image store, which this broker was not given",
-                    p.name
-                ));
-            };
-            Some(
-                images
-                    .resolve(r)
-                    .map_err(|e| format!("{}: image {r}: {e}", p.name))?,
-            )
-        }
-    };
-    let argv = match (&p.exec, use_) {
-        (Exec::Command { argv }, Use::Call) => argv.clone(),
-        (Exec::Command { .. }, Use::Serve) => {
-            return Err(format!(
-                "{}: a command tool runs once per call, not as a server",
-                p.name
-            ));
-        }
-        (
-            Exec::Mcp {
-                command: Some(argv),
-                ..
-            },
-            Use::Serve,
-        ) => argv.clone(),
-        (
-            Exec::Image {
-                command: Some(argv),
-                ..
-            },
-            Use::Call,
-        ) => argv.clone(),
-        (Exec::Image { .. }, Use::Call) | (Exec::Mcp { image: Some(_), .. }, Use::Serve) => {
-            let img = image
-                .as_ref()
-                .ok_or_else(|| format!("{}: no image", p.name))?;
-            img.entrypoint.iter().chain(&img.cmd).cloned().collect()
-        }
-        (Exec::Mcp { .. }, Use::Call) => {
-            return Err(format!(
-                "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
-                p.name
-            ));
-        }
-        (Exec::Mcp { .. }, Use::Serve)
-        | (Exec::Unspecified, _)
-        | (Exec::Image { .. }, Use::Serve) => {
-            return Err(format!(
-                "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
-                p.name
-            ));
-        }
-    };
-    if argv.is_empty() || argv[0].is_empty() {
-        return Err(match &image_ref {
-            Some(r) => format!(
-                "{}: image {r} names no program (no Entrypoint or Cmd); give `command`",
-                p.name
-            ),
-            None => format!("{}: the command is empty", p.name),
-        });
-    }
-    if !p.secrets.is_empty() {
-        match credentials {
-            None => {
-                return Err(format!(
-                    "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
-                    p.name
-                ));
-            }
-            Some(c) => c.can_mint(p)?,
-        }
-    }
+    let image_ref = image_reference(p, use_)?;
+    let image = resolve_image(p, image_ref.as_deref(), images)?;
+    let argv = program(p, use_, image_ref.as_deref(), image.as_ref())?;
+    check_secrets(p, credentials)?;
     let l = p.require_limits()?;
-    let network = match egress_policy_for(&p.name, &p.network, upstream_dns)? {
-        None => Network::None,
-        Some(mut ep) => {
-            for e in &p.tls_passthrough {
-                ep.passthrough.push(
-                    cordon_egress::HostPort::parse(e)
-                        .map_err(|err| format!("{}: tls_passthrough {e}: {err}", p.name))?,
-                );
-            }
-            Network::Doors(Box::new(ep))
-        }
-    };
-    let (root, env, cwd, user) = match image {
-        None => (
-            Root::HostBinds,
-            p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            None,
-            None,
-        ),
-        Some(img) => {
-            let user = crate::images::image_user(&img.rootfs, img.user.as_deref())
-                .map_err(|e| format!("{}: {e}", p.name))?;
-            (
-                Root::Image {
-                    rootfs: img.rootfs.clone(),
-                    digest: img.digest.clone(),
-                },
-                image_env(&img.env, &p.env),
-                img.working_dir.clone().filter(|d| !d.is_empty()),
-                Some(user),
-            )
-        }
-    };
+    let network = network_of(p, upstream_dns)?;
+    let Rooted {
+        root,
+        env,
+        cwd,
+        user,
+    } = root_of(p, image)?;
     Ok(SandboxSpec {
         tool: p.name.clone(),
         profile: p.profile,
@@ -267,6 +144,185 @@ pub fn lower(
         workspace: p.workspace.clone(),
         state: p.state.clone(),
         user,
+    })
+}
+
+/// The image the tool runs from, if any (`reference@digest` for an image tool, the server's
+/// image for an `mcp:` one); an image tool used as a server is refused.
+fn image_reference(p: &ToolPolicy, use_: Use) -> Result<Option<String>, String> {
+    // An image: its rootfs is the root; its config gives the program,
+    // environment, working directory and user unless the manifest says.
+    Ok(match (&p.exec, use_) {
+        (
+            Exec::Image {
+                reference, digest, ..
+            },
+            Use::Call,
+        ) => Some(format!("{reference}@{digest}")),
+        (Exec::Image { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: an image tool runs once per call, not as a server (use `mcp: {{image: ...}}`)",
+                p.name
+            ));
+        }
+        (
+            Exec::Mcp {
+                image: Some(reference),
+                ..
+            },
+            Use::Serve,
+        ) => Some(reference.clone()),
+        _ => None,
+    })
+}
+
+/// The image `image_ref` names, resolved in the image store.
+fn resolve_image(
+    p: &ToolPolicy,
+    image_ref: Option<&str>,
+    images: Option<&dyn crate::images::Images>,
+) -> Result<Option<ResolvedImage>, String> {
+    let Some(r) = image_ref else {
+        return Ok(None);
+    };
+    let Some(images) = images else {
+        return Err(format!(
+            "{}: image {r} needs the image store, which this broker was not given",
+            p.name
+        ));
+    };
+    Ok(Some(
+        images
+            .resolve(r)
+            .map_err(|e| format!("{}: image {r}: {e}", p.name))?,
+    ))
+}
+
+/// The program to run (`argv`): the manifest's command, or the image's entrypoint and
+/// command; refused when the exec does not fit the use or names no program.
+fn program(
+    p: &ToolPolicy,
+    use_: Use,
+    image_ref: Option<&str>,
+    image: Option<&ResolvedImage>,
+) -> Result<Vec<String>, String> {
+    let argv = match (&p.exec, use_) {
+        (Exec::Command { argv }, Use::Call) => argv.clone(),
+        (Exec::Command { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: a command tool runs once per call, not as a server",
+                p.name
+            ));
+        }
+        (
+            Exec::Mcp {
+                command: Some(argv),
+                ..
+            },
+            Use::Serve,
+        ) => argv.clone(),
+        (
+            Exec::Image {
+                command: Some(argv),
+                ..
+            },
+            Use::Call,
+        ) => argv.clone(),
+        (Exec::Image { .. }, Use::Call) | (Exec::Mcp { image: Some(_), .. }, Use::Serve) => {
+            let img = image.ok_or_else(|| format!("{}: no image", p.name))?;
+            img.entrypoint.iter().chain(&img.cmd).cloned().collect()
+        }
+        (Exec::Mcp { .. }, Use::Call) => {
+            return Err(format!(
+                "{}: an MCP server tool is called through `cordon serve`, not `cordon run`",
+                p.name
+            ));
+        }
+        (Exec::Mcp { .. }, Use::Serve)
+        | (Exec::Unspecified, _)
+        | (Exec::Image { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: the manifest gives nothing to run (no `command`, `image` or `mcp`)",
+                p.name
+            ));
+        }
+    };
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err(match image_ref {
+            Some(r) => format!(
+                "{}: image {r} names no program (no Entrypoint or Cmd); give `command`",
+                p.name
+            ),
+            None => format!("{}: the command is empty", p.name),
+        });
+    }
+    Ok(argv)
+}
+
+/// Refuse a tool that declares secrets no configured credential broker can mint.
+fn check_secrets(p: &ToolPolicy, credentials: Option<&dyn crate::Minting>) -> Result<(), String> {
+    if p.secrets.is_empty() {
+        return Ok(());
+    }
+    match credentials {
+        None => Err(format!(
+            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
+            p.name
+        )),
+        Some(c) => c.can_mint(p),
+    }
+}
+
+/// The sandbox's network: none, or the doors serving the tool's egress policy with its TLS
+/// passthrough destinations.
+fn network_of(p: &ToolPolicy, upstream_dns: &UpstreamDns) -> Result<Network, String> {
+    Ok(
+        match egress_policy_for(&p.name, &p.network, upstream_dns)? {
+            None => Network::None,
+            Some(mut ep) => {
+                for e in &p.tls_passthrough {
+                    ep.passthrough.push(
+                        cordon_egress::HostPort::parse(e)
+                            .map_err(|err| format!("{}: tls_passthrough {e}: {err}", p.name))?,
+                    );
+                }
+                Network::Doors(Box::new(ep))
+            }
+        },
+    )
+}
+
+/// A sandbox's root with the environment, working directory and user that go with it.
+struct Rooted {
+    root: Root,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
+    user: Option<(u32, u32)>,
+}
+
+/// What the sandbox's root is made of, with what goes with it: the host's binds and the
+/// policy's environment, or the image's.
+fn root_of(p: &ToolPolicy, image: Option<ResolvedImage>) -> Result<Rooted, String> {
+    Ok(match image {
+        None => Rooted {
+            root: Root::HostBinds,
+            env: p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            cwd: None,
+            user: None,
+        },
+        Some(img) => {
+            let user = crate::images::image_user(&img.rootfs, img.user.as_deref())
+                .map_err(|e| format!("{}: {e}", p.name))?;
+            Rooted {
+                root: Root::Image {
+                    rootfs: img.rootfs.clone(),
+                    digest: img.digest.clone(),
+                },
+                env: image_env(&img.env, &p.env),
+                cwd: img.working_dir.clone().filter(|d| !d.is_empty()),
+                user: Some(user),
+            }
+        }
     })
 }
 

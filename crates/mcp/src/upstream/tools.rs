@@ -10,10 +10,11 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
     CancelledNotificationParam, ClientRequest, JsonObject, ServerResult, Tool,
 };
-use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData, RoleServer, ServiceError};
+use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
+use rmcp::{ErrorData, RoleClient, RoleServer, ServiceError};
 use serde_json::{Value, json};
 
+use super::connection::Conn;
 use super::{Upstream, gate};
 use crate::names::{Owner, Space};
 use crate::render::{self, Refusal};
@@ -266,18 +267,46 @@ impl Upstream {
         args: Option<JsonObject>,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let mut tools = match self.tools().await {
+        let tools = match self.listing_for(name).await {
             Ok(t) => t,
             Err(e) => return self.start_refused(name, e),
         };
+        let exposed = self.callable(name, &tools, args.as_ref())?;
+        let conn = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => return self.start_refused(name, e),
+        };
+        self.still_listed(name).await?;
+        let handle = self
+            .send_call(name, &conn, exposed.server_name.clone(), args)
+            .await?;
+        let outcome = self.answer(handle, ctx).await;
+        let result = self.call_result(name, &conn, outcome).await?;
+        self.after_call(conn.generation).await;
+        gate::tool_result(&self.policy, name, result)
+            .map(|r| crate::render::with_warnings(r, &self.warnings()))
+    }
+
+    /// The listing a call to `name` is checked against: asked of the server again when a
+    /// cached listing lacks the tool (it may be out of date).
+    async fn listing_for(&self, name: &str) -> Result<Vec<Exposed>, ErrorData> {
+        let tools = self.tools().await?;
         if !tools.iter().any(|e| e.name == name) && self.listed_from_cache().await {
             // The cached listing may be out of date: ask the server.
             self.verify_cached().await;
-            tools = match self.tools().await {
-                Ok(t) => t,
-                Err(e) => return self.start_refused(name, e),
-            };
+            return self.tools().await;
         }
+        Ok(tools)
+    }
+
+    /// The listed tool `name` if it may be called with `args`: refused when the listing lacks it
+    /// or refuses it, or the arguments fail the server's input schema.
+    fn callable<'t>(
+        &self,
+        name: &str,
+        tools: &'t [Exposed],
+        args: Option<&JsonObject>,
+    ) -> Result<&'t Exposed, ErrorData> {
         let Some(exposed) = tools.iter().find(|e| e.name == name) else {
             return Err(render::refusal(
                 Refusal::UnknownTool,
@@ -297,49 +326,69 @@ impl Upstream {
         if let Some((kind, r)) = &exposed.refused {
             return Err(render::refusal(*kind, r.clone(), json!({"tool": name})));
         }
-        check_args(name, &exposed.tool, args.as_ref())?;
-        let conn = match self.conn().await {
-            Ok(c) => c,
-            Err(e) => return self.start_refused(name, e),
-        };
+        check_args(name, &exposed.tool, args)?;
+        Ok(exposed)
+    }
+
+    /// Refuse the call when the server, restarted since the listing, no longer has `name`
+    /// or now refuses it.
+    async fn still_listed(&self, name: &str) -> Result<(), ErrorData> {
         // The server may have been restarted with other tools: look again.
         let current = self.state.lock().await.tools.clone().unwrap_or_default();
         match current.iter().find(|e| e.name == name) {
-            Some(e) if e.refused.is_none() => {}
+            Some(e) if e.refused.is_none() => Ok(()),
             Some(e) => {
                 let (kind, why) = e
                     .refused
                     .clone()
                     .unwrap_or((Refusal::DescriptionChanged, String::new()));
-                return Err(render::refusal(kind, why, json!({"tool": name})));
+                Err(render::refusal(kind, why, json!({"tool": name})))
             }
-            None => {
-                return Err(render::refusal(
-                    Refusal::UnknownTool,
-                    format!("unknown tool `{name}`: the restarted server no longer has it"),
-                    json!({"tool": name}),
-                ));
-            }
+            None => Err(render::refusal(
+                Refusal::UnknownTool,
+                format!("unknown tool `{name}`: the restarted server no longer has it"),
+                json!({"tool": name}),
+            )),
         }
-        let mut params = CallToolRequestParams::new(exposed.server_name.clone());
+    }
+
+    /// Send `tools/call` for `server_name` on `conn`, within the wall time; a server gone
+    /// is stopped (the next call starts a new one).
+    async fn send_call(
+        &self,
+        name: &str,
+        conn: &Conn,
+        server_name: String,
+        args: Option<JsonObject>,
+    ) -> Result<RequestHandle<RoleClient>, ErrorData> {
+        let mut params = CallToolRequestParams::new(server_name);
         params.arguments = args;
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = match conn
+        match conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::with_timeout(self.wall))
             .await
         {
-            Ok(h) => h,
+            Ok(h) => Ok(h),
             Err(e) => {
                 conn.handle.kill();
                 let why = self.exit_report(&conn.handle).await;
                 self.reset(conn.generation).await;
-                return Err(self.failed(
+                Err(self.failed(
                     name,
                     format!("the server is gone ({e}){why}; the next call starts a new one"),
-                ));
+                ))
             }
-        };
+        }
+    }
+
+    /// Wait for the server's answer, its progress routed to the agent meanwhile; `None` when
+    /// the agent cancelled the call (the server is told so).
+    async fn answer(
+        &self,
+        handle: RequestHandle<RoleClient>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Option<Result<ServerResult, ServiceError>> {
         // rmcp gives each upstream request its own progress token: route
         // that token's notifications to this agent under the agent's token.
         let upstream_token = handle.progress_token.clone();
@@ -356,86 +405,102 @@ impl Upstream {
             _ = ctx.ct.cancelled() => None,
         };
         if routed {
-            // rmcp hands each notification to its own task but resolves the
-            // response directly: progress the server sent before its result
-            // may still be on its way. Let it reach the agent before the
-            // result does.
-            use std::sync::atomic::Ordering;
-            for _ in 0..100 {
-                for _ in 0..8 {
-                    tokio::task::yield_now().await;
-                }
-                if self.routes.in_flight.load(Ordering::SeqCst) == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            self.progress_delivered().await;
         }
         if let Ok(mut r) = self.routes.routes.lock() {
             r.remove(&upstream_token);
         }
-        let result = match outcome {
+        if outcome.is_none() {
+            let note = CancelledNotification::new(CancelledNotificationParam::new(
+                Some(request_id),
+                Some("cancelled by the agent".into()),
+            ));
+            let _ = upstream_peer.send_notification(note.into()).await;
+        }
+        outcome
+    }
+
+    /// Let the progress the server sent before its result reach the agent (for a while at
+    /// most) before the result does.
+    async fn progress_delivered(&self) {
+        // rmcp hands each notification to its own task but resolves the
+        // response directly: progress the server sent before its result
+        // may still be on its way. Let it reach the agent before the
+        // result does.
+        use std::sync::atomic::Ordering;
+        for _ in 0..100 {
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            if self.routes.in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The tool's result from the server's answer (`None`: cancelled by the agent); a timeout
+    /// or a failure stops the server (the next call starts a new one).
+    async fn call_result(
+        &self,
+        name: &str,
+        conn: &Conn,
+        outcome: Option<Result<ServerResult, ServiceError>>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match outcome {
             None => {
-                let note = CancelledNotification::new(CancelledNotificationParam::new(
-                    Some(request_id),
-                    Some("cancelled by the agent".into()),
-                ));
-                let _ = upstream_peer.send_notification(note.into()).await;
                 self.after_call(conn.generation).await;
-                return Err(render::refusal(
+                Err(render::refusal(
                     Refusal::ServerFailed,
                     format!("{name}: cancelled by the client"),
                     json!({"tool": name}),
-                ));
+                ))
             }
             Some(Err(ServiceError::Timeout { .. })) => {
                 conn.handle.kill();
                 self.reset(conn.generation).await;
-                return Err(render::refusal(
+                Err(render::refusal(
                     Refusal::LimitHit,
                     format!(
                         "{name}: timed out after {}; the server was stopped and the next call starts a new one",
                         cordon_sandbox::units::format_duration(self.wall)
                     ),
                     json!({"tool": name, "limit": "wall_seconds"}),
-                ));
+                ))
             }
             Some(Err(ServiceError::McpError(e))) => {
                 // The server's own error text is untrusted: gate it.
                 let text = gate::server_message(&self.policy, &e.message);
                 self.after_call(conn.generation).await;
-                return Err(ErrorData::new(
+                Err(ErrorData::new(
                     e.code,
                     format!("{name}: the server refused the call: {text}"),
                     Some(json!({"cordon/status": "server_error", "tool": name})),
-                ));
+                ))
             }
             Some(Err(e)) => {
                 conn.handle.kill();
                 let why = self.exit_report(&conn.handle).await;
                 self.reset(conn.generation).await;
-                return Err(self.failed(
+                Err(self.failed(
                     name,
                     format!(
-                    "the server failed during the call ({e}){why}; the next call starts a new one"
-                ),
-                ));
+                        "the server failed during the call ({e}){why}; the next call starts a new one"
+                    ),
+                ))
             }
-            Some(Ok(ServerResult::CallToolResult(r))) => r,
+            Some(Ok(ServerResult::CallToolResult(r))) => Ok(r),
             Some(Ok(other)) => {
                 self.after_call(conn.generation).await;
-                return Err(self.failed(
+                Err(self.failed(
                     name,
                     format!(
                         "the server answered tools/call with another kind of result ({})",
                         result_kind(&other)
                     ),
-                ));
+                ))
             }
-        };
-        self.after_call(conn.generation).await;
-        gate::tool_result(&self.policy, name, result)
-            .map(|r| crate::render::with_warnings(r, &self.warnings()))
+        }
     }
 }
 
