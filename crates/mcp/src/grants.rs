@@ -16,8 +16,8 @@ use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 use serde_json::json;
 
-use crate::Session;
 use crate::render::{Refusal, refusal};
+use crate::session::Session;
 use crate::uri::cordon_uri;
 
 /// The claims of `p` a grant is held against.
@@ -126,6 +126,23 @@ impl Session {
                     json!({}),
                 );
                 Err(Box::new((p, e)))
+            }
+        }
+    }
+
+    /// Take the principal of an `initialize`: on HTTP the request's (the
+    /// authentication layer puts it in the request's extensions; a session
+    /// initialized again by another principal is refused), without one the
+    /// unauthenticated one. On stdio it was set when the session was made.
+    pub(crate) fn initial_principal(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        match of_request(context) {
+            Some(_) => self.check_caller(context),
+            None => {
+                let _ = self.set_principal(Principal::unauthenticated());
+                Ok(())
             }
         }
     }

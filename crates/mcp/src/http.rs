@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{Gateway, GatewayError, Session};
+use crate::gateway::{Gateway, GatewayError};
+use crate::session::Session;
 
 /// What an [`Authenticator`] answers: the caller, or the response that
 /// refuses the request (`401` with `WWW-Authenticate`, `403`).
@@ -252,7 +253,7 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
     }
     let k = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| bad(key, format!("not a PEM private key: {e}")))?;
-    crate::install_crypto_provider();
+    crate::client::install_crypto_provider();
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

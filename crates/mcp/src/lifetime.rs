@@ -52,11 +52,11 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// principal (put in the `initialize` request's extensions).
 #[derive(Default)]
 pub(crate) struct SessionLink {
-    who: OnceLock<(String, crate::Who)>,
+    who: OnceLock<(String, crate::caller::Who)>,
 }
 
 impl SessionLink {
-    pub(crate) fn set(&self, session: &str, who: &crate::Who) {
+    pub(crate) fn set(&self, session: &str, who: &crate::caller::Who) {
         let _ = self.who.set((session.to_string(), who.clone()));
     }
 }
@@ -244,7 +244,7 @@ impl HttpSessions {
     async fn end(&self, id: &str, link: &SessionLink, why: String) {
         self.remember(id, why.clone());
         if let Some((session, who)) = link.who.get() {
-            let c = crate::caller_of(session, "mcp:http", who);
+            let c = crate::caller::caller_of(session, "mcp:http", who);
             let mut rec = cordon_audit::AuditRecord::new("(session)", "");
             rec.runtime = "none".into();
             rec.session = c.session;

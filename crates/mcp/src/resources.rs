@@ -26,10 +26,11 @@ use rmcp::model::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::CallAudit;
 use crate::render::{Refusal, refusal};
+use crate::session::{Session, not_started};
 use crate::upstream::{Exposure, Upstream};
 pub use crate::uri::{SCHEME, Template, cordon_uri, parse_cordon_uri};
-use crate::{CallAudit, Session};
 use cordon_policy::access::Kind;
 
 // ---- Routing within one agent session ----
@@ -45,7 +46,7 @@ impl Session {
                 let names = self.gw.names.clone();
                 set.spawn(async move {
                     if let Err(e) = u.offers().await {
-                        names.report_once(&crate::not_started(u.name(), &e));
+                        names.report_once(&not_started(u.name(), &e));
                     }
                 });
             }

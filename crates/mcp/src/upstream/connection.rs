@@ -45,7 +45,7 @@ pub(super) struct Forwarder {
     server: String,
     routes: Arc<ProgressRoutes>,
     subscriptions: Arc<Mutex<Subscriptions>>,
-    log_level: super::LogLevel,
+    log_level: crate::logging::LogLevel,
     /// Set when the server says its tools changed: the next listing asks
     /// it again.
     tools_stale: Arc<std::sync::atomic::AtomicBool>,
@@ -59,7 +59,7 @@ pub(crate) struct Asks {
     pub(super) policy: Arc<cordon_policy::policy::ToolPolicy>,
     /// The broker whose log records the server's requests, the session
     /// and its principal.
-    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String, crate::Who)>,
+    pub(super) audit: Option<(Arc<cordon_broker::Broker>, String, crate::caller::Who)>,
 }
 
 impl Asks {
@@ -125,13 +125,13 @@ impl Asks {
         let out = outcome
             .as_ref()
             .map(|r| (serde_json::to_string(r).unwrap_or_default(), false));
-        let audit = crate::CallAudit::with_input(
+        let audit = crate::audit::CallAudit::with_input(
             &self.policy.name,
             cordon_broker::profile_name(self.policy.profile),
             "mcp",
             input,
         );
-        let who = crate::caller_of(session, "mcp-server", who);
+        let who = crate::caller::caller_of(session, "mcp-server", who);
         audit.finish_with(broker, &who, out).inspect_err(|e| {
             tracing::warn!(tool = %self.policy.name, "audit record of {method} not written: {}", e.message);
         })
@@ -157,7 +157,7 @@ impl ClientHandler for Forwarder {
         params: rmcp::model::LoggingMessageNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        if !crate::level_passes(&self.log_level, params.level) {
+        if !crate::logging::level_passes(&self.log_level, params.level) {
             return;
         }
         let Some(peer) = self.agent() else {
@@ -378,7 +378,7 @@ impl Upstream {
         let proc = self
             .sandbox
             .start(
-                &crate::caller_of(&self.session, "mcp", &self.principal),
+                &crate::caller::caller_of(&self.session, "mcp", &self.principal),
                 &self.policy,
                 &self.argv,
             )

@@ -31,6 +31,7 @@ use rmcp::ErrorData;
 use rmcp::model::{Prompt, Resource, ResourceTemplate};
 use serde_json::json;
 
+use crate::logging::LogLevel;
 use crate::names::NameClaims;
 pub(crate) use crate::offers::{KnownOffers, Offers};
 use crate::render::{self, Refusal};
@@ -54,11 +55,6 @@ struct State {
     prompts: Option<Vec<Prompt>>,
 }
 
-/// The logging level the agent's client set, shared by its session and the
-/// session's servers (`None`: not set).
-#[allow(deprecated)]
-pub(crate) type LogLevel = Arc<Mutex<Option<rmcp::model::LoggingLevel>>>;
-
 /// One `mcp:` tool of the manifest within one agent session.
 pub(crate) struct Upstream {
     policy: Arc<ToolPolicy>,
@@ -66,7 +62,7 @@ pub(crate) struct Upstream {
     /// session's; audit records name it).
     session: String,
     /// The session's principal (its tenant owns the server's sandbox).
-    principal: crate::Who,
+    principal: crate::caller::Who,
     argv: Vec<String>,
     expose: Expose,
     /// The gateway's record of which server owns each exposed name.
@@ -138,7 +134,7 @@ impl Upstream {
         let wall = policy.require_limits()?.wall;
         Ok(Upstream {
             session: session.to_string(),
-            principal: crate::Who::default(),
+            principal: crate::caller::Who::default(),
             argv,
             expose: *expose,
             names,
@@ -197,7 +193,7 @@ impl Upstream {
     }
 
     /// Share the session's principal. Call before [`Upstream::with_audit`].
-    pub fn with_principal(mut self, who: crate::Who) -> Upstream {
+    pub fn with_principal(mut self, who: crate::caller::Who) -> Upstream {
         self.principal = who;
         if let Some((b, s, _)) = &self.asks.audit {
             self.asks = Arc::new(connection::Asks {
