@@ -69,6 +69,7 @@
 
 pub mod cgroup;
 pub mod delegate;
+pub mod elf;
 pub mod fallback;
 pub mod host;
 mod netns;

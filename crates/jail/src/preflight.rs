@@ -34,7 +34,7 @@ use std::path::{Component, Path, PathBuf};
 
 use cordon_sys::spawn::Op;
 
-use crate::{JailError, JailOptions, JailSpec, Root, host, plan};
+use crate::{JailError, JailOptions, JailSpec, Root, elf, host, plan};
 
 /// Where the setup program is built to mount the root: a prefix stripped
 /// from its paths, never touched.
@@ -710,9 +710,9 @@ fn format_of(path: &Path) -> Format {
     if let Some(rest) = head.strip_prefix(b"#!") {
         parse_shebang(rest)
     } else if head.starts_with(b"\x7fELF") {
-        match elf_interp(&f, head) {
+        match elf::loader(&f, head) {
             Ok(i) => Format::Elf(i),
-            Err(e) => Format::BadElf(e),
+            Err(e) => Format::BadElf(e.to_string()),
         }
     } else {
         Format::Other
@@ -740,78 +740,6 @@ fn parse_shebang(rest: &[u8]) -> Format {
         interp,
         arg: (!arg.is_empty()).then(|| String::from_utf8_lossy(arg).into_owned()),
     }
-}
-
-/// The `PT_INTERP` path of an ELF file whose first bytes are `head`.
-fn elf_interp(f: &fs::File, head: &[u8]) -> Result<Option<PathBuf>, String> {
-    const PT_INTERP: u64 = 3;
-    let le = match head.get(5) {
-        Some(1) => true,
-        Some(2) => false,
-        _ => return Err("unknown byte order".into()),
-    };
-    let num = |b: &[u8], at: usize, len: usize| -> Result<u64, String> {
-        let bytes = b
-            .get(at..at + len)
-            .ok_or_else(|| "truncated header".to_string())?;
-        let fold = |acc: u64, x: &u8| (acc << 8) | u64::from(*x);
-        Ok(if le {
-            bytes.iter().rev().fold(0, fold)
-        } else {
-            bytes.iter().fold(0, fold)
-        })
-    };
-    // (e_phoff, e_phentsize, e_phnum) offsets, the size of a program
-    // header, and (p_offset, p_filesz) offsets and width in it.
-    let (phoff, phentsize, phnum, min, off_at, size_at, width) = match head.get(4) {
-        Some(1) => (
-            num(head, 0x1c, 4)?,
-            num(head, 0x2a, 2)?,
-            num(head, 0x2c, 2)?,
-            32,
-            4,
-            16,
-            4,
-        ),
-        Some(2) => (
-            num(head, 0x20, 8)?,
-            num(head, 0x36, 2)?,
-            num(head, 0x38, 2)?,
-            56,
-            8,
-            32,
-            8,
-        ),
-        _ => return Err("unknown class".into()),
-    };
-    if phnum == 0 {
-        return Ok(None);
-    }
-    if phentsize < min {
-        return Err("program headers too small".into());
-    }
-    let total = phentsize * phnum;
-    if total > 65536 {
-        return Err("program headers too large".into());
-    }
-    let mut ph = vec![0u8; total as usize];
-    f.read_exact_at(&mut ph, phoff)
-        .map_err(|e| format!("program headers: {e}"))?;
-    for e in ph.chunks(phentsize as usize) {
-        if num(e, 0, 4)? != PT_INTERP {
-            continue;
-        }
-        let (off, size) = (num(e, off_at, width)?, num(e, size_at, width)?);
-        if !(2..=4096).contains(&size) {
-            return Err("bad PT_INTERP size".into());
-        }
-        let mut s = vec![0u8; size as usize];
-        f.read_exact_at(&mut s, off)
-            .map_err(|e| format!("PT_INTERP: {e}"))?;
-        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
-        return Ok(Some(PathBuf::from(OsStr::from_bytes(&s[..end]))));
-    }
-    Ok(None)
 }
 
 /// The program `env` would run for the argument of a `#!/usr/bin/env`
@@ -1404,7 +1332,7 @@ mod tests {
         let f = fs::File::open("/usr/bin/env").unwrap();
         let mut head = [0u8; 64];
         f.read_exact_at(&mut head, 0).unwrap();
-        if let Some(loader) = elf_interp(&f, &head).unwrap() {
+        if let Some(loader) = elf::loader(&f, &head).unwrap() {
             file(
                 &d.path().join("real"),
                 &elf_with_interp(loader.to_str().unwrap()),
