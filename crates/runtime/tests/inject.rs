@@ -42,50 +42,26 @@ fn have(prog: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// What the sandbox runs: each case prints `CASE <name> <http status>`.
-const SCRIPT: &str = r#"
-set -u
-c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
-c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
-c curl-http -H "X-Api-Key: $PLAIN_KEY" "http://api.test:$PLAIN/v1/ping"
-c curl-control-other-http "http://other.test:$PLAIN/plain"
-c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
-c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
-c curl-body --data "token=$JIRA_TOKEN" "https://api.test:$TLS/rest/x"
-c curl-base64 --data "$(printf 'x%s' "$JIRA_TOKEN" | base64 -w0)" "https://api.test:$TLS/rest/x"
-c curl-basic-wrong-host -u "bot:$JIRA_TOKEN" "https://other.test:$TLS/rest/x"
-python3 - <<'PY'
-import os, base64, requests
-tls, plain = os.environ["TLS"], os.environ["PLAIN"]
-ph = os.environ["JIRA_TOKEN"]
-def case(name, f):
+/// Python's `case(name, f)`: prints `CASE <name> <http status>`, or the
+/// error's type.
+macro_rules! py_case {
+    () => {
+        r#"def case(name, f):
     try:
         print("CASE", name, f().status_code, flush=True)
     except Exception as e:
         print("CASE", name, "error", type(e).__name__, flush=True)
-case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
-case("py-http", lambda: requests.get(f"http://api.test:{plain}/v1/py", headers={"X-Api-Key": os.environ["PLAIN_KEY"]}, timeout=20))
-case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
-case("py-basic-wrong-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", auth=("bot", ph), timeout=20))
-case("py-base64-body", lambda: requests.post(f"https://api.test:{tls}/rest/x", data=base64.urlsafe_b64encode(("ab" + ph).encode()), timeout=20))
-PY
-node -e '
-const tls = process.env.TLS, ph = process.env.JIRA_TOKEN;
-async function c(name, url, opts) {
-  try { const r = await fetch(url, opts); await r.text(); console.log("CASE", name, r.status); }
-  catch (e) { console.log("CASE", name, "error", String(e.cause && e.cause.code || e)); }
+"#
+    };
 }
-(async () => {
-  await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
-  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
-  await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
-  await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
-})();
-'
-# The token nowhere in the sandbox: environments and command lines of every
-# process, and every file of /etc, /tmp and /dev. The half given on stdin
-# is not the token; finding it would mean the token is there.
-python3 -c '
+
+/// A scan for the half token given on stdin in the environment and command
+/// line of every process and every file of /etc, /tmp and /dev: prints
+/// `SCANNED <files> HITS <where>`. The half is not the token; finding it
+/// would mean the token is there.
+macro_rules! scan_for_token {
+    () => {
+        r#"python3 -c '
 import os, sys
 half = sys.stdin.read().strip().encode()
 hits = []
@@ -107,8 +83,56 @@ for top in ("/etc", "/tmp", "/dev"):
             except OSError: pass
 print("SCANNED", n, "HITS", hits)
 '
-echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
-"#;
+"#
+    };
+}
+
+/// What the sandbox runs: each case prints `CASE <name> <http status>`.
+const SCRIPT: &str = concat!(
+    r#"
+set -u
+c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
+c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
+c curl-http -H "X-Api-Key: $PLAIN_KEY" "http://api.test:$PLAIN/v1/ping"
+c curl-control-other-http "http://other.test:$PLAIN/plain"
+c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
+c curl-body --data "token=$JIRA_TOKEN" "https://api.test:$TLS/rest/x"
+c curl-base64 --data "$(printf 'x%s' "$JIRA_TOKEN" | base64 -w0)" "https://api.test:$TLS/rest/x"
+c curl-basic-wrong-host -u "bot:$JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+python3 - <<'PY'
+import os, base64, requests
+tls, plain = os.environ["TLS"], os.environ["PLAIN"]
+ph = os.environ["JIRA_TOKEN"]
+"#,
+    py_case!(),
+    r#"case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-http", lambda: requests.get(f"http://api.test:{plain}/v1/py", headers={"X-Api-Key": os.environ["PLAIN_KEY"]}, timeout=20))
+case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-basic-wrong-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", auth=("bot", ph), timeout=20))
+case("py-base64-body", lambda: requests.post(f"https://api.test:{tls}/rest/x", data=base64.urlsafe_b64encode(("ab" + ph).encode()), timeout=20))
+PY
+node -e '
+const tls = process.env.TLS, ph = process.env.JIRA_TOKEN;
+async function c(name, url, opts) {
+  try { const r = await fetch(url, opts); await r.text(); console.log("CASE", name, r.status); }
+  catch (e) { console.log("CASE", name, "error", String(e.cause && e.cause.code || e)); }
+}
+(async () => {
+  await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
+  await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
+})();
+'
+# The token nowhere in the sandbox: environments and command lines of every
+# process, and every file of /etc, /tmp and /dev. The half given on stdin
+# is not the token; finding it would mean the token is there.
+"#,
+    scan_for_token!(),
+    r#"echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
+"#,
+);
 
 #[test]
 fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node() {
@@ -426,7 +450,8 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
 
 /// What the gVisor sandbox runs (curl and `requests`, both through the
 /// proxy door: a guest kernel's resolver is not pointed at the DNS door).
-const GVISOR_SCRIPT: &str = r#"
+const GVISOR_SCRIPT: &str = concat!(
+    r#"
 set -u
 c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
 c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
@@ -435,39 +460,17 @@ c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$
 python3 - <<'PY'
 import os, requests
 tls, ph = os.environ["TLS"], os.environ["JIRA_TOKEN"]
-def case(name, f):
-    try:
-        print("CASE", name, f().status_code, flush=True)
-    except Exception as e:
-        print("CASE", name, "error", type(e).__name__, flush=True)
-case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+"#,
+    py_case!(),
+    r#"case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
 case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
 PY
 echo "ENV $JIRA_TOKEN"
-python3 -c '
-import os, sys
-half = sys.stdin.read().strip().encode()
-hits = []
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        for f in ("environ", "cmdline"):
-            try:
-                if half in open(f"/proc/{pid}/{f}", "rb").read(): hits.append(f"/proc/{pid}/{f}")
-            except OSError: pass
-n = 0
-for top in ("/etc", "/tmp", "/dev"):
-    for d, _, files in os.walk(top):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                if os.path.isfile(p):
-                    n += 1
-                    if half in open(p, "rb").read(): hits.append(p)
-            except OSError: pass
-print("SCANNED", n, "HITS", hits)
-'
-echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $REQUESTS_CA_BUNDLE"
-"#;
+"#,
+    scan_for_token!(),
+    r#"echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $REQUESTS_CA_BUNDLE"
+"#,
+);
 
 /// A P3 gVisor tool with a secret: the placeholder in the sandbox becomes
 /// the token at the door for the bound endpoint only, the session CA being
