@@ -270,7 +270,7 @@ where
         Ok(Pumped::SetupFailed(buf)) => return Err(setup_failure(buf)),
         Err((step, e)) => return Err(broker(step, e)),
     };
-    let ended = match outcome(tool, limits, slot, enforced, exit, killed_for, io, relay) {
+    let ended = match outcome(tool, limits, slot, enforced, exit, killed_for, *io, relay) {
         Ok(o) => o,
         Err(e) => {
             // Without the counters an OOM or task-limit kill would pass for
@@ -303,7 +303,7 @@ fn outcome(
     exit: sio::ExitStatus,
     killed_for: Option<Status>,
     io: pump::IoState,
-    relay: Option<Relay>,
+    relay: Option<Box<Relay>>,
 ) -> io::Result<Outcome> {
     let (exit_code, signal) = match exit {
         sio::ExitStatus::Exited(c) => (Some(c), None),
