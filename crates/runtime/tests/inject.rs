@@ -42,6 +42,124 @@ fn have(prog: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// An allowlist of `entries` on loopback: the names resolve to 127.0.0.1
+/// (denied.test too, which is not allowed), no upstream DNS.
+fn loopback_policy(entries: Vec<String>) -> EgressPolicy {
+    let mut policy = EgressPolicy::allowlist("jira_search", entries).unwrap();
+    for n in ["api.test", "other.test", "denied.test"] {
+        policy
+            .resolve
+            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
+    }
+    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    policy
+}
+
+/// JIRA_TOKEN: a bearer token bound to `https://api.test:{port}/rest`.
+fn jira_injection(port: u16, upstream_ca: &std::path::Path) -> Injection {
+    Injection {
+        secret: "JIRA_TOKEN".into(),
+        placeholder: PH.into(),
+        binding: Binding {
+            host: "api.test".into(),
+            port,
+            path_prefix: Some("/rest".into()),
+            placement: Placement::Header {
+                name: "Authorization".into(),
+                template: "Bearer {token}".into(),
+            },
+            upstream_ca: Some(upstream_ca.to_path_buf()),
+        },
+        source: Arc::new(Fixed(TOKEN)),
+    }
+}
+
+/// What a sandbox running one of the scripts printed.
+struct Printed {
+    out: String,
+    err: String,
+}
+
+impl Printed {
+    /// The status of `CASE name`.
+    fn case(&self, name: &str) -> String {
+        let Printed { out, err } = self;
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
+            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
+            .to_string()
+    }
+
+    /// The half token nowhere in the sandbox (the scan ran and looked at
+    /// files).
+    fn assert_scan_clean(&self) {
+        let Printed { out, err } = self;
+        let scan = out
+            .lines()
+            .find(|l| l.starts_with("SCANNED"))
+            .unwrap_or_else(|| panic!("{out} {err}"));
+        assert!(scan.ends_with("HITS []"), "{scan}");
+        let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(n >= 5, "{scan}");
+    }
+
+    /// The trust bundle: the host's roots plus the session CA, where the
+    /// jail puts it, linked and named by the three variables.
+    fn assert_bundle(&self) {
+        let bundle = self.out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
+        let f: Vec<&str> = bundle.split_whitespace().collect();
+        assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
+        assert_eq!(
+            &f[2..],
+            [
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/etc/ssl/certs/ca-certificates.crt"
+            ]
+        );
+    }
+}
+
+/// What arrived upstream: the token on `with_token` bound requests only,
+/// each with its bearer header on a `/rest/` path; never a placeholder,
+/// never a refused request.
+fn assert_upstream_saw(seen: &[String], with_token: usize, placeholders: &[&str]) {
+    let got: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
+    assert_eq!(got.len(), with_token, "{seen:#?}");
+    for s in &got {
+        assert!(
+            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
+            "{s}"
+        );
+        assert!(s.contains("/rest/"), "{s}");
+    }
+    for s in seen {
+        for ph in placeholders {
+            assert!(!s.contains(ph), "a placeholder reached the upstream: {s}");
+        }
+        assert!(
+            !s.contains("/rest/x"),
+            "a refused request reached the upstream: {s}"
+        );
+    }
+}
+
+/// The events: `used` requests got JIRA_TOKEN, `exfil` were refused as
+/// exfiltration of it.
+fn assert_jira_events(ev: &[EgressEvent], used: usize, exfil: usize) {
+    let got = ev
+        .iter()
+        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
+        .count();
+    assert_eq!(got, used, "{ev:#?}");
+    let got = ev
+        .iter()
+        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
+        .count();
+    assert_eq!(got, exfil, "{ev:#?}");
+}
+
 /// Python's `case(name, f)`: prints `CASE <name> <http status>`, or the
 /// error's type.
 macro_rules! py_case {
@@ -164,23 +282,12 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
 
-    let mut policy = EgressPolicy::allowlist(
-        "jira_search",
-        [
-            format!("api.test:{tls}"),
-            format!("other.test:{tls}"),
-            format!("api.test:{plain}"),
-            format!("other.test:{plain}"),
-        ],
-    )
-    .unwrap();
-    for n in ["api.test", "other.test", "denied.test"] {
-        policy
-            .resolve
-            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
-    }
-    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
-    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let policy = loopback_policy(vec![
+        format!("api.test:{tls}"),
+        format!("other.test:{tls}"),
+        format!("api.test:{plain}"),
+        format!("other.test:{plain}"),
+    ]);
     let _ = HostPort::parse("unused.test:1");
     let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", SCRIPT]);
     spec.limits.wall = Duration::from_secs(120);
@@ -190,21 +297,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     spec.env.push(("PLAIN".into(), plain.to_string()));
     spec.network = Network::Doors(Box::new(policy));
     let injections = Injections::new(vec![
-        Injection {
-            secret: "JIRA_TOKEN".into(),
-            placeholder: PH.into(),
-            binding: Binding {
-                host: "api.test".into(),
-                port: tls,
-                path_prefix: Some("/rest".into()),
-                placement: Placement::Header {
-                    name: "Authorization".into(),
-                    template: "Bearer {token}".into(),
-                },
-                upstream_ca: Some(ca_file.clone()),
-            },
-            source: Arc::new(Fixed(TOKEN)),
-        },
+        jira_injection(tls, &ca_file),
         Injection {
             secret: "PLAIN_KEY".into(),
             placeholder: PH_PLAIN.into(),
@@ -241,15 +334,13 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     let o = native
         .run(&spec, format!("{half}\n").into_bytes(), &ctx)
         .expect("run");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
-    let case = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
-            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
-            .to_string()
+    let printed = Printed {
+        out: String::from_utf8_lossy(&o.stdout).to_string(),
+        err: String::from_utf8_lossy(&o.stderr).to_string(),
     };
+    let (out, err) = (&printed.out, &printed.err);
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| printed.case(name);
     // Positive controls: each client reaches the bound endpoint, over
     // HTTPS trusting the session CA with no flag of its own.
     for c in [
@@ -288,44 +379,18 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     // What arrived upstream: the token on the bound requests only, never
     // a placeholder.
     let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
-    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
-    assert_eq!(with_token.len(), 3, "curl, requests and fetch: {seen:#?}");
-    for s in &with_token {
-        assert!(
-            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
-            "{s}"
-        );
-        assert!(s.contains(" /rest/") || s.contains("/rest/"), "{s}");
-    }
+    // curl, requests and fetch.
+    assert_upstream_saw(&seen, 3, &[PH, PH_PLAIN]);
     assert_eq!(
         seen.iter().filter(|s| s.contains(TOKEN_PLAIN)).count(),
         3,
         "{seen:#?}"
     );
-    for s in &seen {
-        assert!(
-            !s.contains(PH) && !s.contains(PH_PLAIN),
-            "a placeholder reached the upstream: {s}"
-        );
-        assert!(
-            !s.contains("/rest/x"),
-            "a refused request reached the upstream: {s}"
-        );
-    }
     // Events: uses name the secret, refusals are marked; no value anywhere.
-    let ev = events.lock().unwrap().clone();
-    let used = ev
-        .iter()
-        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
-        .count();
-    assert_eq!(used, 3, "{ev:#?}");
-    let exfil = ev
-        .iter()
-        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
-        .count();
     // Every refusal but the denied host (refused at CONNECT, before any
-    // request is seen).
-    assert_eq!(exfil, 9, "{ev:#?}");
+    // request is seen) is an exfiltration.
+    let ev = events.lock().unwrap().clone();
+    assert_jira_events(&ev, 3, 9);
     assert!(
         ev.iter()
             .any(|e| e.name == "denied.test" && e.decision == cordon_runtime::Decision::Refused)
@@ -334,26 +399,9 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     for t in [TOKEN, TOKEN_PLAIN, half] {
         assert!(!all.contains(t), "a token in cordon's output or events");
     }
-    // The token nowhere in the sandbox (the scan ran and looked at files).
-    let scan = out
-        .lines()
-        .find(|l| l.starts_with("SCANNED"))
-        .unwrap_or_else(|| panic!("{out} {err}"));
-    assert!(scan.ends_with("HITS []"), "{scan}");
-    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(n >= 5, "{scan}");
-    // The trust bundle: the host's roots plus the session CA, linked, named.
-    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
-    let f: Vec<&str> = bundle.split_whitespace().collect();
-    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
-    assert_eq!(
-        &f[2..],
-        [
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt"
-        ]
-    );
+    // The token nowhere in the sandbox; the trust bundle.
+    printed.assert_scan_clean();
+    printed.assert_bundle();
 }
 
 #[test]
@@ -523,18 +571,7 @@ fn gvisor_injection(test: &str) {
     let dir = cordon_testkit::scratch();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
-    let mut policy = EgressPolicy::allowlist(
-        "jira_search",
-        [format!("api.test:{tls}"), format!("other.test:{tls}")],
-    )
-    .unwrap();
-    for n in ["api.test", "other.test", "denied.test"] {
-        policy
-            .resolve
-            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
-    }
-    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
-    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let policy = loopback_policy(vec![format!("api.test:{tls}"), format!("other.test:{tls}")]);
     let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", GVISOR_SCRIPT]);
     spec.profile = cordon_policy::policy::Profile::P3;
     spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
@@ -549,21 +586,7 @@ fn gvisor_injection(test: &str) {
         on_egress: Arc::new(move |e| ev.lock().unwrap().push(e)),
         credentials: Credentials {
             env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],
-            injections: Injections::new(vec![Injection {
-                secret: "JIRA_TOKEN".into(),
-                placeholder: PH.into(),
-                binding: Binding {
-                    host: "api.test".into(),
-                    port: tls,
-                    path_prefix: Some("/rest".into()),
-                    placement: Placement::Header {
-                        name: "Authorization".into(),
-                        template: "Bearer {token}".into(),
-                    },
-                    upstream_ca: Some(ca_file.clone()),
-                },
-                source: Arc::new(Fixed(TOKEN)),
-            }]),
+            injections: Injections::new(vec![jira_injection(tls, &ca_file)]),
         },
         placement: Default::default(),
     };
@@ -571,15 +594,13 @@ fn gvisor_injection(test: &str) {
     let o = g
         .run(&spec, format!("{half}\n").into_bytes(), &ctx)
         .expect("run");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
-    let case = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
-            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
-            .to_string()
+    let printed = Printed {
+        out: String::from_utf8_lossy(&o.stdout).to_string(),
+        err: String::from_utf8_lossy(&o.stderr).to_string(),
     };
+    let (out, err) = (&printed.out, &printed.err);
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| printed.case(name);
     // Positive controls: the bound endpoint, over HTTPS trusting the
     // session CA with no flag of the client's own.
     for c in ["curl-https", "py-https"] {
@@ -596,58 +617,17 @@ fn gvisor_injection(test: &str) {
     );
     // The sandbox sees only the placeholder.
     assert!(out.contains(&format!("\nENV {PH}\n")), "{out}");
-    let scan = out
-        .lines()
-        .find(|l| l.starts_with("SCANNED"))
-        .unwrap_or_else(|| panic!("{out} {err}"));
-    assert!(scan.ends_with("HITS []"), "{scan}");
-    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(n >= 5, "{scan}");
-    // The upstream sees the real token, on the bound requests only, and
-    // never a placeholder.
+    printed.assert_scan_clean();
+    // The upstream sees the real token, on the bound requests only (curl
+    // and requests), and never a placeholder.
     let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
-    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
-    assert_eq!(with_token.len(), 2, "curl and requests: {seen:#?}");
-    for s in &with_token {
-        assert!(
-            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
-            "{s}"
-        );
-        assert!(s.contains("/rest/"), "{s}");
-    }
-    for s in &seen {
-        assert!(!s.contains(PH), "a placeholder reached the upstream: {s}");
-        assert!(
-            !s.contains("/rest/x"),
-            "a refused request reached the upstream: {s}"
-        );
-    }
+    assert_upstream_saw(&seen, 2, &[PH]);
     let ev = events.lock().unwrap().clone();
-    let used = ev
-        .iter()
-        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
-        .count();
-    assert_eq!(used, 2, "{ev:#?}");
-    let exfil = ev
-        .iter()
-        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
-        .count();
-    assert_eq!(exfil, 2, "{ev:#?}");
+    assert_jira_events(&ev, 2, 2);
     let all = format!("{ev:?}{out}{err}{}", o.reason);
     for t in [TOKEN, half] {
         assert!(!all.contains(t), "a token in cordon's output or events");
     }
-    // The trust bundle: the host's roots plus the session CA, where the
-    // jail puts it, linked and named.
-    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
-    let f: Vec<&str> = bundle.split_whitespace().collect();
-    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
-    assert_eq!(
-        &f[2..],
-        [
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt"
-        ]
-    );
+    // The trust bundle.
+    printed.assert_bundle();
 }
