@@ -40,7 +40,13 @@ pub fn add_entropy(random: BorrowedFd<'_>, bytes: &[u8]) -> Result<(), Errno> {
     // SAFETY: RNDADDENTROPY reads a `struct rand_pool_info` whose `buf`
     // holds `buf_size` bytes; `info` is that layout and lives across the
     // call.
-    let rc = unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, &info as *const RandPoolInfo) };
+    let rc = unsafe {
+        libc::ioctl(
+            random.as_raw_fd(),
+            RNDADDENTROPY,
+            &info as *const RandPoolInfo,
+        )
+    };
     if rc < 0 { Err(Errno::last()) } else { Ok(()) }
 }
 

@@ -187,8 +187,8 @@ fn load_modules() -> Result<(), Fail> {
     };
     for name in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let path = Path::new(MODULES_DIR).join(name);
-        let f = File::open(&path)
-            .map_err(|e| failed("modules", format!("{}: {e}", path.display())))?;
+        let f =
+            File::open(&path).map_err(|e| failed("modules", format!("{}: {e}", path.display())))?;
         match rustix::system::finit_module(f.as_fd(), c"", 0) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(failed("modules", format!("{}: {e}", path.display()))),
@@ -344,8 +344,12 @@ fn build_dev() -> Result<(), Fail> {
         std::os::unix::fs::symlink(target, format!("{dev}/{link}"))
             .map_err(|e| failed("dev", format!("{link}: {e}")))?;
     }
-    mount_remount(&dev, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC, c"")
-        .map_err(|e| failed("dev", format!("read-only: {e}")))
+    mount_remount(
+        &dev,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+        c"",
+    )
+    .map_err(|e| failed("dev", format!("read-only: {e}")))
 }
 
 fn uptime_ms() -> u64 {
@@ -357,7 +361,10 @@ fn read_task(ctl: &mut Control) -> Result<Task, Fail> {
     let mut line = String::new();
     let n = ctl.input.read_line(&mut line).map_err(fail("task"))?;
     if n == 0 {
-        return Err(failed("task", "control port closed before a task".to_owned()));
+        return Err(failed(
+            "task",
+            "control port closed before a task".to_owned(),
+        ));
     }
     let task: Task = serde_json::from_str(line.trim_end()).map_err(fail("task"))?;
     if task.argv.is_empty() {
@@ -373,7 +380,10 @@ fn reseed(task: &Task) -> Result<(), Fail> {
     if bytes.len() < ENTROPY_BYTES {
         return Err(failed(
             "entropy",
-            format!("{} bytes of host entropy, want {ENTROPY_BYTES}", bytes.len()),
+            format!(
+                "{} bytes of host entropy, want {ENTROPY_BYTES}",
+                bytes.len()
+            ),
         ));
     }
     let random = OpenOptions::new()
@@ -400,7 +410,8 @@ struct Cgroup {
 impl Cgroup {
     fn oom_kills(&mut self) -> u64 {
         let mut s = String::new();
-        if self.events.seek(SeekFrom::Start(0)).is_err() || self.events.read_to_string(&mut s).is_err()
+        if self.events.seek(SeekFrom::Start(0)).is_err()
+            || self.events.read_to_string(&mut s).is_err()
         {
             return 0;
         }
@@ -433,7 +444,11 @@ fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
         write_file(&format!("{dir}/memory.max"), &(m * 1024 * 1024).to_string())?;
         write_file(&format!("{dir}/memory.swap.max"), "0").or_else(|e| {
             // No swap accounting without swap: nothing to bound.
-            if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
         })?;
         write_file(&format!("{dir}/memory.oom.group"), "1")?;
     }
@@ -466,8 +481,12 @@ fn run_task(task: &Task, stdio: Stdio3) -> Result<GuestMessage, Fail> {
                 .as_c_str(),
         ),
     )?;
-    mount_remount(ROOT, MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID, c"")
-        .map_err(|e| failed("root", format!("read-only: {e}")))?;
+    mount_remount(
+        ROOT,
+        MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID,
+        c"",
+    )
+    .map_err(|e| failed("root", format!("read-only: {e}")))?;
 
     let (mut cg, kind) = match cgroup(task) {
         Ok(cg) => (Some(cg), LimitKind::Cgroup),

@@ -192,10 +192,7 @@ pub fn default_kind() -> FsKind {
 
 fn run_tool(tool: &'static str, args: &[&std::ffi::OsStr]) -> Result<(), ImageError> {
     let bin = find_tool(tool).ok_or(ImageError::MissingTool(tool))?;
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .map_err(io(&bin))?;
+    let out = Command::new(&bin).args(args).output().map_err(io(&bin))?;
     if !out.status.success() {
         return Err(ImageError::Tool {
             tool,
@@ -376,7 +373,10 @@ mod tests {
             BlockImage::open(&store, &img.digest),
             Err(ImageError::Corrupt { .. })
         ));
-        assert!(matches!(build(&r, &store, kind), Err(ImageError::Corrupt { .. })));
+        assert!(matches!(
+            build(&r, &store, kind),
+            Err(ImageError::Corrupt { .. })
+        ));
     }
 
     #[test]

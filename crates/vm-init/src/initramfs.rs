@@ -209,7 +209,15 @@ impl Cpio {
 /// in).
 pub fn build(init: &Path, moddir: Option<&Path>, out: &Path) -> Result<(), InitramfsError> {
     let mut cpio = Cpio::new();
-    for d in ["dev", "proc", "sys", "mnt", "tmp", "etc/cordon", "lib/modules"] {
+    for d in [
+        "dev",
+        "proc",
+        "sys",
+        "mnt",
+        "tmp",
+        "etc/cordon",
+        "lib/modules",
+    ] {
         cpio.dir(d);
     }
     cpio.char_dev("dev/console", 0o600, 5, 1);
@@ -259,7 +267,11 @@ mod tests {
              kernel/fs/erofs/erofs.ko: kernel/lib/libcrc32c.ko\n",
         )
         .unwrap();
-        fs::write(d.path().join("modules.builtin"), "kernel/drivers/char/virtio_console.ko\n").unwrap();
+        fs::write(
+            d.path().join("modules.builtin"),
+            "kernel/drivers/char/virtio_console.ko\n",
+        )
+        .unwrap();
         let order = resolve_modules(d.path(), GUEST_MODULES).unwrap();
         assert_eq!(
             order,
@@ -297,7 +309,10 @@ mod tests {
             .expect("cpio(1) missing: run scripts/setup.sh");
         assert!(out.status.success());
         let names = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(names, "etc\netc/cordon\netc/cordon/modules\ninit\ndev\ndev/console\n");
+        assert_eq!(
+            names,
+            "etc\netc/cordon\netc/cordon/modules\ninit\ndev\ndev/console\n"
+        );
         assert!(bytes.starts_with(b"070701"));
     }
 }

@@ -125,7 +125,10 @@ mod tests {
             limits: LimitKind::Cgroup,
         };
         let line = m.to_line();
-        assert_eq!(line, "{\"status\":\"exited\",\"code\":3,\"limits\":\"cgroup\"}\n");
+        assert_eq!(
+            line,
+            "{\"status\":\"exited\",\"code\":3,\"limits\":\"cgroup\"}\n"
+        );
         let back: GuestMessage = serde_json::from_str(line.trim_end()).unwrap();
         assert_eq!(back, m);
     }

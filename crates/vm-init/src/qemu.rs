@@ -60,6 +60,8 @@ pub struct VmConfig {
     /// QEMU's own seccomp filter (`-sandbox on,...`), where the build has it
     /// ([`qemu_has_sandbox`]).
     pub sandbox: bool,
+    /// More kernel command line (`loglevel=7 printk.time=1` to see a boot).
+    pub extra_append: Vec<String>,
     /// From QEMU's start to the init's `ready` line (or a restore's running
     /// guest).
     pub boot_timeout: Duration,
@@ -154,7 +156,7 @@ pub fn host_tsc_khz() -> Option<u64> {
         .parse()
         .ok()?;
     let khz = (mhz * 1000.0).round();
-    (khz >= 1.0 && khz < 1e9).then_some(khz as u64)
+    (1.0..1e9).contains(&khz).then_some(khz as u64)
 }
 
 /// Whether this QEMU build has `-sandbox` (libseccomp).
@@ -179,6 +181,7 @@ impl VmConfig {
         if let Some(khz) = self.tsc_khz {
             append.push(format!("tsc_early_khz={khz}"));
         }
+        append.extend(self.extra_append.iter().cloned());
         let p = |name: &str| paths.sock(name).display().to_string();
         let mut a: Vec<String> = vec![
             "-M".into(),
@@ -241,7 +244,9 @@ impl VmConfig {
         }
         if self.sandbox {
             a.push("-sandbox".into());
-            a.push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into());
+            a.push(
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+            );
         }
         if incoming {
             a.push("-incoming".into());
@@ -402,7 +407,7 @@ impl Vm {
                 "migrate-incoming",
                 Some(json!({"uri": format!("file:{}", snapshot.display())})),
             )?;
-            vm.qmp.wait_running(cfg.boot_timeout)
+            vm.qmp.resume_incoming(cfg.boot_timeout)
         })();
         if let Err(e) = r {
             vm.kill();
@@ -432,6 +437,11 @@ impl Vm {
         })();
         self.kill();
         r.map_err(VmError::from)
+    }
+
+    /// The guest's console log (kernel messages, the init's last words).
+    pub fn console_log(&self) -> PathBuf {
+        self.paths.console()
     }
 
     /// The QEMU process id.
@@ -511,8 +521,8 @@ impl Vm {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
-        let mut line = serde_json::to_string(&task)
-            .map_err(|e| VmError::Protocol(format!("task: {e}")))?;
+        let mut line =
+            serde_json::to_string(&task).map_err(|e| VmError::Protocol(format!("task: {e}")))?;
         line.push('\n');
 
         let sent = Instant::now();
@@ -627,9 +637,12 @@ mod tests {
             accel: Accel::Tcg,
             tsc_khz: Some(2_445_406),
             sandbox: true,
+            extra_append: Vec::new(),
             boot_timeout: Duration::from_secs(30),
         };
-        let paths = Paths { dir: "/run/x".into() };
+        let paths = Paths {
+            dir: "/run/x".into(),
+        };
         let a = cfg.args(&paths, false).join(" ");
         assert!(a.starts_with("-M microvm -accel tcg -m 256 -smp 1 -nodefaults -no-user-config"));
         assert!(a.contains("-nic none"));
@@ -639,6 +652,10 @@ mod tests {
         assert!(a.contains("virtserialport,chardev=stdin,name=cordon.stdin"));
         assert!(!a.contains("-incoming"));
         assert!(!a.contains("netdev"));
-        assert!(cfg.args(&paths, true).join(" ").ends_with("-incoming defer"));
+        assert!(
+            cfg.args(&paths, true)
+                .join(" ")
+                .ends_with("-incoming defer")
+        );
     }
 }

@@ -129,23 +129,27 @@ impl Qmp {
         }
     }
 
-    /// Polls `query-status` until the guest runs, up to `timeout`.
-    pub fn wait_running(&mut self, timeout: Duration) -> Result<(), QmpError> {
+    /// After `migrate-incoming`: polls `query-status` until the incoming
+    /// state is loaded, resumes the guest (a snapshot taken of a stopped
+    /// guest arrives paused), and returns once it runs, up to `timeout`.
+    pub fn resume_incoming(&mut self, timeout: Duration) -> Result<(), QmpError> {
         let deadline = Instant::now() + timeout;
         loop {
             let r = self.execute("query-status", None)?;
             if r.get("running").and_then(Value::as_bool) == Some(true) {
                 return Ok(());
             }
-            if r.get("status").and_then(Value::as_str) == Some("postmigrate")
-                || r.get("status").and_then(Value::as_str) == Some("internal-error")
-            {
-                return Err(QmpError::Protocol(r.to_string()));
+            match r.get("status").and_then(Value::as_str) {
+                Some("inmigrate") | Some("prelaunch") => {}
+                Some("paused") => {
+                    self.execute("cont", None)?;
+                }
+                _ => return Err(QmpError::Protocol(r.to_string())),
             }
             if Instant::now() > deadline {
                 return Err(QmpError::Timeout(timeout));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

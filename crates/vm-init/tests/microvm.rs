@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use cordon_vm_init::image::{self, BlockImage, FsKind, ImageError};
 use cordon_vm_init::protocol::{Limits, Task};
 use cordon_vm_init::qemu::{self, Accel, Outcome, Vm, VmConfig, VmError};
-use cordon_vm_init::{initramfs, image::find_tool};
+use cordon_vm_init::{image::find_tool, initramfs};
 
 struct Env {
     _dir: tempfile::TempDir,
@@ -69,7 +69,9 @@ fn busybox_root(root: &Path) {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
-    for applet in ["sh", "echo", "cat", "head", "od", "date", "sleep", "true", "id", "ls", "grep", "touch"] {
+    for applet in [
+        "sh", "echo", "cat", "head", "od", "date", "sleep", "true", "id", "ls", "grep", "touch",
+    ] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
 }
@@ -78,13 +80,25 @@ fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let qemu = find_tool("qemu-system-x86_64");
-        need("qemu-system-x86_64 (qemu-system-x86, bookworm-backports)", qemu.is_some());
-        need("mkfs.erofs (erofs-utils)", find_tool("mkfs.erofs").is_some());
-        need("/bin/busybox (busybox-static)", Path::new("/bin/busybox").is_file());
+        need(
+            "qemu-system-x86_64 (qemu-system-x86, bookworm-backports)",
+            qemu.is_some(),
+        );
+        need(
+            "mkfs.erofs (erofs-utils)",
+            find_tool("mkfs.erofs").is_some(),
+        );
+        need(
+            "/bin/busybox (busybox-static)",
+            Path::new("/bin/busybox").is_file(),
+        );
         let kernel = newest_kernel();
         let release = initramfs::kernel_release(&kernel).unwrap();
         let moddir = PathBuf::from(format!("/lib/modules/{release}"));
-        need("the guest kernel's modules", moddir.join("modules.dep").is_file());
+        need(
+            "the guest kernel's modules",
+            moddir.join("modules.dep").is_file(),
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let init = build_init();
@@ -106,6 +120,11 @@ fn env() -> &'static Env {
             accel: Accel::Tcg,
             tsc_khz: qemu::host_tsc_khz(),
             sandbox,
+            // CORDON_TEST_VM_APPEND="loglevel=7 printk.time=1" shows the
+            // boot in the console logs kept beside the test's guests.
+            extra_append: std::env::var("CORDON_TEST_VM_APPEND")
+                .map(|a| a.split_whitespace().map(str::to_owned).collect())
+                .unwrap_or_default(),
             boot_timeout: Duration::from_secs(120),
         };
         Env {
@@ -160,6 +179,9 @@ fn cold(name: &str, t: &Task, stdin: &[u8], wall: Duration) -> qemu::RunResult {
     let _slot = slot();
     let vm = Vm::boot(&e.cfg, &run_dir(name)).unwrap();
     eprintln!("{name}: cold boot to ready {:?}", vm.ready_after);
+    if std::env::var_os("CORDON_TEST_VM_APPEND").is_some() {
+        let _ = std::fs::copy(vm.console_log(), format!("/tmp/cordon-vm-{name}.log"));
+    }
     let r = vm.run(t, stdin.to_vec(), wall, CAP).unwrap();
     eprintln!(
         "{name}: {:?} task {:?}, start to status {:?}",
@@ -171,7 +193,12 @@ fn cold(name: &str, t: &Task, stdin: &[u8], wall: Duration) -> qemu::RunResult {
 #[test]
 fn echo_hi_from_an_erofs_image() {
     let r = cold("echo", &task(&["/bin/echo", "hi"]), b"", WALL);
-    assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        r.outcome,
+        Outcome::Exited(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     assert_eq!(r.stdout, b"hi\n");
     assert!(r.stderr.is_empty());
 }
@@ -188,11 +215,21 @@ fn exit_status_stdin_and_the_tools_view() {
     t.env.push(("X".into(), "y".into()));
     let stdin: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
     let r = cold("exit3", &t, &stdin, WALL);
-    assert_eq!(r.outcome, Outcome::Exited(3), "stderr: {}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        r.outcome,
+        Outcome::Exited(3),
+        "stderr: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let (echoed, rest) = r.stdout.split_at(stdin.len());
     assert_eq!(echoed, &stdin[..]);
     let rest = String::from_utf8_lossy(rest);
-    assert_eq!(rest, "1000\n1000\nt\n", "stderr: {}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        rest,
+        "1000\n1000\nt\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(err.contains("CapEff:\t0000000000000000"), "{err}");
     assert!(err.contains("NoNewPrivs:\t1"), "{err}");
@@ -209,17 +246,29 @@ fn a_wall_clock_kill_leaves_no_process() {
     let pid = vm.pid();
     let started = Instant::now();
     let r = vm
-        .run(&task(&["sleep", "1000"]), Vec::new(), Duration::from_secs(3), CAP)
+        .run(
+            &task(&["sleep", "1000"]),
+            Vec::new(),
+            Duration::from_secs(3),
+            CAP,
+        )
         .unwrap();
     assert_eq!(r.outcome, Outcome::WallClock);
     assert!(started.elapsed() < Duration::from_secs(20));
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "QEMU {pid} still there");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "QEMU {pid} still there"
+    );
     // No process anywhere still refers to this guest's directory.
     let needle = dir.display().to_string();
     for p in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            assert!(!cmd.contains(&needle), "left behind: {} {cmd}", p.path().display());
+            assert!(
+                !cmd.contains(&needle),
+                "left behind: {} {cmd}",
+                p.path().display()
+            );
         }
     }
 }
@@ -292,7 +341,12 @@ fn restored_guests_run_tasks_with_their_own_randomness_and_the_right_time() {
     let a = restored("restore-a", &t);
     let b = restored("restore-b", &t);
     for r in [&a, &b] {
-        assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", String::from_utf8_lossy(&r.stderr));
+        assert_eq!(
+            r.outcome,
+            Outcome::Exited(0),
+            "stderr: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
     }
     let lines = |r: &qemu::RunResult| {
         String::from_utf8(r.stdout.clone())
@@ -305,7 +359,10 @@ fn restored_guests_run_tasks_with_their_own_randomness_and_the_right_time() {
     assert_eq!(la.len(), 2, "{la:?}");
     assert_eq!(lb.len(), 2, "{lb:?}");
     assert_eq!(la[0].split_whitespace().count(), 16, "{la:?}");
-    assert_ne!(la[0], lb[0], "two restored guests drew the same random bytes");
+    assert_ne!(
+        la[0], lb[0],
+        "two restored guests drew the same random bytes"
+    );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
