@@ -10,12 +10,15 @@
 # their own directory ($CARGO_TARGET_DIR/x86_64-unknown-linux-gnu), never
 # invalidating the ordinary dynamic build.
 #
+# Debug info is stripped: the binary goes into every guest's initramfs,
+# which the kernel unpacks at each cold boot.
+#
 # Usage: scripts/build-vm-init.sh [PROFILE]   (default: release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-release}
 target=x86_64-unknown-linux-gnu
-RUSTFLAGS="-C target-feature=+crt-static" "${CARGO:-cargo}" build -q -p cordon-vm-init \
+RUSTFLAGS="-C target-feature=+crt-static -C strip=debuginfo" "${CARGO:-cargo}" build -q -p cordon-vm-init \
   --bin cordon-vm-init --target "$target" --profile "$profile" >&2
 dir=${CARGO_TARGET_DIR:-$PWD/target}
 [ "$profile" = dev ] && sub=debug || sub=$profile

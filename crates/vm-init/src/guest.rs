@@ -136,6 +136,13 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     };
     mount_image()?;
     build_root()?;
+    let cgroup_ready = match prepare_cgroup() {
+        Ok(()) => true,
+        Err(e) => {
+            console(&format!("cordon-vm-init: no cgroup v2 ({e}); rlimits only"));
+            false
+        }
+    };
     ctl.send(&GuestMessage::Ready {
         uptime_ms: uptime_ms(),
     })
@@ -143,7 +150,7 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     let task = read_task(ctl)?;
     reseed(&task)?;
     set_clock(task.time_ns)?;
-    run_task(&task, stdio)
+    run_task(&task, stdio, cgroup_ready)
 }
 
 fn mkdir_p(path: &str) -> Result<(), Fail> {
@@ -426,9 +433,10 @@ fn write_file(path: &str, value: &str) -> std::io::Result<()> {
     fs::write(path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))
 }
 
-/// A cgroup v2 for the task, with PID 1 in it (the OOM killer never picks
-/// PID 1; `pids.max` counts it, so it gets one more).
-fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
+/// Mounts cgroup v2 and makes the task's (empty) cgroup, before `ready`:
+/// a restored guest then only writes its limits. `Err` when the kernel has
+/// no cgroup v2 memory and pids controllers.
+fn prepare_cgroup() -> std::io::Result<()> {
     fs::create_dir_all(CGROUP)?;
     mount(
         "cgroup2",
@@ -438,8 +446,13 @@ fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
         None,
     )?;
     write_file(&format!("{CGROUP}/cgroup.subtree_control"), "+memory +pids")?;
+    fs::create_dir_all(format!("{CGROUP}/task"))
+}
+
+/// The task's limits on its cgroup, with PID 1 in it (the OOM killer never
+/// picks PID 1; `pids.max` counts it, so it gets one more).
+fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
     let dir = format!("{CGROUP}/task");
-    fs::create_dir_all(&dir)?;
     if let Some(m) = task.limits.memory_mib {
         write_file(&format!("{dir}/memory.max"), &(m * 1024 * 1024).to_string())?;
         write_file(&format!("{dir}/memory.swap.max"), "0").or_else(|e| {
@@ -468,7 +481,7 @@ fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
     rustix::process::setrlimit(res, l).map_err(|e| failed("limits", format!("{res:?}: {e}")))
 }
 
-fn run_task(task: &Task, stdio: Stdio3) -> Result<GuestMessage, Fail> {
+fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessage, Fail> {
     use rustix::process::Resource;
     mount_fs(
         "tmp",
@@ -488,18 +501,17 @@ fn run_task(task: &Task, stdio: Stdio3) -> Result<GuestMessage, Fail> {
     )
     .map_err(|e| failed("root", format!("read-only: {e}")))?;
 
-    let (mut cg, kind) = match cgroup(task) {
-        Ok(cg) => (Some(cg), LimitKind::Cgroup),
-        Err(e) => {
-            console(&format!("cordon-vm-init: no cgroup v2 ({e}); rlimits only"));
-            if let Some(m) = task.limits.memory_mib {
-                rlimit(Resource::As, m * 1024 * 1024)?;
-            }
-            if let Some(p) = task.limits.pids {
-                rlimit(Resource::Nproc, p)?;
-            }
-            (None, LimitKind::Rlimit)
+    let (mut cg, kind) = if cgroup_ready {
+        let cg = cgroup(task).map_err(fail("cgroup"))?;
+        (Some(cg), LimitKind::Cgroup)
+    } else {
+        if let Some(m) = task.limits.memory_mib {
+            rlimit(Resource::As, m * 1024 * 1024)?;
         }
+        if let Some(p) = task.limits.pids {
+            rlimit(Resource::Nproc, p)?;
+        }
+        (None, LimitKind::Rlimit)
     };
     rlimit(Resource::Nofile, task.limits.nofile)?;
     rlimit(Resource::Core, 0)?;

@@ -179,7 +179,11 @@ impl VmConfig {
             "oops=panic".to_owned(),
         ];
         if let Some(khz) = self.tsc_khz {
+            // Under TCG the guest's TSC is the host's: give its rate (a
+            // share of boots hang calibrating it otherwise), and keep the
+            // clocksource watchdog from demoting it to jiffies mid-boot.
             append.push(format!("tsc_early_khz={khz}"));
+            append.push("tsc=reliable".to_owned());
         }
         append.extend(self.extra_append.iter().cloned());
         let p = |name: &str| paths.sock(name).display().to_string();
