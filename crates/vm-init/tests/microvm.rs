@@ -372,3 +372,24 @@ fn restored_guests_run_tasks_with_their_own_randomness_and_the_right_time() {
         assert!((now - t).abs() < 120, "guest clock {t}, host {now}");
     }
 }
+
+#[test]
+fn the_guests_oom_killer_is_reported() {
+    let mut t = task(&[
+        "sh",
+        "-c",
+        "a=$(head -c 30000000 /dev/zero | tr '\\0' x); echo survived",
+    ]);
+    t.limits.memory_mib = Some(12);
+    let r = restored("oom", &t);
+    assert_eq!(
+        r.outcome,
+        Outcome::Signaled {
+            signal: 9,
+            oom: true
+        },
+        "stdout: {} stderr: {}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
+}
