@@ -60,6 +60,54 @@ SRC
   fi
 fi
 
+# microVMs (crates/vm-init, docs/microvm.md): QEMU 10 from bookworm-backports
+# (`-M microvm` with `mapped-ram` snapshots; bookworm's 7.2 has no
+# mapped-ram), Debian's cloud kernel as the guest kernel (its virtio drivers
+# and EROFS are modules: the guest initramfs carries them), erofs-utils for
+# the tools' read-only block images, cpio to inspect an initramfs.
+qemu_min=10
+qemu_major() {
+  qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p' | head -n1
+}
+have_qemu=$(qemu_major || true)
+vm_need=()
+for pkg in linux-image-cloud-amd64 erofs-utils cpio; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || vm_need+=("$pkg")
+done
+if [ -z "$have_qemu" ] || [ "$have_qemu" -lt "$qemu_min" ] || [ "${#vm_need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: qemu-system-x86 >= $qemu_min (bookworm-backports) or ${vm_need[*]} missing; run as root or install them" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "setup: adding bookworm-backports to apt's sources"
+    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  fi
+  apt-get update -qq
+  if [ -z "$have_qemu" ] || [ "$have_qemu" -lt "$qemu_min" ]; then
+    echo "setup: installing qemu-system-x86 (bookworm-backports)"
+    apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
+  fi
+  if [ "${#vm_need[@]}" -gt 0 ]; then
+    echo "setup: installing ${vm_need[*]}"
+    # bookworm's cloud kernel (6.1), not the backports one: the guest
+    # kernel the tests and docs/microvm.md measured.
+    apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
+  fi
+  have_qemu=$(qemu_major || true)
+  if [ -z "$have_qemu" ] || [ "$have_qemu" -lt "$qemu_min" ]; then
+    echo "setup: qemu-system-x86 ${have_qemu:-absent} is older than $qemu_min" >&2
+    exit 1
+  fi
+fi
+
 # The MCP end-to-end tests: the Python MCP SDK client, and the reference MCP
 # servers that run inside their sandboxes (read-only mounted from here).
 # Tests whose prerequisite is missing fail (unless CORDON_TEST_ALLOW_SKIP=1):

@@ -536,37 +536,14 @@ for line in sys.stdin:
 /// until both are in one tree (then drop the `ignore`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jira_search_calls_its_api_with_the_minted_token() {
-    use std::io::{Read, Write};
-    use std::sync::{Arc, Mutex};
     if !is_root() {
         skip_or_fail(&this_test(), "needs root to build the sandbox");
         return;
     }
     let dir = tempdir();
     // The upstream: records each request's head.
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for conn in l.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => req.extend_from_slice(&buf[..n]),
-                }
-            }
-            s.lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(&req).to_string());
-            let _ = conn.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nissues",
-            );
-        }
-    });
+    let (addr, seen) = cordon_testkit::loopback::request_heads(|_| "issues".into());
+    let port = addr.port();
     std::fs::write(dir.path().join("jira_server.py"), JIRA_SERVER).unwrap();
     let providers = exec_providers(dir.path());
     let m = dir.path().join("m.yaml");

@@ -6,6 +6,8 @@
 //! - `CORDON_BENCH_RUNS` (default 300): samples per latency row.
 //! - `CORDON_BENCH_LEAK_CALLS` (default 10000; 0 skips): calls of the leak check.
 //! - `CORDON_BIN`: a built `cordon` binary; adds `cordon exec -- /bin/true`.
+//! - `CORDON_BIN_BASELINE`: an earlier build of `cordon`; adds its `exec`
+//!   row to the same rounds (an A/B of two builds).
 //!
 //! Prints a markdown report (docs/benchmarks/jail.md has the last one).
 
@@ -418,6 +420,15 @@ fn main() {
             },
         ));
     }
+    if let Ok(bin) = std::env::var("CORDON_BIN_BASELINE") {
+        cases.push(case(
+            "`$CORDON_BIN_BASELINE exec -- /bin/true` (an earlier build)",
+            "A/B in the same rounds",
+            move || {
+                run_quiet(Command::new(&bin).args(["exec", "--", "/bin/true"]));
+            },
+        ));
+    }
 
     let pre = true_spec();
     let dirs = jail.host().system_dirs.clone();
@@ -461,6 +472,15 @@ fn main() {
             cases.push(case(
                 "`$CORDON_BIN exec -- /bin/true` (one-shot CLI)",
                 "",
+                move || {
+                    run_quiet(Command::new(&bin).args(["exec", "--", "/bin/true"]));
+                },
+            ));
+        }
+        if let Ok(bin) = std::env::var("CORDON_BIN_BASELINE") {
+            cases.push(case(
+                "`$CORDON_BIN_BASELINE exec -- /bin/true` (an earlier build)",
+                "A/B in the same rounds",
                 move || {
                     run_quiet(Command::new(&bin).args(["exec", "--", "/bin/true"]));
                 },

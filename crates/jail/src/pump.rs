@@ -39,8 +39,8 @@ pub(crate) enum Pumped {
     Ended {
         exit: sio::ExitStatus,
         killed_for: Option<Status>,
-        io: IoState,
-        relay: Option<Relay>,
+        io: Box<IoState>,
+        relay: Option<Box<Relay>>,
     },
 }
 
@@ -122,8 +122,8 @@ pub(crate) fn pump(
     Ok(Pumped::Ended {
         exit,
         killed_for: p.killed_for,
-        io: p.io,
-        relay: p.relay,
+        io: Box::new(p.io),
+        relay: p.relay.map(Box::new),
     })
 }
 

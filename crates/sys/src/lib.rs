@@ -4,6 +4,8 @@
 //! `undocumented_unsafe_blocks` and `multiple_unsafe_ops_per_block`, denied
 //! for this crate). Other crates are `#![forbid(unsafe_code)]`.
 //!
+//! - `entropy`: the random generator's ioctls (a restored guest's
+//!   reseed).
 //! - `fsat`: descriptor-relative file system calls that never leave a
 //!   directory tree (the image unpacker's).
 //! - `io`: parent-side descriptor and process helpers (pipes, poll,
@@ -18,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 
+pub mod entropy;
 pub mod fsat;
 pub mod io;
 pub mod mount;

@@ -1,5 +1,5 @@
 //! A plain HTTP/1.1 upstream on loopback that keeps each request's first
-//! line and answers it with a body of the test's choosing.
+//! line (or whole head) and answers it with a body of the test's choosing.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -12,6 +12,16 @@ pub type Lines = Arc<Mutex<Vec<String>>>;
 /// `body(request line)` (`Connection: close`), served by a thread of its
 /// own; its address and what it received.
 pub fn request_lines(body: impl Fn(&str) -> String + Send + 'static) -> (SocketAddr, Lines) {
+    serve(false, body)
+}
+
+/// [`request_lines`] keeping each request's whole head (request line and
+/// headers), answered with `body(request line)`.
+pub fn request_heads(body: impl Fn(&str) -> String + Send + 'static) -> (SocketAddr, Lines) {
+    serve(true, body)
+}
+
+fn serve(whole_head: bool, body: impl Fn(&str) -> String + Send + 'static) -> (SocketAddr, Lines) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     let addr = l.local_addr().expect("the bound address");
     let seen = Lines::default();
@@ -30,7 +40,8 @@ pub fn request_lines(body: impl Fn(&str) -> String + Send + 'static) -> (SocketA
             let head = String::from_utf8_lossy(&req);
             let first = head.lines().next().unwrap_or("").trim().to_string();
             let body = body(&first);
-            s.lock().unwrap_or_else(|e| e.into_inner()).push(first);
+            let kept = if whole_head { head.to_string() } else { first };
+            s.lock().unwrap_or_else(|e| e.into_inner()).push(kept);
             let _ = write!(
                 conn,
                 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

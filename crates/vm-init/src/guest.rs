@@ -1,0 +1,555 @@
+//! The guest's PID 1.
+//!
+//! It needs nothing from the tool's image: everything it reads (its kernel
+//! modules, their load order) is in the initramfs beside it. In order:
+//!
+//! 1. mounts `/proc`, `/sys` and a devtmpfs `/dev`;
+//! 2. loads the kernel modules the initramfs lists (`/etc/cordon/modules`:
+//!    Debian's cloud kernel has virtio-mmio, virtio-blk, virtio-console and
+//!    EROFS as modules);
+//! 3. finds its four virtio-serial ports by name and opens them;
+//! 4. mounts the tool's read-only root (`/dev/vda`, EROFS, else ext4) and
+//!    builds the tool's root tree on a tmpfs: each top-level entry of the
+//!    image bound in read-only, a fresh `/proc`, a `/dev` of six device
+//!    nodes (none of the guest's virtio devices), an empty `/sys`;
+//! 5. says `ready` on the control port and waits for one task (a template
+//!    guest is snapshotted here);
+//! 6. mixes the task's host entropy into the kernel's pool and reseeds it
+//!    (RNDADDENTROPY, RNDRESEEDCRNG), sets the clock;
+//! 7. mounts the tool's `/tmp` (tmpfs of the task's size), makes the root
+//!    read-only, puts itself into a cgroup v2 with the task's `memory.max`
+//!    and `pids.max` (rlimits when the kernel has no cgroup v2), chroots into
+//!    the tool's root, empties the capability bounding set, sets
+//!    `no_new_privs`, and starts the tool as the task's uid/gid (no
+//!    supplementary groups) with stdin, stdout and stderr on their ports;
+//! 8. writes the exit status (or signal, and whether the guest's OOM killer
+//!    fired) on the control port, and powers the guest off.
+//!
+//! Every failure after the control port is open is reported there as an
+//! `error` line; before that, on the console. Either way the guest powers
+//! off: the host never waits on a guest that gave up.
+
+use std::ffi::CStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cordon_vm_init::protocol::{
+    ENTROPY_BYTES, GuestMessage, LimitKind, PORT_CONTROL, PORT_STDERR, PORT_STDIN, PORT_STDOUT,
+    Task,
+};
+use rustix::mount::{MountFlags, mount, mount_bind, mount_bind_recursive, mount_remount};
+
+/// Where the initramfs lists the modules to load, in order.
+const MODULES_LIST: &str = "/etc/cordon/modules";
+const MODULES_DIR: &str = "/lib/modules";
+/// Where the tool's image is mounted, and where its root is assembled.
+const IMAGE_MNT: &str = "/mnt/image";
+const ROOT: &str = "/newroot";
+const CGROUP: &str = "/sys/fs/cgroup";
+/// How long the init waits for its devices to appear (under emulation the
+/// drivers probe slowly).
+const DEVICE_WAIT: Duration = Duration::from_secs(30);
+
+/// A failed step: which one and why.
+struct Fail {
+    stage: &'static str,
+    message: String,
+}
+
+fn fail<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> Fail {
+    move |e| Fail {
+        stage,
+        message: e.to_string(),
+    }
+}
+
+fn failed(stage: &'static str, message: String) -> Fail {
+    Fail { stage, message }
+}
+
+/// The guest's control channel once its port is open.
+struct Control {
+    out: File,
+    input: BufReader<File>,
+}
+
+impl Control {
+    fn send(&mut self, msg: &GuestMessage) -> std::io::Result<()> {
+        self.out.write_all(msg.to_line().as_bytes())?;
+        self.out.flush()
+    }
+}
+
+/// The ports the tool's stdio go to.
+struct Stdio3 {
+    stdin: File,
+    stdout: File,
+    stderr: File,
+}
+
+/// Runs the init and powers the guest off; never returns.
+pub fn main() -> ! {
+    let mut control: Option<Control> = None;
+    let msg = match run(&mut control) {
+        Ok(msg) => msg,
+        Err(f) => GuestMessage::Error {
+            stage: f.stage.to_owned(),
+            message: f.message,
+        },
+    };
+    let reported = control.as_mut().map(|c| c.send(&msg));
+    if !matches!(reported, Some(Ok(()))) {
+        console(&format!("cordon-vm-init: {}", msg.to_line().trim_end()));
+    }
+    power_off()
+}
+
+fn power_off() -> ! {
+    rustix::fs::sync();
+    loop {
+        if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::PowerOff) {
+            console(&format!("cordon-vm-init: power off: {e}"));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A line on the kernel console (the host keeps it in a log file).
+fn console(line: &str) {
+    if let Ok(mut c) = OpenOptions::new().write(true).open("/dev/console") {
+        let _ = writeln!(c, "{line}");
+    }
+}
+
+fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
+    mount_basics()?;
+    load_modules()?;
+    let (ctl, stdio) = open_ports()?;
+    *control = Some(ctl);
+    let Some(ctl) = control.as_mut() else {
+        return Err(failed("ports", "control port lost".to_owned()));
+    };
+    mount_image()?;
+    build_root()?;
+    let cgroup_ready = match prepare_cgroup() {
+        Ok(()) => true,
+        Err(e) => {
+            console(&format!("cordon-vm-init: no cgroup v2 ({e}); rlimits only"));
+            false
+        }
+    };
+    ctl.send(&GuestMessage::Ready {
+        uptime_ms: uptime_ms(),
+    })
+    .map_err(fail("ready"))?;
+    let task = read_task(ctl)?;
+    reseed(&task)?;
+    set_clock(task.time_ns)?;
+    run_task(&task, stdio, cgroup_ready)
+}
+
+fn mkdir_p(path: &str) -> Result<(), Fail> {
+    fs::create_dir_all(path).map_err(|e| failed("mkdir", format!("{path}: {e}")))
+}
+
+fn mount_fs(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: MountFlags,
+    data: Option<&CStr>,
+) -> Result<(), Fail> {
+    mount(src, target, fstype, flags, data)
+        .map_err(|e| failed("mount", format!("{fstype} on {target}: {e}")))
+}
+
+fn mount_basics() -> Result<(), Fail> {
+    for d in ["/proc", "/sys", "/dev"] {
+        mkdir_p(d)?;
+    }
+    let hard = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    mount_fs("proc", "/proc", "proc", hard, None)?;
+    mount_fs("sysfs", "/sys", "sysfs", hard, None)?;
+    mount_fs(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        None,
+    )
+}
+
+/// Loads each module `/etc/cordon/modules` names (paths under
+/// `/lib/modules`, dependencies first). A module already loaded is fine.
+fn load_modules() -> Result<(), Fail> {
+    let list = match fs::read_to_string(MODULES_LIST) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(failed("modules", format!("{MODULES_LIST}: {e}"))),
+    };
+    for name in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = Path::new(MODULES_DIR).join(name);
+        let f =
+            File::open(&path).map_err(|e| failed("modules", format!("{}: {e}", path.display())))?;
+        match rustix::system::finit_module(f.as_fd(), c"", 0) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(failed("modules", format!("{}: {e}", path.display()))),
+        }
+    }
+    Ok(())
+}
+
+/// Waits for `found` to give a value, up to [`DEVICE_WAIT`].
+fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> Result<T, Fail> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = found() {
+            return Ok(v);
+        }
+        if start.elapsed() > DEVICE_WAIT {
+            return Err(failed(
+                "devices",
+                format!("{what} did not appear in {DEVICE_WAIT:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `/dev/vportNpM` of the virtio-serial port called `name`.
+fn port_path(name: &str) -> Option<PathBuf> {
+    let entries = fs::read_dir("/sys/class/virtio-ports").ok()?;
+    for e in entries.flatten() {
+        let n = fs::read_to_string(e.path().join("name")).ok()?;
+        if n.trim_end() == name {
+            let dev = Path::new("/dev").join(e.file_name());
+            return dev.exists().then_some(dev);
+        }
+    }
+    None
+}
+
+fn open_port(name: &str, write: bool) -> Result<File, Fail> {
+    let path = wait_for(&format!("port {name}"), || port_path(name))?;
+    OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .open(&path)
+        .map_err(|e| failed("ports", format!("{}: {e}", path.display())))
+}
+
+fn open_ports() -> Result<(Control, Stdio3), Fail> {
+    let ctl_path = wait_for("control port", || port_path(PORT_CONTROL))?;
+    let ctl = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&ctl_path)
+        .map_err(|e| failed("ports", format!("{}: {e}", ctl_path.display())))?;
+    let input = ctl.try_clone().map_err(fail("ports"))?;
+    let control = Control {
+        out: ctl,
+        input: BufReader::new(input),
+    };
+    let stdio = Stdio3 {
+        stdin: open_port(PORT_STDIN, false)?,
+        stdout: open_port(PORT_STDOUT, true)?,
+        stderr: open_port(PORT_STDERR, true)?,
+    };
+    Ok((control, stdio))
+}
+
+/// Mounts `/dev/vda` read-only: EROFS, else ext4.
+fn mount_image() -> Result<(), Fail> {
+    wait_for("/dev/vda", || Path::new("/dev/vda").exists().then_some(()))?;
+    mkdir_p(IMAGE_MNT)?;
+    let flags = MountFlags::RDONLY | MountFlags::NODEV;
+    let erofs = mount("/dev/vda", IMAGE_MNT, "erofs", flags, None);
+    let Err(erofs) = erofs else { return Ok(()) };
+    mount("/dev/vda", IMAGE_MNT, "ext4", flags, c"noload")
+        .map_err(|ext4| failed("image", format!("/dev/vda: erofs: {erofs}; ext4: {ext4}")))
+}
+
+/// The tool's root: a tmpfs holding the image's top-level entries (bound
+/// in read-only), and its own `/proc`, `/dev`, `/sys` and `/tmp`.
+fn build_root() -> Result<(), Fail> {
+    mkdir_p(ROOT)?;
+    mount_fs(
+        "root",
+        ROOT,
+        "tmpfs",
+        MountFlags::NODEV | MountFlags::NOSUID,
+        Some(c"mode=0755,size=1m"),
+    )?;
+    const OWN: [&str; 4] = ["proc", "dev", "sys", "tmp"];
+    let entries = fs::read_dir(IMAGE_MNT).map_err(fail("root"))?;
+    for e in entries {
+        let e = e.map_err(fail("root"))?;
+        let name = e.file_name();
+        if OWN.iter().any(|o| name == *o) {
+            continue;
+        }
+        let src = e.path();
+        let dst = Path::new(ROOT).join(&name);
+        let kind = e.file_type().map_err(fail("root"))?;
+        let bound = if kind.is_symlink() {
+            let target = fs::read_link(&src).map_err(fail("root"))?;
+            std::os::unix::fs::symlink(target, &dst).map_err(fail("root"))
+        } else if kind.is_dir() {
+            fs::create_dir(&dst)
+                .map_err(fail("root"))
+                .and_then(|()| mount_bind_recursive(&src, &dst).map_err(fail("root")))
+        } else if kind.is_file() {
+            File::create(&dst)
+                .map_err(fail("root"))
+                .and_then(|_| mount_bind(&src, &dst).map_err(fail("root")))
+        } else {
+            Ok(())
+        };
+        bound.map_err(|f| failed("root", format!("{}: {}", dst.display(), f.message)))?;
+    }
+    for d in OWN {
+        mkdir_p(&format!("{ROOT}/{d}"))?;
+    }
+    mount_fs(
+        "proc",
+        &format!("{ROOT}/proc"),
+        "proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None,
+    )?;
+    build_dev()
+}
+
+/// `/dev` for the tool: six device nodes bound from the devtmpfs, and the
+/// usual links. Never the guest's disk or its virtio ports.
+fn build_dev() -> Result<(), Fail> {
+    let dev = format!("{ROOT}/dev");
+    mount_fs(
+        "dev",
+        &dev,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        Some(c"mode=0755,size=64k"),
+    )?;
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let dst = format!("{dev}/{node}");
+        File::create(&dst).map_err(|e| failed("dev", format!("{dst}: {e}")))?;
+        mount_bind(format!("/dev/{node}"), &dst)
+            .map_err(|e| failed("dev", format!("{dst}: {e}")))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, format!("{dev}/{link}"))
+            .map_err(|e| failed("dev", format!("{link}: {e}")))?;
+    }
+    mount_remount(
+        &dev,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+        c"",
+    )
+    .map_err(|e| failed("dev", format!("read-only: {e}")))
+}
+
+fn uptime_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000_000
+}
+
+fn read_task(ctl: &mut Control) -> Result<Task, Fail> {
+    let mut line = String::new();
+    let n = ctl.input.read_line(&mut line).map_err(fail("task"))?;
+    if n == 0 {
+        return Err(failed(
+            "task",
+            "control port closed before a task".to_owned(),
+        ));
+    }
+    let task: Task = serde_json::from_str(line.trim_end()).map_err(fail("task"))?;
+    if task.argv.is_empty() {
+        return Err(failed("task", "empty argv".to_owned()));
+    }
+    Ok(task)
+}
+
+/// Mixes the host's bytes into the input pool and reseeds the CRNG, so
+/// guests restored from one snapshot do not share their random state.
+fn reseed(task: &Task) -> Result<(), Fail> {
+    let bytes = hex::decode(&task.entropy).map_err(fail("entropy"))?;
+    if bytes.len() < ENTROPY_BYTES {
+        return Err(failed(
+            "entropy",
+            format!(
+                "{} bytes of host entropy, want {ENTROPY_BYTES}",
+                bytes.len()
+            ),
+        ));
+    }
+    let random = OpenOptions::new()
+        .write(true)
+        .open("/dev/random")
+        .map_err(fail("entropy"))?;
+    cordon_sys::entropy::add_entropy(random.as_fd(), &bytes).map_err(fail("entropy"))?;
+    cordon_sys::entropy::reseed_crng(random.as_fd()).map_err(fail("entropy"))
+}
+
+fn set_clock(time_ns: u64) -> Result<(), Fail> {
+    let ts = rustix::time::Timespec {
+        tv_sec: i64::try_from(time_ns / 1_000_000_000).map_err(fail("clock"))?,
+        tv_nsec: i64::try_from(time_ns % 1_000_000_000).map_err(fail("clock"))?,
+    };
+    rustix::time::clock_settime(rustix::time::ClockId::Realtime, ts).map_err(fail("clock"))
+}
+
+/// The task's cgroup: its `memory.events`, read after the tool exits.
+struct Cgroup {
+    events: File,
+}
+
+impl Cgroup {
+    fn oom_kills(&mut self) -> u64 {
+        let mut s = String::new();
+        if self.events.seek(SeekFrom::Start(0)).is_err()
+            || self.events.read_to_string(&mut s).is_err()
+        {
+            return 0;
+        }
+        s.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+fn write_file(path: &str, value: &str) -> std::io::Result<()> {
+    fs::write(path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))
+}
+
+/// Mounts cgroup v2 and makes the task's (empty) cgroup, before `ready`:
+/// a restored guest then only writes its limits. `Err` when the kernel has
+/// no cgroup v2 memory and pids controllers.
+fn prepare_cgroup() -> std::io::Result<()> {
+    fs::create_dir_all(CGROUP)?;
+    mount(
+        "cgroup2",
+        CGROUP,
+        "cgroup2",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None,
+    )?;
+    write_file(&format!("{CGROUP}/cgroup.subtree_control"), "+memory +pids")?;
+    fs::create_dir_all(format!("{CGROUP}/task"))
+}
+
+/// The task's limits on its cgroup, with PID 1 in it (the OOM killer never
+/// picks PID 1; `pids.max` counts it, so it gets one more).
+fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
+    let dir = format!("{CGROUP}/task");
+    if let Some(m) = task.limits.memory_mib {
+        write_file(&format!("{dir}/memory.max"), &(m * 1024 * 1024).to_string())?;
+        write_file(&format!("{dir}/memory.swap.max"), "0").or_else(|e| {
+            // No swap accounting without swap: nothing to bound.
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+        write_file(&format!("{dir}/memory.oom.group"), "1")?;
+    }
+    if let Some(p) = task.limits.pids {
+        write_file(&format!("{dir}/pids.max"), &(p + 1).to_string())?;
+    }
+    let events = File::open(format!("{dir}/memory.events"))?;
+    write_file(&format!("{dir}/cgroup.procs"), "0")?;
+    Ok(Cgroup { events })
+}
+
+fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
+    let l = rustix::process::Rlimit {
+        current: Some(n),
+        maximum: Some(n),
+    };
+    rustix::process::setrlimit(res, l).map_err(|e| failed("limits", format!("{res:?}: {e}")))
+}
+
+fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessage, Fail> {
+    use rustix::process::Resource;
+    mount_fs(
+        "tmp",
+        &format!("{ROOT}/tmp"),
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(
+            std::ffi::CString::new(format!("mode=1777,size={}m", task.limits.tmp_mib.max(1)))
+                .map_err(fail("tmp"))?
+                .as_c_str(),
+        ),
+    )?;
+    mount_remount(
+        ROOT,
+        MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID,
+        c"",
+    )
+    .map_err(|e| failed("root", format!("read-only: {e}")))?;
+
+    let (mut cg, kind) = if cgroup_ready {
+        let cg = cgroup(task).map_err(fail("cgroup"))?;
+        (Some(cg), LimitKind::Cgroup)
+    } else {
+        if let Some(m) = task.limits.memory_mib {
+            rlimit(Resource::As, m * 1024 * 1024)?;
+        }
+        if let Some(p) = task.limits.pids {
+            rlimit(Resource::Nproc, p)?;
+        }
+        (None, LimitKind::Rlimit)
+    };
+    rlimit(Resource::Nofile, task.limits.nofile)?;
+    rlimit(Resource::Core, 0)?;
+
+    rustix::process::chroot(ROOT).map_err(fail("chroot"))?;
+    std::env::set_current_dir("/").map_err(fail("chroot"))?;
+    for cap in rustix::thread::CapabilitySet::all().iter() {
+        match rustix::thread::remove_capability_from_bounding_set(cap) {
+            // Capabilities this kernel does not know.
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(failed("capabilities", format!("{cap:?}: {e}"))),
+        }
+    }
+    rustix::thread::set_no_new_privs(true).map_err(fail("no_new_privs"))?;
+
+    let mut cmd = Command::new(&task.argv[0]);
+    cmd.args(&task.argv[1..])
+        .env_clear()
+        .envs(task.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&task.cwd)
+        .uid(task.uid)
+        .gid(task.gid)
+        .stdin(Stdio::from(stdio.stdin))
+        .stdout(Stdio::from(stdio.stdout))
+        .stderr(Stdio::from(stdio.stderr));
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| failed("exec", format!("{}: {e}", task.argv[0])))?;
+    drop(cmd);
+    let status = child.wait().map_err(fail("wait"))?;
+    if let Some(code) = status.code() {
+        return Ok(GuestMessage::Exited { code, limits: kind });
+    }
+    let signal = status.signal().unwrap_or(0);
+    let oom = cg.as_mut().is_some_and(|c| c.oom_kills() > 0);
+    Ok(GuestMessage::Signaled {
+        signal,
+        oom,
+        limits: kind,
+    })
+}

@@ -1,0 +1,19 @@
+//! cordon's microVM guest and the host side that prepares and drives it.
+//!
+//! - `protocol`: the control port's messages (shared by both sides).
+//! - `image`: the tool's read-only block image (EROFS, else ext4), named by
+//!   a digest of its inputs and verified by sha256 before each use.
+//! - `initramfs`: the guest's initramfs (the init and its kernel modules) as
+//!   a `newc` cpio archive.
+//! - `qemu`, `qmp`: QEMU `-M microvm` as the VMM: a cold boot, a template
+//!   snapshot, a restore, one task per guest.
+//!
+//! The guest side is the `cordon-vm-init` binary (`src/main.rs`,
+//! `src/guest.rs`).
+#![forbid(unsafe_code)]
+
+pub mod image;
+pub mod initramfs;
+pub mod protocol;
+pub mod qemu;
+pub mod qmp;

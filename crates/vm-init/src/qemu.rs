@@ -1,0 +1,665 @@
+//! QEMU `-M microvm` as the VMM: one guest, one task.
+//!
+//! The guest gets no NIC and no shared directory: a read-only virtio-blk
+//! disk (the tool's [`BlockImage`]), four virtio-serial ports (control,
+//! stdin, stdout, stderr: one direction each for the stdio, because a
+//! port's EOF reaches the guest only when the host side disconnects) and a
+//! console kept in a log file. Every port, and QMP, is a unix socket the
+//! host listens on before QEMU starts; QEMU connects to each as a client at
+//! start-up, so no byte is written before the host is there to read it.
+//!
+//! A guest either boots cold ([`Vm::boot`]: the init mounts the tool's
+//! root and says `ready`) or is restored from a template's snapshot
+//! ([`Vm::restore`]: QEMU started with `-incoming defer`, then
+//! `migrate-incoming` from a `mapped-ram` file). Either way [`Vm::run`]
+//! sends one task (with fresh host entropy and the clock), carries stdin,
+//! stdout and stderr, and returns the typed [`Outcome`]; the guest powers
+//! itself off, and a guest that outlives the wall clock is killed.
+
+use std::fs;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use thiserror::Error;
+
+use crate::image::{BlockImage, ImageError};
+use crate::protocol::{
+    ENTROPY_BYTES, GuestMessage, PORT_CONTROL, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task,
+};
+use crate::qmp::{Qmp, QmpError};
+
+/// The accelerator QEMU is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization (`/dev/kvm`).
+    Kvm,
+    /// QEMU's own emulation: slow, works everywhere.
+    Tcg,
+}
+
+/// What every guest of one template shares.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub qemu: PathBuf,
+    /// The kernel (a bzImage through microvm's linuxboot ROM, or an
+    /// uncompressed vmlinux through its PVH note).
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub image: BlockImage,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub accel: Accel,
+    /// `tsc_early_khz=` for the guest: under TCG without it a share of
+    /// boots hang calibrating the TSC. [`host_tsc_khz`] reads it.
+    pub tsc_khz: Option<u64>,
+    /// QEMU's own seccomp filter (`-sandbox on,...`), where the build has it
+    /// ([`qemu_has_sandbox`]).
+    pub sandbox: bool,
+    /// More kernel command line (`loglevel=7 printk.time=1` to see a boot).
+    pub extra_append: Vec<String>,
+    /// From QEMU's start to the init's `ready` line (or a restore's running
+    /// guest).
+    pub boot_timeout: Duration,
+}
+
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+    #[error("QEMU exited before the guest was ready ({status}); console: {console}")]
+    EarlyExit {
+        status: std::process::ExitStatus,
+        console: String,
+    },
+    #[error("the guest was not ready in {timeout:?}; console: {console}")]
+    BootTimeout { timeout: Duration, console: String },
+    #[error("the guest said {0:?} where it should have said ready")]
+    Protocol(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
+    let what = what.into();
+    move |source| VmError::Io { what, source }
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The tool exited with this code.
+    Exited(i32),
+    /// The tool was killed by a signal; `oom` when the guest's OOM killer
+    /// did it.
+    Signaled { signal: i32, oom: bool },
+    /// The init could not run the task.
+    GuestError { stage: String, message: String },
+    /// The wall clock ran out and QEMU was killed.
+    WallClock,
+    /// The guest went away without a status: a kernel panic (`panic` set
+    /// when the console says so) or a crash of the init.
+    GuestDied { panic: bool, console: String },
+}
+
+/// A finished task.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub outcome: Outcome,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Output past the cap was read and dropped.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// From QEMU's start to the status line (or the kill).
+    pub since_start: Duration,
+    /// From the task sent to the status line.
+    pub task_time: Duration,
+}
+
+/// The guest's socket files and console log, in a directory of the
+/// caller's.
+struct Paths {
+    dir: PathBuf,
+}
+
+impl Paths {
+    fn sock(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.sock"))
+    }
+    fn console(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+}
+
+const SOCKETS: [&str; 5] = ["qmp", "ctl", "stdin", "stdout", "stderr"];
+
+/// The host's TSC frequency in kHz from `/proc/cpuinfo` (`cpu MHz` of the
+/// first CPU): the guest's TSC under TCG runs at the host's.
+pub fn host_tsc_khz() -> Option<u64> {
+    let info = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu MHz"))?
+        .trim_start_matches([' ', '\t', ':'])
+        .trim()
+        .parse()
+        .ok()?;
+    let khz = (mhz * 1000.0).round();
+    (1.0..1e9).contains(&khz).then_some(khz as u64)
+}
+
+/// Whether this QEMU build has `-sandbox` (libseccomp).
+pub fn qemu_has_sandbox(qemu: &Path) -> bool {
+    Command::new(qemu)
+        .args(["-sandbox", "on", "-version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl VmConfig {
+    /// QEMU's command line for this configuration, its sockets in `dir`.
+    fn args(&self, paths: &Paths, incoming: bool) -> Vec<String> {
+        let mut append = vec![
+            "console=ttyS0".to_owned(),
+            "quiet".to_owned(),
+            "panic=-1".to_owned(),
+            "oops=panic".to_owned(),
+        ];
+        if let Some(khz) = self.tsc_khz {
+            // Under TCG the guest's TSC is the host's: give its rate (a
+            // share of boots hang calibrating it otherwise), and keep the
+            // clocksource watchdog from demoting it to jiffies mid-boot.
+            append.push(format!("tsc_early_khz={khz}"));
+            append.push("tsc=reliable".to_owned());
+        }
+        append.extend(self.extra_append.iter().cloned());
+        let p = |name: &str| paths.sock(name).display().to_string();
+        let mut a: Vec<String> = vec![
+            "-M".into(),
+            "microvm".into(),
+            "-accel".into(),
+            match self.accel {
+                Accel::Kvm => "kvm".into(),
+                Accel::Tcg => "tcg".into(),
+            },
+        ];
+        if self.accel == Accel::Kvm {
+            a.extend(["-cpu".into(), "host".into()]);
+        }
+        a.extend([
+            "-m".into(),
+            self.memory_mib.to_string(),
+            "-smp".into(),
+            self.cpus.to_string(),
+            "-nodefaults".into(),
+            "-no-user-config".into(),
+            "-display".into(),
+            "none".into(),
+            "-nic".into(),
+            "none".into(),
+            "-no-reboot".into(),
+            "-kernel".into(),
+            self.kernel.display().to_string(),
+            "-initrd".into(),
+            self.initramfs.display().to_string(),
+            "-append".into(),
+            append.join(" "),
+            "-chardev".into(),
+            format!("file,id=con,path={}", paths.console().display()),
+            "-serial".into(),
+            "chardev:con".into(),
+            "-drive".into(),
+            format!(
+                "id=root,file={},format=raw,if=none,read-only=on",
+                self.image.path.display()
+            ),
+            "-device".into(),
+            "virtio-blk-device,drive=root".into(),
+            "-device".into(),
+            "virtio-serial-device".into(),
+            "-chardev".into(),
+            format!("socket,id=qmp,path={}", p("qmp")),
+            "-mon".into(),
+            "chardev=qmp,mode=control".into(),
+        ]);
+        for (id, name) in [
+            ("ctl", PORT_CONTROL),
+            ("stdin", PORT_STDIN),
+            ("stdout", PORT_STDOUT),
+            ("stderr", PORT_STDERR),
+        ] {
+            a.push("-chardev".into());
+            a.push(format!("socket,id={id},path={}", p(id)));
+            a.push("-device".into());
+            a.push(format!("virtserialport,chardev={id},name={name}"));
+        }
+        if self.sandbox {
+            a.push("-sandbox".into());
+            a.push(
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+            );
+        }
+        if incoming {
+            a.push("-incoming".into());
+            a.push("defer".into());
+        }
+        a
+    }
+}
+
+/// A running QEMU and the host ends of its guest's channels.
+pub struct Vm {
+    child: Child,
+    paths: Paths,
+    qmp: Qmp,
+    ctl: BufReader<UnixStream>,
+    ctl_out: UnixStream,
+    stdin: Option<UnixStream>,
+    stdout: UnixStream,
+    stderr: UnixStream,
+    started: Instant,
+    /// Spawn to ready (cold) or to running (restored).
+    pub ready_after: Duration,
+}
+
+fn tail(path: &Path, max: usize) -> String {
+    let bytes = fs::read(path).unwrap_or_default();
+    let from = bytes.len().saturating_sub(max);
+    String::from_utf8_lossy(&bytes[from..]).into_owned()
+}
+
+impl Vm {
+    fn spawn(cfg: &VmConfig, dir: &Path, incoming: bool) -> Result<Vm, VmError> {
+        cfg.image.verify()?;
+        fs::create_dir_all(dir).map_err(io(format!("{}", dir.display())))?;
+        let paths = Paths {
+            dir: dir.to_owned(),
+        };
+        let _ = fs::remove_file(paths.console());
+        let mut listeners = Vec::new();
+        for name in SOCKETS {
+            let path = paths.sock(name);
+            let _ = fs::remove_file(&path);
+            let l = UnixListener::bind(&path).map_err(io(format!("{}", path.display())))?;
+            l.set_nonblocking(true)
+                .map_err(io(format!("{}", path.display())))?;
+            listeners.push(l);
+        }
+        let started = Instant::now();
+        let mut child = Command::new(&cfg.qemu)
+            .args(cfg.args(&paths, incoming))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io(format!("{}", cfg.qemu.display())))?;
+        // QEMU connects to every socket while it starts up.
+        let mut streams = Vec::new();
+        for (l, name) in listeners.iter().zip(SOCKETS) {
+            let s = loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        kill(&mut child);
+                        return Err(io(format!("accept {name}"))(e));
+                    }
+                }
+                if let Some(status) = child.try_wait().map_err(io("qemu"))? {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    return Err(VmError::EarlyExit {
+                        status,
+                        console: err.trim().to_owned(),
+                    });
+                }
+                if started.elapsed() > cfg.boot_timeout {
+                    kill(&mut child);
+                    return Err(VmError::BootTimeout {
+                        timeout: cfg.boot_timeout,
+                        console: format!("QEMU never connected to {name}"),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            s.set_nonblocking(false).map_err(io(name))?;
+            streams.push(s);
+        }
+        for (_, name) in listeners.into_iter().zip(SOCKETS) {
+            let _ = fs::remove_file(paths.sock(name));
+        }
+        let mut it = streams.into_iter();
+        let (Some(qmp), Some(ctl), Some(stdin), Some(stdout), Some(stderr)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            kill(&mut child);
+            return Err(VmError::Protocol("missing sockets".to_owned()));
+        };
+        let qmp = match Qmp::handshake(qmp, Duration::from_secs(30)) {
+            Ok(q) => q,
+            Err(e) => {
+                kill(&mut child);
+                return Err(e.into());
+            }
+        };
+        let ctl_out = ctl.try_clone().map_err(io("ctl"))?;
+        Ok(Vm {
+            child,
+            paths,
+            qmp,
+            ctl: BufReader::new(ctl),
+            ctl_out,
+            stdin: Some(stdin),
+            stdout,
+            stderr,
+            started,
+            ready_after: Duration::ZERO,
+        })
+    }
+
+    /// Boots a guest cold and waits for its init's `ready` line. `dir`
+    /// holds its sockets and console log.
+    pub fn boot(cfg: &VmConfig, dir: &Path) -> Result<Vm, VmError> {
+        let mut vm = Vm::spawn(cfg, dir, false)?;
+        let deadline = vm.started + cfg.boot_timeout;
+        match vm.read_ctl(deadline) {
+            Ok(Some(GuestMessage::Ready { .. })) => {
+                vm.ready_after = vm.started.elapsed();
+                Ok(vm)
+            }
+            Ok(Some(other)) => Err(VmError::Protocol(format!("{other:?}"))),
+            Ok(None) => {
+                let status = vm.reap(Duration::from_secs(5));
+                let console = tail(&vm.paths.console(), 2000);
+                match status {
+                    Some(status) => Err(VmError::EarlyExit { status, console }),
+                    None => Err(VmError::BootTimeout {
+                        timeout: cfg.boot_timeout,
+                        console,
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Restores a guest from `snapshot` (taken by [`Vm::snapshot`] of a
+    /// guest with the same `cfg`).
+    pub fn restore(cfg: &VmConfig, snapshot: &Path, dir: &Path) -> Result<Vm, VmError> {
+        let mut vm = Vm::spawn(cfg, dir, true)?;
+        let r = (|| -> Result<(), QmpError> {
+            vm.qmp.execute(
+                "migrate-set-capabilities",
+                Some(json!({"capabilities": [{"capability": "mapped-ram", "state": true}]})),
+            )?;
+            vm.qmp.execute(
+                "migrate-incoming",
+                Some(json!({"uri": format!("file:{}", snapshot.display())})),
+            )?;
+            vm.qmp.resume_incoming(cfg.boot_timeout)
+        })();
+        if let Err(e) = r {
+            vm.kill();
+            return Err(e.into());
+        }
+        vm.ready_after = vm.started.elapsed();
+        Ok(vm)
+    }
+
+    /// Stops this (ready, task-less) guest, writes its state to `path`
+    /// (QEMU migration to a file, `mapped-ram`: guest RAM at fixed offsets,
+    /// a sparse file), and ends QEMU.
+    pub fn snapshot(mut self, path: &Path) -> Result<(), VmError> {
+        let _ = fs::remove_file(path);
+        let r = (|| -> Result<(), QmpError> {
+            self.qmp.execute("stop", None)?;
+            self.qmp.execute(
+                "migrate-set-capabilities",
+                Some(json!({"capabilities": [{"capability": "mapped-ram", "state": true}]})),
+            )?;
+            self.qmp.execute(
+                "migrate",
+                Some(json!({"uri": format!("file:{}", path.display())})),
+            )?;
+            self.qmp.wait_migration(Duration::from_secs(120))?;
+            Ok(())
+        })();
+        self.kill();
+        r.map_err(VmError::from)
+    }
+
+    /// The guest's console log (kernel messages, the init's last words).
+    pub fn console_log(&self) -> PathBuf {
+        self.paths.console()
+    }
+
+    /// The QEMU process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads the next control line before `deadline`; `None` when the
+    /// guest closed the port (QEMU exited) or the deadline passed.
+    fn read_ctl(&mut self, deadline: Instant) -> Result<Option<GuestMessage>, VmError> {
+        let mut line = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.ctl
+                .get_ref()
+                .set_read_timeout(Some(left))
+                .map_err(io("ctl"))?;
+            match self.ctl.read_until(b'\n', &mut line) {
+                Ok(0) => return Ok(None),
+                Ok(_) if line.ends_with(b"\n") => break,
+                Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(io("ctl")(e)),
+            }
+        }
+        serde_json::from_slice(&line)
+            .map(Some)
+            .map_err(|e| VmError::Protocol(format!("{e}: {}", String::from_utf8_lossy(&line))))
+    }
+
+    /// Waits up to `grace` for QEMU to exit by itself, then kills it;
+    /// returns its status when it exited by itself.
+    fn reap(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let until = Instant::now() + grace;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
+                _ => {
+                    self.kill();
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        kill(&mut self.child);
+    }
+
+    /// Runs `task` with `stdin` as its standard input, keeping at most
+    /// `output_cap` bytes of each output stream, killing QEMU when `wall`
+    /// runs out. The task's entropy and clock are filled in here.
+    pub fn run(
+        mut self,
+        task: &Task,
+        stdin: Vec<u8>,
+        wall: Duration,
+        output_cap: usize,
+    ) -> Result<RunResult, VmError> {
+        let mut task = task.clone();
+        let mut entropy = [0u8; ENTROPY_BYTES];
+        rustix::rand::getrandom(&mut entropy, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| io("getrandom")(e.into()))?;
+        task.entropy = hex::encode(entropy);
+        task.time_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let mut line =
+            serde_json::to_string(&task).map_err(|e| VmError::Protocol(format!("task: {e}")))?;
+        line.push('\n');
+
+        let sent = Instant::now();
+        let deadline = sent + wall;
+        let out = reader(self.stdout.try_clone().map_err(io("stdout"))?, output_cap);
+        let err = reader(self.stderr.try_clone().map_err(io("stderr"))?, output_cap);
+        self.ctl_out
+            .write_all(line.as_bytes())
+            .map_err(io("send the task"))?;
+        let stdin_sock = self.stdin.take();
+        let feeder = std::thread::spawn(move || {
+            if let Some(mut s) = stdin_sock {
+                let _ = s.write_all(&stdin);
+            }
+            // Dropping the host end disconnects the port: the guest reads
+            // EOF.
+        });
+
+        let msg = self.read_ctl(deadline)?;
+        let since_start = self.started.elapsed();
+        let task_time = sent.elapsed();
+        let outcome = match msg {
+            Some(GuestMessage::Exited { code, .. }) => Outcome::Exited(code),
+            Some(GuestMessage::Signaled { signal, oom, .. }) => Outcome::Signaled { signal, oom },
+            Some(GuestMessage::Error { stage, message }) => Outcome::GuestError { stage, message },
+            Some(GuestMessage::Ready { .. }) => {
+                self.kill();
+                return Err(VmError::Protocol("ready after the task".to_owned()));
+            }
+            None if Instant::now() >= deadline => {
+                self.kill();
+                Outcome::WallClock
+            }
+            None => {
+                self.reap(Duration::from_secs(5));
+                let console = tail(&self.paths.console(), 4000);
+                Outcome::GuestDied {
+                    panic: console.contains("Kernel panic"),
+                    console,
+                }
+            }
+        };
+        // The guest powers itself off after its status line.
+        self.reap(Duration::from_secs(10));
+        let _ = feeder.join();
+        let (stdout, stdout_truncated) = out.join().unwrap_or_default();
+        let (stderr, stderr_truncated) = err.join().unwrap_or_default();
+        Ok(RunResult {
+            outcome,
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+            since_start,
+            task_time,
+        })
+    }
+}
+
+/// Reads `s` to EOF, keeping at most `cap` bytes.
+fn reader(mut s: UnixStream, cap: usize) -> JoinHandle<(Vec<u8>, bool)> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut truncated = false;
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let room = cap.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                    truncated |= n > room;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        (kept, truncated)
+    })
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::FsKind;
+
+    #[test]
+    fn the_command_line_has_no_nic_a_read_only_disk_and_the_sandbox() {
+        let cfg = VmConfig {
+            qemu: "qemu-system-x86_64".into(),
+            kernel: "/boot/vmlinuz-x".into(),
+            initramfs: "/tmp/i.cpio".into(),
+            image: BlockImage {
+                digest: "d".into(),
+                path: "/store/d.img".into(),
+                kind: FsKind::Erofs,
+                sha256: "s".into(),
+            },
+            memory_mib: 256,
+            cpus: 1,
+            accel: Accel::Tcg,
+            tsc_khz: Some(2_445_406),
+            sandbox: true,
+            extra_append: Vec::new(),
+            boot_timeout: Duration::from_secs(30),
+        };
+        let paths = Paths {
+            dir: "/run/x".into(),
+        };
+        let a = cfg.args(&paths, false).join(" ");
+        assert!(a.starts_with("-M microvm -accel tcg -m 256 -smp 1 -nodefaults -no-user-config"));
+        assert!(a.contains("-nic none"));
+        assert!(a.contains("file=/store/d.img,format=raw,if=none,read-only=on"));
+        assert!(a.contains("tsc_early_khz=2445406"));
+        assert!(a.contains("-sandbox on,"));
+        assert!(a.contains("virtserialport,chardev=stdin,name=cordon.stdin"));
+        assert!(!a.contains("-incoming"));
+        assert!(!a.contains("netdev"));
+        assert!(
+            cfg.args(&paths, true)
+                .join(" ")
+                .ends_with("-incoming defer")
+        );
+    }
+}
