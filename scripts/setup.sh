@@ -23,6 +23,22 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# bookworm-backports in apt's sources (added once), and the package lists.
+with_backports() {
+  export DEBIAN_FRONTEND=noninteractive
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "setup: adding bookworm-backports to apt's sources"
+    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  fi
+  apt-get update -qq
+}
+
 # gVisor (runtime: gvisor): bookworm's runsc is a 2022 build that works only
 # on the ptrace platform; bookworm-backports has one whose systrap platform
 # works (cordon needs 20240101 or newer). Headless chromium: the P3 browse
@@ -38,18 +54,7 @@ if [ -z "$have_runsc" ] || [ "$have_runsc" -lt "$runsc_min" ] ||
     echo "setup: runsc >= $runsc_min (bookworm-backports) or chromium missing; run as root or install them" >&2
     exit 1
   fi
-  export DEBIAN_FRONTEND=noninteractive
-  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    echo "setup: adding bookworm-backports to apt's sources"
-    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  fi
-  apt-get update -qq
+  with_backports
   echo "setup: installing runsc (bookworm-backports) and chromium"
   apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null
   apt-get install -y -qq --no-install-recommends chromium >/dev/null
@@ -79,18 +84,7 @@ if [ -z "$have_qemu" ] || [ "$have_qemu" -lt "$qemu_min" ] || [ "${#vm_need[@]}"
     echo "setup: qemu-system-x86 >= $qemu_min (bookworm-backports) or ${vm_need[*]} missing; run as root or install them" >&2
     exit 1
   fi
-  export DEBIAN_FRONTEND=noninteractive
-  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    echo "setup: adding bookworm-backports to apt's sources"
-    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  fi
-  apt-get update -qq
+  with_backports
   if [ -z "$have_qemu" ] || [ "$have_qemu" -lt "$qemu_min" ]; then
     echo "setup: installing qemu-system-x86 (bookworm-backports)"
     apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
