@@ -304,6 +304,9 @@ pub enum ExecRuntime {
     Native,
     /// A fresh gVisor application kernel (P3), destroyed at the end.
     Gvisor,
+    /// A microVM (P3): a guest kernel of its own under QEMU, restored from
+    /// a template snapshot, destroyed at the end; needs `--image`.
+    Microvm,
 }
 
 /// `cordon exec` flags.
@@ -313,7 +316,9 @@ pub struct ExecArgs {
     /// `--runtime gvisor`, its default there).
     #[arg(long)]
     pub profile: Option<String>,
-    /// The runtime: native (the P1 jail) or gvisor (a P3 sandbox).
+    /// The runtime: native (the P1 jail), gvisor or microvm (a P3
+    /// sandbox; microvm runs an `--image` and, without working KVM here,
+    /// needs `--accept kvm`).
     #[arg(long, value_enum, default_value = "native")]
     pub runtime: ExecRuntime,
     /// Memory cap, e.g. 512M.
@@ -354,7 +359,7 @@ pub struct ExecArgs {
     pub audit_fail_open: bool,
     /// Also require this mechanism to be fully enforced (repeatable):
     /// namespaces, readonly_root, descriptors, network, seccomp, landlock,
-    /// cgroup.
+    /// cgroup, kvm.
     #[arg(long = "require", value_name = "MECHANISM")]
     pub require: Vec<String>,
     /// Accept this mechanism partial or missing (repeatable).
@@ -375,14 +380,20 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
     let (profile, runtime) = match (a.runtime, a.profile.as_deref()) {
         (ExecRuntime::Native, None | Some("P1")) => (Profile::P1, Runtime::Native),
         (ExecRuntime::Gvisor, None | Some("P3")) => (Profile::P3, Runtime::Gvisor),
+        (ExecRuntime::Microvm, None | Some("P3")) => (Profile::P3, Runtime::Microvm),
         (ExecRuntime::Native, Some(p)) => {
             return Err(anyhow!(
                 "--profile {p}: ad-hoc runs use the P1 jail, or P3 with `--runtime gvisor`; declare other profiles in a manifest"
             ));
         }
-        (ExecRuntime::Gvisor, Some(p)) => {
+        (ExecRuntime::Gvisor | ExecRuntime::Microvm, Some(p)) => {
             return Err(anyhow!(
-                "--profile {p}: `--runtime gvisor` runs P3; declare other profiles in a manifest"
+                "--profile {p}: `--runtime {}` runs P3; declare other profiles in a manifest",
+                if a.runtime == ExecRuntime::Gvisor {
+                    "gvisor"
+                } else {
+                    "microvm"
+                }
             ));
         }
     };
@@ -437,9 +448,12 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let network = a.net.network()?;
     let accept = mechanisms("--accept", &a.accept)?;
+    // As in a manifest: a microVM under emulation is accepted by name.
+    let vm = (runtime == Runtime::Microvm).then_some(Mechanism::Kvm);
     let mut require: Vec<Mechanism> = cordon_policy::resolve::default_requirements(profile)
         .iter()
         .copied()
+        .chain(vm)
         .chain(mechanisms("--require", &a.require)?)
         .filter(|m| !accept.contains(m))
         .collect();

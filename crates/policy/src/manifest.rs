@@ -108,10 +108,13 @@ pub enum Mechanism {
     Landlock,
     /// Memory, task and CPU limits through cgroups (not rlimits).
     Cgroup,
+    /// Hardware virtualization for a microVM guest (missing: QEMU's TCG
+    /// emulation, slow). Required by `runtime: microvm` unless accepted.
+    Kvm,
 }
 
 impl Mechanism {
-    pub const ALL: [Mechanism; 7] = [
+    pub const ALL: [Mechanism; 8] = [
         Mechanism::Namespaces,
         Mechanism::ReadonlyRoot,
         Mechanism::Descriptors,
@@ -119,6 +122,7 @@ impl Mechanism {
         Mechanism::Seccomp,
         Mechanism::Landlock,
         Mechanism::Cgroup,
+        Mechanism::Kvm,
     ];
 
     /// The name used in manifests and messages.
@@ -131,6 +135,7 @@ impl Mechanism {
             Mechanism::Seccomp => "seccomp",
             Mechanism::Landlock => "landlock",
             Mechanism::Cgroup => "cgroup",
+            Mechanism::Kvm => "kvm",
         }
     }
 }

@@ -1341,8 +1341,16 @@ fn requirements(profile: Profile, m: &Manifest, t: &Tool) -> (Vec<Mechanism>, Ve
     }
     let accept: std::collections::BTreeSet<Mechanism> =
         m.accept.iter().chain(&t.accept).copied().collect();
+    // A microVM guest under emulation is slow, not weaker, but a host
+    // without working KVM is said aloud: accepted by name or refused.
+    let vm: &[Mechanism] = if t.runtime.as_ref().map(|r| r.value) == Some(Runtime::Microvm) {
+        &[Mechanism::Kvm]
+    } else {
+        &[]
+    };
     let require: std::collections::BTreeSet<Mechanism> = default_requirements(profile)
         .iter()
+        .chain(vm)
         .chain(&m.require)
         .chain(&t.require)
         .copied()

@@ -546,6 +546,7 @@ impl Child for Gvisor {
         Ok(Launch {
             argv,
             cleanup: Vec::new(),
+            limits: None,
         })
     }
 }

@@ -18,6 +18,7 @@
 pub mod gvisor;
 pub mod images;
 pub mod mechanism;
+pub mod microvm;
 pub mod native;
 pub mod oci;
 pub mod outcome;
@@ -370,7 +371,34 @@ impl Registry {
             }
             Err(e) => r.unavailable.push((RuntimeKind::Native, e.to_string())),
         }
-        r.with_gvisor()
+        r.with_gvisor().with_microvm()
+    }
+
+    fn with_microvm(self) -> Registry {
+        let jail = self
+            .entries
+            .iter()
+            .find(|(k, _, _)| *k == RuntimeKind::Native)
+            .and_then(|(_, _, rt)| rt.jail());
+        let m = match jail {
+            Some(j) => Ok(microvm::Microvm::with_jail(microvm::Options::default(), j)),
+            None => microvm::Microvm::new(microvm::Options::default(), Default::default()),
+        };
+        match m {
+            Ok(m) => {
+                let m: Arc<dyn Runtime> = Arc::new(m);
+                self.with(RuntimeKind::Microvm, Use::Call, m.clone()).with(
+                    RuntimeKind::Microvm,
+                    Use::Serve,
+                    m,
+                )
+            }
+            Err(e) => {
+                let mut r = self;
+                r.unavailable.push((RuntimeKind::Microvm, e));
+                r
+            }
+        }
     }
 
     /// Register the gVisor runtime over the native runtime's jail (or a

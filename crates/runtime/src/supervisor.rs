@@ -65,6 +65,10 @@ pub(crate) trait Child {
     /// The command line that runs `spec` as `guest` says, its files
     /// written into `dir`.
     fn launch(&self, spec: &SandboxSpec, guest: &Guest, dir: &WorkDir) -> Result<Launch, RunError>;
+    /// Reads what the child left in `dir` about how the sandbox ended into
+    /// `out` (a VMM's guest status), once one call has ended and before
+    /// the directory is removed.
+    fn finish(&self, _dir: &WorkDir, _out: &mut Outcome) {}
 }
 
 /// What the supervisor decided a sandbox gets, for the child to render.
@@ -100,6 +104,9 @@ pub(crate) struct Launch {
     pub argv: Vec<String>,
     /// Removed once the sandbox is gone, besides its [`WorkDir`].
     pub cleanup: Vec<PathBuf>,
+    /// The supervisor's limits when they are not the tool's (a VMM holds
+    /// the guest's memory and its own); `None`: the tool's.
+    pub limits: Option<cordon_sandbox::Limits>,
 }
 
 /// Numbers this process's sandbox directories (every runtime of it may
@@ -675,13 +682,15 @@ impl Supervisor {
             RunError::Setup(format!("{}: {}: {what}: {e}", spec.tool, child.leftover()))
         })?;
         let launch = child.launch(spec, &guest, &dir)?;
+        let mut limits = launch.limits.unwrap_or_else(|| ctx.placement.limits(spec));
+        limits.wall = ctx.placement.limits(spec).wall;
         let js = JailSpec {
             tool: spec.tool.clone(),
             argv: launch.argv,
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
             binds: Vec::new(),
             volumes: Vec::new(),
-            limits: ctx.placement.limits(spec),
+            limits,
             network,
             seccomp: crate::spec::Seccomp::DenyList,
             landlock: false,
@@ -711,7 +720,7 @@ impl Supervisor {
     ) -> Result<Outcome, RunError> {
         let p = self.prepare(child, spec, ctx)?;
         let net = self.net.for_doors(p.egress.as_ref())?;
-        let r = run_jail(
+        let mut r = run_jail(
             &self.jail,
             net.as_ref(),
             &p.spec,
@@ -720,6 +729,9 @@ impl Supervisor {
             ctx,
             true,
         );
+        if let Ok(o) = r.as_mut() {
+            child.finish(&p.leftovers._dir, o);
+        }
         drop(p.leftovers);
         r
     }

@@ -95,6 +95,7 @@ fn main() -> Res<()> {
         tsc_khz: qemu::host_tsc_khz(),
         extra_append: Vec::new(),
         boot_timeout: Duration::from_secs(120),
+        image_verified: false,
     };
     let task = Task {
         argv: vec!["/bin/true".into()],

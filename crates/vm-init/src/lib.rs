@@ -8,10 +8,14 @@
 //! - `qemu`, `qmp`: QEMU `-M microvm` as the VMM: a cold boot, a template
 //!   snapshot, a restore, one task per guest.
 //!
+//! - `host`: the host side of one sandbox as a process of its own
+//!   (`cordon-vm-init host DIR`), which cordon's supervisor runs.
+//!
 //! The guest side is the `cordon-vm-init` binary (`src/main.rs`,
 //! `src/guest.rs`).
 #![forbid(unsafe_code)]
 
+pub mod host;
 pub mod image;
 pub mod initramfs;
 pub mod protocol;

@@ -24,6 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use thiserror::Error;
 
@@ -34,7 +35,8 @@ use crate::protocol::{
 use crate::qmp::{Qmp, QmpError};
 
 /// The accelerator QEMU is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Accel {
     /// Hardware virtualization (`/dev/kvm`).
     Kvm,
@@ -43,7 +45,8 @@ pub enum Accel {
 }
 
 /// What every guest of one template shares.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VmConfig {
     pub qemu: PathBuf,
     /// The kernel (a bzImage through microvm's linuxboot ROM, or an
@@ -65,6 +68,11 @@ pub struct VmConfig {
     /// From QEMU's start to the init's `ready` line (or a restore's running
     /// guest).
     pub boot_timeout: Duration,
+    /// The image was verified against its record by the caller already
+    /// (a broker checks it once per file version): the launcher does not
+    /// read it again.
+    #[serde(default)]
+    pub image_verified: bool,
 }
 
 #[derive(Debug, Error)]
@@ -282,8 +290,17 @@ fn tail(path: &Path, max: usize) -> String {
 }
 
 impl Vm {
-    fn spawn(cfg: &VmConfig, dir: &Path, incoming: bool) -> Result<Vm, VmError> {
-        cfg.image.verify()?;
+    /// Starts QEMU for `cfg` with its sockets in `dir`, QEMU running as `ids` (uid, gid) when given (a
+    /// root caller drops it; the sockets are handed to those ids).
+    fn spawn_as(
+        cfg: &VmConfig,
+        dir: &Path,
+        incoming: bool,
+        ids: Option<(u32, u32)>,
+    ) -> Result<Vm, VmError> {
+        if !cfg.image_verified {
+            cfg.image.verify()?;
+        }
         fs::create_dir_all(dir).map_err(io(format!("{}", dir.display())))?;
         let paths = Paths {
             dir: dir.to_owned(),
@@ -296,16 +313,25 @@ impl Vm {
             let l = UnixListener::bind(&path).map_err(io(format!("{}", path.display())))?;
             l.set_nonblocking(true)
                 .map_err(io(format!("{}", path.display())))?;
+            if let Some((uid, gid)) = ids {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .map_err(io(format!("chown {}", path.display())))?;
+            }
             listeners.push(l);
         }
         let started = Instant::now();
-        let mut child = Command::new(&cfg.qemu)
-            .args(cfg.args(&paths, incoming))
+        let mut cmd = Command::new(&cfg.qemu);
+        cmd.args(cfg.args(&paths, incoming))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(io(format!("{}", cfg.qemu.display())))?;
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = ids {
+            // std drops the supplementary groups too when a root caller
+            // changes the uid.
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
+        let mut child = cmd.spawn().map_err(io(format!("{}", cfg.qemu.display())))?;
         // QEMU connects to every socket while it starts up.
         let mut streams = Vec::new();
         for (l, name) in listeners.iter().zip(SOCKETS) {
@@ -375,7 +401,12 @@ impl Vm {
     /// Boots a guest cold and waits for its init's `ready` line. `dir`
     /// holds its sockets and console log.
     pub fn boot(cfg: &VmConfig, dir: &Path) -> Result<Vm, VmError> {
-        let mut vm = Vm::spawn(cfg, dir, false)?;
+        Vm::boot_as(cfg, dir, None)
+    }
+
+    /// [`Vm::boot`] with QEMU as `ids` (see [`Vm::restore_as`]).
+    pub fn boot_as(cfg: &VmConfig, dir: &Path, ids: Option<(u32, u32)>) -> Result<Vm, VmError> {
+        let mut vm = Vm::spawn_as(cfg, dir, false, ids)?;
         let deadline = vm.started + cfg.boot_timeout;
         match vm.read_ctl(deadline) {
             Ok(Some(GuestMessage::Ready { .. })) => {
@@ -401,7 +432,18 @@ impl Vm {
     /// Restores a guest from `snapshot` (taken by [`Vm::snapshot`] of a
     /// guest with the same `cfg`).
     pub fn restore(cfg: &VmConfig, snapshot: &Path, dir: &Path) -> Result<Vm, VmError> {
-        let mut vm = Vm::spawn(cfg, dir, true)?;
+        Vm::restore_as(cfg, snapshot, dir, None)
+    }
+
+    /// [`Vm::restore`] with QEMU running as `ids` (uid, gid): a root caller
+    /// never leaves QEMU root. `dir` must be usable by them.
+    pub fn restore_as(
+        cfg: &VmConfig,
+        snapshot: &Path,
+        dir: &Path,
+        ids: Option<(u32, u32)>,
+    ) -> Result<Vm, VmError> {
+        let mut vm = Vm::spawn_as(cfg, dir, true, ids)?;
         let r = (|| -> Result<(), QmpError> {
             vm.qmp.execute(
                 "migrate-set-capabilities",
@@ -510,12 +552,45 @@ impl Vm {
     /// `output_cap` bytes of each output stream, killing QEMU when `wall`
     /// runs out. The task's entropy and clock are filled in here.
     pub fn run(
-        mut self,
+        self,
         task: &Task,
         stdin: Vec<u8>,
         wall: Duration,
         output_cap: usize,
     ) -> Result<RunResult, VmError> {
+        let out = Capped::new(output_cap);
+        let err = Capped::new(output_cap);
+        let ran = self.run_io(task, std::io::Cursor::new(stdin), out, err, Some(wall))?;
+        Ok(RunResult {
+            outcome: ran.outcome,
+            stdout: ran.stdout.kept,
+            stderr: ran.stderr.kept,
+            stdout_truncated: ran.stdout.truncated,
+            stderr_truncated: ran.stderr.truncated,
+            since_start: ran.since_start,
+            task_time: ran.task_time,
+        })
+    }
+
+    /// Runs `task`, streaming: `stdin` is copied to the guest's stdin port
+    /// until its EOF (then the port is disconnected: the guest reads EOF),
+    /// the guest's stdout and stderr ports to `stdout` and `stderr` as
+    /// they arrive. With `wall`, QEMU is killed when it runs out (a caller
+    /// whose own supervisor keeps the clock passes `None`). Returns the
+    /// writers once the guest is gone.
+    pub fn run_io<R, O, E>(
+        mut self,
+        task: &Task,
+        stdin: R,
+        stdout: O,
+        stderr: E,
+        wall: Option<Duration>,
+    ) -> Result<Ran<O, E>, VmError>
+    where
+        R: Read + Send + 'static,
+        O: Write + Send + 'static,
+        E: Write + Send + 'static,
+    {
         let mut task = task.clone();
         let mut entropy = [0u8; ENTROPY_BYTES];
         rustix::rand::getrandom(&mut entropy, rustix::rand::GetRandomFlags::empty())
@@ -530,20 +605,16 @@ impl Vm {
         line.push('\n');
 
         let sent = Instant::now();
-        let deadline = sent + wall;
-        let out = reader(self.stdout.try_clone().map_err(io("stdout"))?, output_cap);
-        let err = reader(self.stderr.try_clone().map_err(io("stderr"))?, output_cap);
+        // Thirty days stands for "no deadline of ours".
+        let deadline = sent + wall.unwrap_or(Duration::from_secs(30 * 86400));
+        let out = pump(self.stdout.try_clone().map_err(io("stdout"))?, stdout);
+        let err = pump(self.stderr.try_clone().map_err(io("stderr"))?, stderr);
         self.ctl_out
             .write_all(line.as_bytes())
             .map_err(io("send the task"))?;
-        let stdin_sock = self.stdin.take();
-        let feeder = std::thread::spawn(move || {
-            if let Some(mut s) = stdin_sock {
-                let _ = s.write_all(&stdin);
-            }
-            // Dropping the host end disconnects the port: the guest reads
-            // EOF.
-        });
+        if let Some(s) = self.stdin.take() {
+            feed(stdin, s);
+        }
 
         let msg = self.read_ctl(deadline)?;
         let since_start = self.started.elapsed();
@@ -569,42 +640,109 @@ impl Vm {
                 }
             }
         };
-        // The guest powers itself off after its status line.
+        // The guest powers itself off after its status line; its ports
+        // close with QEMU, which ends the pumps.
         self.reap(Duration::from_secs(10));
-        let _ = feeder.join();
-        let (stdout, stdout_truncated) = out.join().unwrap_or_default();
-        let (stderr, stderr_truncated) = err.join().unwrap_or_default();
-        Ok(RunResult {
+        let stdout = out
+            .join()
+            .map_err(|_| VmError::Protocol("the stdout pump panicked".to_owned()))?;
+        let stderr = err
+            .join()
+            .map_err(|_| VmError::Protocol("the stderr pump panicked".to_owned()))?;
+        Ok(Ran {
             outcome,
             stdout,
             stderr,
-            stdout_truncated,
-            stderr_truncated,
             since_start,
             task_time,
         })
     }
 }
 
-/// Reads `s` to EOF, keeping at most `cap` bytes.
-fn reader(mut s: UnixStream, cap: usize) -> JoinHandle<(Vec<u8>, bool)> {
+/// A finished streaming task ([`Vm::run_io`]): the outcome, the writers
+/// given, and the times.
+#[derive(Debug)]
+pub struct Ran<O, E> {
+    pub outcome: Outcome,
+    pub stdout: O,
+    pub stderr: E,
+    /// From QEMU's start to the status line (or the kill).
+    pub since_start: Duration,
+    /// From the task sent to the status line.
+    pub task_time: Duration,
+}
+
+/// Keeps at most `cap` bytes; the rest is counted as truncated.
+#[derive(Debug, Default)]
+pub struct Capped {
+    pub kept: Vec<u8>,
+    pub truncated: bool,
+    cap: usize,
+}
+
+impl Capped {
+    pub fn new(cap: usize) -> Capped {
+        Capped {
+            kept: Vec::new(),
+            truncated: false,
+            cap,
+        }
+    }
+}
+
+impl Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.cap.saturating_sub(self.kept.len());
+        self.kept.extend_from_slice(&buf[..buf.len().min(room)]);
+        self.truncated |= buf.len() > room;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Copies `from` into the guest's stdin port on a thread of its own; at
+/// EOF (or an error either side) the port's host end is dropped, which
+/// disconnects it: the guest reads EOF.
+fn feed<R: Read + Send + 'static>(mut from: R, mut port: UnixStream) {
     std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut truncated = false;
         let mut buf = [0u8; 16 * 1024];
         loop {
-            match s.read(&mut buf) {
+            match from.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    let room = cap.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                    truncated |= n > room;
+                    if port.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
-        (kept, truncated)
+    });
+}
+
+/// Copies `s` to `w` until EOF; once `w` fails the rest is read and
+/// dropped (the guest never blocks on a full port).
+fn pump<W: Write + Send + 'static>(mut s: UnixStream, mut w: W) -> JoinHandle<W> {
+    std::thread::spawn(move || {
+        let mut ok = true;
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if ok {
+                        ok = w.write_all(&buf[..n]).and_then(|()| w.flush()).is_ok();
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        w
     })
 }
 
@@ -643,6 +781,7 @@ mod tests {
             sandbox: true,
             extra_append: Vec::new(),
             boot_timeout: Duration::from_secs(30),
+            image_verified: false,
         };
         let paths = Paths {
             dir: "/run/x".into(),

@@ -126,6 +126,7 @@ fn env() -> &'static Env {
                 .map(|a| a.split_whitespace().map(str::to_owned).collect())
                 .unwrap_or_default(),
             boot_timeout: Duration::from_secs(120),
+            image_verified: false,
         };
         Env {
             root: dir.path().to_owned(),

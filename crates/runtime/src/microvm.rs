@@ -1,0 +1,1120 @@
+//! The microVM runtime (`runtime: microvm`, profile P3): each task is a
+//! guest kernel of its own under QEMU `-M microvm`, started by restoring a
+//! template's memory snapshot, run once and destroyed.
+//!
+//! The guest side and the QEMU launcher are `cordon-vm-init`'s (see
+//! `docs/microvm.md`); this module holds what is the runtime's:
+//!
+//! - **Finding the parts**: QEMU (at least 9.0, for `mapped-ram`), the
+//!   guest kernel and its modules, the static `cordon-vm-init` binary.
+//! - **The accelerator**: KVM when a tiny guest boots under it here
+//!   (checked once per kernel, QEMU and host kernel, and cached), else
+//!   QEMU's TCG emulation, reported as the `kvm` mechanism missing: a
+//!   microvm tool requires `kvm` unless the manifest accepts it.
+//! - **Artifacts in the image store** (`vm/` beside the images): the
+//!   initramfs per init and kernel, the read-only block image per image
+//!   (EROFS, verified by sha256 before use), and one template snapshot per
+//!   (block image, initramfs, kernel, QEMU, memory, vCPUs, accelerator),
+//!   made on first use under a lock by booting a template guest to its
+//!   init's `ready` line, verified by sha256 before each restore.
+//! - **The child of the supervisor** ([`Child`]): the sandbox's command
+//!   line is `cordon-vm-init host DIR`, which runs as pid 1 of the
+//!   supervisor's namespaces (no network at all), starts QEMU as the
+//!   sandbox's host ids (a root broker never leaves QEMU root) with its
+//!   own `-sandbox on` seccomp, streams the tool's stdio over the guest's
+//!   virtio ports and exits like the tool; the cgroup slot bounds QEMU
+//!   (guest memory plus its own overhead), the wall clock and output caps
+//!   are the jail's, and the in-guest end (exit, signal, an OOM inside the
+//!   guest, a guest error or panic) comes back in `DIR/status.json`.
+//!
+//! Not yet: egress (the guest has no NIC; `network: none` only), host
+//! binds, workspaces and state (nothing of the host is shared into the
+//! guest), a root that is not an image.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cordon_jail::{Jail, JailOptions};
+use cordon_sandbox::Status;
+use cordon_vm_init::host::{self, End, Job, Start};
+use cordon_vm_init::image::{self, BlockImage, FsKind};
+use cordon_vm_init::protocol::{Limits as TaskLimits, Task};
+use cordon_vm_init::qemu::{self, Accel, VmConfig};
+use sha2::{Digest, Sha256};
+
+use crate::mechanism::{Mechanism, MechanismState};
+use crate::outcome::{Outcome, RunError};
+use crate::spec::{Network, Root, SandboxSpec};
+use crate::supervisor::{Child, Guest, Launch, Supervisor, WorkDir};
+use crate::{Check, Context, Facts, Runtime, Spawned};
+
+/// What a microVM sandbox's directory is called in notes and errors.
+const LEFTOVER: &str = "microVM sandbox";
+
+/// The oldest QEMU cordon runs (`mapped-ram` migration).
+pub const MIN_QEMU: (u32, u32) = (9, 0);
+
+/// Guest memory beyond the tool's limit: the guest kernel and the init.
+const GUEST_OVERHEAD_MIB: u64 = 96;
+
+/// QEMU's own memory beyond the guest's, in the cgroup slot: TCG's
+/// translation buffers and QEMU itself (KVM needs less).
+const VMM_OVERHEAD_TCG_MIB: u64 = 320;
+const VMM_OVERHEAD_KVM_MIB: u64 = 96;
+
+/// How long a cold boot (a template, the KVM check) may take.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long the KVM check waits for a tiny guest.
+const KVM_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Options of the microVM runtime. Each `None` takes its variable, else
+/// the default.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// QEMU (`$CORDON_QEMU`, else `qemu-system-x86_64` in `PATH`).
+    pub qemu: Option<PathBuf>,
+    /// The guest kernel (`$CORDON_VM_KERNEL`, else the newest
+    /// `/boot/vmlinuz-*-cloud-amd64`, else the newest `/boot/vmlinuz-*`);
+    /// its modules from `/lib/modules/<its release>`.
+    pub kernel: Option<PathBuf>,
+    /// The static `cordon-vm-init` (`$CORDON_VM_INIT`, else beside the
+    /// running executable, else where `scripts/build-vm-init.sh` puts it
+    /// relative to it).
+    pub init: Option<PathBuf>,
+    /// Sandboxes' directories (`microvm` in cordon's runtime directory).
+    pub state_dir: Option<PathBuf>,
+    /// Block images, initramfs and snapshots (`vm` in the image store).
+    pub store: Option<PathBuf>,
+    /// `$CORDON_VM_ACCEL`: `tcg` skips the KVM check and emulates;
+    /// `kvm` skips it and insists.
+    pub accel: Option<Accel>,
+}
+
+#[derive(Debug, Clone)]
+struct Qemu {
+    path: PathBuf,
+    version: String,
+    sandbox: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Kernel {
+    path: PathBuf,
+    release: String,
+    modules: Option<PathBuf>,
+}
+
+/// What the runtime finds on first use.
+struct Found {
+    qemu: Result<Qemu, String>,
+    kernel: Result<Kernel, String>,
+    init: Result<PathBuf, String>,
+    state: Result<PathBuf, String>,
+    store: Result<PathBuf, String>,
+    notes: Vec<String>,
+}
+
+/// A file as last verified: identity and change time.
+type FileId = (u64, u64, u64, i64, i64);
+
+fn file_id(p: &Path) -> Option<FileId> {
+    let m = fs::metadata(p).ok()?;
+    Some((m.dev(), m.ino(), m.len(), m.mtime_nsec(), m.ctime_nsec()))
+}
+
+/// The microVM runtime.
+pub struct Microvm {
+    sup: Supervisor,
+    opts: Options,
+    found: OnceLock<Found>,
+    accel: OnceLock<Result<Accel, String>>,
+    /// Files whose sha256 matched their record, as they were then.
+    verified: Mutex<HashMap<PathBuf, FileId>>,
+    /// Templates are made one at a time per broker (and under a file lock
+    /// across brokers).
+    templates: Mutex<()>,
+    root: bool,
+}
+
+/// `QEMU emulator version 10.0.2 (Debian ...)` -> (10, 0).
+pub fn parse_qemu_version(text: &str) -> Option<(u32, u32)> {
+    let rest = text.lines().next()?.split("version ").nth(1)?;
+    let mut it = rest.split(|c: char| !c.is_ascii_digit());
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn find_qemu(opt: Option<&Path>) -> Result<Qemu, String> {
+    let path = match opt
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CORDON_QEMU").map(PathBuf::from))
+    {
+        Some(p) => p,
+        None => image::find_tool("qemu-system-x86_64").ok_or_else(|| {
+            "qemu-system-x86_64 not found (run scripts/setup.sh: QEMU 10 from bookworm-backports)"
+                .to_string()
+        })?,
+    };
+    let out = Command::new(&path)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("run {} --version: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let v = parse_qemu_version(&text)
+        .ok_or_else(|| format!("{} --version: no version in {text:?}", path.display()))?;
+    if v < MIN_QEMU {
+        return Err(format!(
+            "QEMU {} is {}.{}, older than {}.{} (no mapped-ram snapshots); install QEMU 10 from bookworm-backports",
+            path.display(),
+            v.0,
+            v.1,
+            MIN_QEMU.0,
+            MIN_QEMU.1
+        ));
+    }
+    let sandbox = qemu::qemu_has_sandbox(&path);
+    Ok(Qemu {
+        path,
+        version: text.lines().next().unwrap_or("").to_string(),
+        sandbox,
+    })
+}
+
+fn find_kernel(opt: Option<&Path>) -> Result<Kernel, String> {
+    let path = match opt
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CORDON_VM_KERNEL").map(PathBuf::from))
+    {
+        Some(p) => p,
+        None => {
+            let mut all: Vec<PathBuf> = fs::read_dir("/boot")
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            all.retain(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("vmlinuz-"))
+            });
+            all.sort();
+            let cloud = all
+                .iter()
+                .rev()
+                .find(|p| p.to_string_lossy().ends_with("-cloud-amd64"));
+            cloud.or(all.last()).cloned().ok_or_else(|| {
+                "no guest kernel in /boot (run scripts/setup.sh: linux-image-cloud-amd64), or set CORDON_VM_KERNEL".to_string()
+            })?
+        }
+    };
+    let release = cordon_vm_init::initramfs::kernel_release(&path)
+        .map_err(|e| format!("guest kernel {}: {e}", path.display()))?;
+    let moddir = PathBuf::from(format!("/lib/modules/{release}"));
+    let modules = moddir.join("modules.dep").is_file().then_some(moddir);
+    fs::File::open(&path).map_err(|e| format!("guest kernel {}: {e}", path.display()))?;
+    Ok(Kernel {
+        path,
+        release,
+        modules,
+    })
+}
+
+fn find_init(opt: Option<&Path>) -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = opt
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CORDON_VM_INIT").map(PathBuf::from))
+    {
+        candidates.push(p);
+    } else if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        candidates.push(dir.join("cordon-vm-init"));
+        for up in [dir.join(".."), dir.join("../..")] {
+            candidates.push(up.join("x86_64-unknown-linux-gnu/release/cordon-vm-init"));
+        }
+    }
+    // A dynamic build of the same name (cargo's ordinary one, beside
+    // cordon) is passed over for the static one.
+    let is_static = |p: &Path| {
+        cordon_jail::elf::read(p)
+            .map(|e| e.interp.is_none())
+            .unwrap_or(false)
+    };
+    let found = candidates
+        .iter()
+        .find(|p| p.is_file() && is_static(p))
+        .ok_or_else(|| {
+            format!(
+                "no statically linked guest init cordon-vm-init (looked at {}); build it with scripts/build-vm-init.sh and set CORDON_VM_INIT to the path it prints",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+    fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
+}
+
+/// A directory of cordon's, made 0711 (0755 for the store) and used only
+/// when owned by this uid and writable by it alone.
+fn own_dir(dir: &Path, mode: u32, euid: u32) -> Result<PathBuf, String> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let m = fs::symlink_metadata(dir).map_err(|e| format!("stat {}: {e}", dir.display()))?;
+    if !m.is_dir() || m.uid() != euid || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a directory owned by uid {euid} and writable by it alone",
+            dir.display()
+        ));
+    }
+    Ok(dir.to_path_buf())
+}
+
+fn sha256_hex(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())
+}
+
+/// Everything one task's guest is made of.
+#[derive(Debug, Clone)]
+struct Parts {
+    vm: VmConfig,
+    snapshot: PathBuf,
+    /// QEMU's ids on the host (when the broker is root).
+    qemu_ids: Option<(u32, u32)>,
+}
+
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
+}
+
+impl Microvm {
+    /// The runtime over a jail of its own.
+    pub fn new(opts: Options, jail: JailOptions) -> Result<Microvm, String> {
+        let jail = Jail::with_options(jail).map_err(|e| e.to_string())?;
+        Ok(Microvm::with_jail(opts, Arc::new(jail)))
+    }
+
+    /// [`Microvm::new`] over an existing jail (its cgroup slots shared).
+    pub fn with_jail(mut opts: Options, jail: Arc<Jail>) -> Microvm {
+        let root = jail.host().euid == 0;
+        if opts.accel.is_none() {
+            opts.accel = match std::env::var("CORDON_VM_ACCEL").as_deref() {
+                Ok("tcg") => Some(Accel::Tcg),
+                Ok("kvm") => Some(Accel::Kvm),
+                _ => None,
+            };
+        }
+        Microvm {
+            sup: Supervisor::new(jail),
+            opts,
+            found: OnceLock::new(),
+            accel: OnceLock::new(),
+            verified: Mutex::new(HashMap::new()),
+            templates: Mutex::new(()),
+            root,
+        }
+    }
+
+    fn found(&self) -> &Found {
+        self.found.get_or_init(|| {
+            let euid = self.sup.jail().host().euid;
+            let dirs = cordon_dirs::Dirs::current();
+            let state = match &self.opts.state_dir {
+                Some(p) => Ok(p.clone()),
+                None => dirs
+                    .runtime()
+                    .map(|d| d.join("microvm"))
+                    .map_err(|e| e.to_string()),
+            }
+            .and_then(|d| own_dir(&d, 0o711, euid));
+            let store = match &self.opts.store {
+                Some(p) => Ok(p.clone()),
+                None => dirs
+                    .images()
+                    .map(|d| d.join("vm"))
+                    .map_err(|e| e.to_string()),
+            }
+            .and_then(|d| own_dir(&d, 0o755, euid));
+            let notes = match &state {
+                Ok(s) => crate::supervisor::sweep(s, LEFTOVER),
+                Err(_) => Vec::new(),
+            };
+            Found {
+                qemu: find_qemu(self.opts.qemu.as_deref()),
+                kernel: find_kernel(self.opts.kernel.as_deref()),
+                init: find_init(self.opts.init.as_deref()),
+                state,
+                store,
+                notes,
+            }
+        })
+    }
+
+    /// The jail underneath.
+    pub fn jail(&self) -> &Arc<Jail> {
+        self.sup.jail()
+    }
+
+    /// Why no guest would start here (empty: they would).
+    fn problems(&self) -> Vec<String> {
+        self.parts_problem()
+            .map(|p| vec![format!("runtime microvm: {p}")])
+            .unwrap_or_default()
+    }
+
+    /// The child for one task of `spec`: its parts ready (the template
+    /// made on first use).
+    fn task_child(&self, spec: &SandboxSpec, ctx: &Context) -> Result<VmChild<'_>, RunError> {
+        let problems = self.problems();
+        if !problems.is_empty() {
+            return Err(RunError::Refused(format!(
+                "{}: would not start on this host: {}",
+                spec.tool,
+                problems.join("; ")
+            )));
+        }
+        let parts = self.parts(spec, ctx)?;
+        Ok(VmChild {
+            rt: self,
+            job: Job {
+                vm: parts.vm,
+                start: Start::Restore {
+                    snapshot: parts.snapshot,
+                },
+                task: None,
+                qemu_ids: parts.qemu_ids,
+            },
+            template_out: None,
+        })
+    }
+
+    fn parts_problem(&self) -> Option<String> {
+        let f = self.found();
+        [
+            f.qemu.as_ref().err(),
+            f.kernel.as_ref().err(),
+            f.init.as_ref().err(),
+            f.state.as_ref().err().map(|e| e as &String),
+            f.store.as_ref().err(),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .cloned()
+    }
+
+    /// The accelerator guests run under: KVM when a tiny guest boots with
+    /// it here, else TCG with why KVM is not used.
+    pub fn accel(&self) -> (Accel, Option<String>) {
+        let r = self.accel.get_or_init(|| match self.opts.accel {
+            Some(Accel::Tcg) => Err("CORDON_VM_ACCEL=tcg: emulation chosen by the host".into()),
+            Some(Accel::Kvm) => Ok(Accel::Kvm),
+            None => self.kvm_verdict(),
+        });
+        match r {
+            Ok(a) => (*a, None),
+            Err(why) => (Accel::Tcg, Some(why.clone())),
+        }
+    }
+
+    /// Whether a tiny guest boots under KVM here: cached in the state
+    /// directory per guest kernel, QEMU build and host kernel.
+    fn kvm_verdict(&self) -> Result<Accel, String> {
+        if let Err(e) = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+        {
+            return Err(format!("/dev/kvm: {e}"));
+        }
+        if let Some(p) = self.parts_problem() {
+            return Err(p);
+        }
+        let f = self.found();
+        let (Ok(q), Ok(k), Ok(state)) = (&f.qemu, &f.kernel, &f.state) else {
+            return Err("the microVM parts are missing".into());
+        };
+        let key = sha256_hex(&[
+            k.path.as_os_str().as_encoded_bytes(),
+            k.release.as_bytes(),
+            q.version.as_bytes(),
+            cordon_sys::io::kernel_release().as_bytes(),
+        ]);
+        let cache = state.join(format!("kvm-{}.json", &key[..16]));
+        if let Ok(text) = fs::read_to_string(&cache)
+            && let Ok(v) = serde_json::from_str::<Result<(), String>>(&text)
+        {
+            return v.map(|()| Accel::Kvm);
+        }
+        let v = self.try_kvm();
+        if let Ok(text) = serde_json::to_string(&v) {
+            let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
+            if fs::write(&tmp, text).is_ok() {
+                let _ = fs::rename(&tmp, &cache);
+            }
+        }
+        v.map(|()| Accel::Kvm)
+    }
+
+    /// Boots a guest of an empty image under KVM once.
+    fn try_kvm(&self) -> Result<(), String> {
+        let f = self.found();
+        let (Ok(state), Ok(store)) = (&f.state, &f.store) else {
+            return Err("no state directory".into());
+        };
+        let empty = state.join(format!(".kvm-root-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&empty);
+        fs::create_dir_all(&empty).map_err(|e| format!("{}: {e}", empty.display()))?;
+        let img = image::build(&empty, &store.join("images"), FsKind::Erofs)
+            .map_err(|e| format!("a test image: {e}"));
+        let _ = fs::remove_dir_all(&empty);
+        let mut vm = self.vm_config(img?, 64, 1, Accel::Kvm)?;
+        vm.boot_timeout = KVM_CHECK_TIMEOUT;
+        let dir = state.join(format!(".kvm-check-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let ids = self.qemu_ids(None);
+        if let Some((u, g)) = ids {
+            let _ = std::os::unix::fs::chown(&dir, Some(u), Some(g));
+        }
+        let r = qemu::Vm::boot_as(&vm, &dir, ids).map(drop).map_err(|e| {
+            let e = e.to_string();
+            let short: String = e.chars().take(300).collect();
+            format!("a guest did not boot under KVM here: {short}")
+        });
+        let _ = fs::remove_dir_all(&dir);
+        r
+    }
+
+    /// QEMU's host ids: the sandbox's, when the broker is root.
+    fn qemu_ids(&self, placement: Option<(u32, u32)>) -> Option<(u32, u32)> {
+        self.root
+            .then(|| placement.unwrap_or_else(|| self.sup.jail().sandbox_host_ids()))
+    }
+
+    /// The initramfs for this init and kernel, built once.
+    fn initramfs(&self) -> Result<PathBuf, String> {
+        let f = self.found();
+        let (Ok(init), Ok(k), Ok(store)) = (&f.init, &f.kernel, &f.store) else {
+            return Err(self.parts_problem().unwrap_or_default());
+        };
+        let init_sha = image::sha256_file(init).map_err(|e| e.to_string())?;
+        let key = sha256_hex(&[init_sha.as_bytes(), k.release.as_bytes()]);
+        let dir = store.join("initramfs");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let out = dir.join(format!("{}.cpio", &key[..32]));
+        if out.is_file() {
+            return Ok(out);
+        }
+        let tmp = dir.join(format!(".{}.tmp{}", &key[..32], std::process::id()));
+        cordon_vm_init::initramfs::build(init, k.modules.as_deref(), &tmp)
+            .map_err(|e| format!("build the guest's initramfs: {e}"))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))
+            .and_then(|()| fs::rename(&tmp, &out))
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        Ok(out)
+    }
+
+    /// The block image of `rootfs`: found by the image's digest when it
+    /// has one (an index in the store), else by the digest of its tree;
+    /// verified against its record once per version of the file.
+    fn block_image(&self, rootfs: &Path, digest: &str) -> Result<BlockImage, String> {
+        let Ok(store) = &self.found().store else {
+            return Err(self.parts_problem().unwrap_or_default());
+        };
+        let images = store.join("images");
+        let index = store.join("index");
+        let named = digest.strip_prefix("sha256:").filter(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        });
+        if let Some(h) = named
+            && let Ok(block) = fs::read_to_string(index.join(h))
+        {
+            let img = BlockImage::open_unverified(&images, block.trim())
+                .map_err(|e| format!("the block image of {digest}: {e}"))?;
+            self.verify(&img.path, &img.sha256, false)?;
+            return Ok(img);
+        }
+        let img = image::build(rootfs, &images, FsKind::Erofs)
+            .map_err(|e| format!("build the block image of {}: {e}", rootfs.display()))?;
+        let _ = fs::set_permissions(&img.path, fs::Permissions::from_mode(0o644));
+        if let Some(h) = named {
+            let _ = fs::create_dir_all(&index);
+            let tmp = index.join(format!(".{h}.tmp{}", std::process::id()));
+            if fs::write(&tmp, &img.digest).is_ok() {
+                let _ = fs::rename(&tmp, index.join(h));
+            }
+        }
+        self.remember(&img.path);
+        Ok(img)
+    }
+
+    fn remember(&self, path: &Path) {
+        if let Some(id) = file_id(path) {
+            let mut v = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            v.insert(path.to_path_buf(), id);
+        }
+    }
+
+    /// `path`'s sha256 is `sha256`, or an error naming both; a file
+    /// already verified and unchanged since is not read again.
+    fn verify(&self, path: &Path, sha256: &str, sparse: bool) -> Result<(), String> {
+        let id = file_id(path);
+        {
+            let v = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if id.is_some() && v.get(path) == id.as_ref() {
+                return Ok(());
+            }
+        }
+        let actual = if sparse {
+            image::sha256_sparse(path)
+        } else {
+            image::sha256_file(path)
+        }
+        .map_err(|e| e.to_string())?;
+        if actual != sha256 {
+            return Err(format!(
+                "{} is corrupt: its sha256 is {actual}, its record says {sha256}; refusing to boot it (remove it and it is made again)",
+                path.display()
+            ));
+        }
+        self.remember(path);
+        Ok(())
+    }
+
+    fn vm_config(
+        &self,
+        image: BlockImage,
+        memory_mib: u64,
+        cpus: u32,
+        accel: Accel,
+    ) -> Result<VmConfig, String> {
+        let f = self.found();
+        let (Ok(q), Ok(k)) = (&f.qemu, &f.kernel) else {
+            return Err(self.parts_problem().unwrap_or_default());
+        };
+        Ok(VmConfig {
+            qemu: q.path.clone(),
+            kernel: k.path.clone(),
+            initramfs: self.initramfs()?,
+            image,
+            memory_mib: u32::try_from(memory_mib + GUEST_OVERHEAD_MIB).unwrap_or(u32::MAX),
+            cpus,
+            accel,
+            tsc_khz: (accel == Accel::Tcg).then(qemu::host_tsc_khz).flatten(),
+            sandbox: q.sandbox,
+            extra_append: Vec::new(),
+            boot_timeout: BOOT_TIMEOUT,
+            image_verified: true,
+        })
+    }
+
+    /// Everything a task of `spec` needs, its template snapshot made if
+    /// there is none yet.
+    fn parts(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Parts, RunError> {
+        let refuse = |e: String| RunError::Setup(format!("{}: microvm: {e}", spec.tool));
+        let Root::Image { rootfs, digest } = &spec.root else {
+            return Err(RunError::Refused(format!(
+                "{}: runtime microvm needs an image root",
+                spec.tool
+            )));
+        };
+        let img = self.block_image(rootfs, digest).map_err(refuse)?;
+        let (accel, _) = self.accel();
+        let vm = self
+            .vm_config(img, guest_mib(spec), vcpus(spec), accel)
+            .map_err(refuse)?;
+        let qemu_ids = self.qemu_ids(ctx.placement.host_ids);
+        let snapshot = self.template(spec, &vm, qemu_ids, ctx)?;
+        Ok(Parts {
+            vm,
+            snapshot,
+            qemu_ids,
+        })
+    }
+
+    /// The template snapshot of `vm`: verified, or made now (one boot of
+    /// a guest that runs no task).
+    fn template(
+        &self,
+        spec: &SandboxSpec,
+        vm: &VmConfig,
+        qemu_ids: Option<(u32, u32)>,
+        ctx: &Context,
+    ) -> Result<PathBuf, RunError> {
+        let fail = |e: String| RunError::Setup(format!("{}: microvm template: {e}", spec.tool));
+        let Ok(store) = &self.found().store else {
+            return Err(fail(self.parts_problem().unwrap_or_default()));
+        };
+        let q = self.found().qemu.as_ref().map_err(|e| fail(e.clone()))?;
+        let kmeta = fs::metadata(&vm.kernel).map_err(|e| fail(e.to_string()))?;
+        let key = sha256_hex(&[
+            vm.image.sha256.as_bytes(),
+            vm.initramfs.as_os_str().as_encoded_bytes(),
+            vm.kernel.as_os_str().as_encoded_bytes(),
+            &kmeta.len().to_le_bytes(),
+            &kmeta.mtime().to_le_bytes(),
+            q.version.as_bytes(),
+            &vm.memory_mib.to_le_bytes(),
+            &vm.cpus.to_le_bytes(),
+            format!("{:?} {:?}", vm.accel, vm.tsc_khz).as_bytes(),
+        ]);
+        let key = &key[..32];
+        let dir = store.join("snapshots");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| fail(format!("create {}: {e}", dir.display())))?;
+        let snap = dir.join(format!("{key}.snap"));
+        let record = dir.join(format!("{key}.sha256"));
+        let check = || -> Result<Option<PathBuf>, RunError> {
+            match fs::read_to_string(&record) {
+                Ok(sha) => {
+                    self.verify(&snap, sha.trim(), true).map_err(fail)?;
+                    Ok(Some(snap.clone()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(fail(format!("{}: {e}", record.display()))),
+            }
+        };
+        if let Some(s) = check()? {
+            return Ok(s);
+        }
+        let _one = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = fs::File::create(dir.join(format!("{key}.lock")))
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| fail(format!("lock: {e}")))?;
+        if let Some(s) = check()? {
+            return Ok(s);
+        }
+        let out = dir.join(format!(".{key}.tmp{}", std::process::id()));
+        let _ = fs::remove_dir_all(&out);
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&out)
+            .map_err(|e| fail(format!("create {}: {e}", out.display())))?;
+        if let Some((u, g)) = qemu_ids {
+            std::os::unix::fs::chown(&out, Some(u), Some(g))
+                .map_err(|e| fail(format!("chown {}: {e}", out.display())))?;
+        }
+        let made = self.boot_template(spec, vm, qemu_ids, &out, ctx);
+        let r = made.and_then(|()| {
+            let taken = out.join(host::TEMPLATE_SNAPSHOT);
+            let sha = image::sha256_sparse(&taken).map_err(|e| fail(e.to_string()))?;
+            // QEMU wrote it as the sandbox's ids; the store keeps it as
+            // its own, read-only to every sandbox.
+            if qemu_ids.is_some() {
+                let me = self.sup.jail().host();
+                std::os::unix::fs::chown(&taken, Some(me.euid), Some(me.egid))
+                    .map_err(|e| fail(format!("chown {}: {e}", taken.display())))?;
+            }
+            fs::set_permissions(&taken, fs::Permissions::from_mode(0o644))
+                .and_then(|()| fs::rename(&taken, &snap))
+                .and_then(|()| fs::write(&record, &sha))
+                .map_err(|e| fail(format!("{}: {e}", snap.display())))?;
+            self.remember(&snap);
+            Ok(snap.clone())
+        });
+        let _ = fs::remove_dir_all(&out);
+        drop(lock);
+        r
+    }
+
+    /// One template boot through the supervisor: the guest boots to its
+    /// init's `ready`, QEMU writes the snapshot into `out`.
+    fn boot_template(
+        &self,
+        spec: &SandboxSpec,
+        vm: &VmConfig,
+        qemu_ids: Option<(u32, u32)>,
+        out: &Path,
+        ctx: &Context,
+    ) -> Result<(), RunError> {
+        let t = VmChild {
+            rt: self,
+            job: Job {
+                vm: vm.clone(),
+                start: Start::Template,
+                task: None,
+                qemu_ids,
+            },
+            template_out: Some(out.to_path_buf()),
+        };
+        let mut tspec = SandboxSpec::new(&spec.tool, ["template"]);
+        tspec.network = Network::None;
+        tspec.limits = spec.limits;
+        let o = self.sup.run(&t, &tspec, Vec::new(), ctx)?;
+        if o.status != Status::Ok {
+            return Err(RunError::Setup(format!(
+                "{}: microvm template: the template guest did not snapshot: {} {}",
+                spec.tool,
+                o.reason,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// How each mechanism holds for a sandbox of `spec` here.
+    pub fn mechanisms(&self, spec: &SandboxSpec) -> Vec<MechanismState> {
+        let (accel, why) = self.accel();
+        let mut out = vec![
+            MechanismState::enforced(Mechanism::Namespaces),
+            MechanismState::enforced(Mechanism::ReadonlyRoot),
+            MechanismState::enforced(Mechanism::Descriptors),
+            MechanismState::enforced(Mechanism::Network),
+            MechanismState::enforced(Mechanism::Seccomp),
+            MechanismState::missing(
+                Mechanism::Landlock,
+                "not applied inside the guest: its own kernel serves a read-only block image and nothing of the host's",
+            ),
+        ];
+        out.push(match (accel, why) {
+            (Accel::Kvm, _) => MechanismState::enforced(Mechanism::Kvm),
+            (Accel::Tcg, why) => MechanismState::missing(
+                Mechanism::Kvm,
+                format!(
+                    "guests run under QEMU's TCG emulation (slow): {}",
+                    why.unwrap_or_default()
+                ),
+            ),
+        });
+        out.push(
+            self.sup
+                .cgroup(spec, "QEMU (the guest's memory and QEMU's own)"),
+        );
+        out
+    }
+}
+
+/// The guest's memory for `spec`'s tool: its limit rounded up to a power
+/// of two (at least 128 MiB), so that tools of nearby limits share one
+/// template; the init holds the tool to its own limit inside the guest.
+fn guest_mib(spec: &SandboxSpec) -> u64 {
+    mib(spec.limits.memory_bytes).max(128).next_power_of_two()
+}
+
+/// vCPUs from the CPU limit: one per 100 %, at least one.
+fn vcpus(spec: &SandboxSpec) -> u32 {
+    let want = u64::from(spec.limits.cpu_percent.unwrap_or(100))
+        .div_ceil(100)
+        .max(1);
+    let have = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    u32::try_from(want.min(have)).unwrap_or(1)
+}
+
+/// The task the guest's init runs for `spec`.
+fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
+    let (uid, gid) = spec.user.unwrap_or((1000, 1000));
+    Task {
+        argv: spec.argv.clone(),
+        env: guest.env.clone(),
+        cwd: spec.cwd.clone().unwrap_or_else(|| "/tmp".into()),
+        uid,
+        gid,
+        limits: TaskLimits {
+            tmp_mib: mib(spec.limits.disk_bytes).max(1),
+            memory_mib: Some(mib(spec.limits.memory_bytes)),
+            pids: Some(spec.limits.tasks),
+            nofile: spec.limits.nofile,
+        },
+        entropy: String::new(),
+        time_ns: 0,
+    }
+}
+
+/// The supervisor's limits for a VMM of `vm`: the tool's, with the memory
+/// of the guest plus QEMU's own.
+fn vmm_limits(spec: &SandboxSpec, vm: &VmConfig) -> cordon_sandbox::Limits {
+    let mut l = spec.limits;
+    let overhead = match vm.accel {
+        Accel::Kvm => VMM_OVERHEAD_KVM_MIB,
+        Accel::Tcg => VMM_OVERHEAD_TCG_MIB,
+    };
+    l.memory_bytes = (u64::from(vm.memory_mib) + overhead) << 20;
+    // QEMU's threads (vCPUs, I/O, RCU, the pumps) beside the helper.
+    l.tasks = l.tasks.max(64);
+    l
+}
+
+fn write_job(dir: &WorkDir, job: &Job) -> Result<(), RunError> {
+    let text = serde_json::to_vec(job)
+        .map_err(|e| RunError::Setup(format!("microvm: encode the job: {e}")))?;
+    let path = dir.path().join(host::JOB);
+    fs::write(&path, text)
+        .map_err(|e| RunError::Setup(format!("microvm: write {}: {e}", path.display())))
+}
+
+/// The helper's command line.
+fn helper_argv(init: &Path, dir: &WorkDir) -> Vec<String> {
+    vec![
+        init.display().to_string(),
+        "host".into(),
+        dir.path().display().to_string(),
+    ]
+}
+
+/// One sandbox of the helper: a task restored from its template, or a
+/// template boot (no task; QEMU writes the snapshot into `template_out`).
+struct VmChild<'a> {
+    rt: &'a Microvm,
+    job: Job,
+    template_out: Option<PathBuf>,
+}
+
+impl Child for VmChild<'_> {
+    fn name(&self) -> &'static str {
+        "microvm"
+    }
+
+    fn leftover(&self) -> &'static str {
+        LEFTOVER
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.rt.problems()
+    }
+
+    fn state_dir(&self) -> Result<&Path, String> {
+        self.rt.found().state.as_deref().map_err(Clone::clone)
+    }
+
+    /// The job (the guest, its snapshot and the task) and the helper
+    /// that runs it.
+    fn launch(&self, spec: &SandboxSpec, guest: &Guest, dir: &WorkDir) -> Result<Launch, RunError> {
+        let init = self
+            .rt
+            .found()
+            .init
+            .as_ref()
+            .map_err(|e| RunError::Refused(format!("{}: runtime microvm: {e}", spec.tool)))?;
+        let mut job = self.job.clone();
+        if let Some(out) = &self.template_out {
+            // The snapshot goes straight into the store's temporary
+            // directory (QEMU's, like the rest of the guest's directory).
+            let vm_dir = dir.path().join(host::VM_DIR);
+            std::os::unix::fs::symlink(out, &vm_dir).map_err(|e| {
+                RunError::Setup(format!("{}: microvm: {}: {e}", spec.tool, vm_dir.display()))
+            })?;
+        } else {
+            job.task = Some(task(spec, guest));
+        }
+        write_job(dir, &job)?;
+        Ok(Launch {
+            argv: helper_argv(init, dir),
+            cleanup: Vec::new(),
+            limits: Some(vmm_limits(spec, &job.vm)),
+        })
+    }
+
+    /// The guest's end, from the helper's status file.
+    fn finish(&self, dir: &WorkDir, out: &mut Outcome) {
+        let path = dir.path().join(host::STATUS);
+        let Ok(text) = fs::read(&path) else {
+            return;
+        };
+        let Ok(st) = serde_json::from_slice::<host::Status>(&text) else {
+            out.reason = format!("{}; unreadable guest status", out.reason);
+            return;
+        };
+        if !matches!(out.status, Status::Ok | Status::Exited) {
+            return;
+        }
+        match st.end {
+            End::Exited { code } => {
+                out.exit_code = Some(code);
+                out.signal = None;
+            }
+            End::Signaled { signal, oom } => {
+                out.exit_code = None;
+                out.signal = Some(signal);
+                if oom {
+                    out.status = Status::MemoryLimit;
+                    out.reason = format!(
+                        "{}: killed by the guest's OOM killer at its memory limit",
+                        out.reason
+                    );
+                } else {
+                    out.status = Status::Exited;
+                    out.reason = format!("killed by signal {signal} in the guest");
+                }
+            }
+            End::GuestError { stage, message } => {
+                out.status = Status::Exited;
+                out.exit_code = Some(127);
+                out.reason = format!("the guest could not run the tool ({stage}): {message}");
+            }
+            End::GuestDied { panic, console } => {
+                out.status = Status::Exited;
+                out.exit_code = None;
+                let last: String = console
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect();
+                out.reason = if panic {
+                    format!("the guest kernel panicked: {last}")
+                } else {
+                    format!("the guest died without a status: {last}")
+                };
+            }
+            End::HostError { message } => {
+                out.status = Status::Exited;
+                out.exit_code = None;
+                out.reason = format!("microvm host side: {message}");
+            }
+            End::Snapshotted => {}
+        }
+    }
+}
+
+impl Runtime for Microvm {
+    fn name(&self) -> &'static str {
+        "microvm"
+    }
+
+    fn check(&self, spec: &SandboxSpec) -> Check {
+        let mut problems = self.problems();
+        if !matches!(spec.root, Root::Image { .. }) {
+            problems.push(format!(
+                "{}: runtime microvm runs an image (`image: NAME@sha256:...`): the guest's root is a block image made from it, and nothing of the host's file system is shared into the guest",
+                spec.tool
+            ));
+        }
+        if let Some(m) = spec.mounts.first() {
+            problems.push(format!(
+                "mount {}:{}: runtime microvm shares no host directory into the guest",
+                m.src.display(),
+                m.dst.display()
+            ));
+        }
+        if spec.workspace.is_some() || spec.state.is_some() {
+            problems.push(format!(
+                "{}: runtime microvm has no workspace or state volumes yet",
+                spec.tool
+            ));
+        }
+        if matches!(spec.network, Network::Doors(_)) {
+            problems.push(format!(
+                "{}: runtime microvm has no egress yet (the guest has no network device); use `network: none`",
+                spec.tool
+            ));
+        }
+        Check {
+            mechanisms: self.mechanisms(spec),
+            problems,
+        }
+    }
+
+    fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        let child = self.task_child(spec, ctx)?;
+        self.sup.run(&child, spec, input, ctx)
+    }
+
+    fn spawn(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Spawned, RunError> {
+        let child = self.task_child(spec, ctx)?;
+        self.sup.spawn(&child, spec, ctx)
+    }
+
+    fn facts(&self) -> Facts {
+        let spec = SandboxSpec::new("doctor", ["/bin/true"]);
+        let f = self.found();
+        let mut notes = Vec::new();
+        match &f.qemu {
+            Ok(q) => notes.push(format!(
+                "QEMU {} ({}){}",
+                q.path.display(),
+                q.version,
+                if q.sandbox {
+                    ", -sandbox on"
+                } else {
+                    ", no -sandbox (built without seccomp)"
+                }
+            )),
+            Err(e) => notes.push(format!("refused: {e}")),
+        }
+        match &f.kernel {
+            Ok(k) => notes.push(format!(
+                "guest kernel {} ({}), modules {}",
+                k.path.display(),
+                k.release,
+                k.modules
+                    .as_ref()
+                    .map_or("built in".to_string(), |m| m.display().to_string())
+            )),
+            Err(e) => notes.push(format!("refused: {e}")),
+        }
+        match &f.init {
+            Ok(p) => notes.push(format!("guest init {}", p.display())),
+            Err(e) => notes.push(format!("refused: {e}")),
+        }
+        if self.parts_problem().is_none() {
+            match self.accel() {
+                (Accel::Kvm, _) => notes.push("accelerator: kvm".into()),
+                (Accel::Tcg, why) => notes.push(format!(
+                    "accelerator: tcg (emulation; a microvm tool must `accept: [kvm]`): {}",
+                    why.unwrap_or_default()
+                )),
+            }
+        }
+        for (what, d) in [("state", &f.state), ("store", &f.store)] {
+            match d {
+                Ok(p) => notes.push(format!("{what}: {}", p.display())),
+                Err(e) => notes.push(format!("refused: {what}: {e}")),
+            }
+        }
+        notes.push("network: none (no NIC; egress not built yet)".into());
+        notes.extend(f.notes.iter().cloned());
+        Facts {
+            runtime: "microvm",
+            mechanisms: self.mechanisms(&spec),
+            notes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_versions() {
+        assert_eq!(
+            parse_qemu_version(
+                "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-1~bpo12+1)\nCopyright"
+            ),
+            Some((10, 0))
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 7.2.15 (Debian 1:7.2+dfsg-7+deb12u12)"),
+            Some((7, 2))
+        );
+        assert_eq!(parse_qemu_version("nothing"), None);
+    }
+}

@@ -1,0 +1,345 @@
+//! The microVM runtime against real QEMU under TCG, Debian's cloud kernel
+//! and the static guest init (`scripts/setup.sh` installs the first two;
+//! `scripts/build-vm-init.sh` builds the init). A missing piece fails the
+//! tests, naming it.
+//!
+//! One store per test binary: the first task makes the template snapshot
+//! (one cold boot, about 10 s of CPU here), every later task restores it.
+//! At most two guests at once (two cores).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use cordon_runtime::microvm::{Microvm, Options};
+use cordon_runtime::{Context, Mechanism, Root, Runtime, SandboxSpec, State, Status};
+use cordon_vm_init::qemu::Accel;
+
+struct Env {
+    _dir: cordon_testkit::Scratch,
+    rootfs: cordon_testkit::Scratch,
+    opts: Options,
+}
+
+fn build_init() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-vm-init.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .expect("run scripts/build-vm-init.sh");
+    assert!(
+        out.status.success(),
+        "scripts/build-vm-init.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        assert!(
+            cordon_testkit::image::missing().is_none(),
+            "{:?}",
+            cordon_testkit::image::missing()
+        );
+        let dir = cordon_testkit::scratch::named("cordon-microvm-rt-");
+        let opts = Options {
+            init: Some(build_init()),
+            state_dir: Some(dir.path().join("state")),
+            store: Some(dir.path().join("store")),
+            accel: Some(Accel::Tcg),
+            ..Options::default()
+        };
+        Env {
+            rootfs: cordon_testkit::image::busybox(),
+            _dir: dir,
+            opts,
+        }
+    })
+}
+
+/// The runtime, or a failure naming what is missing on this host.
+fn microvm() -> Microvm {
+    let m = Microvm::new(env().opts.clone(), Default::default()).expect("microvm runtime");
+    let problems = m.check(&spec(&["/bin/true"])).problems;
+    assert!(problems.is_empty(), "run scripts/setup.sh: {problems:?}");
+    m
+}
+
+/// A runtime with a state directory of its own (the store shared), so
+/// that what it leaves can be told from other tests' live guests.
+fn microvm_alone(tag: &str) -> (Microvm, PathBuf) {
+    let state = env()
+        .opts
+        .state_dir
+        .clone()
+        .unwrap()
+        .with_file_name(format!("state-{tag}"));
+    let mut opts = env().opts.clone();
+    opts.state_dir = Some(state.clone());
+    (
+        Microvm::new(opts, Default::default()).expect("microvm runtime"),
+        state,
+    )
+}
+
+/// At most two guests at once.
+fn slot() -> MutexGuard<'static, ()> {
+    static SLOTS: [Mutex<()>; 2] = [Mutex::new(()), Mutex::new(())];
+    loop {
+        for s in &SLOTS {
+            if let Ok(g) = s.try_lock() {
+                return g;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spec(argv: &[&str]) -> SandboxSpec {
+    let mut s = SandboxSpec::new("vm", argv.iter().copied());
+    s.profile = cordon_policy::policy::Profile::P3;
+    s.limits = cordon_policy::resolve::default_limits(s.profile).expect("P3 limits");
+    s.limits.memory_bytes = 256 << 20;
+    s.limits.cpu_percent = Some(100);
+    s.limits.wall = Duration::from_secs(120);
+    s.root = Root::Image {
+        rootfs: env().rootfs.path().to_path_buf(),
+        digest: String::new(),
+    };
+    s.env = vec![("PATH".into(), "/bin".into())];
+    s
+}
+
+fn sh(script: &str) -> SandboxSpec {
+    spec(&["/bin/sh", "-c", script])
+}
+
+fn run(m: &Microvm, s: &SandboxSpec, input: &[u8]) -> cordon_runtime::Outcome {
+    let _slot = slot();
+    m.run(s, input.to_vec(), &Context::discard("t"))
+        .expect("run")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Processes whose command line names `needle`.
+fn processes_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(format!("{}: {cmd}", p.path().display()));
+            }
+        }
+    }
+    out
+}
+
+/// Sandbox directories left in `state`.
+fn leftovers(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("cordon-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_task_runs_in_a_guest_kernel_with_stdin_stdout_and_its_exit_status() {
+    let m = microvm();
+    let input: Vec<u8> = (0..=255u8).collect();
+    let o = run(
+        &m,
+        &sh("cat; id -u; cat /proc/cmdline; echo oops >&2; exit 3"),
+        &input,
+    );
+    assert_eq!(o.status, Status::Exited, "{o:?} {}", text(&o.stderr));
+    assert_eq!(o.exit_code, Some(3), "{}", o.reason);
+    let (echoed, rest) = o.stdout.split_at(input.len());
+    assert_eq!(echoed, &input[..], "stdin came back changed");
+    let rest = text(rest);
+    let lines: Vec<&str> = rest.lines().collect();
+    assert_eq!(lines[0], "1000");
+    // The guest's own kernel, booted by cordon: its command line is
+    // cordon's, not the host's.
+    assert!(lines[1].contains("panic=-1"), "{rest}");
+    let host = std::fs::read_to_string("/proc/cmdline").unwrap();
+    assert_ne!(lines[1], host.trim());
+    assert_eq!(text(&o.stderr), "oops\n");
+    // The mechanisms as this host has them: no KVM here, said so.
+    let c = m.check(&sh("true"));
+    let kvm = c
+        .mechanisms
+        .iter()
+        .find(|s| s.mechanism == Mechanism::Kvm)
+        .expect("kvm is reported");
+    assert!(matches!(kvm.state, State::Missing(_)), "{kvm:?}");
+}
+
+#[test]
+fn each_task_is_a_fresh_guest_that_sees_nothing_of_the_last() {
+    let m = microvm();
+    let script = "ls /tmp; echo mark > /tmp/mark; sleep 300 & head -c16 /dev/urandom | od -An -tx1; date +%s";
+    let a = run(&m, &sh(script), b"");
+    let b = run(&m, &sh(script), b"");
+    for o in [&a, &b] {
+        assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    }
+    let (a, b) = (text(&a.stdout), text(&b.stdout));
+    let (al, bl): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    // Nothing of the first task's /tmp in the second's.
+    assert!(!b.contains("mark"), "{b}");
+    assert_eq!(al.len(), 2, "{a}");
+    assert_eq!(bl.len(), 2, "{b}");
+    // Restored from one snapshot, yet their generators differ: fresh
+    // entropy and a reseed per guest.
+    assert_ne!(al[0], bl[0], "two restored guests drew the same bytes");
+    // And the clock is the host's, not the template's.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let guest: u64 = bl[1].trim().parse().unwrap();
+    assert!(now.abs_diff(guest) < 120, "guest {guest}, host {now}");
+}
+
+#[test]
+fn a_wall_clock_kill_leaves_no_qemu_and_no_directory() {
+    let (m, state) = microvm_alone("wall");
+    let mut s = sh("echo started; sleep 1000");
+    // Positive control first: a short task within the same wall clock.
+    s.limits.wall = Duration::from_secs(60);
+    let ok = run(&m, &sh("echo fine"), b"");
+    assert_eq!(ok.status, Status::Ok, "{ok:?}");
+    s.limits.wall = Duration::from_secs(8);
+    let o = run(&m, &s, b"");
+    assert_eq!(o.status, Status::TimedOut, "{o:?} {}", text(&o.stderr));
+    let left = processes_naming(&state.display().to_string());
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let dirs = leftovers(&state);
+    assert!(dirs.is_empty(), "left behind: {dirs:?}");
+}
+
+#[test]
+fn the_guest_holds_the_tool_to_its_memory_limit() {
+    let m = microvm();
+    // 16 MiB of shell variable: fine under 64 MiB...
+    let grow = |mib: u32| {
+        format!(
+            "x=$(head -c {} /dev/zero | tr '\\0' a); echo ${{#x}}",
+            mib << 20
+        )
+    };
+    let mut s = sh(&grow(8));
+    s.limits.memory_bytes = 64 << 20;
+    let o = run(&m, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), (8u32 << 20).to_string());
+    // ...killed by the guest's OOM killer over it.
+    let mut s = sh(&grow(200));
+    s.limits.memory_bytes = 64 << 20;
+    let o = run(&m, &s, b"");
+    assert_eq!(o.status, Status::MemoryLimit, "{o:?} {}", text(&o.stderr));
+    assert_eq!(o.signal, Some(9), "{o:?}");
+    assert!(o.reason.contains("guest's OOM killer"), "{}", o.reason);
+}
+
+#[test]
+fn output_over_the_cap_is_cut_and_the_guest_killed() {
+    let (m, state) = microvm_alone("cap");
+    let mut s = sh("head -c 100000 /dev/zero; echo done >&2");
+    s.limits.output_bytes = 1 << 20;
+    let o = run(&m, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout.len(), 100000);
+    let mut s = sh("while :; do head -c 1048576 /dev/zero; done");
+    s.limits.output_bytes = 1 << 20;
+    let o = run(&m, &s, b"");
+    assert_eq!(o.status, Status::OutputCap, "{o:?}");
+    assert!(o.stdout.len() <= 1 << 20);
+    let left = processes_naming(&state.display().to_string());
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let dirs = leftovers(&state);
+    assert!(dirs.is_empty(), "left behind: {dirs:?}");
+}
+
+#[test]
+fn a_spawned_guest_streams_both_ways() {
+    use std::io::{BufRead, BufReader, Write};
+    let m = microvm();
+    let s = sh("while read l; do echo \"got $l\"; done; echo bye");
+    let sp = {
+        let _slot = slot();
+        m.spawn(&s, &Context::discard("t")).expect("spawn")
+    };
+    let mut w = sp.stream.try_clone().unwrap();
+    let mut r = BufReader::new(sp.stream.try_clone().unwrap());
+    for i in 0..3 {
+        writeln!(w, "line {i}").unwrap();
+        let mut got = String::new();
+        r.read_line(&mut got).unwrap();
+        assert_eq!(got, format!("got line {i}\n"));
+    }
+    sp.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut last = String::new();
+    r.read_line(&mut last).unwrap();
+    assert_eq!(last, "bye\n");
+    let o = sp.handle.wait().expect("outcome");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+}
+
+#[test]
+fn a_corrupted_snapshot_is_refused_and_never_restored() {
+    // A store of its own: its template is corrupted on purpose.
+    let dir = cordon_testkit::scratch::named("cordon-microvm-corrupt-");
+    let mut opts = env().opts.clone();
+    opts.store = Some(dir.path().join("store"));
+    let m = Microvm::new(opts.clone(), Default::default()).unwrap();
+    // Positive control: the template is made and a task runs.
+    let o = run(&m, &sh("echo ok"), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    let snaps = dir.path().join("store/snapshots");
+    let snap = std::fs::read_dir(&snaps)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "snap"))
+        .expect("a snapshot");
+    // Flip one byte of guest memory (a data extent of the sparse file).
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&snap)
+        .unwrap();
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.write_all(&[b[0] ^ 0x5a]).unwrap();
+    drop(f);
+    // A new broker (nothing verified yet) and this one (which verified the
+    // file before it changed) both refuse it.
+    for m in [Microvm::new(opts.clone(), Default::default()).unwrap(), m] {
+        let e = {
+            let _slot = slot();
+            m.run(&sh("echo never"), Vec::new(), &Context::discard("t"))
+                .expect_err("a corrupted snapshot was restored")
+        };
+        assert!(e.to_string().contains("is corrupt"), "{e}");
+    }
+    let left = processes_naming(&dir.path().display().to_string());
+    assert!(left.is_empty(), "{left:?}");
+}

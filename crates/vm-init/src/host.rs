@@ -1,0 +1,236 @@
+//! The host side of one microVM sandbox, as a process of its own:
+//! `cordon-vm-init host DIR`.
+//!
+//! cordon's supervisor runs it as pid 1 of the sandbox's pid, mount and
+//! network namespaces, in the sandbox's cgroup slot, with the jail's stdio
+//! relay on its own stdin, stdout and stderr (QEMU's stdio is not the
+//! guest's). It reads the [`Job`] the runtime wrote to `DIR/job.json`,
+//! starts QEMU (dropped to the job's uid and gid when run as root), boots
+//! or restores the guest, streams its stdin to the guest's stdin port and
+//! the guest's stdout and stderr ports to its own, writes how the task
+//! ended to `DIR/status.json` ([`Status`]) and exits like the tool: its exit
+//! code, `128 + signal` for a signal. The jail keeps the wall clock and the
+//! output caps: when it kills this process, the pid namespace ends and
+//! QEMU with it.
+//!
+//! A template job boots the guest to its init's `ready` line, snapshots it
+//! into `DIR/vm/template.snap` (the runtime moves it into its store) and
+//! exits 0; it runs no task.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::Task;
+use crate::qemu::{Outcome, Vm, VmConfig};
+
+/// The job file's name in the sandbox's directory.
+pub const JOB: &str = "job.json";
+/// The status file's name in the sandbox's directory.
+pub const STATUS: &str = "status.json";
+/// The subdirectory QEMU's sockets, console and snapshot go in (owned by
+/// QEMU's ids).
+pub const VM_DIR: &str = "vm";
+/// Where a template job leaves its snapshot, in [`VM_DIR`].
+pub const TEMPLATE_SNAPSHOT: &str = "template.snap";
+
+/// The exit code when the host side failed (nothing of the tool ran, or
+/// its end is unknown); `DIR/status.json` says why.
+pub const EXIT_HOST_ERROR: i32 = 125;
+
+/// How the guest starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Start {
+    /// A cold boot.
+    Cold,
+    /// A restore of a template's snapshot.
+    Restore { snapshot: PathBuf },
+    /// Boot, snapshot at `ready`, end: no task.
+    Template,
+}
+
+/// What the runtime asks of one helper.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    pub vm: VmConfig,
+    pub start: Start,
+    /// The tool's task (none for a template).
+    pub task: Option<Task>,
+    /// QEMU's uid and gid, when the helper runs as root.
+    pub qemu_ids: Option<(u32, u32)>,
+}
+
+/// How the task ended, as the helper saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case", deny_unknown_fields)]
+pub enum End {
+    /// The tool exited with `code`.
+    Exited { code: i32 },
+    /// The tool was killed by `signal`; `oom`: by the guest's OOM killer.
+    Signaled { signal: i32, oom: bool },
+    /// The guest's init could not run the task.
+    GuestError { stage: String, message: String },
+    /// The guest went away without a status (`panic`: a kernel panic).
+    GuestDied { panic: bool, console: String },
+    /// The host side failed before or while the guest ran.
+    HostError { message: String },
+    /// A template was snapshotted.
+    Snapshotted,
+}
+
+/// `DIR/status.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    #[serde(flatten)]
+    pub end: End,
+    /// From QEMU's start to the guest ready (cold) or running (restored).
+    pub ready_ms: u64,
+    /// From the task sent to its status.
+    pub task_ms: u64,
+}
+
+impl Status {
+    /// The exit code the helper ends with.
+    pub fn exit_code(&self) -> i32 {
+        match &self.end {
+            End::Exited { code } => *code,
+            End::Signaled { signal, .. } => 128 + signal,
+            End::Snapshotted => 0,
+            _ => EXIT_HOST_ERROR,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs the job in `dir` and returns the exit code (after writing
+/// `dir/status.json`).
+pub fn main(dir: &Path) -> i32 {
+    let status = match run(dir) {
+        Ok(s) => s,
+        Err(message) => Status {
+            end: End::HostError { message },
+            ready_ms: 0,
+            task_ms: 0,
+        },
+    };
+    let code = status.exit_code();
+    if let Err(e) = write_status(dir, &status) {
+        eprintln!("cordon-vm-init host: {e}");
+        return EXIT_HOST_ERROR;
+    }
+    code
+}
+
+fn write_status(dir: &Path, status: &Status) -> Result<(), String> {
+    let text = serde_json::to_vec(status).map_err(|e| format!("encode the status: {e}"))?;
+    let tmp = dir.join(".status.tmp");
+    let path = dir.join(STATUS);
+    fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&text))
+        .and_then(|()| fs::rename(&tmp, &path))
+        .map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+fn run(dir: &Path) -> Result<Status, String> {
+    let job_path = dir.join(JOB);
+    let text = fs::read(&job_path).map_err(|e| format!("read {}: {e}", job_path.display()))?;
+    let job: Job =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", job_path.display()))?;
+    let vm_dir = dir.join(VM_DIR);
+    fs::create_dir_all(&vm_dir).map_err(|e| format!("create {}: {e}", vm_dir.display()))?;
+    if let Some((uid, gid)) = job.qemu_ids {
+        std::os::unix::fs::chown(&vm_dir, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", vm_dir.display()))?;
+    }
+    let vm = match &job.start {
+        Start::Cold | Start::Template => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
+        Start::Restore { snapshot } => Vm::restore_as(&job.vm, snapshot, &vm_dir, job.qemu_ids),
+    }
+    .map_err(|e| format!("start the guest: {e}"))?;
+    let ready_ms = ms(vm.ready_after);
+    if job.start == Start::Template {
+        vm.snapshot(&vm_dir.join(TEMPLATE_SNAPSHOT))
+            .map_err(|e| format!("snapshot the template: {e}"))?;
+        return Ok(Status {
+            end: End::Snapshotted,
+            ready_ms,
+            task_ms: 0,
+        });
+    }
+    let task = job
+        .task
+        .as_ref()
+        .ok_or_else(|| "the job has no task".to_owned())?;
+    let ran = vm
+        .run_io(
+            task,
+            std::io::stdin(),
+            std::io::stdout(),
+            std::io::stderr(),
+            None,
+        )
+        .map_err(|e| format!("run the task: {e}"))?;
+    let end = match ran.outcome {
+        Outcome::Exited(code) => End::Exited { code },
+        Outcome::Signaled { signal, oom } => End::Signaled { signal, oom },
+        Outcome::GuestError { stage, message } => End::GuestError { stage, message },
+        Outcome::GuestDied { panic, console } => End::GuestDied { panic, console },
+        Outcome::WallClock => End::HostError {
+            message: "the guest outlived a wall clock the helper does not keep".to_owned(),
+        },
+    };
+    Ok(Status {
+        end,
+        ready_ms,
+        task_ms: ms(ran.task_time),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_tool() {
+        let s = |end| Status {
+            end,
+            ready_ms: 1,
+            task_ms: 2,
+        };
+        assert_eq!(s(End::Exited { code: 3 }).exit_code(), 3);
+        assert_eq!(
+            s(End::Signaled {
+                signal: 9,
+                oom: true
+            })
+            .exit_code(),
+            137
+        );
+        assert_eq!(
+            s(End::HostError {
+                message: "x".into()
+            })
+            .exit_code(),
+            EXIT_HOST_ERROR
+        );
+        let text = serde_json::to_string(&s(End::Signaled {
+            signal: 9,
+            oom: true,
+        }))
+        .unwrap();
+        assert_eq!(
+            text,
+            r#"{"end":"signaled","signal":9,"oom":true,"ready_ms":1,"task_ms":2}"#
+        );
+        let back: Status = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.exit_code(), 137);
+    }
+}
