@@ -829,6 +829,7 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
         duration_ms: e.duration_ms,
         injected: e.injected.clone(),
         exfiltration: e.exfiltration.clone(),
+        reflected: e.reflected.clone(),
     }
 }
 
@@ -902,6 +903,7 @@ mod tests {
             time: String::new(),
             injected: Vec::new(),
             exfiltration: None,
+            reflected: Vec::new(),
         }
     }
 

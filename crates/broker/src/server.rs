@@ -173,6 +173,7 @@ mod tests {
             time: String::new(),
             injected: Vec::new(),
             exfiltration: None,
+            reflected: Vec::new(),
         }
     }
 
