@@ -115,6 +115,10 @@ pub struct EgressEvent {
     /// found where it is not bound (its name, never a value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exfiltration: Option<String>,
+    /// Secrets whose real token came back in a response of their bound
+    /// endpoint and was replaced by the placeholder (names, never values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reflected: Vec<String>,
 }
 
 /// What the output gate did to the result.

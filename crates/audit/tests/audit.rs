@@ -40,6 +40,7 @@ fn records_round_trip_as_one_json_line_each() {
         duration_ms: 3,
         injected: Vec::new(),
         exfiltration: None,
+        reflected: Vec::new(),
     });
     r.limits_hit.push("memory".into());
     log.record(&r).unwrap();
@@ -178,6 +179,7 @@ fn secrets_are_redacted_everywhere_in_all_forms() {
         duration_ms: 0,
         injected: Vec::new(),
         exfiltration: None,
+        reflected: Vec::new(),
     });
     r.output = Payload::of(format!("the token is {secret}").as_bytes(), true);
 
@@ -255,6 +257,7 @@ fn query_filters_by_tool_time_and_denial() {
         duration_ms: 0,
         injected: Vec::new(),
         exfiltration: None,
+        reflected: Vec::new(),
     });
     log.record(&egress_denied).unwrap();
     let mut gate_refused = rec("c", 4);

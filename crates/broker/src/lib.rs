@@ -659,23 +659,23 @@ impl Broker {
         };
         let full_volumes = Volumes::full(&ctx.placement.volumes);
         drop(ctx);
-        if let Some(l) = lease {
-            l.revoke("the call ended");
+        // What the call itself says, whatever its outcome: exfiltration
+        // attempts, tokens that came back, records of its credentials that
+        // could not be written.
+        let mut call_warnings = Vec::new();
+        if let Some(l) = lease
+            && let Err(e) = l.revoke("the call ended")
+        {
+            call_warnings.push(e);
         }
         let egress_events = events
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
             .unwrap_or_default();
         rec.egress = egress_events.iter().map(audit_event).collect();
+        call_warnings.extend(egress_warnings(&egress_events));
         rec.warnings = admitted.warnings.clone();
-        for e in egress_events.iter() {
-            if let Some(secret) = &e.exfiltration {
-                rec.warnings.push(format!(
-                    "exfiltration attempt refused: the placeholder of secret {secret} sent to {}:{}",
-                    e.name, e.port
-                ));
-            }
-        }
+        rec.warnings.extend(call_warnings.iter().cloned());
         let mut outcome = match ran {
             Ok(o) => o,
             Err(e) => {
@@ -690,6 +690,9 @@ impl Broker {
         // Records of what was already done that could not be written are
         // said to the next call.
         outcome.warnings.extend(self.audit.take_warnings());
+        // Kept on a successful call too: the record's warnings are the
+        // outcome's from here on.
+        outcome.warnings.extend(call_warnings);
         rec.exit_code = outcome.exit_code;
         rec.signal = outcome.signal;
         rec.output = Payload::of(&outcome.stdout, false);
@@ -814,6 +817,30 @@ pub fn credential_record(e: &cordon_secrets::Event) -> AuditRecord {
     r
 }
 
+/// The warnings a call's egress events give: each exfiltration attempt
+/// refused and each token that came back in a response (secret names and
+/// destinations, never values).
+pub fn egress_warnings(events: &[EgressEvent]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in events {
+        if let Some(secret) = &e.exfiltration {
+            out.push(format!(
+                "exfiltration attempt refused: the placeholder of secret {secret} sent to {}:{}",
+                e.name, e.port
+            ));
+        }
+        if !e.reflected.is_empty() {
+            out.push(format!(
+                "the token of {} came back in a response of {}:{}: replaced by its placeholder",
+                e.reflected.join(", "),
+                e.name,
+                e.port
+            ));
+        }
+    }
+    out
+}
+
 pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
     cordon_audit::EgressEvent {
         name: e.name.clone(),
@@ -829,6 +856,7 @@ pub fn audit_event(e: &EgressEvent) -> cordon_audit::EgressEvent {
         duration_ms: e.duration_ms,
         injected: e.injected.clone(),
         exfiltration: e.exfiltration.clone(),
+        reflected: e.reflected.clone(),
     }
 }
 
@@ -902,6 +930,7 @@ mod tests {
             time: String::new(),
             injected: Vec::new(),
             exfiltration: None,
+            reflected: Vec::new(),
         }
     }
 
@@ -1005,6 +1034,29 @@ mod tests {
         // A call's own record is not written: the call fails (status 22).
         let e = b.record(&AuditRecord::new("t", "P1")).unwrap_err();
         assert_eq!(e.exit_code(), exit::AUDIT_FAILED);
+    }
+
+    /// The warnings a call keeps from its egress: an exfiltration attempt
+    /// and a token that came back, named; an ordinary event says nothing.
+    #[test]
+    fn egress_warnings_name_exfiltration_and_reflected_tokens() {
+        assert!(egress_warnings(&[event(Decision::Allowed)]).is_empty());
+        let mut refused = event(Decision::Refused);
+        refused.exfiltration = Some("JIRA_TOKEN".into());
+        let mut back = event(Decision::Allowed);
+        back.reflected = vec!["JIRA_TOKEN".into()];
+        let w = egress_warnings(&[refused, back]);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "exfiltration attempt refused: the placeholder of secret JIRA_TOKEN sent to "
+            ),
+            "{w:?}"
+        );
+        assert!(
+            w[1].starts_with("the token of JIRA_TOKEN came back in a response of "),
+            "{w:?}"
+        );
     }
 
     #[test]

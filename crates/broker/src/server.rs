@@ -41,9 +41,11 @@ impl ServerControl {
     /// Idempotent.
     pub fn stop(&self) {
         self.sandbox.kill();
-        let lease = self.lease.lock().ok().and_then(|mut l| l.take());
-        if let Some(l) = lease {
-            l.revoke("the server's sandbox was stopped");
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(l) = lease
+            && let Err(e) = l.revoke("the server's sandbox was stopped")
+        {
+            eprintln!("cordon: {e}");
         }
     }
 
@@ -173,6 +175,7 @@ mod tests {
             time: String::new(),
             injected: Vec::new(),
             exfiltration: None,
+            reflected: Vec::new(),
         }
     }
 

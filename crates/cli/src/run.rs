@@ -127,8 +127,10 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     let input = read_stdin()?;
     let called = broker.call(policy, input);
     // The call's lease is revoked when it ends; nothing outlives the process.
-    if let Some(cb) = &credentials {
-        cb.revoke_all("cordon is exiting");
+    if let Some(cb) = &credentials
+        && let Err(e) = cb.revoke_all("cordon is exiting")
+    {
+        eprintln!("cordon: warning: {e}");
     }
     match called {
         Ok(r) => print_result(policy, &r, opts),

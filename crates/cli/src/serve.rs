@@ -271,8 +271,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     // The client went away, or SIGINT/SIGTERM: every session's tokens are
     // revoked before the process exits (the sessions' own ends revoke
     // theirs; this catches any still live).
-    if let Some(cb) = &credentials {
-        cb.revoke_all("cordon serve is shutting down");
+    if let Some(cb) = &credentials
+        && let Err(e) = cb.revoke_all("cordon serve is shutting down")
+    {
+        eprintln!("cordon: warning: {e}");
     }
     served.map_err(|e| anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)

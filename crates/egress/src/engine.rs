@@ -533,6 +533,7 @@ impl Engine {
             duration_ms: u64::try_from(started.0.elapsed().as_millis()).unwrap_or(u64::MAX),
             time: started.1,
             injected: Vec::new(),
+            reflected: Vec::new(),
             exfiltration: match decision {
                 Decision::Refused => self.secret_in_name(name),
                 Decision::Allowed => None,

@@ -75,6 +75,11 @@ pub struct EgressEvent {
     /// placeholder was found where it is not bound (its name, never a value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exfiltration: Option<String>,
+    /// Secrets whose real token came back in a response of their bound
+    /// endpoint (a reflected request) and was replaced by the placeholder
+    /// before the tool saw it (names, never values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reflected: Vec<String>,
 }
 
 /// Where events go. Cheap to clone; the function must not block for long (it runs on the

@@ -4,12 +4,15 @@
 //! The engine holds one per sandbox; the intercepting doors serve with it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use zeroize::Zeroizing;
 
 use crate::ca::{SessionCa, UpstreamTrust};
 use crate::event::clean;
 use crate::inject::Injections;
 use crate::name::{Host, normalize_host};
+use crate::reflect::Forms;
 use crate::scan::Needles;
 
 /// What the doors of one sandbox need to intercept: its injections, the
@@ -26,6 +29,17 @@ pub struct Interception {
     needles: Arc<Needles>,
     /// Extra upstream CA certificates (PEM) per bound `(host, port)`.
     pub(crate) extra_ca: HashMap<(Host, u16), String>,
+    /// Every token substituted in this session, to be looked for in the
+    /// responses of bound endpoints.
+    substituted: Arc<Mutex<Substituted>>,
+}
+
+/// The tokens substituted so far, and their forms.
+#[derive(Default)]
+struct Substituted {
+    /// (secret, token, placeholder).
+    tokens: Vec<(String, Zeroizing<String>, String)>,
+    forms: Option<Arc<Forms>>,
 }
 
 impl std::fmt::Debug for Interception {
@@ -92,6 +106,7 @@ impl Interception {
             trust,
             needles,
             extra_ca,
+            substituted: Arc::default(),
         })
     }
 
@@ -102,5 +117,47 @@ impl Interception {
 
     pub(crate) fn needles(&self) -> &Arc<Needles> {
         &self.needles
+    }
+
+    /// Remember that `token` of `secret` (placeholder `placeholder`) was
+    /// sent: from now on it is looked for in every response of a bound
+    /// endpoint of this session.
+    pub(crate) fn substituted(&self, secret: &str, token: &str, placeholder: &str) {
+        let mut g = self.substituted.lock().unwrap_or_else(|p| p.into_inner());
+        if g.tokens
+            .iter()
+            .any(|(s, t, _)| s == secret && t.as_str() == token)
+        {
+            return;
+        }
+        g.tokens.push((
+            secret.to_string(),
+            Zeroizing::new(token.to_string()),
+            placeholder.to_string(),
+        ));
+        let forms = Forms::new(
+            g.tokens
+                .iter()
+                .map(|(s, t, p)| (s.as_str(), t.as_str(), p.as_str())),
+        );
+        g.forms = Some(Arc::new(forms));
+    }
+
+    /// The forms of every token substituted so far; `None` before the
+    /// first substitution.
+    pub(crate) fn reflected_forms(&self) -> Option<Arc<Forms>> {
+        self.substituted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forms
+            .clone()
+    }
+
+    /// Is `host:port` an endpoint some secret is bound to (any path)?
+    pub(crate) fn is_bound(&self, host: &Host, port: u16) -> bool {
+        self.injections
+            .iter()
+            .zip(self.bound.iter())
+            .any(|(i, h)| h == host && i.binding.port == port)
     }
 }

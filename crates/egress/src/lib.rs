@@ -48,6 +48,7 @@ mod peek;
 mod plan;
 mod policy;
 mod proxy;
+mod reflect;
 mod scan;
 mod transparent;
 mod vet;

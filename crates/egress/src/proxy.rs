@@ -358,10 +358,23 @@ async fn forward(
             Ok(result) => result,
             Err(resp) => return resp,
         };
-    if let Some(i) = &icpt
-        && let Some(resp) = inspected.verdict(&engine, i, &dest, result.is_ok(), &t0)
-    {
-        return resp;
+    if let Some(i) = &icpt {
+        if let Some(resp) = inspected.verdict(&engine, i, &dest, result.is_ok(), &t0) {
+            return resp;
+        }
+        // Tokens coming back are replaced; an encoded response of a bound
+        // endpoint is refused.
+        return match result {
+            Ok(resp) => match intercept::guard(&engine, i, &dest, resp, &t0) {
+                Ok(resp) => {
+                    let (mut parts, body) = resp.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    Response::from_parts(parts, body)
+                }
+                Err(r) => r.respond(&engine, &dest, &t0),
+            },
+            Err(e) => relay(Err(e), &dest),
+        };
     }
     relay(result, &dest)
 }
@@ -420,6 +433,9 @@ async fn prepare(
         }
     }
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(i) = icpt {
+        intercept::ask_identity(i, &dest.host, dest.port, &mut parts.headers);
+    }
     if let Ok(v) = HeaderValue::from_str(auth.as_str()) {
         parts.headers.insert(header::HOST, v);
     }

@@ -687,3 +687,118 @@ fn a_placeholder_in_a_name_is_never_looked_up() {
         exfil_event(&r.events(), "API_TOKEN");
     }
 }
+
+/// The token the door substituted must not come back: an endpoint that
+/// reflects the request (headers in its body, chunked in 5-byte pieces, and
+/// in a response header and an HTTP/2 trailer) gives the tool only the
+/// placeholder, over HTTP/1.1 and HTTP/2, gzip-accepting client included.
+#[test]
+fn a_reflected_token_comes_back_as_the_placeholder() {
+    let mut r = rig();
+    let auth = format!("Authorization: Bearer {PH}");
+    for v in ["--http1.1", "--http2"] {
+        let (code, status, out) = r.curl(&[
+            v,
+            "-i",
+            "-H",
+            &auth,
+            "-H",
+            "Accept-Encoding: gzip, deflate",
+            &r.https("/rest/echo?x=1"),
+        ]);
+        assert_eq!((code, status.as_str()), (0, "200"), "{out}");
+        // Positive control: the upstream got the real token, asked for an
+        // unencoded response, and echoed it back.
+        let seen = r.seen();
+        assert_eq!(seen.len(), 1, "{seen:#?}");
+        assert!(
+            seen[0]
+                .headers
+                .contains(&format!("authorization: Bearer {TOKEN}\n")),
+            "{seen:#?}"
+        );
+        assert!(
+            seen[0].headers.contains("accept-encoding: identity\n"),
+            "{seen:#?}"
+        );
+        // The tool sees the placeholder where the upstream echoed the token.
+        no_secret_values(&out);
+        assert!(
+            out.contains(&format!("authorization: Bearer {PH}\n")),
+            "{v}: {out}"
+        );
+        assert!(
+            out.to_ascii_lowercase().contains(&format!(
+                "x-echo-authorization: bearer {}",
+                PH.to_ascii_lowercase()
+            )),
+            "{v}: {out}"
+        );
+        let ev = r.events();
+        let back: Vec<&EgressEvent> = ev.iter().filter(|e| !e.reflected.is_empty()).collect();
+        assert!(
+            back.iter()
+                .all(|e| e.reflected == vec!["API_TOKEN".to_string()]
+                    && e.decision == Decision::Allowed
+                    && e.reason.contains("came back")),
+            "{ev:#?}"
+        );
+        // Once for the header, once for the body.
+        assert_eq!(back.len(), 2, "{ev:#?}");
+        for e in &ev {
+            no_secret_values(&format!("{e:?}"));
+        }
+    }
+    // Basic auth reflected: the base64 of `bot:<token>` does not come back.
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(format!("bot:{TOKEN_BASIC}"));
+    let (code, status, out) = r.curl(&["-u", &format!("bot:{PH_BASIC}"), &r.https("/basic/echo")]);
+    assert_eq!((code, status.as_str()), (0, "200"), "{out}");
+    assert!(r.seen()[0].headers.contains(&b64));
+    assert!(!out.contains(&b64[2..b64.len() - 2]), "{out}");
+    no_secret_values(&out);
+    // Plain HTTP through the proxy door (absolute form).
+    let (code, status, out) = r.curl(&[
+        "-i",
+        "-H",
+        &format!("X-Api-Key: {PH_PLAIN}"),
+        &format!("http://api.test:{}/v1/echo", r.plain_port),
+    ]);
+    assert_eq!((code, status.as_str()), (0, "200"), "{out}");
+    assert!(r.seen()[0].headers.contains(TOKEN_PLAIN));
+    no_secret_values(&out);
+    assert!(out.contains(&format!("x-api-key: {PH_PLAIN}\n")), "{out}");
+    let ev = r.events();
+    assert!(
+        ev.iter()
+            .any(|e| e.reflected == vec!["PLAIN_KEY".to_string()]),
+        "{ev:#?}"
+    );
+}
+
+/// A bound endpoint's response that comes encoded anyway cannot be scanned:
+/// refused with 502, never passed on.
+#[test]
+fn an_encoded_response_of_a_bound_endpoint_is_refused() {
+    let mut r = rig();
+    let auth = format!("Authorization: Bearer {PH}");
+    // Positive control: the same endpoint without the claimed encoding.
+    let (code, status, out) = r.curl(&["-H", &auth, &r.https("/rest/echo")]);
+    assert_eq!((code, status.as_str()), (0, "200"), "{out}");
+    r.seen();
+    r.events();
+    let (code, status, out) = r.curl(&["-H", &auth, &r.https("/rest/echo?gzip")]);
+    assert_eq!((code, status.as_str()), (0, "502"), "{out}");
+    assert!(
+        out.contains("Content-Encoding: gzip") && out.contains("cannot be scanned"),
+        "{out}"
+    );
+    no_secret_values(&out);
+    assert_eq!(r.seen().len(), 1);
+    let ev = r.events();
+    assert!(
+        ev.iter()
+            .any(|e| e.decision == Decision::Refused && e.reason.contains("cannot be scanned")),
+        "{ev:#?}"
+    );
+}

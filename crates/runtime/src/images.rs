@@ -44,8 +44,8 @@ pub fn image_user(rootfs: &Path, user: Option<&str>) -> Result<(u32, u32), Strin
         Some((u, g)) => (u, Some(g)),
         None => (user, None),
     };
-    let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap_or_default();
-    let group = std::fs::read_to_string(rootfs.join("etc/group")).unwrap_or_default();
+    let passwd = read_table(rootfs, "passwd")?;
+    let group = read_table(rootfs, "group")?;
     let (uid, primary) = match u.parse::<u32>() {
         Ok(n) => (
             n,
@@ -71,6 +71,57 @@ pub fn image_user(rootfs: &Path, user: Option<&str>) -> Result<(u32, u32), Strin
         },
     };
     Ok((uid, gid))
+}
+
+/// Most of an image's `/etc/passwd` or `/etc/group` read.
+const TABLE_LIMIT: u64 = 1 << 20;
+
+/// The image's `/etc/<name>`, resolved inside the image's root as the
+/// unpacker resolves paths (`openat2` `RESOLVE_IN_ROOT`: a symlink never
+/// leads out of it), read only when it is a regular file of at most
+/// [`TABLE_LIMIT`] bytes. Absent: empty. A FIFO, a device, a dangling link
+/// or anything else is refused, never waited on.
+fn read_table(rootfs: &Path, name: &str) -> Result<String, String> {
+    use cordon_sys::fsat::{self, DirOpen, Name};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let what = format!("the image's /etc/{name}");
+    let fail = |e: cordon_sys::Errno| format!("{what} cannot be read inside the image root: {e}");
+    let (Some(etc), Some(file)) = (Name::new(b"etc"), Name::new(name.as_bytes())) else {
+        return Err(format!("{what}: not a file name"));
+    };
+    let root =
+        fsat::open_root(rootfs).map_err(|e| format!("image root {}: {e}", rootfs.display()))?;
+    let dir = match fsat::open_dir_in_root(root.as_fd(), std::slice::from_ref(&etc), DirOpen::Path)
+    {
+        Ok(d) => d,
+        Err(cordon_sys::Errno::ENOENT) => return Ok(String::new()),
+        Err(e) => return Err(fail(e)),
+    };
+    match fsat::stat_at(dir.as_fd(), &file) {
+        Ok(_) => {}
+        Err(cordon_sys::Errno::ENOENT) => return Ok(String::new()),
+        Err(e) => return Err(fail(e)),
+    }
+    let f = match fsat::open_file_in_root(root.as_fd(), &[etc, file]) {
+        Ok(f) => f,
+        Err(cordon_sys::Errno::EINVAL) => {
+            return Err(format!(
+                "{what} is not a regular file (a FIFO, a device or a directory): refused"
+            ));
+        }
+        Err(e) => return Err(fail(e)),
+    };
+    let mut buf = Vec::new();
+    f.take(TABLE_LIMIT + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if buf.len() as u64 > TABLE_LIMIT {
+        return Err(format!(
+            "{what} is larger than {TABLE_LIMIT} bytes: refused"
+        ));
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 fn lookup(table: &str, pick: impl Fn(&[&str]) -> bool) -> Option<Vec<&str>> {
@@ -107,8 +158,72 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A FIFO, a link to a device, a link out of the root and an oversized
+    /// table are refused with a clear error, never waited on or followed.
+    #[test]
+    fn hostile_tables_are_refused_not_followed() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile_dir_named("hostile");
+        std::fs::create_dir_all(d.join("etc")).unwrap();
+        std::fs::write(d.join("etc/group"), "staff:x:50:\n").unwrap();
+        // Positive control: a regular table is read.
+        std::fs::write(d.join("etc/passwd"), "node:x:1000:1001::/:/bin/sh\n").unwrap();
+        assert_eq!(image_user(&d, Some("node:staff")), Ok((1000, 50)));
+        // A FIFO (nobody writes it: a plain read would block forever).
+        std::fs::remove_file(d.join("etc/passwd")).unwrap();
+        nix::unistd::mkfifo(
+            &d.join("etc/passwd"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dd = d.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(image_user(&dd, Some("node")));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the lookup hung on a FIFO");
+        let e = r.unwrap_err();
+        assert!(e.contains("/etc/passwd is not a regular file"), "{e}");
+        // A link to /dev/zero: resolved inside the root, where it is a
+        // device here, or missing.
+        std::fs::remove_file(d.join("etc/passwd")).unwrap();
+        symlink("/dev/zero", d.join("etc/passwd")).unwrap();
+        let e = image_user(&d, Some("1000")).unwrap_err();
+        assert!(
+            e.contains("/etc/passwd cannot be read inside the image root"),
+            "{e}"
+        );
+        std::fs::create_dir_all(d.join("dev")).unwrap();
+        nix::sys::stat::mknod(
+            &d.join("dev/zero"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 5),
+        )
+        .unwrap();
+        let e = image_user(&d, Some("node")).unwrap_err();
+        assert!(e.contains("/etc/passwd is not a regular file"), "{e}");
+        // A link that climbs out of the root lands inside it.
+        std::fs::remove_file(d.join("etc/passwd")).unwrap();
+        std::fs::write(d.join("passwd.real"), "node:x:7:8::/:/bin/sh\n").unwrap();
+        symlink("../../../../../../passwd.real", d.join("etc/passwd")).unwrap();
+        assert_eq!(image_user(&d, Some("node")), Ok((7, 8)));
+        // Too large.
+        std::fs::remove_file(d.join("etc/passwd")).unwrap();
+        std::fs::write(d.join("etc/passwd"), vec![b'#'; (TABLE_LIMIT + 1) as usize]).unwrap();
+        let e = image_user(&d, Some("node")).unwrap_err();
+        assert!(e.contains("larger than"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     fn tempfile_dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("cordon-image-user-{}", std::process::id()));
+        tempfile_dir_named("user")
+    }
+
+    fn tempfile_dir_named(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cordon-image-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d

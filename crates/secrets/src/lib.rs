@@ -192,11 +192,29 @@ impl CredentialBroker {
         }
     }
 
+    /// Record one event. `Err` when it cannot be: no sink set, or the
+    /// sink's lock poisoned (never `Ok` for an event nobody recorded).
     fn emit(&self, e: Event) -> Result<(), String> {
-        let sink = self.events.lock().ok().and_then(|s| s.clone());
+        let sink = self
+            .events
+            .lock()
+            .map_err(|_| "the credential event sink's lock is poisoned".to_string())?
+            .clone();
         match sink {
             Some(s) => s(&e),
-            None => Ok(()),
+            None => Err("no sink is set for credential events (the audit log)".to_string()),
+        }
+    }
+
+    /// A mint failure `why`, with the failure to record it added (and
+    /// logged) when its record could not be written.
+    fn mint_failed(&self, recorded: Result<(), String>, why: String) -> String {
+        match recorded {
+            Ok(()) => why,
+            Err(e) => {
+                tracing::error!("the audit record of a failed mint was not written: {e}: {why}");
+                format!("{why} (and its audit record could not be written: {e})")
+            }
         }
     }
 
@@ -241,6 +259,7 @@ impl CredentialBroker {
                 ctl: Mutex::new(Ctl::default()),
                 wake: Condvar::new(),
                 thread: Mutex::new(None),
+                unrecorded: Mutex::new(Vec::new()),
             })
         };
         for s in &tool.secrets {
@@ -248,7 +267,7 @@ impl CredentialBroker {
                 Ok((n, _)) => n,
                 Err(m) => {
                     let why = format!("{}: {m}", tool.name);
-                    let _ = self.emit(self.event(
+                    let recorded = self.emit(self.event(
                         EventKind::MintFailed,
                         tool,
                         session,
@@ -257,8 +276,11 @@ impl CredentialBroker {
                         None,
                         Some(&why),
                     ));
-                    inner_slots(slots).revoke("a mint of the session failed");
-                    return Err(why);
+                    let why = self.mint_failed(recorded, why);
+                    return Err(revoked_too(
+                        why,
+                        inner_slots(slots).revoke("a mint of the session failed"),
+                    ));
                 }
             };
             let Some(p) = self.providers.get(&provider_name).cloned() else {
@@ -288,9 +310,17 @@ impl CredentialBroker {
                     let ph = match placeholder() {
                         Ok(ph) => ph,
                         Err(e) => {
-                            let _ = p.revoke(&m.token);
-                            inner_slots(slots).revoke("a mint of the session failed");
-                            return Err(format!("{}: {e}", tool.name));
+                            let mut why = format!("{}: {e}", tool.name);
+                            if let Err(r) = p.revoke(&m.token) {
+                                tracing::error!(
+                                    "{why}; revoking the token just minted failed: {r}"
+                                );
+                                why = format!("{why}; revoking the token just minted failed: {r}");
+                            }
+                            return Err(revoked_too(
+                                why,
+                                inner_slots(slots).revoke("a mint of the session failed"),
+                            ));
                         }
                     };
                     let recorded = self.emit(self.event(
@@ -304,16 +334,20 @@ impl CredentialBroker {
                     ));
                     slots.push(Slot::new(s.clone(), provider_name, p, ph, m));
                     if let Err(e) = recorded {
-                        inner_slots(slots).revoke("the mint could not be audited");
-                        return Err(format!(
+                        let why = format!(
                             "{}: secret {}: the audit record of its mint could not be written ({e}); refusing",
                             tool.name, s.name
+                        );
+                        tracing::error!("{why}");
+                        return Err(revoked_too(
+                            why,
+                            inner_slots(slots).revoke("the mint could not be audited"),
                         ));
                     }
                 }
                 Err(m) => {
                     let why = format!("{}: secret {}: {m}", tool.name, s.name);
-                    let _ = self.emit(self.event(
+                    let recorded = self.emit(self.event(
                         EventKind::MintFailed,
                         tool,
                         session,
@@ -322,8 +356,11 @@ impl CredentialBroker {
                         None,
                         Some(&why),
                     ));
-                    inner_slots(slots).revoke("a mint of the session failed");
-                    return Err(why);
+                    let why = self.mint_failed(recorded, why);
+                    return Err(revoked_too(
+                        why,
+                        inner_slots(slots).revoke("a mint of the session failed"),
+                    ));
                 }
             }
         }
@@ -345,8 +382,7 @@ impl CredentialBroker {
                     }
                 }
                 Err(e) => {
-                    inner.revoke("the session could not start");
-                    return Err(e);
+                    return Err(revoked_too(e, inner.revoke("the session could not start")));
                 }
             }
         }
@@ -379,18 +415,27 @@ impl CredentialBroker {
         }
     }
 
-    /// Revoke every live lease (broker shutdown, SIGTERM).
-    pub fn revoke_all(&self, why: &str) {
-        let live: Vec<Arc<LeaseInner>> = self
-            .live
-            .lock()
-            .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
+    /// Revoke every live lease (broker shutdown, SIGTERM). Every token is
+    /// revoked and zeroised; `Err` says which records of it could not be
+    /// written.
+    pub fn revoke_all(&self, why: &str) -> Result<(), String> {
+        let live: Vec<Arc<LeaseInner>> = {
+            let mut l = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut *l)
+        }
+        .into_iter()
+        .filter_map(|w| w.upgrade())
+        .collect();
+        let mut failed = Vec::new();
         for l in live {
-            l.revoke(why);
+            if let Err(e) = l.revoke(why) {
+                failed.push(e);
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
         }
     }
 
@@ -478,6 +523,17 @@ struct LeaseInner {
     ctl: Mutex<Ctl>,
     wake: Condvar,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Events of this lease whose records could not be written, said by
+    /// the next [`LeaseInner::revoke`].
+    unrecorded: Mutex<Vec<String>>,
+}
+
+/// `why`, with what could not be recorded of the revocation that followed.
+fn revoked_too(why: String, revoked: Result<(), String>) -> String {
+    match revoked {
+        Ok(()) => why,
+        Err(e) => format!("{why}; {e}"),
+    }
 }
 
 impl LeaseInner {
@@ -492,10 +548,11 @@ impl LeaseInner {
         expires_at: Option<SystemTime>,
         reason: Option<String>,
     ) {
-        // Re-mint and revocation records that cannot be written are said
-        // by the sink; the token's fate does not wait on them.
-        if let Some(b) = self.broker.upgrade() {
-            let _ = b.emit(Event {
+        // Re-mint and revocation records that cannot be written are logged
+        // and said by the next revocation; the token's fate does not wait
+        // on them.
+        let recorded = match self.broker.upgrade() {
+            Some(b) => b.emit(Event {
                 kind,
                 tool: self.tool.clone(),
                 session: self.session.clone(),
@@ -507,7 +564,22 @@ impl LeaseInner {
                 deliver: slot.secret.deliver,
                 expires_at,
                 reason,
-            });
+            }),
+            None => Err("the credential broker is gone".to_string()),
+        };
+        if let Err(e) = recorded {
+            let what = format!(
+                "the audit record of the credential {} of secret {} ({}, session {}) was not written: {e}",
+                kind.as_str(),
+                slot.secret.name,
+                self.tool,
+                self.session
+            );
+            tracing::error!("{what}");
+            self.unrecorded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(what);
         }
     }
 
@@ -575,7 +647,7 @@ impl LeaseInner {
                     if st.token.is_none() || self.is_revoked() {
                         // Revoked meanwhile: the new token goes too.
                         drop(st);
-                        let _ = slot.provider.revoke(&m.token);
+                        self.revoke_token(slot, m.token, "revoked while it was re-minted");
                         return;
                     }
                     st.expires_at = m.expires_at;
@@ -626,27 +698,40 @@ impl LeaseInner {
     }
 
     /// Revoke every token (idempotent); they are zeroised here whatever
-    /// the provider answers.
-    fn revoke(&self, why: &str) {
-        {
-            let Ok(mut ctl) = self.ctl.lock() else { return };
-            if ctl.revoked {
-                return;
+    /// the provider answers, and whatever lock a panic poisoned. `Err`
+    /// lists the events of this lease whose records could not be written.
+    fn revoke(&self, why: &str) -> Result<(), String> {
+        let first = {
+            let mut ctl = self.ctl.lock().unwrap_or_else(|p| p.into_inner());
+            !std::mem::replace(&mut ctl.revoked, true)
+        };
+        if first {
+            self.wake.notify_all();
+            let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(t) = t
+                && t.thread().id() != std::thread::current().id()
+                && t.join().is_err()
+            {
+                tracing::error!("the re-mint thread of {} panicked", self.tool);
             }
-            ctl.revoked = true;
-        }
-        self.wake.notify_all();
-        let t = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = t
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
-        for slot in &self.slots {
-            let tok = slot.state.lock().ok().and_then(|mut st| st.token.take());
-            if let Some(tok) = tok {
-                self.revoke_token(slot, tok, why);
+            for slot in &self.slots {
+                let tok = slot
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .token
+                    .take();
+                if let Some(tok) = tok {
+                    self.revoke_token(slot, tok, why);
+                }
             }
+        }
+        let unrecorded =
+            std::mem::take(&mut *self.unrecorded.lock().unwrap_or_else(|p| p.into_inner()));
+        if unrecorded.is_empty() {
+            Ok(())
+        } else {
+            Err(unrecorded.join("; "))
         }
     }
 }
@@ -775,9 +860,11 @@ impl Lease {
         }))
     }
 
-    /// Revoke and zeroise every token now (idempotent).
-    pub fn revoke(&self, why: &str) {
-        self.inner.revoke(why);
+    /// Revoke and zeroise every token now (idempotent). `Err` lists the
+    /// credential events of this lease whose audit records could not be
+    /// written (the tokens are revoked all the same).
+    pub fn revoke(&self, why: &str) -> Result<(), String> {
+        self.inner.revoke(why)
     }
 
     /// The session.
@@ -788,7 +875,10 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.inner.revoke("session end");
+        // Nobody to tell here: what could not be recorded was logged.
+        if let Err(e) = self.inner.revoke("session end") {
+            tracing::error!("session {} ended: {e}", self.inner.session);
+        }
     }
 }
 
@@ -801,4 +891,92 @@ pub fn describe_source(explicit: Option<&Path>) -> (PathBuf, &'static str) {
         return (PathBuf::from(p), "$CORDON_PROVIDERS");
     }
     (PathBuf::from(config::DEFAULT_PATH), "default path")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn broker(dir: &Path) -> Arc<CredentialBroker> {
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let p = dir.join("providers.yaml");
+        std::fs::write(
+            &p,
+            format!(
+                "default: mint\nproviders:\n  mint:\n    type: exec\n    command: [\"{}\", \"{}\"]\n    revoke: [\"{}\", \"{}\"]\n",
+                fx.join("mint.py").display(),
+                dir.display(),
+                fx.join("revoke.py").display(),
+                dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap())
+    }
+
+    fn tool() -> ToolPolicy {
+        let y = "tools:\n  api:\n    profile: P2\n    command: [/bin/true]\n    egress: [\"api.example:443\"]\n    secrets:\n      - {name: API_TOKEN, scope: s, ttl: 60}\n";
+        cordon_policy::load_str(Path::new("m.yaml"), y)
+            .unwrap()
+            .policy
+            .tools["api"]
+            .clone()
+    }
+
+    fn lines(p: &Path) -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// A poisoned sink lock records nothing: the mint is refused and the
+    /// token it made revoked.
+    #[test]
+    fn a_poisoned_event_lock_refuses_the_mint_and_revokes() {
+        let d = tempfile::tempdir().unwrap();
+        let b = broker(d.path());
+        b.on_event(Arc::new(|_| Ok(())));
+        // Positive control.
+        assert!(b.mint(&tool(), "s").is_ok());
+        let b2 = b.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = b2.events.lock().unwrap();
+            panic!("poison the sink's lock");
+        })
+        .join();
+        assert!(b.events.is_poisoned());
+        let err = b.mint(&tool(), "s").unwrap_err();
+        assert!(
+            err.contains("audit record of its mint could not be written")
+                && err.contains("lock is poisoned"),
+            "{err}"
+        );
+        let minted = lines(&d.path().join("minted"));
+        assert_eq!(minted.len(), 2);
+        assert!(lines(&d.path().join("revoked")).contains(&minted[1]));
+    }
+
+    /// A poisoned lease lock does not skip the revocation.
+    #[test]
+    fn revoke_goes_through_a_poisoned_lock() {
+        let d = tempfile::tempdir().unwrap();
+        let b = broker(d.path());
+        b.on_event(Arc::new(|_| Ok(())));
+        let lease = b.mint(&tool(), "s").unwrap();
+        let inner = lease.inner.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = inner.ctl.lock().unwrap();
+            panic!("poison the lease's lock");
+        })
+        .join();
+        assert!(lease.inner.ctl.is_poisoned());
+        lease.revoke("test").unwrap();
+        let minted = lines(&d.path().join("minted"));
+        assert_eq!(lines(&d.path().join("revoked")), minted);
+        assert!(lease.source("API_TOKEN").unwrap().current().is_err());
+    }
 }

@@ -131,7 +131,7 @@ fn proxy_delivery_gives_a_placeholder_and_the_door_the_token_until_revoked() {
     assert!(err.contains("revoked"), "{err}");
     assert!(lease2.source("API_TOKEN").unwrap().current().is_ok());
     // Broker shutdown revokes the rest.
-    b.revoke_all("shutdown");
+    b.revoke_all("shutdown").unwrap();
     assert_eq!(lines(&d.path().join("revoked")).len(), 2);
     assert_eq!(b.live(), 0);
     let ev = events.lock().unwrap();
@@ -305,6 +305,7 @@ fn static_values_come_from_a_private_file_or_the_broker_environment() {
         ),
     );
     let b = Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap());
+    b.on_event(Arc::new(|_| Ok(())));
     let t = tool("      - {name: T, scope: s, ttl: 60, deliver: env}\n");
     let l = b.mint(&t, "s").unwrap();
     assert_eq!(
@@ -323,6 +324,73 @@ fn static_values_come_from_a_private_file_or_the_broker_environment() {
         .unwrap_err();
     assert!(
         err.contains("mode 0640") && !err.contains("static-value"),
+        "{err}"
+    );
+}
+
+/// No sink: nothing would record the mint, so it is refused and the token
+/// revoked (before, `emit` said `Ok` and the mint went ahead unaudited).
+#[test]
+fn a_mint_without_an_event_sink_is_refused_and_revoked() {
+    let d = cordon_testkit::scratch();
+    let p = d.path().join("providers.yaml");
+    private(
+        &p,
+        &format!(
+            "default: mint\nproviders:\n  mint:\n    type: exec\n    command: [\"{}\", \"{}\"]\n    revoke: [\"{}\", \"{}\"]\n",
+            fixture("mint.py").display(),
+            d.path().display(),
+            fixture("revoke.py").display(),
+            d.path().display()
+        ),
+    );
+    let b = Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap());
+    let t = tool("      - {name: API_TOKEN, scope: s, ttl: 60}\n");
+    let err = b.mint(&t, "s").unwrap_err();
+    assert!(
+        err.contains("audit record of its mint could not be written (no sink is set"),
+        "{err}"
+    );
+    let minted = lines(&d.path().join("minted"));
+    assert_eq!(minted.len(), 1);
+    assert_eq!(lines(&d.path().join("revoked")), minted);
+    assert_eq!(b.live(), 0);
+    // Positive control: with a sink the same mint goes through.
+    b.on_event(Arc::new(|_| Ok(())));
+    assert!(b.mint(&t, "s").is_ok());
+}
+
+/// Records that cannot be written are never dropped silently: a failed
+/// mint's says so in the refusal, a revocation's in what `revoke` returns.
+#[test]
+fn unrecorded_credential_events_are_surfaced() {
+    let d = cordon_testkit::scratch();
+    let (b, _) = exec_broker(d.path(), "");
+    let t = tool("      - {name: API_TOKEN, scope: s, ttl: 60}\n");
+    // Positive control: a sink that records everything, nothing to say.
+    let lease = b.mint(&t, "s").unwrap();
+    assert_eq!(lease.revoke("done"), Ok(()));
+    b.on_event(Arc::new(|ev| match ev.kind {
+        EventKind::Minted => Ok(()),
+        k => Err(format!("cannot write {}", k.as_str())),
+    }));
+    let lease = b.mint(&t, "s").unwrap();
+    let err = lease.revoke("done").unwrap_err();
+    assert!(
+        err.contains("credential revoke of secret API_TOKEN")
+            && err.contains("was not written: cannot write revoke"),
+        "{err}"
+    );
+    // The token was revoked all the same.
+    assert_eq!(
+        lines(&d.path().join("revoked")),
+        lines(&d.path().join("minted"))
+    );
+    // A failed mint whose record cannot be written either says both.
+    std::fs::write(d.path().join("FAIL"), "").unwrap();
+    let err = b.mint(&t, "s").unwrap_err();
+    assert!(
+        err.contains("its audit record could not be written: cannot write mint_failed"),
         "{err}"
     );
 }

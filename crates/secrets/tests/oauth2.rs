@@ -184,7 +184,9 @@ fn tool(secret: &str) -> ToolPolicy {
 fn broker(s: &Servers, providers: &str) -> Arc<CredentialBroker> {
     let p = s.dir.path().join("providers.yaml");
     private(&p, providers);
-    Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap())
+    let b = Arc::new(CredentialBroker::new(config::load(&p).unwrap()).unwrap());
+    b.on_event(Arc::new(|_| Ok(())));
+    b
 }
 
 fn b64(s: &str) -> String {

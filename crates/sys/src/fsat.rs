@@ -123,6 +123,38 @@ pub fn open_dir_in_root(
     path: &[Name],
     how: DirOpen,
 ) -> Result<OwnedFd, Errno> {
+    let flags = OFlag::O_DIRECTORY
+        | OFlag::O_CLOEXEC
+        | match how {
+            DirOpen::Path => OFlag::O_PATH,
+            DirOpen::Read => OFlag::O_RDONLY,
+            DirOpen::ReadNoFollow => OFlag::O_RDONLY | OFlag::O_NOFOLLOW,
+        };
+    open_in_root(root, path, flags)
+}
+
+/// Resolve `path` inside `root` as [`open_dir_in_root`] does and open the
+/// regular file it names for reading: opened without blocking (a FIFO or a
+/// device does not hang the open) and refused with `EINVAL` unless it is a
+/// regular file; the descriptor is then made blocking again for reading.
+pub fn open_file_in_root(root: BorrowedFd<'_>, path: &[Name]) -> Result<File, Errno> {
+    if path.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    let fd = open_in_root(
+        root,
+        path,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+    )?;
+    if stat(fd.as_fd())?.kind != Kind::File {
+        return Err(Errno::EINVAL);
+    }
+    crate::io::set_nonblocking(fd.as_fd(), false)?;
+    Ok(File::from(fd))
+}
+
+/// `openat2(root, path, flags)` resolved in the root (see the module docs).
+fn open_in_root(root: BorrowedFd<'_>, path: &[Name], flags: OFlag) -> Result<OwnedFd, Errno> {
     let mut joined = Vec::with_capacity(path.iter().map(|n| n.as_bytes().len() + 1).sum());
     for (i, n) in path.iter().enumerate() {
         if i > 0 {
@@ -135,13 +167,6 @@ pub fn open_dir_in_root(
     }
     // Components hold no NUL byte, so neither does their join.
     let joined = CString::new(joined).map_err(|_| Errno::EINVAL)?;
-    let flags = OFlag::O_DIRECTORY
-        | OFlag::O_CLOEXEC
-        | match how {
-            DirOpen::Path => OFlag::O_PATH,
-            DirOpen::Read => OFlag::O_RDONLY,
-            DirOpen::ReadNoFollow => OFlag::O_RDONLY | OFlag::O_NOFOLLOW,
-        };
     let how = OpenHow::new().flags(flags).resolve(
         ResolveFlag::RESOLVE_IN_ROOT
             | ResolveFlag::RESOLVE_NO_MAGICLINKS

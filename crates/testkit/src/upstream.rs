@@ -1,12 +1,18 @@
 //! Recording upstreams on loopback, for the credential-injection tests: an
 //! HTTPS one (a leaf from a test CA) or a plain one, HTTP/1.1 and HTTP/2,
-//! each request kept as it arrived; `/ws` answers an upgrade and echoes.
+//! each request kept as it arrived; `/ws` answers an upgrade and echoes;
+//! `/echo` reflects the request (see [`echo`]).
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
@@ -57,7 +63,62 @@ fn headers(req: &Request<Incoming>) -> String {
         .collect()
 }
 
-async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>>, Infallible> {
+type Out = BoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> Out {
+    Full::new(b.into()).boxed()
+}
+
+/// A body of the given frames, each its own poll (chunked on HTTP/1.1).
+struct Pieces(VecDeque<Frame<Bytes>>);
+
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// A path with `/echo`: the request's headers reflected in the body, sent in frames of
+/// 5 bytes (chunked on HTTP/1.1, so every token is split across reads), its
+/// `Authorization` in the response header `x-echo-authorization` and in a
+/// trailer of the same name (HTTP/2 only: HTTP/1.1 clients did not ask for
+/// trailers). With `gzip` in the query, the response claims
+/// `Content-Encoding: gzip` whatever was asked.
+fn echo(req: &Request<Incoming>) -> Response<Out> {
+    let text = format!("echo {} {}\n{}", req.method(), req.uri(), headers(req));
+    let mut frames: VecDeque<Frame<Bytes>> = text
+        .into_bytes()
+        .chunks(5)
+        .map(|c| Frame::data(Bytes::copy_from_slice(c)))
+        .collect();
+    let auth = req.headers().get(hyper::header::AUTHORIZATION).cloned();
+    if req.version() == hyper::Version::HTTP_2
+        && let Some(a) = &auth
+    {
+        let mut t = hyper::HeaderMap::new();
+        t.insert("x-echo-authorization", a.clone());
+        frames.push_back(Frame::trailers(t));
+    }
+    let mut r = Response::new(Pieces(frames).boxed());
+    if let Some(a) = auth {
+        r.headers_mut().insert("x-echo-authorization", a);
+    }
+    if req.uri().query().is_some_and(|q| q.contains("gzip")) {
+        r.headers_mut().insert(
+            hyper::header::CONTENT_ENCODING,
+            hyper::header::HeaderValue::from_static("gzip"),
+        );
+    }
+    r
+}
+
+async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Out>, Infallible> {
     let method = req.method().to_string();
     let version = format!("{:?}", req.version());
     let target = req.uri().to_string();
@@ -84,7 +145,7 @@ async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<By
                 }
             }
         });
-        let mut r = Response::new(Full::new(Bytes::new()));
+        let mut r = Response::new(full(Bytes::new()));
         *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
         r.headers_mut().insert(
             hyper::header::CONNECTION,
@@ -96,6 +157,7 @@ async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<By
         );
         return Ok(r);
     }
+    let echoed = req.uri().path().contains("/echo").then(|| echo(&req));
     let headers = headers(&req);
     let body = req
         .into_body()
@@ -110,9 +172,12 @@ async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Full<By
         headers,
         body,
     });
-    Ok(Response::new(Full::new(Bytes::from(format!(
+    if let Some(r) = echoed {
+        return Ok(r);
+    }
+    Ok(Response::new(full(format!(
         "upstream ok {version} {target}\n"
-    )))))
+    ))))
 }
 
 /// A test CA (its PEM) and a server configuration with a leaf it signed

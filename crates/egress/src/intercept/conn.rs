@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
@@ -202,6 +201,12 @@ impl Conn {
             Err(r) => return r.respond(engine, &self.dest, &t0),
         };
         strip_hop_by_hop_but_upgrade(&mut parts.headers, upgrade);
+        super::response::ask_identity(
+            &self.icpt,
+            &self.dest.host,
+            self.dest.port,
+            &mut parts.headers,
+        );
         let (body, hit) = match ScanBody::read(body, self.icpt.needles().clone()).await {
             Ok(ok) => ok,
             Err(s) => {
@@ -222,7 +227,7 @@ impl Conn {
         if let Some(s) = found {
             return exfil(&s, "the request body", &self.icpt).respond(engine, &self.dest, &t0);
         }
-        let mut resp = match result {
+        let resp = match result {
             Ok(r) => r,
             Err(e) => return self.failed(e.to_string(), injected, &t0),
         };
@@ -237,16 +242,21 @@ impl Conn {
             self.dest
                 .event(engine, Decision::Allowed, reason, injected, None, &t0);
         }
+        // Tokens coming back are replaced (headers here, the body as it
+        // streams); an encoded response of a bound endpoint is refused.
+        let mut resp = match super::response::guard(engine, &self.icpt, &self.dest, resp, &t0) {
+            Ok(r) => r,
+            Err(r) => return r.respond(engine, &self.dest, &t0),
+        };
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_up) = client_upgrade
         {
             self.upgraded(client_up, hyper::upgrade::on(&mut resp));
-            let (parts, body) = resp.into_parts();
-            return Response::from_parts(parts, body.boxed());
+            return resp;
         }
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Response::from_parts(parts, body.boxed())
+        Response::from_parts(parts, body)
     }
 
     /// The upstream could not be reached or failed the request: reported

@@ -17,6 +17,7 @@
 mod body;
 mod conn;
 mod report;
+mod response;
 mod stream;
 mod substitute;
 mod tls;
@@ -34,6 +35,7 @@ use crate::io::{Meter, Metered};
 
 pub(crate) use body::ScanBody;
 pub(crate) use report::{Dest, exfil};
+pub(crate) use response::{ask_identity, guard};
 pub(crate) use substitute::apply;
 
 use stream::{Prefixed, scanned_splice};

@@ -93,9 +93,9 @@ pub(crate) fn apply(
             continue;
         }
         let hit = match &b.placement {
-            Placement::Header { name, template } => in_header(inj, name, template, parts)?,
-            Placement::Basic { username } => in_basic(inj, username, parts)?,
-            Placement::Query { param } => in_query(inj, param, parts)?,
+            Placement::Header { name, template } => in_header(icpt, inj, name, template, parts)?,
+            Placement::Basic { username } => in_basic(icpt, inj, username, parts)?,
+            Placement::Query { param } => in_query(icpt, inj, param, parts)?,
         };
         if hit {
             injected.push(inj.secret.clone());
@@ -106,15 +106,18 @@ pub(crate) fn apply(
 }
 
 /// The current token of `inj`'s secret, or the refusal to send without it.
-fn token(inj: &Injection) -> Result<Zeroizing<String>, Refusal> {
-    inj.source.current().map_err(|e| Refusal::Other {
+/// A token handed out here is remembered, to be looked for in responses.
+fn token(icpt: &Interception, inj: &Injection) -> Result<Zeroizing<String>, Refusal> {
+    let tok = inj.source.current().map_err(|e| Refusal::Other {
         status: StatusCode::FORBIDDEN,
         why: format!(
             "no token for secret {} ({}); the request is not sent",
             inj.secret,
             clean(&e)
         ),
-    })
+    })?;
+    icpt.substituted(&inj.secret, &tok, &inj.placeholder);
+    Ok(tok)
 }
 
 /// The refusal of a token that cannot be put in a header.
@@ -142,6 +145,7 @@ fn not_a_target(inj: &Injection) -> Refusal {
 /// Header `name` holding exactly `template` with the placeholder: the
 /// token put in its place. Returns whether it was there.
 fn in_header(
+    icpt: &Interception,
     inj: &Injection,
     name: &str,
     template: &str,
@@ -155,7 +159,7 @@ fn in_header(
     if !values.iter().any(|v| v.as_bytes() == want.as_bytes()) {
         return Ok(false);
     }
-    let tok = token(inj)?;
+    let tok = token(icpt, inj)?;
     parts.headers.remove(&hn);
     for v in values {
         if v.as_bytes() == want.as_bytes() {
@@ -172,7 +176,12 @@ fn in_header(
 
 /// Basic auth as `username` with the placeholder for password: the token
 /// put in its place. Returns whether it was there.
-fn in_basic(inj: &Injection, username: &str, parts: &mut Parts) -> Result<bool, Refusal> {
+fn in_basic(
+    icpt: &Interception,
+    inj: &Injection,
+    username: &str,
+    parts: &mut Parts,
+) -> Result<bool, Refusal> {
     let Some(v) = parts.headers.get(header::AUTHORIZATION) else {
         return Ok(false);
     };
@@ -189,7 +198,7 @@ fn in_basic(inj: &Injection, username: &str, parts: &mut Parts) -> Result<bool, 
     if dec != want.as_bytes() {
         return Ok(false);
     }
-    let tok = token(inj)?;
+    let tok = token(icpt, inj)?;
     let real = Zeroizing::new(format!("{username}:{}", tok.as_str()));
     let b64 = Zeroizing::new(format!(
         "Basic {}",
@@ -203,7 +212,12 @@ fn in_basic(inj: &Injection, username: &str, parts: &mut Parts) -> Result<bool, 
 
 /// Query parameter `param` with the placeholder for value: the token
 /// (percent-encoded) put in its place. Returns whether it was there.
-fn in_query(inj: &Injection, param: &str, parts: &mut Parts) -> Result<bool, Refusal> {
+fn in_query(
+    icpt: &Interception,
+    inj: &Injection,
+    param: &str,
+    parts: &mut Parts,
+) -> Result<bool, Refusal> {
     let Some(q) = parts.uri.query() else {
         return Ok(false);
     };
@@ -222,7 +236,7 @@ fn in_query(inj: &Injection, param: &str, parts: &mut Parts) -> Result<bool, Ref
     }) {
         return Ok(false);
     }
-    let tok = token(inj)?;
+    let tok = token(icpt, inj)?;
     let enc = Zeroizing::new(percent_encode(&tok));
     let mut nq = Zeroizing::new(String::with_capacity(q.len() + enc.len()));
     for (i, (k, v)) in pairs.iter().enumerate() {
