@@ -143,15 +143,6 @@ fn unwritten_audit_check(path: &Path) -> Check {
     }
 }
 
-fn which(bin: &str) -> Option<String> {
-    let path = std::env::var("PATH").unwrap_or_default();
-    path.split(':')
-        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin"])
-        .map(|d| Path::new(d).join(bin))
-        .find(|p| p.is_file())
-        .map(|p| p.display().to_string())
-}
-
 fn read_trim(p: &str) -> Option<String> {
     std::fs::read_to_string(p)
         .ok()
@@ -189,7 +180,7 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     kernel_checks(&facts, &mut checks);
     let gvisor = Gvisor::of(&registry);
     gvisor_checks(&gvisor, &mut checks);
-    checks.push(qemu_check());
+    microvm_checks(&registry, &mut checks, &mut notes);
     checks.push(image_store_check());
     let (credential_check, broker_missing) = credential_broker_check(providers);
     checks.push(credential_check);
@@ -545,14 +536,66 @@ fn gvisor_checks(gv: &Gvisor, checks: &mut Vec<Check>) {
     }
 }
 
-/// QEMU, for the microVM runtime.
-fn qemu_check() -> Check {
-    let qemu = which("qemu-system-x86_64");
-    Check {
-        name: "qemu",
-        ok: qemu.is_some(),
-        detail: qemu.clone().unwrap_or_else(|| "not found".into()),
-        how: "qemu-system-x86_64 in PATH".into(),
+/// The microVM runtime: QEMU, the guest kernel and init, and the
+/// accelerator (KVM when a tiny guest boots under it here; the verdict is
+/// cached per guest kernel, QEMU build and host kernel).
+fn microvm_checks(registry: &Registry, checks: &mut Vec<Check>, notes: &mut Vec<String>) {
+    let rt = registry
+        .get(
+            cordon_policy::policy::Runtime::Microvm,
+            cordon_runtime::Use::Call,
+        )
+        .ok();
+    let Some(rt) = rt else {
+        checks.push(Check {
+            name: "microvm (qemu)",
+            ok: false,
+            detail: "runtime microvm is not available in this build".into(),
+            how: String::new(),
+        });
+        return;
+    };
+    let problems: Vec<String> = rt
+        .check(&cordon_runtime::SandboxSpec::new("doctor", ["/bin/true"]))
+        .problems
+        .iter()
+        .filter(|p| p.starts_with("runtime microvm: "))
+        .map(|p| p.trim_start_matches("runtime microvm: ").to_string())
+        .collect();
+    let facts = rt.facts();
+    let note = |prefix: &str| {
+        facts
+            .notes
+            .iter()
+            .find_map(|n| n.strip_prefix(prefix).map(str::to_string))
+    };
+    checks.push(Check {
+        name: "microvm (qemu)",
+        ok: problems.is_empty(),
+        detail: if problems.is_empty() {
+            ["QEMU ", "guest kernel ", "guest init "]
+                .iter()
+                .filter_map(|p| note(p).map(|n| format!("{}{n}", p)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        } else {
+            problems.join("; ")
+        },
+        how: "$CORDON_QEMU or qemu-system-x86_64 (9.0 or newer) in PATH; $CORDON_VM_KERNEL or /boot/vmlinuz-*-cloud-amd64; $CORDON_VM_INIT or the static cordon-vm-init of scripts/build-vm-init.sh".into(),
+    });
+    if let Some(accel) = note("accelerator: ") {
+        checks.push(Check {
+            name: "microvm accelerator",
+            ok: accel == "kvm",
+            detail: accel,
+            how: "a tiny guest booted under -accel kvm once (cached per guest kernel, QEMU and host kernel); $CORDON_VM_ACCEL=tcg|kvm decides without it".into(),
+        });
+    }
+    for n in facts.notes {
+        let n = format!("microvm: {n}");
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
     }
 }
 

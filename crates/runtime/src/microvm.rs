@@ -389,6 +389,16 @@ impl Microvm {
                 problems.join("; ")
             )));
         }
+        if let Some(m) = spec.mounts.first() {
+            // Admission refuses these; a caller that runs a spec directly
+            // (the probes bind their agent) is told the same.
+            return Err(RunError::Refused(format!(
+                "{}: runtime microvm shares no host file or directory into the guest (mount {}:{}); the probe agent is not carried into guests yet: `cordon serve --no-probe` serves such a tool unprobed",
+                spec.tool,
+                m.src.display(),
+                m.dst.display()
+            )));
+        }
         let parts = self.parts(spec, ctx)?;
         Ok(VmChild {
             rt: self,
@@ -489,12 +499,12 @@ impl Microvm {
         let dir = state.join(format!(".kvm-check-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let ids = self.qemu_ids(None);
+        let ids = self.qemu_ids(None, Accel::Kvm);
         if let Some((u, g)) = ids {
             let _ = std::os::unix::fs::chown(&dir, Some(u), Some(g));
         }
         let r = qemu::Vm::boot_as(&vm, &dir, ids).map(drop).map_err(|e| {
-            let e = e.to_string();
+            let e = e.to_string().replace('\n', "; ");
             let short: String = e.chars().take(300).collect();
             format!("a guest did not boot under KVM here: {short}")
         });
@@ -502,10 +512,17 @@ impl Microvm {
         r
     }
 
-    /// QEMU's host ids: the sandbox's, when the broker is root.
-    fn qemu_ids(&self, placement: Option<(u32, u32)>) -> Option<(u32, u32)> {
-        self.root
-            .then(|| placement.unwrap_or_else(|| self.sup.jail().sandbox_host_ids()))
+    /// QEMU's host ids: the sandbox's, when the broker is root; under KVM
+    /// with the group of `/dev/kvm`, which QEMU must open.
+    fn qemu_ids(&self, placement: Option<(u32, u32)>, accel: Accel) -> Option<(u32, u32)> {
+        let (uid, gid) = self
+            .root
+            .then(|| placement.unwrap_or_else(|| self.sup.jail().sandbox_host_ids()))?;
+        let kvm_gid = fs::metadata("/dev/kvm").map(|m| m.gid()).ok();
+        Some(match (accel, kvm_gid) {
+            (Accel::Kvm, Some(g)) => (uid, g),
+            _ => (uid, gid),
+        })
     }
 
     /// The initramfs for this init and kernel, built once.
@@ -646,7 +663,7 @@ impl Microvm {
         let vm = self
             .vm_config(img, guest_mib(spec), vcpus(spec), accel)
             .map_err(refuse)?;
-        let qemu_ids = self.qemu_ids(ctx.placement.host_ids);
+        let qemu_ids = self.qemu_ids(ctx.placement.host_ids, accel);
         let snapshot = self.template(spec, &vm, qemu_ids, ctx)?;
         Ok(Parts {
             vm,

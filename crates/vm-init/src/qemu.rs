@@ -379,8 +379,21 @@ impl Vm {
         let qmp = match Qmp::handshake(qmp, Duration::from_secs(30)) {
             Ok(q) => q,
             Err(e) => {
+                // QEMU giving up at start-up says why on its stderr.
+                std::thread::sleep(Duration::from_millis(50));
+                let exited = child.try_wait().ok().flatten();
                 kill(&mut child);
-                return Err(e.into());
+                let mut err = String::new();
+                if let Some(mut s) = child.stderr.take() {
+                    let _ = s.read_to_string(&mut err);
+                }
+                return Err(match exited {
+                    Some(status) if !err.trim().is_empty() => VmError::EarlyExit {
+                        status,
+                        console: err.trim().to_owned(),
+                    },
+                    _ => e.into(),
+                });
             }
         };
         let ctl_out = ctl.try_clone().map_err(io("ctl"))?;

@@ -1,0 +1,375 @@
+//! `runtime: microvm` from the CLI, as a user runs it: `cordon exec
+//! --runtime microvm --image`, a manifest's microvm tool through `cordon
+//! run` and `cordon serve`, as root and as uid 65534, and `cordon doctor`'s
+//! microvm lines. Real QEMU under TCG (`CORDON_VM_ACCEL=tcg`: the host
+//! decides emulation, so a tool must accept `kvm` by name), Debian's cloud
+//! kernel and the static guest init. A missing piece fails the test.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use cordon_mcp::rmcp::model::CallToolRequestParams;
+use cordon_testkit::Scratch;
+
+const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn build_init() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/build-vm-init.sh"))
+        .output()
+        .expect("run scripts/build-vm-init.sh");
+    assert!(
+        out.status.success(),
+        "scripts/build-vm-init.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// A store of its own with the busybox image, for root or for uid 65534.
+struct Store {
+    dir: Scratch,
+    reference: String,
+    nobody: bool,
+}
+
+impl Store {
+    fn path(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+}
+
+fn init() -> &'static PathBuf {
+    static INIT: OnceLock<PathBuf> = OnceLock::new();
+    INIT.get_or_init(build_init)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn command(store: &Store, args: &[&str]) -> Command {
+    let mut c = if store.nobody {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            CORDON,
+        ]);
+        c.env("CORDON_RUN_DIR", store.dir.join("run"));
+        c
+    } else {
+        Command::new(CORDON)
+    };
+    c.args(args)
+        .env("CORDON_STORE", store.path())
+        .env("CORDON_AUDIT", store.dir.join("audit.jsonl"))
+        .env("CORDON_VM_INIT", init())
+        .env("CORDON_VM_ACCEL", "tcg")
+        .env_remove("CORDON_MANIFEST")
+        .env_remove("XDG_RUNTIME_DIR")
+        .current_dir("/");
+    c
+}
+
+fn cordon(store: &Store, args: &[&str], input: &[u8]) -> Output {
+    let mut child = command(store, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cordon");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn store(nobody: bool) -> Store {
+    let dir = cordon_testkit::scratch::named(if nobody {
+        "cordon-vm-cli-nobody-"
+    } else {
+        "cordon-vm-cli-"
+    });
+    let layout = dir.join("layout");
+    let o = Command::new(repo().join("tests/images/build.sh"))
+        .arg("busybox")
+        .arg(&layout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "build.sh: {}", text(&o.stderr));
+    if nobody {
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        for p in [dir.path().to_path_buf(), dir.join("run"), layout.clone()] {
+            Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&p)
+                .status()
+                .unwrap();
+        }
+    }
+    let mut s = Store {
+        dir,
+        reference: String::new(),
+        nobody,
+    };
+    let o = cordon(
+        &s,
+        &[
+            "image",
+            "load",
+            layout.to_str().unwrap(),
+            "--name",
+            "busybox",
+        ],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    s.reference = text(&o.stdout).trim().to_string();
+    s
+}
+
+#[test]
+fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
+    let s = store(false);
+    let r = s.reference.clone();
+    let script = "cat; cat /proc/cmdline; id -u; exit 4";
+    // Emulation is not accepted by default: refused, naming kvm.
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--runtime",
+            "microvm",
+            "--image",
+            &r,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
+        b"in\n",
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(21), "{err}");
+    assert!(
+        err.contains("kvm: missing") && err.contains("accept: [kvm]"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+    // Accepted by name: it runs in a guest kernel of its own.
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--runtime",
+            "microvm",
+            "--accept",
+            "kvm",
+            "--image",
+            &r,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
+        b"in\n",
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(10), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "in", "{out}");
+    assert!(
+        lines[1].contains("panic=-1"),
+        "not the guest's kernel: {out}"
+    );
+    assert_eq!(lines[2], "0", "{out}");
+    assert!(
+        err.contains("kvm: missing") && err.contains("[accepted]"),
+        "{err}"
+    );
+    // The run record says so too.
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--json",
+            "--runtime",
+            "microvm",
+            "--accept",
+            "kvm",
+            "--image",
+            &r,
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 4",
+        ],
+        b"",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json record");
+    assert_eq!(v["exit_code"], 4, "{v}");
+    // No image: the guest shares nothing of the host's file system.
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--runtime",
+            "microvm",
+            "--accept",
+            "kvm",
+            "--",
+            "/bin/true",
+        ],
+        b"",
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(21), "{err}");
+    assert!(err.contains("runtime microvm runs an image"), "{err}");
+}
+
+#[test]
+fn a_manifest_microvm_tool_runs_and_is_served() {
+    let s = store(false);
+    let r = &s.reference;
+    let m = s.dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  vm_count:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n    image: {r}\n    command: [/bin/sh, -c, \"wc -c; grep -c panic=-1 /proc/cmdline\"]\n    network: none\n    limits: {{wall_seconds: 60, memory: 128M}}\n    input: {{stdin: text}}\n    input_schema:\n      type: object\n      properties: {{text: {{type: string}}}}\n      required: [text]\n  vm_strict:\n    profile: P3\n    runtime: microvm\n    image: {r}\n    command: [/bin/true]\n    network: none\n"
+        ),
+    )
+    .unwrap();
+    let ms = m.to_str().unwrap();
+    let o = cordon(&s, &["run", "vm_count", "-m", ms], b"abcd");
+    assert_eq!(
+        text(&o.stdout).split_whitespace().collect::<Vec<_>>(),
+        ["4", "1"],
+        "{}",
+        text(&o.stderr)
+    );
+    // Without `accept: [kvm]`, the same image is refused, saying why.
+    let o = cordon(&s, &["run", "vm_strict", "-m", ms], b"");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(21), "{err}");
+    assert!(err.contains("kvm: missing"), "{err}");
+    // Served: probes cannot go into a guest yet, so `serve` refuses the
+    // tool at start saying so; with `--no-probe` an MCP client calls it.
+    let o = cordon(&s, &["serve", "-m", ms], b"");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("vm_count: refusing to start")
+            && err.contains("probe agent is not carried into guests"),
+        "{err}"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = cordon_testkit::serve::Serve::manifest(CORDON, &m, &s.dir.join("serve.jsonl"))
+            .arg("--no-probe")
+            .env("CORDON_STORE", s.path())
+            .env("CORDON_VM_INIT", init())
+            .env("CORDON_VM_ACCEL", "tcg")
+            .stdio((), Stdio::inherit())
+            .await;
+        let mut p = CallToolRequestParams::new("vm_count".to_owned());
+        p.arguments = serde_json::json!({"text": "hello"}).as_object().cloned();
+        let res = c.peer().call_tool(p).await.unwrap();
+        let t: String = res
+            .content
+            .iter()
+            .filter_map(|x| x.as_text().map(|t| t.text.clone()))
+            .collect();
+        // The gate's envelope around the tool's own output.
+        assert!(
+            t.contains("tool=\"vm_count\"") && t.contains("\n5\n1\n"),
+            "{t}"
+        );
+        let _ = c.cancel().await;
+    });
+}
+
+#[test]
+fn an_unprivileged_broker_runs_a_microvm() {
+    let s = store(true);
+    let r = s.reference.clone();
+    // uid 65534 has no cgroup delegation here: P3 requires cgroup limits,
+    // so it is refused unless accepted, naming cgroup.
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--runtime",
+            "microvm",
+            "--accept",
+            "kvm",
+            "--image",
+            &r,
+            "--",
+            "/bin/true",
+        ],
+        b"",
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(21), "{err}");
+    assert!(err.contains("cgroup: missing"), "{err}");
+    let o = cordon(
+        &s,
+        &[
+            "exec",
+            "--runtime",
+            "microvm",
+            "--accept",
+            "kvm",
+            "--accept",
+            "cgroup",
+            "--image",
+            &r,
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat; grep -c panic=-1 /proc/cmdline",
+        ],
+        b"from nobody\n",
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert_eq!(out, "from nobody\n1\n", "{err}");
+}
+
+#[test]
+fn doctor_names_the_microvm_parts_and_the_accelerator() {
+    let s = store(false);
+    let o = cordon(&s, &["doctor", "--json"], b"");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor --json");
+    let check = |name: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} check: {v}"))
+    };
+    let parts = check("microvm (qemu)");
+    assert_eq!(parts["ok"], true, "{parts}");
+    assert!(
+        parts["detail"].as_str().unwrap().contains("guest kernel"),
+        "{parts}"
+    );
+    let accel = check("microvm accelerator");
+    assert_eq!(accel["ok"], false, "{accel}");
+    assert!(
+        accel["detail"].as_str().unwrap().starts_with("tcg"),
+        "{accel}"
+    );
+}
