@@ -446,6 +446,24 @@ fn requirements_resolve_from_profile_manifest_and_tool() {
 }
 
 #[test]
+fn a_microvm_tool_requires_kvm_unless_it_accepts_emulation() {
+    use cordon_policy::policy::Mechanism::*;
+    let img = format!("i@sha256:{}", "a".repeat(64));
+    let l = load_str(
+        Path::new("m.yaml"),
+        &format!(
+            "tools:\n  vm:\n    profile: P3\n    runtime: microvm\n    image: {img}\n  emu:\n    profile: P3\n    runtime: microvm\n    image: {img}\n    accept: [kvm]\n  gv:\n    profile: P3\n    runtime: gvisor\n    image: {img}\n"
+        ),
+    )
+    .unwrap();
+    let t = &l.policy.tools;
+    assert!(t["vm"].require.contains(&Kvm), "{:?}", t["vm"].require);
+    assert!(!t["emu"].require.contains(&Kvm));
+    assert_eq!(t["emu"].accept, vec![Kvm]);
+    assert!(!t["gv"].require.contains(&Kvm), "only microvm needs kvm");
+}
+
+#[test]
 fn an_unknown_mechanism_is_an_error() {
     let e =
         errors("tools:\n  a:\n    profile: P1\n    command: [/bin/true]\n    require: [magic]\n");
