@@ -187,9 +187,29 @@ pub fn run(a: ImageArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             let g = store.gc(&keep).map_err(|e| anyhow!("{e}"))?;
+            // The microVM disks, snapshots and initramfs of what is left
+            // (an image kept here has its unpacked tree, named by its
+            // manifest digest).
+            let kept: std::collections::BTreeSet<String> =
+                std::fs::read_dir(store.dir().join("rootfs"))
+                    .map(|d| {
+                        d.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| !n.starts_with('.'))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+            let vm = cordon_runtime::microvm::artifacts::gc(&store.dir().join("vm"), &kept);
             println!(
-                "removed {} blobs ({} bytes), {} unpacked trees, {} temporaries",
-                g.blobs, g.bytes, g.rootfs, g.temporary
+                "removed {} blobs ({} bytes), {} unpacked trees, {} temporaries; microVM: {} disks, {} snapshots, {} initramfs ({} bytes)",
+                g.blobs,
+                g.bytes,
+                g.rootfs,
+                g.temporary,
+                vm.disks,
+                vm.snapshots,
+                vm.initramfs,
+                vm.bytes
             );
         }
     }

@@ -296,6 +296,33 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
         );
         let _ = c.cancel().await;
     });
+    // `image gc` after `image rm`: the guest's disk and template go with
+    // the image (positive control: both are there before).
+    let disks = |s: &Store| {
+        std::fs::read_dir(s.path().join("vm/images"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert!(disks(&s) > 0);
+    let o = cordon(&s, &["image", "gc"], b"");
+    assert!(
+        text(&o.stdout).contains("microVM: 0 disks, 0 snapshots"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert!(
+        disks(&s) > 0,
+        "gc removed the disk of an image still in the store"
+    );
+    let o = cordon(&s, &["image", "rm", r], b"");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = cordon(&s, &["image", "gc"], b"");
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("microVM: 1 disks, 1 snapshots, 1 initramfs"),
+        "{out}"
+    );
+    assert_eq!(disks(&s), 0, "{out}");
 }
 
 #[test]

@@ -47,6 +47,8 @@ use cordon_vm_init::protocol::{Limits as TaskLimits, Task};
 use cordon_vm_init::qemu::{self, Accel, VmConfig};
 use sha2::{Digest, Sha256};
 
+pub mod artifacts;
+
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::outcome::{Outcome, RunError};
 use crate::spec::{Network, Root, SandboxSpec};
@@ -706,11 +708,13 @@ impl Microvm {
             .create(&dir)
             .map_err(|e| fail(format!("create {}: {e}", dir.display())))?;
         let snap = dir.join(format!("{key}.snap"));
-        let record = dir.join(format!("{key}.sha256"));
+        let record = dir.join(format!("{key}.json"));
         let check = || -> Result<Option<PathBuf>, RunError> {
-            match fs::read_to_string(&record) {
-                Ok(sha) => {
-                    self.verify(&snap, sha.trim(), true).map_err(fail)?;
+            match fs::read(&record) {
+                Ok(text) => {
+                    let r: artifacts::SnapRecord = serde_json::from_slice(&text)
+                        .map_err(|e| fail(format!("{}: {e}", record.display())))?;
+                    self.verify(&snap, &r.sha256, true).map_err(fail)?;
                     Ok(Some(snap.clone()))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -748,9 +752,19 @@ impl Microvm {
                 std::os::unix::fs::chown(&taken, Some(me.euid), Some(me.egid))
                     .map_err(|e| fail(format!("chown {}: {e}", taken.display())))?;
             }
+            let rec = artifacts::SnapRecord {
+                sha256: sha,
+                image: vm.image.digest.clone(),
+                initramfs: vm
+                    .initramfs
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            let rec = serde_json::to_vec(&rec).map_err(|e| fail(e.to_string()))?;
             fs::set_permissions(&taken, fs::Permissions::from_mode(0o644))
                 .and_then(|()| fs::rename(&taken, &snap))
-                .and_then(|()| fs::write(&record, &sha))
+                .and_then(|()| fs::write(&record, rec))
                 .map_err(|e| fail(format!("{}: {e}", snap.display())))?;
             self.remember(&snap);
             Ok(snap.clone())
