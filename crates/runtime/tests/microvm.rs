@@ -343,3 +343,45 @@ fn a_corrupted_snapshot_is_refused_and_never_restored() {
     let left = processes_naming(&dir.path().display().to_string());
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_pool_keeps_restored_guests_ready_one_task_each() {
+    use cordon_runtime::pool::{Pool, Settings};
+    use std::sync::Arc;
+    let m: Arc<dyn Runtime> = Arc::new(microvm());
+    let s = sh("cat; ls -A /tmp; echo mark > /tmp/mark; cat /tmp/mark");
+    let pool = {
+        let _slot = slot();
+        let p = Pool::new(
+            m,
+            s,
+            Settings {
+                size: 1,
+                refill: true,
+            },
+            None,
+        )
+        .expect("pool");
+        assert!(
+            p.wait_idle(1, Duration::from_secs(300)),
+            "{:?}",
+            p.stopped()
+        );
+        p
+    };
+    for i in 0..2 {
+        let _slot = slot();
+        let (o, pooled) = pool
+            .run(format!("task{i}\n").into_bytes(), &Context::discard("t"))
+            .expect("run");
+        assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+        // Nothing of the task before: a guest is never given twice.
+        assert_eq!(text(&o.stdout), format!("task{i}\nmark\n"));
+        assert!(pooled, "task {i} did not get a pooled guest");
+        assert!(
+            pool.wait_idle(1, Duration::from_secs(300)),
+            "{:?}",
+            pool.stopped()
+        );
+    }
+}
