@@ -8,7 +8,9 @@
    (the template is booted and snapshotted, then restored for the task)
    and every later call (a restore), `/bin/true` and a small real tool
    (`sha256sum` of 1 MiB of stdin);
-3. QEMU's RSS and PSS per restored guest with 1, 4 and 16 guests of one
+3. a pooled task (`lifetime: pool`): hand-over to the program's first act
+   (crates/runtime/examples/pool-bench.rs);
+4. QEMU's RSS and PSS per restored guest with 1, 4 and 16 guests of one
    template running at once.
 
 Run as root: `python3 scripts/bench-microvm.py [--rounds N] [--kvm]`
@@ -117,6 +119,15 @@ def main():
                   f"{warm_true[-1]:.0f} ms, warm sha256sum 1 MiB {warm_tool[-1]:.0f} ms",
                   flush=True)
         m = statistics.median
+        # Pools: a restored guest waiting for its task (the generic pool over
+        # spawn), from the hand-over to the program's first act.
+        hexd = ref.split("sha256:")[1]
+        rootfs = os.path.join(store, "rootfs", hexd, "root")
+        out = sh(["cargo", "run", "-q", "-p", "cordon-runtime", "--example", "pool-bench", "--",
+                  str(a.rounds), "microvm", rootfs], cwd=ROOT, env=env)
+        import json
+        pool = json.loads(out.strip().splitlines()[-1])
+        print("pool:", pool, flush=True)
         # 3. memory per restored guest, 1, 4 and 16 at once.
         mem = {}
         needle = os.path.join(store, "vm")
@@ -153,7 +164,9 @@ def main():
         print(f"| warm `cordon exec` of `busybox sha256sum` of 1 MiB | {m(warm_tool):.0f} ms | | | not measured |")
         for n, (k, rss, pss) in mem.items():
             print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS per QEMU | {rss:.1f} / {pss:.1f} MiB | | | not measured |")
-        print("| a pooled task's hand-over | not measured: `lifetime: pool` is not built for microvm yet | | | |")
+        print(f"| a pooled task: from the hand-over to the program's first act vs a cold (restored) task's start | {pool['pool_take_to_start_ms']:.1f} ms | {pool['cold_start_ms']:.1f} ms | {pool['pool_take_to_start_ms'] / pool['cold_start_ms']:.3f}x | not measured |")
+        print(f"| a whole pooled task vs a whole restored one (runtime API, debug build) | {pool['pool_total_ms']:.0f} ms | {pool['cold_total_ms']:.0f} ms | {pool['pool_total_ms'] / pool['cold_total_ms']:.2f}x | not measured |")
+        print(f"| an idle pooled guest: PSS of QEMU and the helper | {pool['idle_pooled_pss_mib']:.1f} MiB | | | not measured |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

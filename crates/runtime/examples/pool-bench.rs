@@ -1,8 +1,10 @@
-//! The warm pool's figures for `scripts/bench-gvisor.py`: how long after a
-//! task is handed over its program runs (a pooled gVisor sandbox against a
-//! cold one), and the memory of an idle pooled sandbox. Prints one JSON
-//! object. Run as root: `cargo run --release -p cordon-runtime --example
-//! pool-bench -- [ROUNDS]`.
+//! The warm pool's figures for `scripts/bench-gvisor.py` and
+//! `scripts/bench-microvm.py`: how long after a task is handed over its
+//! program runs (a pooled sandbox against a cold one), and the memory of
+//! an idle pooled sandbox. Prints one JSON object. Run as root: `cargo run
+//! --release -p cordon-runtime --example pool-bench -- [ROUNDS]` (gVisor),
+//! or `... -- ROUNDS microvm ROOTFS` (a microVM of the unpacked image at
+//! ROOTFS, which needs busybox; the microVM runtime's variables apply).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -64,13 +66,34 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
-    let g = Gvisor::new(Options::default(), Default::default()).expect("gvisor");
-    let problems = g.check(&SandboxSpec::new("b", ["/bin/true"])).problems;
-    assert!(problems.is_empty(), "{problems:?}");
-    let g: Arc<dyn Runtime> = Arc::new(g);
+    let args: Vec<String> = std::env::args().collect();
     let mut spec = SandboxSpec::new("bench", ["/bin/date", "+%s%N"]);
     spec.profile = cordon_policy::policy::Profile::P3;
     spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
+    let g: Arc<dyn Runtime> = if args.get(2).map(String::as_str) == Some("microvm") {
+        let rootfs = args.get(3).expect("usage: pool-bench ROUNDS microvm ROOTFS");
+        spec.root = cordon_runtime::Root::Image {
+            rootfs: rootfs.into(),
+            digest: String::new(),
+        };
+        // busybox's date has no %N: the kernel's time in microseconds.
+        spec.argv = vec![
+            "/bin/busybox".into(),
+            "sh".into(),
+            "-c".into(),
+            "/bin/busybox adjtimex | /bin/busybox awk '/tv_sec/{s=$2} /tv_usec/{u=$2} END{printf \"%d%06d000\\n\", s, u}'".into(),
+        ];
+        spec.limits.memory_bytes = 128 << 20;
+        spec.limits.cpu_percent = Some(100);
+        Arc::new(
+            cordon_runtime::microvm::Microvm::new(Default::default(), Default::default())
+                .expect("microvm"),
+        )
+    } else {
+        Arc::new(Gvisor::new(Options::default(), Default::default()).expect("gvisor"))
+    };
+    let problems = g.check(&spec).problems;
+    assert!(problems.is_empty(), "{problems:?}");
     let ctx = Context::discard("bench");
 
     // Cold: a new sandbox per task.
