@@ -400,3 +400,88 @@ fn doctor_names_the_microvm_parts_and_the_accelerator() {
         "{accel}"
     );
 }
+
+/// Processes whose command line names `needle`.
+fn processes_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) && !cmd.contains("cargo") {
+                out.push(format!("{}: {cmd}", p.path().display()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_broker_killed_mid_task_takes_its_guest_with_it_and_the_next_sweeps() {
+    let s = store(false);
+    let run = s.dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let state = run.join("microvm");
+    let args = [
+        "exec",
+        "--runtime",
+        "microvm",
+        "--accept",
+        "kvm",
+        "--image",
+        &s.reference,
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo up; sleep 600",
+    ];
+    let mut child = command(&s, &args)
+        .env("CORDON_RUN_DIR", &run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Positive control: QEMU runs under the state dir (a call's output
+    // comes at its end, through the gate, so the process is the signal).
+    let needle = state.display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !processes_naming(&needle).iter().any(|p| p.contains("qemu"))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        processes_naming(&needle).iter().any(|p| p.contains("qemu")),
+        "no QEMU seen"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !processes_naming(&needle).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let left = processes_naming(&needle);
+    assert!(left.is_empty(), "outlived the broker: {left:?}");
+    // Its directory is left (nobody removed it) until the next broker
+    // sweeps it.
+    let dirs = |p: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    assert_eq!(dirs(&state).len(), 1, "{:?}", dirs(&state));
+    let o = command(&s, &["doctor"])
+        .env("CORDON_RUN_DIR", &run)
+        .output()
+        .unwrap();
+    assert!(
+        text(&o.stdout).contains("removed a microVM sandbox left by a broker that is gone"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert!(dirs(&state).is_empty(), "{:?}", dirs(&state));
+}

@@ -71,7 +71,9 @@ fn main() {
     spec.profile = cordon_policy::policy::Profile::P3;
     spec.limits = cordon_policy::resolve::default_limits(spec.profile).expect("P3 limits");
     let g: Arc<dyn Runtime> = if args.get(2).map(String::as_str) == Some("microvm") {
-        let rootfs = args.get(3).expect("usage: pool-bench ROUNDS microvm ROOTFS");
+        let rootfs = args
+            .get(3)
+            .expect("usage: pool-bench ROUNDS microvm ROOTFS");
         spec.root = cordon_runtime::Root::Image {
             rootfs: rootfs.into(),
             digest: String::new(),
