@@ -507,6 +507,12 @@ fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
 /// carries each connection over the network channel `port`; the threads
 /// live until the guest powers off.
 fn start_net(ports: &[u16], port: File) -> Result<(), Fail> {
+    let mut ports = ports.to_vec();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.first() == Some(&0) {
+        return Err(failed("net", "port 0 in the task's net ports".to_owned()));
+    }
     let listeners = ports
         .iter()
         .map(|&p| {
