@@ -688,6 +688,63 @@ mod tests {
         assert_eq!(guest.error(), None);
     }
 
+    #[test]
+    fn data_past_the_window_ends_the_channel() {
+        // The test is the host, frame by frame; the guest's client never
+        // reads, so once the socket buffers are full the guest's writer
+        // blocks and gives no more credit. Then one byte past the window
+        // is refused.
+        let (g, mut h) = UnixStream::pair().unwrap();
+        let guest = GuestNet::start(g.try_clone().unwrap(), g).unwrap();
+        let (local, guest) = guest_listener(guest, 80);
+        let _client = TcpStream::connect(("127.0.0.1", local)).unwrap();
+        h.set_read_timeout(Some(Duration::from_millis(1500)))
+            .unwrap();
+        let mut dec = Decoder::new();
+        let mut buf = vec![0u8; 1 << 17];
+        let mut next = |h: &mut UnixStream, dec: &mut Decoder| -> Option<Frame> {
+            loop {
+                if let Some(f) = dec.next_frame().unwrap() {
+                    return Some(f);
+                }
+                match h.read(&mut buf) {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => dec.feed(&buf[..n]),
+                }
+            }
+        };
+        let Some(Frame::Open { id, port: 80 }) = next(&mut h, &mut dec) else {
+            panic!("no open");
+        };
+        let mut outstanding: u32 = 0;
+        let mut sent: u64 = 0;
+        loop {
+            assert!(sent < 256 << 20, "the guest kept giving credit");
+            while outstanding < mux::WINDOW {
+                let n = (mux::WINDOW - outstanding).min(mux::MAX_DATA as u32);
+                let f = Frame::Data {
+                    id,
+                    bytes: vec![1; n as usize],
+                };
+                h.write_all(&f.encode().unwrap()).unwrap();
+                outstanding += n;
+                sent += u64::from(n);
+            }
+            match next(&mut h, &mut dec) {
+                Some(Frame::Credit { bytes, .. }) => outstanding -= bytes,
+                Some(other) => panic!("{other:?}"),
+                // No credit for 1.5 s: the writer is stuck.
+                None => break,
+            }
+        }
+        let f = Frame::Data { id, bytes: vec![1] };
+        h.write_all(&f.encode().unwrap()).unwrap();
+        assert!(wait_until(|| guest.error().is_some()));
+        let e = guest.error().unwrap();
+        assert!(e.contains("past its window"), "{e}");
+        assert_eq!(guest.streams(), 0);
+    }
+
     /// The host end fed raw bytes: a malformed frame ends it with an error
     /// and shuts the streams it had open.
     fn host_fed(ports: Vec<u16>, frames: Vec<Vec<u8>>) -> (Result<(), String>, UnixStream) {
