@@ -385,3 +385,58 @@ fn a_pool_keeps_restored_guests_ready_one_task_each() {
         );
     }
 }
+
+#[test]
+fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
+    use cordon_runtime::{EgressEvent, EgressPolicy, Network};
+    use std::sync::{Arc, Mutex};
+    let m = microvm();
+    let (up, seen) =
+        cordon_testkit::loopback::request_lines(|first| format!("upstream saw {first}"));
+    let port = up.port();
+    let mut ep = EgressPolicy::allowlist(
+        "vm",
+        [format!("web.test:{port}"), format!("private.test:{port}")],
+    )
+    .unwrap();
+    ep.resolve.insert("web.test".into(), up.ip());
+    ep.resolve
+        .insert("private.test".into(), "10.0.0.1".parse().unwrap());
+    ep.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    // busybox wget reads `http_proxy`; each answer or refusal on a line.
+    let mut s = sh(&format!(
+        "for u in http://web.test:{port}/hello http://169.254.169.254/latest/meta-data/ http://private.test:{port}/; do \
+           /bin/busybox wget -q -O- $u 2>&1 | /bin/busybox head -c 120; echo; done; \
+           /bin/busybox wget -q -O- -Y off http://{up}/direct 2>&1 | /bin/busybox head -c 60; echo"
+    ));
+    s.network = Network::Doors(Box::new(ep));
+    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
+    let ev = events.clone();
+    let mut ctx = Context::discard("t");
+    ctx.on_egress = Arc::new(move |e| ev.lock().unwrap().push(e));
+    let o = {
+        let _slot = slot();
+        m.run(&s, Vec::new(), &ctx).expect("run")
+    };
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    // Positive control: the allowed name, through the door.
+    assert_eq!(lines[0], "upstream saw GET /hello HTTP/1.1", "{out}");
+    // The metadata address and a name pinned to a private address:
+    // refused by the door (403), as for every other runtime.
+    assert!(lines[1].contains("403"), "{out}");
+    assert!(lines[2].contains("403"), "{out}");
+    // Around the proxy: the guest has no route to the host at all.
+    assert!(!lines[3].contains("upstream saw"), "{out}");
+    assert_eq!(seen.lock().unwrap().clone(), vec!["GET /hello HTTP/1.1"]);
+    let ev = events.lock().unwrap();
+    assert_eq!(ev.len(), 3, "{ev:?}");
+    assert_eq!(ev[0].decision, cordon_runtime::Decision::Allowed);
+    assert!(
+        ev[1..]
+            .iter()
+            .all(|e| e.decision == cordon_runtime::Decision::Refused),
+        "{ev:?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! Network helpers of the broker: addresses added to a sandbox's `lo` over
 //! an rtnetlink socket made inside its namespace, and `splice(2)` between
-//! sockets through a pipe (the egress doors' tunnels).
+//! sockets through a pipe (the egress doors' tunnels); and `lo` brought up
+//! (a microVM guest's init).
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -99,6 +100,37 @@ pub fn add_local_address(
     }
 }
 
+/// Brings `lo` of the calling thread's network namespace up
+/// (`SIOCSIFFLAGS` with `IFF_UP | IFF_RUNNING` on a datagram socket, as the
+/// sandbox child does for its doors): a microVM guest's kernel starts with
+/// its loopback down. Needs `CAP_NET_ADMIN` in the namespace.
+pub fn loopback_up() -> Result<(), Errno> {
+    // SAFETY: socket takes no pointers.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel just returned `fd` as a new descriptor that nothing
+    // else in this process owns; the OwnedFd closes it.
+    let sock: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0".iter()) {
+        *dst = *src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: ioctl(SIOCSIFFLAGS) reads the ifreq `ifr`, which lives on this
+    // stack across the call.
+    let rc = unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCSIFFLAGS,
+            &ifr as *const libc::ifreq,
+        )
+    };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// A close-on-exec `NETLINK_ROUTE` socket in the calling thread's network
 /// namespace (for [`add_local_address`]).
 pub fn route_socket() -> Result<std::os::fd::OwnedFd, Errno> {
@@ -182,6 +214,32 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
+
+    #[test]
+    fn loopback_up_in_a_new_network_namespace() {
+        // unshare(CLONE_NEWNET) moves only the calling thread: a thread of
+        // its own, so the test process keeps its namespace.
+        std::thread::spawn(|| {
+            // SAFETY: unshare takes no pointers; it changes this thread's
+            // network namespace only.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            if rc != 0 {
+                eprintln!("skipped: unshare(CLONE_NEWNET): {}", Errno::last());
+                return;
+            }
+            // A new namespace's lo is down: nothing answers on 127.0.0.1.
+            assert!(
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| std::net::TcpStream::connect(l.local_addr()?))
+                    .is_err()
+            );
+            loopback_up().unwrap();
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn newaddr_layout() {

@@ -106,6 +106,7 @@ fn main() -> Res<()> {
         limits: Limits::default(),
         entropy: String::new(),
         time_ns: 0,
+        net: Vec::new(),
     };
     let run_dir = dir.path().join("run");
     let (mut cold_ready, mut cold_result, mut cold_cpu) = (vec![], vec![], vec![]);

@@ -7,7 +7,8 @@
 //! 2. loads the kernel modules the initramfs lists (`/etc/cordon/modules`:
 //!    Debian's cloud kernel has virtio-mmio, virtio-blk, virtio-console and
 //!    EROFS as modules);
-//! 3. finds its four virtio-serial ports by name and opens them;
+//! 3. finds its five virtio-serial ports by name and opens them (the fifth,
+//!    `cordon.net`, is the network channel), and brings the loopback up;
 //! 4. mounts the tool's read-only root (`/dev/vda`, EROFS, else ext4) and
 //!    builds the tool's root tree on a tmpfs: each top-level entry of the
 //!    image bound in read-only, a fresh `/proc`, a `/dev` of six device
@@ -16,7 +17,11 @@
 //!    guest is snapshotted here);
 //! 6. mixes the task's host entropy into the kernel's pool and reseeds it
 //!    (RNDADDENTROPY, RNDRESEEDCRNG), sets the clock;
-//! 7. mounts the tool's `/tmp` (tmpfs of the task's size), makes the root
+//! 7. for a task with `net` ports, listens on `127.0.0.1:PORT` for each and
+//!    carries every connection over the network channel to the same port
+//!    on the host ([`cordon_vm_init::relay::GuestNet`]); the guest has no
+//!    network device;
+//!    mounts the tool's `/tmp` (tmpfs of the task's size), makes the root
 //!    read-only, puts itself into a cgroup v2 with the task's `memory.max`
 //!    and `pids.max` (rlimits when the kernel has no cgroup v2), chroots into
 //!    the tool's root, empties the capability bounding set, sets
@@ -39,9 +44,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cordon_vm_init::protocol::{
-    ENTROPY_BYTES, GuestMessage, LimitKind, PORT_CONTROL, PORT_STDERR, PORT_STDIN, PORT_STDOUT,
-    Task,
+    ENTROPY_BYTES, GuestMessage, LimitKind, PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN,
+    PORT_STDOUT, Task,
 };
+use cordon_vm_init::relay::GuestNet;
 use rustix::mount::{MountFlags, mount, mount_bind, mount_bind_recursive, mount_remount};
 
 /// Where the initramfs lists the modules to load, in order.
@@ -85,11 +91,12 @@ impl Control {
     }
 }
 
-/// The ports the tool's stdio go to.
+/// The ports the tool's stdio go to, and the network channel's.
 struct Stdio3 {
     stdin: File,
     stdout: File,
     stderr: File,
+    net: File,
 }
 
 /// Runs the init and powers the guest off; never returns.
@@ -134,6 +141,11 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     let Some(ctl) = control.as_mut() else {
         return Err(failed("ports", "control port lost".to_owned()));
     };
+    // A guest kernel's `lo` starts down. Up before `ready` (so a restore
+    // pays nothing for it) in every guest: a connection to a port nobody
+    // listens on is then refused, not unreachable. Only a task with `net`
+    // ports needs it, so only such a task fails without it.
+    let loopback = cordon_sys::net::loopback_up().map_err(|e| format!("bring lo up: {e}"));
     mount_image()?;
     build_root()?;
     let cgroup_ready = match prepare_cgroup() {
@@ -150,6 +162,9 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     let task = read_task(ctl)?;
     reseed(&task)?;
     set_clock(task.time_ns)?;
+    if !task.net.is_empty() {
+        loopback.map_err(|e| failed("net", e))?;
+    }
     run_task(&task, stdio, cgroup_ready)
 }
 
@@ -255,10 +270,17 @@ fn open_ports() -> Result<(Control, Stdio3), Fail> {
         out: ctl,
         input: BufReader::new(input),
     };
+    let net_path = wait_for("network port", || port_path(PORT_NET))?;
+    let net = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&net_path)
+        .map_err(|e| failed("ports", format!("{}: {e}", net_path.display())))?;
     let stdio = Stdio3 {
         stdin: open_port(PORT_STDIN, false)?,
         stdout: open_port(PORT_STDOUT, true)?,
         stderr: open_port(PORT_STDERR, true)?,
+        net,
     };
     Ok((control, stdio))
 }
@@ -481,8 +503,50 @@ fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
     rustix::process::setrlimit(res, l).map_err(|e| failed("limits", format!("{res:?}: {e}")))
 }
 
+/// Listens on `127.0.0.1:PORT` for each of the task's `net` ports and
+/// carries each connection over the network channel `port`; the threads
+/// live until the guest powers off.
+fn start_net(ports: &[u16], port: File) -> Result<(), Fail> {
+    let mut ports = ports.to_vec();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.first() == Some(&0) {
+        return Err(failed("net", "port 0 in the task's net ports".to_owned()));
+    }
+    let listeners = ports
+        .iter()
+        .map(|&p| {
+            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, p))
+                .map(|l| (l, p))
+                .map_err(|e| failed("net", format!("listen on 127.0.0.1:{p}: {e}")))
+        })
+        .collect::<Result<Vec<_>, Fail>>()?;
+    let input = port.try_clone().map_err(fail("net"))?;
+    let net = std::sync::Arc::new(GuestNet::start(input, port).map_err(fail("net"))?);
+    for (listener, p) in listeners {
+        let net = net.clone();
+        std::thread::Builder::new()
+            .name(format!("accept-{p}"))
+            .stack_size(128 * 1024)
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    match conn {
+                        Ok(c) => net.open(c, p),
+                        // Out of descriptors, say: the client retries.
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+            })
+            .map_err(fail("net"))?;
+    }
+    Ok(())
+}
+
 fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessage, Fail> {
     use rustix::process::Resource;
+    if !task.net.is_empty() {
+        start_net(&task.net, stdio.net)?;
+    }
     mount_fs(
         "tmp",
         &format!("{ROOT}/tmp"),

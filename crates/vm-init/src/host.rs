@@ -13,6 +13,13 @@
 //! output caps: when it kills this process, the pid namespace ends and
 //! QEMU with it.
 //!
+//! For a task with `net` ports the helper serves the guest's network
+//! channel (`crate::relay::serve_host`, through [`Vm::run_io`]): each
+//! connection the tool makes to one of those ports on the guest's loopback
+//! becomes a connection to the same port on 127.0.0.1 of the helper's own
+//! network namespace, where cordon's egress doors listen; a refused
+//! connect is a reset of the guest's connection.
+//!
 //! A template job boots the guest to its init's `ready` line, snapshots it
 //! into `DIR/vm/template.snap` (the runtime moves it into its store) and
 //! exits 0; it runs no task.

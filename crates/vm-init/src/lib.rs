@@ -5,6 +5,8 @@
 //!   a digest of its inputs and verified by sha256 before each use.
 //! - `initramfs`: the guest's initramfs (the init and its kernel modules) as
 //!   a `newc` cpio archive.
+//! - `mux`, `relay`: the network channel (`cordon.net`): TCP streams
+//!   multiplexed over one virtio-serial port, its framing and both ends.
 //! - `qemu`, `qmp`: QEMU `-M microvm` as the VMM: a cold boot, a template
 //!   snapshot, a restore, one task per guest.
 //!
@@ -18,6 +20,8 @@
 pub mod host;
 pub mod image;
 pub mod initramfs;
+pub mod mux;
 pub mod protocol;
 pub mod qemu;
 pub mod qmp;
+pub mod relay;

@@ -16,6 +16,10 @@ pub const PORT_CONTROL: &str = "cordon.ctl";
 pub const PORT_STDIN: &str = "cordon.stdin";
 pub const PORT_STDOUT: &str = "cordon.stdout";
 pub const PORT_STDERR: &str = "cordon.stderr";
+/// The network channel: TCP streams from the guest's loopback to the
+/// host's, multiplexed (`crate::mux`). Always present, used only by a task
+/// with [`Task::net`] ports.
+pub const PORT_NET: &str = "cordon.net";
 
 /// Bytes of host entropy a task carries.
 pub const ENTROPY_BYTES: usize = 64;
@@ -42,6 +46,11 @@ pub struct Task {
     pub entropy: String,
     /// The host's wall clock, nanoseconds since the epoch.
     pub time_ns: u64,
+    /// Loopback ports the init listens on in the guest, each connection
+    /// carried over the network channel to the same port on the host's
+    /// loopback (cordon's egress proxy door). Empty: no network at all.
+    #[serde(default)]
+    pub net: Vec<u16>,
 }
 
 fn default_cwd() -> String {
@@ -141,6 +150,7 @@ mod tests {
         .unwrap();
         assert_eq!(t.cwd, "/");
         assert_eq!(t.limits, Limits::default());
+        assert!(t.net.is_empty());
         assert!(
             serde_json::from_str::<Task>(
                 r#"{"argv":["/bin/true"],"uid":0,"gid":0,"entropy":"00","time_ns":1,"x":1}"#

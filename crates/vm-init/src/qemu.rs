@@ -8,6 +8,11 @@
 //! host listens on before QEMU starts; QEMU connects to each as a client at
 //! start-up, so no byte is written before the host is there to read it.
 //!
+//! A fifth port, `cordon.net`, is the network channel (see [`crate::mux`]):
+//! always on the command line, so that a template and its restores have
+//! the same devices, and served by [`Vm::run_io`] only for a task with
+//! `net` ports.
+//!
 //! A guest either boots cold ([`Vm::boot`]: the init mounts the tool's
 //! root and says `ready`) or is restored from a template's snapshot
 //! ([`Vm::restore`]: QEMU started with `-incoming defer`, then
@@ -30,7 +35,7 @@ use thiserror::Error;
 
 use crate::image::{BlockImage, ImageError};
 use crate::protocol::{
-    ENTROPY_BYTES, GuestMessage, PORT_CONTROL, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task,
+    ENTROPY_BYTES, GuestMessage, PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task,
 };
 use crate::qmp::{Qmp, QmpError};
 
@@ -150,7 +155,7 @@ impl Paths {
     }
 }
 
-const SOCKETS: [&str; 5] = ["qmp", "ctl", "stdin", "stdout", "stderr"];
+const SOCKETS: [&str; 6] = ["qmp", "ctl", "stdin", "stdout", "stderr", "net"];
 
 /// The host's TSC frequency in kHz from `/proc/cpuinfo` (`cpu MHz` of the
 /// first CPU): the guest's TSC under TCG runs at the host's.
@@ -248,6 +253,7 @@ impl VmConfig {
             ("stdin", PORT_STDIN),
             ("stdout", PORT_STDOUT),
             ("stderr", PORT_STDERR),
+            ("net", PORT_NET),
         ] {
             a.push("-chardev".into());
             a.push(format!("socket,id={id},path={}", p(id)));
@@ -278,6 +284,8 @@ pub struct Vm {
     stdin: Option<UnixStream>,
     stdout: UnixStream,
     stderr: UnixStream,
+    /// The network channel's host end.
+    net: UnixStream,
     started: Instant,
     /// Spawn to ready (cold) or to running (restored).
     pub ready_after: Duration,
@@ -370,9 +378,14 @@ impl Vm {
             let _ = fs::remove_file(paths.sock(name));
         }
         let mut it = streams.into_iter();
-        let (Some(qmp), Some(ctl), Some(stdin), Some(stdout), Some(stderr)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
+        let (Some(qmp), Some(ctl), Some(stdin), Some(stdout), Some(stderr), Some(net)) = (
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+        ) else {
             kill(&mut child);
             return Err(VmError::Protocol("missing sockets".to_owned()));
         };
@@ -406,6 +419,7 @@ impl Vm {
             stdin: Some(stdin),
             stdout,
             stderr,
+            net,
             started,
             ready_after: Duration::ZERO,
         })
@@ -588,7 +602,10 @@ impl Vm {
     /// Runs `task`, streaming: `stdin` is copied to the guest's stdin port
     /// until its EOF (then the port is disconnected: the guest reads EOF),
     /// the guest's stdout and stderr ports to `stdout` and `stderr` as
-    /// they arrive. With `wall`, QEMU is killed when it runs out (a caller
+    /// they arrive. A task with `net` ports gets the network channel
+    /// served ([`crate::relay::serve_host`]: each stream the guest opens
+    /// to one of those ports becomes a connection to it on this process's
+    /// loopback). With `wall`, QEMU is killed when it runs out (a caller
     /// whose own supervisor keeps the clock passes `None`). Returns the
     /// writers once the guest is gone.
     pub fn run_io<R, O, E>(
@@ -627,6 +644,19 @@ impl Vm {
             .map_err(io("send the task"))?;
         if let Some(s) = self.stdin.take() {
             feed(stdin, s);
+        }
+        if !task.net.is_empty() {
+            let input = self.net.try_clone().map_err(io("net"))?;
+            let output = self.net.try_clone().map_err(io("net"))?;
+            let ports = task.net.clone();
+            // Ends when QEMU does (the channel's EOF), shutting every
+            // stream; a guest that breaks the protocol loses its network.
+            std::thread::Builder::new()
+                .name("net".to_owned())
+                .spawn(move || {
+                    let _ = crate::relay::serve_host(input, output, &ports);
+                })
+                .map_err(io("a thread for the network channel"))?;
         }
 
         let msg = self.read_ctl(deadline)?;
@@ -806,6 +836,7 @@ mod tests {
         assert!(a.contains("tsc_early_khz=2445406"));
         assert!(a.contains("-sandbox on,"));
         assert!(a.contains("virtserialport,chardev=stdin,name=cordon.stdin"));
+        assert!(a.contains("virtserialport,chardev=net,name=cordon.net"));
         assert!(!a.contains("-incoming"));
         assert!(!a.contains("netdev"));
         assert!(

@@ -70,7 +70,21 @@ fn busybox_root(root: &Path) {
     }
     std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
     for applet in [
-        "sh", "echo", "cat", "head", "od", "date", "sleep", "true", "id", "ls", "grep", "touch",
+        "sh",
+        "echo",
+        "cat",
+        "head",
+        "od",
+        "date",
+        "sleep",
+        "true",
+        "id",
+        "ls",
+        "grep",
+        "touch",
+        "wget",
+        "sha256sum",
+        "wc",
     ] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
@@ -169,6 +183,7 @@ fn task(argv: &[&str]) -> Task {
         },
         entropy: String::new(),
         time_ns: 0,
+        net: Vec::new(),
     }
 }
 
@@ -394,4 +409,169 @@ fn the_guests_oom_killer_is_reported() {
         String::from_utf8_lossy(&r.stdout),
         String::from_utf8_lossy(&r.stderr)
     );
+}
+
+/// A loopback HTTP server in the test process (the host's namespace):
+/// answers `GET /PATH` with `reply(path)`, and keeps every request line.
+struct Server {
+    port: u16,
+    seen: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    fn start(reply: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> Server {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let reply = std::sync::Arc::new(reply);
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let (s, reply) = (s.clone(), reply.clone());
+                std::thread::spawn(move || {
+                    let mut c = c;
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => req.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&req)
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_owned();
+                    s.lock().unwrap().push(line.clone());
+                    let path = line.split(' ').nth(1).unwrap_or("").to_owned();
+                    let body = reply(&path);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = c.write_all(head.as_bytes());
+                    let _ = c.write_all(&body);
+                });
+            }
+        });
+        Server { port, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn a_guest_without_a_nic_reaches_a_host_loopback_port_it_was_given() {
+    let server = Server::start(|path| format!("body of {path}\n").into_bytes());
+    // Listening on the host too, but not given to the task.
+    let other = Server::start(|_| b"not for the guest\n".to_vec());
+    let script = format!(
+        "wget -q -O- http://127.0.0.1:{p}/x; echo rc=$?; \
+         wget -q -O- http://127.0.0.1:{o}/y 2>&1; echo rc=$?",
+        p = server.port,
+        o = other.port
+    );
+    let mut t = task(&["sh", "-c", &script]);
+    t.net = vec![server.port];
+    let r = restored("net-get", &t);
+    assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", text(&r.stderr));
+    let out = text(&r.stdout);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("body of /x"), "{out}");
+    assert_eq!(lines.next(), Some("rc=0"), "{out}");
+    let refused = lines.next().unwrap_or("");
+    assert!(refused.contains("Connection refused"), "{out}");
+    assert_eq!(lines.next(), Some("rc=1"), "{out}");
+    assert_eq!(server.seen(), vec!["GET /x HTTP/1.1".to_owned()]);
+    assert!(other.seen().is_empty(), "{:?}", other.seen());
+}
+
+#[test]
+fn a_guest_without_net_ports_cannot_connect() {
+    let server = Server::start(|_| b"should not arrive\n".to_vec());
+    let script = format!(
+        "wget -q -O- http://127.0.0.1:{}/x 2>&1; echo rc=$?",
+        server.port
+    );
+    let r = restored("net-none", &task(&["sh", "-c", &script]));
+    assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", text(&r.stderr));
+    let out = text(&r.stdout);
+    assert!(out.contains("Connection refused"), "{out}");
+    assert!(out.ends_with("rc=1\n"), "{out}");
+    assert!(server.seen().is_empty(), "{:?}", server.seen());
+}
+
+#[test]
+fn two_connections_of_one_task_are_open_at_once() {
+    use std::sync::{Arc, Condvar};
+    // Neither request is answered before both have arrived.
+    let gate = Arc::new((Mutex::new(0u32), Condvar::new()));
+    let g = gate.clone();
+    let server = Server::start(move |path| {
+        let (n, cv) = &*g;
+        let mut n = n.lock().unwrap();
+        *n += 1;
+        cv.notify_all();
+        let (n, timeout) = cv
+            .wait_timeout_while(n, Duration::from_secs(60), |n| *n < 2)
+            .unwrap();
+        if timeout.timed_out() {
+            return format!("{path} alone ({})\n", *n).into_bytes();
+        }
+        format!("{path} together\n").into_bytes()
+    });
+    let script = format!(
+        "wget -q -O /tmp/a http://127.0.0.1:{p}/a & wget -q -O /tmp/b http://127.0.0.1:{p}/b & \
+         wait; cat /tmp/a /tmp/b",
+        p = server.port
+    );
+    let mut t = task(&["sh", "-c", &script]);
+    t.net = vec![server.port];
+    let r = restored("net-two", &t);
+    assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", text(&r.stderr));
+    assert_eq!(text(&r.stdout), "/a together\n/b together\n");
+    let mut seen = server.seen();
+    seen.sort();
+    assert_eq!(seen, vec!["GET /a HTTP/1.1", "GET /b HTTP/1.1"]);
+}
+
+#[test]
+fn megabytes_arrive_byte_exact() {
+    use sha2::{Digest, Sha256};
+    let body: Vec<u8> = (0..4 * 1024 * 1024 + 333u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let want = hex::encode(Sha256::digest(&body));
+    let len = body.len();
+    let server = Server::start(move |_| body.clone());
+    let script = format!(
+        "wget -q -O- http://127.0.0.1:{}/big | tee /tmp/big | sha256sum; wc -c < /tmp/big",
+        server.port
+    );
+    let mut t = task(&["sh", "-c", &script]);
+    t.net = vec![server.port];
+    t.limits.tmp_mib = 16;
+    let started = Instant::now();
+    let r = restored("net-big", &t);
+    eprintln!(
+        "net-big: {len} bytes in {:?} (restore included)",
+        started.elapsed()
+    );
+    assert_eq!(r.outcome, Outcome::Exited(0), "stderr: {}", text(&r.stderr));
+    let out = text(&r.stdout);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next().and_then(|l| l.split_whitespace().next()),
+        Some(want.as_str()),
+        "{out}"
+    );
+    assert_eq!(lines.next().map(str::trim), Some(len.to_string().as_str()));
 }

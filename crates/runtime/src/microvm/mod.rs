@@ -857,10 +857,28 @@ fn vcpus(spec: &SandboxSpec) -> u32 {
     u32::try_from(want.min(have)).unwrap_or(1)
 }
 
-/// The task the guest's init runs for `spec`.
+/// Threads the guest's init may run for the egress channel (one per
+/// listener, two per open connection, at most 32 connections), which count
+/// in the task's cgroup beside the tool's own.
+const NET_THREADS: u64 = 1 + 2 * 32 + 4;
+
+/// The task the guest's init runs for `spec`: with egress doors, the init
+/// listens on the guest's loopback at the proxy door's port and carries
+/// each connection to the door in the helper's network namespace (the
+/// tool's `HTTP_PROXY`/`HTTPS_PROXY` name that address already).
 fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
     let (uid, gid) = spec.user.unwrap_or((1000, 1000));
+    let net: Vec<u16> = match &spec.network {
+        Network::Doors(ep) if guest.doors => cordon_egress::plan(ep)
+            .proxy
+            .map(|a| a.port())
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let pids = spec.limits.tasks + if net.is_empty() { 0 } else { NET_THREADS };
     Task {
+        net,
         argv: spec.argv.clone(),
         env: guest.env.clone(),
         cwd: spec.cwd.clone().unwrap_or_else(|| "/tmp".into()),
@@ -869,7 +887,7 @@ fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
         limits: TaskLimits {
             tmp_mib: mib(spec.limits.disk_bytes).max(1),
             memory_mib: Some(mib(spec.limits.memory_bytes)),
-            pids: Some(spec.limits.tasks),
+            pids: Some(pids),
             nofile: spec.limits.nofile,
         },
         entropy: String::new(),
@@ -886,8 +904,9 @@ fn vmm_limits(spec: &SandboxSpec, vm: &VmConfig) -> cordon_sandbox::Limits {
         Accel::Tcg => VMM_OVERHEAD_TCG_MIB,
     };
     l.memory_bytes = (u64::from(vm.memory_mib) + overhead) << 20;
-    // QEMU's threads (vCPUs, I/O, RCU, the pumps) beside the helper.
-    l.tasks = l.tasks.max(64);
+    // QEMU's threads (vCPUs, I/O, RCU) beside the helper's (its stdio
+    // pumps, and the egress channel's: two per open connection).
+    l.tasks = l.tasks.max(64) + NET_THREADS;
     l
 }
 
@@ -951,6 +970,15 @@ impl Child for VmChild<'_> {
                 RunError::Setup(format!("{}: microvm: {}: {e}", spec.tool, vm_dir.display()))
             })?;
         } else {
+            if guest.trust_bundle.is_some() {
+                // Credentials substituted at the door need the session CA
+                // in the guest's trust store, and nothing of the host's
+                // goes into a guest yet.
+                return Err(RunError::Refused(format!(
+                    "{}: runtime microvm cannot carry the session CA into the guest yet: a secret delivered at the door (`deliver: proxy`) needs it; use `runtime: gvisor` or `deliver: env`",
+                    spec.tool
+                )));
+            }
             job.task = Some(task(spec, guest));
         }
         write_job(dir, &job)?;
@@ -1051,12 +1079,6 @@ impl Runtime for Microvm {
                 spec.tool
             ));
         }
-        if matches!(spec.network, Network::Doors(_)) {
-            problems.push(format!(
-                "{}: runtime microvm has no egress yet (the guest has no network device); use `network: none`",
-                spec.tool
-            ));
-        }
         Check {
             mechanisms: self.mechanisms(spec),
             problems,
@@ -1120,7 +1142,7 @@ impl Runtime for Microvm {
                 Err(e) => notes.push(format!("refused: {what}: {e}")),
             }
         }
-        notes.push("network: none (no NIC; egress not built yet)".into());
+        notes.push("network: no NIC; egress through the proxy door only, over a virtio channel (the guest's init listens on its loopback at the door's port)".into());
         notes.extend(f.notes.iter().cloned());
         Facts {
             runtime: "microvm",
