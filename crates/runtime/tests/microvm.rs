@@ -440,3 +440,41 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
         "{ev:?}"
     );
 }
+
+#[test]
+fn qemu_sees_only_the_device_nodes_it_needs() {
+    let (m, state) = microvm_alone("dev");
+    let mut s = sh("sleep 600");
+    s.limits.wall = Duration::from_secs(20);
+    let needle = state.display().to_string();
+    let listing = std::thread::scope(|sc| {
+        let run = sc.spawn(|| run(&m, &s, b""));
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let qemu = loop {
+            let found = std::fs::read_dir("/proc").unwrap().flatten().find(|p| {
+                std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    c.starts_with("/usr/bin/qemu-system") && c.contains(&needle)
+                })
+            });
+            if let Some(p) = found {
+                break p.path();
+            }
+            assert!(std::time::Instant::now() < deadline, "no QEMU");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut names: Vec<String> = std::fs::read_dir(qemu.join("root/dev"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        // Positive control: the host's /dev has far more.
+        let host = std::fs::read_dir("/dev").unwrap().count();
+        assert!(host > 10, "{host}");
+        let o = run.join().unwrap();
+        assert_eq!(o.status, Status::TimedOut, "{o:?}");
+        names
+    });
+    assert_eq!(listing, ["null", "random", "urandom", "zero"]);
+}

@@ -70,6 +70,10 @@ pub struct Job {
     pub task: Option<Task>,
     /// QEMU's uid and gid, when the helper runs as root.
     pub qemu_ids: Option<(u32, u32)>,
+    /// Replace `/dev` of the helper's own mount namespace by the nodes
+    /// QEMU needs ([`crate::devices`]) before QEMU starts.
+    #[serde(default)]
+    pub confine_dev: bool,
 }
 
 /// How the task ended, as the helper saw it.
@@ -156,6 +160,9 @@ fn run(dir: &Path) -> Result<Status, String> {
     if let Some((uid, gid)) = job.qemu_ids {
         std::os::unix::fs::chown(&vm_dir, Some(uid), Some(gid))
             .map_err(|e| format!("chown {}: {e}", vm_dir.display()))?;
+    }
+    if job.confine_dev {
+        crate::devices::confine(&dir.join("dev"), job.vm.accel == crate::qemu::Accel::Kvm)?;
     }
     let vm = match &job.start {
         Start::Cold | Start::Template => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),

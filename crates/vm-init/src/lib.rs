@@ -17,6 +17,7 @@
 //! `src/guest.rs`).
 #![forbid(unsafe_code)]
 
+pub mod devices;
 pub mod host;
 pub mod image;
 pub mod initramfs;

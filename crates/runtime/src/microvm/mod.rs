@@ -411,6 +411,7 @@ impl Microvm {
                 },
                 task: None,
                 qemu_ids: parts.qemu_ids,
+                confine_dev: true,
             },
             template_out: None,
         })
@@ -791,6 +792,7 @@ impl Microvm {
                 start: Start::Template,
                 task: None,
                 qemu_ids,
+                confine_dev: true,
             },
             template_out: Some(out.to_path_buf()),
         };
