@@ -8,28 +8,15 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use cordon_mcp::rmcp::model::CallToolRequestParams;
 use cordon_testkit::Scratch;
+use cordon_testkit::vm::{init, processes_naming};
 
 const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn build_init() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/build-vm-init.sh"))
-        .output()
-        .expect("run scripts/build-vm-init.sh");
-    assert!(
-        out.status.success(),
-        "scripts/build-vm-init.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// A store of its own with the busybox image, for root or for uid 65534.
@@ -43,11 +30,6 @@ impl Store {
     fn path(&self) -> PathBuf {
         self.dir.join("store")
     }
-}
-
-fn init() -> &'static PathBuf {
-    static INIT: OnceLock<PathBuf> = OnceLock::new();
-    INIT.get_or_init(build_init)
 }
 
 fn text(b: &[u8]) -> String {
@@ -399,20 +381,6 @@ fn doctor_names_the_microvm_parts_and_the_accelerator() {
         accel["detail"].as_str().unwrap().starts_with("tcg"),
         "{accel}"
     );
-}
-
-/// Processes whose command line names `needle`.
-fn processes_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for p in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) && !cmd.contains("cargo") {
-                out.push(format!("{}: {cmd}", p.path().display()));
-            }
-        }
-    }
-    out
 }
 
 #[test]

@@ -374,59 +374,50 @@ impl Registry {
         r.with_gvisor().with_microvm()
     }
 
-    fn with_microvm(self) -> Registry {
+    /// A runtime that runs a kernel or VMM as a child, over the native
+    /// runtime's jail when there is one (their cgroup slots shared).
+    fn with_child<R: Runtime + 'static>(
+        mut self,
+        kind: RuntimeKind,
+        over: impl FnOnce(Arc<cordon_jail::Jail>) -> R,
+        alone: impl FnOnce() -> Result<R, String>,
+    ) -> Registry {
         let jail = self
             .entries
             .iter()
             .find(|(k, _, _)| *k == RuntimeKind::Native)
             .and_then(|(_, _, rt)| rt.jail());
-        let m = match jail {
-            Some(j) => Ok(microvm::Microvm::with_jail(microvm::Options::default(), j)),
-            None => microvm::Microvm::new(microvm::Options::default(), Default::default()),
+        let made = match jail {
+            Some(j) => Ok(over(j)),
+            None => alone(),
         };
-        match m {
-            Ok(m) => {
-                let m: Arc<dyn Runtime> = Arc::new(m);
-                self.with(RuntimeKind::Microvm, Use::Call, m.clone()).with(
-                    RuntimeKind::Microvm,
-                    Use::Serve,
-                    m,
-                )
+        match made {
+            Ok(rt) => {
+                let rt: Arc<dyn Runtime> = Arc::new(rt);
+                self.with(kind, Use::Call, rt.clone())
+                    .with(kind, Use::Serve, rt)
             }
             Err(e) => {
-                let mut r = self;
-                r.unavailable.push((RuntimeKind::Microvm, e));
-                r
+                self.unavailable.push((kind, e));
+                self
             }
         }
     }
 
-    /// Register the gVisor runtime over the native runtime's jail (or a
-    /// jail of its own), for calls and servers.
-    fn with_gvisor(mut self) -> Registry {
-        let jail = self
-            .entries
-            .iter()
-            .find(|(k, _, _)| *k == RuntimeKind::Native)
-            .and_then(|(_, _, rt)| rt.jail());
-        let g = match jail {
-            Some(j) => Ok(gvisor::Gvisor::with_jail(gvisor::Options::default(), j)),
-            None => gvisor::Gvisor::new(gvisor::Options::default(), Default::default()),
-        };
-        match g {
-            Ok(g) => {
-                let g: Arc<dyn Runtime> = Arc::new(g);
-                self.with(RuntimeKind::Gvisor, Use::Call, g.clone()).with(
-                    RuntimeKind::Gvisor,
-                    Use::Serve,
-                    g,
-                )
-            }
-            Err(e) => {
-                self.unavailable.push((RuntimeKind::Gvisor, e));
-                self
-            }
-        }
+    fn with_gvisor(self) -> Registry {
+        self.with_child(
+            RuntimeKind::Gvisor,
+            |j| gvisor::Gvisor::with_jail(gvisor::Options::default(), j),
+            || gvisor::Gvisor::new(gvisor::Options::default(), Default::default()),
+        )
+    }
+
+    fn with_microvm(self) -> Registry {
+        self.with_child(
+            RuntimeKind::Microvm,
+            |j| microvm::Microvm::with_jail(microvm::Options::default(), j),
+            || microvm::Microvm::new(microvm::Options::default(), Default::default()),
+        )
     }
 
     /// The runtime for `kind` and `use_`, if this build has one here.

@@ -8,32 +8,18 @@
 //! At most two guests at once (two cores).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use cordon_runtime::microvm::{Microvm, Options};
 use cordon_runtime::{Context, Mechanism, Root, Runtime, SandboxSpec, State, Status};
+use cordon_testkit::vm::processes_naming;
 use cordon_vm_init::qemu::Accel;
 
 struct Env {
     _dir: cordon_testkit::Scratch,
     rootfs: cordon_testkit::Scratch,
     opts: Options,
-}
-
-fn build_init() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-vm-init.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .expect("run scripts/build-vm-init.sh");
-    assert!(
-        out.status.success(),
-        "scripts/build-vm-init.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 fn env() -> &'static Env {
@@ -46,7 +32,7 @@ fn env() -> &'static Env {
         );
         let dir = cordon_testkit::scratch::named("cordon-microvm-rt-");
         let opts = Options {
-            init: Some(build_init()),
+            init: Some(cordon_testkit::vm::init().clone()),
             state_dir: Some(dir.path().join("state")),
             store: Some(dir.path().join("store")),
             accel: Some(Accel::Tcg),
@@ -125,20 +111,6 @@ fn run(m: &Microvm, s: &SandboxSpec, input: &[u8]) -> cordon_runtime::Outcome {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// Processes whose command line names `needle`.
-fn processes_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for p in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) {
-                out.push(format!("{}: {cmd}", p.path().display()));
-            }
-        }
-    }
-    out
 }
 
 /// Sandbox directories left in `state`.

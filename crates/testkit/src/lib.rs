@@ -8,6 +8,7 @@
 //! - [`reexec`]: a test body re-run in a copy of its own test binary, as
 //!   root and as uid 65534;
 //! - [`image`]: tiny busybox image roots;
+//! - [`vm`]: the static microVM guest init, and a scan for leftovers;
 //! - `serve` (feature `mcp`): `cordon serve` started and an rmcp client
 //!   connected to it, over stdio or HTTP, or the gateway served in-process;
 //! - `upstream` (feature `upstream`): recording HTTP(S) upstreams on
@@ -26,6 +27,7 @@ pub mod serve;
 pub mod skip;
 #[cfg(feature = "upstream")]
 pub mod upstream;
+pub mod vm;
 
 pub use scratch::{Scratch, scratch};
 pub use skip::{skip_or_fail, this_test};

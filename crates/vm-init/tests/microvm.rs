@@ -7,7 +7,6 @@
 //! run at once.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -45,20 +44,6 @@ fn newest_kernel() -> PathBuf {
     let k = kernels.pop();
     need("the guest kernel (linux-image-cloud-amd64)", k.is_some());
     k.unwrap()
-}
-
-fn build_init() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-vm-init.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .expect("run scripts/build-vm-init.sh");
-    assert!(
-        out.status.success(),
-        "scripts/build-vm-init.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// A busybox root: `/bin/busybox` and its applets as links.
@@ -115,7 +100,7 @@ fn env() -> &'static Env {
         );
 
         let dir = cordon_testkit::scratch();
-        let init = build_init();
+        let init = cordon_testkit::vm::init().clone();
         let initrd = dir.path().join("initramfs.cpio");
         initramfs::build(&init, Some(&moddir), &initrd).unwrap();
         let rootfs = dir.path().join("rootfs");
