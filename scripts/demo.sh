@@ -2,8 +2,9 @@
 # Set up a fresh machine and run cordon's main job on the bundled example
 # manifest: validate it, show what this host can enforce, then run each
 # example tool on bundled untrusted input inside its P1 jail, and a P2 tool
-# whose root is an OCI image built and loaded here (examples/images.yaml), and
-# a P3 browser under gVisor (examples/browse.yaml).
+# whose root is an OCI image built and loaded here (examples/images.yaml), the
+# same image as a P3 microVM (examples/microvm.yaml), and a P3 browser under
+# gVisor (examples/browse.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -31,6 +32,12 @@ $cordon image load "$img/busybox" --name busybox
 rm -rf "$img"
 $cordon check -m examples/images.yaml
 echo "an image is the root here" | $cordon run shout -m examples/images.yaml
+echo "== P3 on a microVM (examples/microvm.yaml): the first call boots and snapshots a template, the second restores it"
+scripts/build-vm-init.sh >/dev/null
+$cordon check -m examples/microvm.yaml
+for _ in 1 2; do
+  echo "counted inside a microVM" | $cordon run guest_info -m examples/microvm.yaml
+done
 echo "== P3: headless Chromium under gVisor (examples/browse.yaml), twice: no cookie survives a task"
 $cordon check -m examples/browse.yaml
 # The page comes from a local upstream the example pins news.example to; no
