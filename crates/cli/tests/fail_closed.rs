@@ -369,7 +369,7 @@ fn probe_counts_an_unprobeable_tool() {
     assert_eq!(o.status.code(), Some(3), "{out}{err}");
     assert!(
         out.contains("NOT PROBED tool browser: ")
-            && out.contains("runtime microvm is not available in this build"),
+            && out.contains("runtime microvm runs an image"),
         "{out}"
     );
     assert!(out.contains("HELD     control"), "{out}");
