@@ -368,8 +368,7 @@ fn probe_counts_an_unprobeable_tool() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(3), "{out}{err}");
     assert!(
-        out.contains("NOT PROBED tool browser: ")
-            && out.contains("runtime microvm runs an image"),
+        out.contains("NOT PROBED tool browser: ") && out.contains("runtime microvm runs an image"),
         "{out}"
     );
     assert!(out.contains("HELD     control"), "{out}");
