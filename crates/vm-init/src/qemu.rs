@@ -341,39 +341,7 @@ impl Vm {
         }
         let mut child = cmd.spawn().map_err(io(format!("{}", cfg.qemu.display())))?;
         // QEMU connects to every socket while it starts up.
-        let mut streams = Vec::new();
-        for (l, name) in listeners.iter().zip(SOCKETS) {
-            let s = loop {
-                match l.accept() {
-                    Ok((s, _)) => break s,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(e) => {
-                        kill(&mut child);
-                        return Err(io(format!("accept {name}"))(e));
-                    }
-                }
-                if let Some(status) = child.try_wait().map_err(io("qemu"))? {
-                    let mut err = String::new();
-                    if let Some(mut e) = child.stderr.take() {
-                        let _ = e.read_to_string(&mut err);
-                    }
-                    return Err(VmError::EarlyExit {
-                        status,
-                        console: err.trim().to_owned(),
-                    });
-                }
-                if started.elapsed() > cfg.boot_timeout {
-                    kill(&mut child);
-                    return Err(VmError::BootTimeout {
-                        timeout: cfg.boot_timeout,
-                        console: format!("QEMU never connected to {name}"),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
-            s.set_nonblocking(false).map_err(io(name))?;
-            streams.push(s);
-        }
+        let streams = accept_all(&listeners, &mut child, started, cfg.boot_timeout)?;
         for (_, name) in listeners.into_iter().zip(SOCKETS) {
             let _ = fs::remove_file(paths.sock(name));
         }
@@ -787,6 +755,51 @@ fn pump<W: Write + Send + 'static>(mut s: UnixStream, mut w: W) -> JoinHandle<W>
         }
         w
     })
+}
+
+/// Accepts QEMU's connection on each of `listeners` (in [`SOCKETS`]'
+/// order), while watching that QEMU is still there and within `timeout` of
+/// `started`; QEMU is killed on a failure.
+fn accept_all(
+    listeners: &[UnixListener],
+    child: &mut Child,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Vec<UnixStream>, VmError> {
+    let mut streams = Vec::new();
+    for (l, name) in listeners.iter().zip(SOCKETS) {
+        let s = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    kill(child);
+                    return Err(io(format!("accept {name}"))(e));
+                }
+            }
+            if let Some(status) = child.try_wait().map_err(io("qemu"))? {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(VmError::EarlyExit {
+                    status,
+                    console: err.trim().to_owned(),
+                });
+            }
+            if started.elapsed() > timeout {
+                kill(child);
+                return Err(VmError::BootTimeout {
+                    timeout,
+                    console: format!("QEMU never connected to {name}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        s.set_nonblocking(false).map_err(io(name))?;
+        streams.push(s);
+    }
+    Ok(streams)
 }
 
 fn kill(child: &mut Child) {
