@@ -140,6 +140,9 @@ pub struct Microvm {
     /// Templates are made one at a time per broker (and under a file lock
     /// across brokers).
     templates: Mutex<()>,
+    /// The init binary's sha256, as the file was when it was read (the
+    /// initramfs is named by it; a call does not hash the init again).
+    init_sha: Mutex<Option<(FileId, String)>>,
     root: bool,
 }
 
@@ -329,6 +332,7 @@ impl Microvm {
             accel: OnceLock::new(),
             verified: Mutex::new(HashMap::new()),
             templates: Mutex::new(()),
+            init_sha: Mutex::new(None),
             root,
         }
     }
@@ -534,7 +538,7 @@ impl Microvm {
         let (Ok(init), Ok(k), Ok(store)) = (&f.init, &f.kernel, &f.store) else {
             return Err(self.parts_problem().unwrap_or_default());
         };
-        let init_sha = image::sha256_file(init).map_err(|e| e.to_string())?;
+        let init_sha = self.init_sha(init)?;
         let key = sha256_hex(&[init_sha.as_bytes(), k.release.as_bytes()]);
         let dir = store.join("initramfs");
         fs::DirBuilder::new()
@@ -553,6 +557,22 @@ impl Microvm {
             .and_then(|()| fs::rename(&tmp, &out))
             .map_err(|e| format!("{}: {e}", out.display()))?;
         Ok(out)
+    }
+
+    /// The sha256 of `init`, hashed again only when the file changed.
+    fn init_sha(&self, init: &Path) -> Result<String, String> {
+        let id = file_id(init);
+        let mut memo = self.init_sha.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(id), Some((was, sha))) = (id, memo.as_ref())
+            && id == *was
+        {
+            return Ok(sha.clone());
+        }
+        let sha = image::sha256_file(init).map_err(|e| e.to_string())?;
+        if let Some(id) = id {
+            *memo = Some((id, sha.clone()));
+        }
+        Ok(sha)
     }
 
     /// The block image of `rootfs`: found by the image's digest when it
