@@ -23,7 +23,10 @@
 //!    network device;
 //!    mounts the tool's `/tmp` (tmpfs of the task's size), makes the root
 //!    read-only, puts itself into a cgroup v2 with the task's `memory.max`
-//!    and `pids.max` (rlimits when the kernel has no cgroup v2), chroots into
+//!    and `pids.max` (rlimits when the kernel has no cgroup v2) and a
+//!    memory-pressure watch that kills a tool thrashing at its limit as out
+//!    of memory (the kernel's OOM killer waits while reclaim frees
+//!    anything), chroots into
 //!    the tool's root, empties the capability bounding set, sets
 //!    `no_new_privs`, and starts the tool as the task's uid/gid (no
 //!    supplementary groups) with stdin, stdout and stderr on their ports;
@@ -41,6 +44,8 @@ use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cordon_vm_init::protocol::{
@@ -48,6 +53,7 @@ use cordon_vm_init::protocol::{
     PORT_STDOUT, Task,
 };
 use cordon_vm_init::relay::GuestNet;
+use rustix::event::{PollFd, PollFlags};
 use rustix::mount::{MountFlags, mount, mount_bind, mount_bind_recursive, mount_remount};
 
 /// Where the initramfs lists the modules to load, in order.
@@ -431,12 +437,24 @@ fn set_clock(time_ns: u64) -> Result<(), Fail> {
     rustix::time::clock_settime(rustix::time::ClockId::Realtime, ts).map_err(fail("clock"))
 }
 
-/// The task's cgroup: its `memory.events`, read after the tool exits.
+/// The task's cgroup: its `memory.events`, read after the tool exits, and
+/// whether its memory-pressure watch killed it.
 struct Cgroup {
     events: File,
+    thrashed: Option<Arc<AtomicBool>>,
 }
 
 impl Cgroup {
+    /// Whether the tool was killed for its memory: by the kernel's OOM
+    /// killer, or by the pressure watch.
+    fn out_of_memory(&mut self) -> bool {
+        self.oom_kills() > 0
+            || self
+                .thrashed
+                .as_ref()
+                .is_some_and(|t| t.load(Ordering::SeqCst))
+    }
+
     fn oom_kills(&mut self) -> u64 {
         let mut s = String::new();
         if self.events.seek(SeekFrom::Start(0)).is_err()
@@ -491,8 +509,68 @@ fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
         write_file(&format!("{dir}/pids.max"), &(p + 1).to_string())?;
     }
     let events = File::open(format!("{dir}/memory.events"))?;
+    let thrashed = match task.limits.memory_mib {
+        Some(_) => watch_pressure(&dir)?,
+        None => None,
+    };
     write_file(&format!("{dir}/cgroup.procs"), "0")?;
-    Ok(Cgroup { events })
+    Ok(Cgroup { events, thrashed })
+}
+
+/// The pressure watch's trigger: every task of the cgroup stalled on memory
+/// for 3 s of 5 (systemd-oomd's default limit is 60% too).
+const PRESSURE_TRIGGER: &str = "full 3000000 5000000";
+
+/// Watches the task cgroup's memory pressure (PSI) and kills every process
+/// in it (`cgroup.kill`; PID 1, in the cgroup too, ignores the signal) when
+/// the trigger fires. Without swap the kernel's OOM killer does not fire
+/// while reclaim still frees something: a tool whose anonymous memory
+/// fills its `memory.max` can evict and refault its own program's pages for
+/// minutes. Such a tool is killed as out of memory, not left to hang until
+/// its wall clock. `None` when the kernel has no PSI.
+fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
+    let path = format!("{dir}/memory.pressure");
+    let mut fd = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(std::io::Error::new(e.kind(), format!("{path}: {e}"))),
+    };
+    match fd.write_all(PRESSURE_TRIGGER.as_bytes()) {
+        Ok(()) => {}
+        // PSI compiled in but off (`psi=0`).
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error()) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(std::io::Error::new(e.kind(), format!("{path}: {e}"))),
+    }
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    let kill = format!("{dir}/cgroup.kill");
+    std::thread::spawn(move || {
+        loop {
+            let mut fds = [PollFd::new(&fd, PollFlags::PRI)];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
+            let revents = fds[0].revents();
+            if revents.contains(PollFlags::PRI) {
+                set.store(true, Ordering::SeqCst);
+                eprintln!(
+                    "cordon-vm-init: the task stalled on memory at its limit ({PRESSURE_TRIGGER}): killing it"
+                );
+                if let Err(e) = fs::write(&kill, "1") {
+                    eprintln!("cordon-vm-init: {kill}: {e}");
+                }
+                return;
+            }
+            if revents.intersects(PollFlags::ERR | PollFlags::NVAL) {
+                return;
+            }
+        }
+    });
+    Ok(Some(flag))
 }
 
 fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
@@ -610,7 +688,7 @@ fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessa
         return Ok(GuestMessage::Exited { code, limits: kind });
     }
     let signal = status.signal().unwrap_or(0);
-    let oom = cg.as_mut().is_some_and(|c| c.oom_kills() > 0);
+    let oom = cg.as_mut().is_some_and(Cgroup::out_of_memory);
     Ok(GuestMessage::Signaled {
         signal,
         oom,
