@@ -103,6 +103,10 @@ pub struct Status {
     pub ready_ms: u64,
     /// From the task sent to its status.
     pub task_ms: u64,
+    /// How the guest broke the network channel's protocol (its network
+    /// was cut then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_error: Option<String>,
 }
 
 impl Status {
@@ -130,6 +134,7 @@ pub fn main(dir: &Path) -> i32 {
             end: End::HostError { message },
             ready_ms: 0,
             task_ms: 0,
+            net_error: None,
         },
     };
     let code = status.exit_code();
@@ -177,6 +182,7 @@ fn run(dir: &Path) -> Result<Status, String> {
             end: End::Snapshotted,
             ready_ms,
             task_ms: 0,
+            net_error: None,
         });
     }
     let task = job
@@ -205,6 +211,7 @@ fn run(dir: &Path) -> Result<Status, String> {
         end,
         ready_ms,
         task_ms: ms(ran.task_time),
+        net_error: ran.net_error,
     })
 }
 
@@ -218,6 +225,7 @@ mod tests {
             end,
             ready_ms: 1,
             task_ms: 2,
+            net_error: None,
         };
         assert_eq!(s(End::Exited { code: 3 }).exit_code(), 3);
         assert_eq!(
@@ -246,5 +254,23 @@ mod tests {
         );
         let back: Status = serde_json::from_str(&text).unwrap();
         assert_eq!(back.exit_code(), 137);
+        assert_eq!(back.net_error, None);
+    }
+
+    #[test]
+    fn a_broken_network_channel_is_in_the_status() {
+        let s = Status {
+            end: End::Exited { code: 0 },
+            ready_ms: 1,
+            task_ms: 2,
+            net_error: Some("stream 3 went past its window".into()),
+        };
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(
+            text,
+            r#"{"end":"exited","code":0,"ready_ms":1,"task_ms":2,"net_error":"stream 3 went past its window"}"#
+        );
+        let back: Status = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, s);
     }
 }

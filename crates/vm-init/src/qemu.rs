@@ -138,6 +138,26 @@ pub struct RunResult {
     pub since_start: Duration,
     /// From the task sent to the status line.
     pub task_time: Duration,
+    /// How the guest broke the network channel's protocol (its network
+    /// was cut then), or how the channel failed.
+    pub net_error: Option<String>,
+}
+
+/// The network channel's end, once QEMU is gone (which ends it; a thread
+/// still running a moment later is left, its answer unknown).
+fn net_error(h: std::thread::JoinHandle<Result<(), String>>) -> Option<String> {
+    let until = Instant::now() + Duration::from_secs(2);
+    while !h.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !h.is_finished() {
+        return None;
+    }
+    match h.join() {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some("the network channel's thread panicked".to_owned()),
+    }
 }
 
 /// The guest's socket files and console log, in a directory of the
@@ -564,6 +584,7 @@ impl Vm {
             stderr_truncated: ran.stderr.truncated,
             since_start: ran.since_start,
             task_time: ran.task_time,
+            net_error: ran.net_error,
         })
     }
 
@@ -613,19 +634,21 @@ impl Vm {
         if let Some(s) = self.stdin.take() {
             feed(stdin, s);
         }
-        if !task.net.is_empty() {
+        let net = if task.net.is_empty() {
+            None
+        } else {
             let input = self.net.try_clone().map_err(io("net"))?;
             let output = self.net.try_clone().map_err(io("net"))?;
             let ports = task.net.clone();
             // Ends when QEMU does (the channel's EOF), shutting every
-            // stream; a guest that breaks the protocol loses its network.
-            std::thread::Builder::new()
+            // stream; a guest that breaks the protocol loses its network,
+            // and the run says why.
+            let h = std::thread::Builder::new()
                 .name("net".to_owned())
-                .spawn(move || {
-                    let _ = crate::relay::serve_host(input, output, &ports);
-                })
+                .spawn(move || crate::relay::serve_host(input, output, &ports))
                 .map_err(io("a thread for the network channel"))?;
-        }
+            Some(h)
+        };
 
         let msg = self.read_ctl(deadline)?;
         let since_start = self.started.elapsed();
@@ -666,6 +689,7 @@ impl Vm {
             stderr,
             since_start,
             task_time,
+            net_error: net.and_then(net_error),
         })
     }
 }
@@ -681,6 +705,8 @@ pub struct Ran<O, E> {
     pub since_start: Duration,
     /// From the task sent to the status line.
     pub task_time: Duration,
+    /// As [`RunResult::net_error`].
+    pub net_error: Option<String>,
 }
 
 /// Keeps at most `cap` bytes; the rest is counted as truncated.

@@ -324,12 +324,16 @@ fn template() -> &'static PathBuf {
 }
 
 fn restored(name: &str, t: &Task) -> qemu::RunResult {
+    restored_for(name, t, WALL)
+}
+
+fn restored_for(name: &str, t: &Task, wall: Duration) -> qemu::RunResult {
     let e = env();
     let snap = template();
     let _slot = slot();
     let vm = Vm::restore(&e.cfg, snap, &run_dir(name)).unwrap();
     eprintln!("{name}: restore to running {:?}", vm.ready_after);
-    let r = vm.run(t, Vec::new(), WALL, CAP).unwrap();
+    let r = vm.run(t, Vec::new(), wall, CAP).unwrap();
     eprintln!(
         "{name}: {:?} task {:?}, start to status {:?}",
         r.outcome, r.task_time, r.since_start
@@ -393,6 +397,40 @@ fn the_guests_oom_killer_is_reported() {
         "stdout: {} stderr: {}",
         String::from_utf8_lossy(&r.stdout),
         String::from_utf8_lossy(&r.stderr)
+    );
+}
+
+/// A tool whose unreclaimable memory (its `/tmp`, a tmpfs) nearly fills
+/// its `memory.max` and that then rereads a file bigger than what is left
+/// thrashes: reclaim always frees a page, so the kernel's OOM killer waits;
+/// the init's memory-pressure trigger kills it, as out of memory.
+#[test]
+fn a_tool_thrashing_at_its_limit_is_killed_as_out_of_memory() {
+    let mut t = task(&[
+        "sh",
+        "-c",
+        "head -c 15000000 /dev/zero > /tmp/fill && echo filled && \
+         while :; do cat /bin/busybox > /dev/null; done",
+    ]);
+    t.limits.memory_mib = Some(16);
+    t.limits.tmp_mib = 32;
+    let r = restored_for("thrash", &t, Duration::from_secs(180));
+    let console = std::fs::read_to_string(run_dir("thrash").join("console.log")).unwrap();
+    assert_eq!(
+        r.outcome,
+        Outcome::Signaled {
+            signal: 9,
+            oom: true
+        },
+        "stdout: {} stderr: {} console: {console}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
+    // The positive control: it got as far as the loop.
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "filled\n");
+    assert!(
+        console.contains("stalled on memory at its limit") && !console.contains("Killed process"),
+        "killed, but not by the pressure trigger: {console}"
     );
 }
 

@@ -1021,6 +1021,11 @@ impl Child for VmChild<'_> {
             out.reason = format!("{}; unreadable guest status", out.reason);
             return;
         };
+        if let Some(e) = &st.net_error {
+            out.warnings.push(format!(
+                "the guest broke its network channel's protocol, and its network was cut: {e}"
+            ));
+        }
         if !matches!(out.status, Status::Ok | Status::Exited) {
             return;
         }
@@ -1035,7 +1040,7 @@ impl Child for VmChild<'_> {
                 if oom {
                     out.status = Status::MemoryLimit;
                     out.reason = format!(
-                        "{}: killed by the guest's OOM killer at its memory limit",
+                        "{}: killed at its memory limit in the guest (the OOM killer, or stalled on memory at the limit)",
                         out.reason
                     );
                 } else {
