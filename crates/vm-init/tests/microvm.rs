@@ -387,7 +387,9 @@ fn the_guests_oom_killer_is_reported() {
         "a=$(head -c 30000000 /dev/zero | tr '\\0' x); echo survived",
     ]);
     t.limits.memory_mib = Some(12);
-    let r = restored("oom", &t);
+    // Room for the pressure trigger (30 s and more) should the tool thrash
+    // before the OOM killer fires.
+    let r = restored_for("oom", &t, Duration::from_secs(180));
     assert_eq!(
         r.outcome,
         Outcome::Signaled {
