@@ -420,6 +420,11 @@ impl Broker {
         &self.audit
     }
 
+    /// The agent session of [`Broker::call`] (`cli-PID` for `cordon run`).
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
     /// Mint `policy`'s secrets for one session (`Ok(None)`: it declares
     /// none). The lease revokes them when dropped.
     pub fn mint(
@@ -466,7 +471,10 @@ impl Broker {
     /// cannot be written is counted for `cordon doctor` and said in the
     /// next call's warnings ([`Auditor::record_after`]).
     pub fn record_after(&self, rec: &AuditRecord) {
-        let _ = self.audit.record_after(rec);
+        // Not dropped: the auditor says it on stderr, counts it (`cordon
+        // doctor`, `cordon run`'s exit status) and keeps it for the next
+        // call's warnings; the error itself adds nothing to that.
+        let _said = self.audit.record_after(rec);
     }
 
     /// Warnings of audit records not written since the last call (each
@@ -767,12 +775,14 @@ impl Broker {
 /// token is handed out: `Err` (the mint is revoked and its session refused)
 /// when the record cannot be written and the log is fail-closed. Every other
 /// event (a re-mint, a revocation, a failure) is already done: a record that
-/// cannot be written is counted and said ([`Auditor::record_after`]).
+/// cannot be written is counted and said ([`Auditor::record_after`]) and
+/// `Err` all the same, fail-open or not, so that the lease returns it from
+/// its revocation (the call's warnings, `cordon run`'s exit status, an
+/// error line of `cordon serve`) and a failed mint says it in its refusal.
 fn credential_event(log: &Auditor, e: &cordon_secrets::Event) -> Result<(), String> {
     let rec = credential_record(e);
     if e.kind != cordon_secrets::EventKind::Minted {
-        let _ = log.record_after(&rec);
-        return Ok(());
+        return log.record_after(&rec).map_err(|err| err.to_string());
     }
     log.record(&rec).map_err(|err| {
         eprintln!(
@@ -982,18 +992,23 @@ mod tests {
         // ... and goes on fail-open, counted.
         credential_event(&full(true, &counted), &credential(EventKind::Minted)).unwrap();
         assert_eq!(cordon_audit::read_unwritten(&counted).unwrap().count, 2);
-        // A re-mint or a revocation is done: counted and said to the next
-        // call, never dropped.
+        // A re-mint, a revocation or a failure is done: counted, said to
+        // the next call and returned (the lease gives it back from its
+        // revocation), fail-open or not; never dropped.
         for k in [
             EventKind::Reminted,
             EventKind::Revoked,
             EventKind::RevokeFailed,
         ] {
-            credential_event(&closed, &credential(k)).unwrap();
+            let e = credential_event(&closed, &credential(k)).unwrap_err();
+            assert!(e.contains("/dev/full"), "{e}");
         }
+        let e = credential_event(&full(true, &counted), &credential(EventKind::MintFailed))
+            .unwrap_err();
+        assert!(e.contains("/dev/full"), "{e}");
         let u = cordon_audit::read_unwritten(&counted).unwrap();
-        assert_eq!(u.count, 5);
-        assert_eq!(u.last.unwrap().what, "credential revoke_failed");
+        assert_eq!(u.count, 6);
+        assert_eq!(u.last.unwrap().what, "credential mint_failed");
         let w = closed.take_warnings();
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(
@@ -1004,6 +1019,89 @@ mod tests {
             w[1].contains("credential revoke (jira_search, session s1)"),
             "{w:?}"
         );
+    }
+
+    /// A lease whose revocation record cannot be written says so: its
+    /// `revoke` returns it (the call's warnings, `cordon run`'s exit
+    /// status). The audit log is a FIFO whose reader takes the mint's
+    /// record and goes away, so the next write fails (EPIPE).
+    #[test]
+    fn a_revocation_whose_record_cannot_be_written_is_returned_by_the_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let providers = dir.path().join("providers.yaml");
+        std::fs::write(
+            &providers,
+            "default: dev\nproviders:\n  dev:\n    type: static\n    env: HOME\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &providers,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let cb = Arc::new(
+            cordon_secrets::CredentialBroker::new(
+                cordon_secrets::config::load(&providers).unwrap(),
+            )
+            .unwrap(),
+        );
+        let policy = cordon_policy::load_str(
+            std::path::Path::new("m.yaml"),
+            "tools:\n  api:\n    profile: P2\n    command: [/bin/true]\n    egress: [\"api.example:443\"]\n    secrets: [{name: T, scope: read, ttl: 60}]\n",
+        )
+        .unwrap()
+        .policy
+        .tools["api"]
+        .clone();
+        let broker = |audit: &std::path::Path| {
+            Broker::with_registry(
+                Registry::empty(),
+                &BrokerOptions {
+                    audit: Some(audit.to_path_buf()),
+                    audit_unwritten: Some(dir.path().join("unwritten.jsonl")),
+                    credentials: Some(cb.clone()),
+                    tenant_uids: Some(tenant_uids::Availability::Off("test".into())),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        // Positive control: a writable log takes both records.
+        let file = dir.path().join("audit.jsonl");
+        let b = broker(&file);
+        b.mint(&policy, "s0")
+            .unwrap()
+            .unwrap()
+            .revoke("done")
+            .unwrap();
+        let log = std::fs::read_to_string(&file).unwrap();
+        assert!(log.contains(r#""event":"mint""#), "{log}");
+        assert!(log.contains(r#""event":"revoke_not_offered""#), "{log}");
+        drop(b);
+        // The FIFO: its reader takes the mint's record, then closes.
+        let fifo = dir.path().join("audit.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let f = fifo.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut r = std::io::BufReader::new(std::fs::File::open(f).unwrap());
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            line
+        });
+        let b = broker(&fifo);
+        let lease = b.mint(&policy, "s1").unwrap().unwrap();
+        assert!(reader.join().unwrap().contains(r#""event":"mint""#));
+        let e = lease.revoke("the call ended").unwrap_err();
+        assert!(
+            e.contains("the audit record of the credential revoke_not_offered of secret T (api, session s1) was not written"),
+            "{e}"
+        );
+        assert!(e.contains("Broken pipe"), "{e}");
     }
 
     #[test]

@@ -118,7 +118,9 @@ fn server_egress(
     let tool = policy.name.clone();
     let profile = profile_name(policy.profile);
     Arc::new(move |e| {
-        let _ = audit.record_after(&egress_record(&tool, profile, "mcp", "mcp-server", &e));
+        // Not dropped: the auditor says it on stderr (`cordon serve`'s
+        // error line), counts it and keeps it for the next call's warnings.
+        let _said = audit.record_after(&egress_record(&tool, profile, "mcp", "mcp-server", &e));
         if let Some(o) = &observe {
             o(&e);
         }

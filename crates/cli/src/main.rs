@@ -11,6 +11,7 @@ mod exit;
 mod explain;
 mod image;
 mod import;
+mod interrupt;
 mod inventory;
 mod probe;
 mod proxy;

@@ -115,7 +115,7 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     bopts.credentials = credentials.clone();
     bopts.upstream_dns = upstream_dns();
     let broker = match Broker::new(bopts) {
-        Ok(b) => b,
+        Ok(b) => std::sync::Arc::new(b),
         Err(e) => {
             eprintln!("cordon: {e}");
             return Ok(ExitCode::from(exit::AUDIT_FAILED));
@@ -124,6 +124,14 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     for w in broker.warnings() {
         eprintln!("cordon: warning: {w}");
     }
+    // SIGTERM or SIGINT from here on: the credentials are revoked and the
+    // end audited before cordon exits (128 + the signal).
+    crate::interrupt::on_signal(crate::interrupt::Interrupted {
+        broker: broker.clone(),
+        credentials: credentials.clone(),
+        tool: policy.name.clone(),
+        profile: cordon_broker::profile_name(policy.profile),
+    })?;
     let input = read_stdin()?;
     let called = broker.call(policy, input);
     // The call's lease is revoked when it ends; nothing outlives the process.
@@ -132,8 +140,8 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     {
         eprintln!("cordon: warning: {e}");
     }
-    match called {
-        Ok(r) => print_result(policy, &r, opts),
+    let code = match called {
+        Ok(r) => print_result(policy, &r, opts)?,
         Err(e) => {
             if opts.json {
                 let rec = RunRecord {
@@ -157,9 +165,21 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
                 println!("{}", serde_json::to_string(&rec)?);
             }
             eprintln!("cordon: {e}");
-            Ok(ExitCode::from(e.exit_code()))
+            e.exit_code()
         }
+    };
+    // A record of this run that could not be written (a re-mint's, a
+    // revocation's) fails the run, unless --audit-fail-open: the tool's
+    // result stands, but the exit status says the audit log lacks it.
+    let unwritten = broker.auditor().unwritten_count();
+    if unwritten > 0 && code == exit::OK && !opts.audit_fail_open {
+        eprintln!(
+            "cordon: {unwritten} audit record(s) of this run could not be written (said above); exit {}",
+            exit::AUDIT_FAILED
+        );
+        return Ok(ExitCode::from(exit::AUDIT_FAILED));
     }
+    Ok(ExitCode::from(code))
 }
 
 fn status_name(r: &CallResult) -> &'static str {
@@ -177,7 +197,7 @@ fn status_name(r: &CallResult) -> &'static str {
     }
 }
 
-fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::Result<ExitCode> {
+fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::Result<u8> {
     let o = &r.outcome;
     // Tool stderr and reasons pass the gate too: an error string is an
     // exfiltration channel.
@@ -242,7 +262,7 @@ fn print_result(policy: &ToolPolicy, r: &CallResult, opts: &RunOpts) -> anyhow::
     if code != exit::OK && !opts.json {
         eprintln!("cordon: {reason}");
     }
-    Ok(ExitCode::from(code))
+    Ok(code)
 }
 
 /// The egress flags of `cordon exec` and `cordon proxy`.

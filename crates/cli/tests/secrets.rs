@@ -399,6 +399,121 @@ fn deliver_proxy_gives_the_sandbox_only_a_placeholder() {
     assert_contained(dir.path(), &stdout, &stderr, &token);
 }
 
+/// `cordon run` of a tool that sleeps, stopped by `signal` while it does:
+/// its token is revoked at the provider and audited, the tool is gone, and
+/// cordon exits with 128 + the signal.
+fn run_stopped_by(signal: &str, number: i32) {
+    let dir = tempdir();
+    let marker = format!(
+        "cordon-signal-test-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let m = dir.path().join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            "tools:\n  t:\n    profile: P2\n    command: [/bin/sh, -c, 'sleep 600; : {marker}']\n    network: none\n    limits: {{wall_seconds: 900}}\n    secrets: [{{name: API_TOKEN, scope: \"read:issues\", ttl: 300, deliver: env}}]\n"
+        ),
+    )
+    .unwrap();
+    let providers = exec_providers(dir.path());
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = Command::new(CORDON)
+        .args(["run", "t", "--providers"])
+        .arg(&providers)
+        .arg("-m")
+        .arg(&m)
+        .arg("--audit")
+        .arg(&audit)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while procs_with(&marker).is_empty() {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "cordon run ended before the tool ran: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Positive control: minted, not yet revoked while the tool runs.
+    let minted = lines(&dir.path().join("minted"));
+    assert_eq!(minted.len(), 1, "{minted:?}");
+    assert!(lines(&dir.path().join("revoked")).is_empty());
+    let st = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + number), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cordon: SIG{signal}: stopping t")),
+        "{stderr}"
+    );
+    // Revoked at the provider, and audited.
+    assert_eq!(lines(&dir.path().join("revoked")), minted);
+    let recs: Vec<serde_json::Value> = lines(&audit)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events: Vec<&str> = recs
+        .iter()
+        .filter_map(|r| r["credential"]["event"].as_str())
+        .collect();
+    assert_eq!(events, ["mint", "revoke"], "{recs:#?}");
+    let revoke = recs
+        .iter()
+        .find(|r| r["credential"]["event"] == "revoke")
+        .unwrap();
+    assert_eq!(
+        revoke["reason"],
+        format!("cordon run was stopped by SIG{signal}"),
+        "{revoke:#?}"
+    );
+    let end = recs
+        .iter()
+        .find(|r| r["credential"].is_null())
+        .unwrap_or_else(|| panic!("no record of the call: {recs:#?}"));
+    assert_eq!(end["status"], "killed", "{end:#?}");
+    assert_eq!(end["signal"], number, "{end:#?}");
+    assert_eq!(end["session"], revoke["session"], "{recs:#?}");
+    // The tool went with cordon.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !procs_with(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the tool outlived cordon run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!stderr.contains(&minted[0]), "{stderr}");
+}
+
+#[test]
+fn run_revokes_on_sigterm() {
+    if !is_root() {
+        skip_or_fail(&this_test(), "needs root to build the sandbox");
+        return;
+    }
+    run_stopped_by("TERM", 15);
+}
+
+#[test]
+fn run_revokes_on_sigint() {
+    if !is_root() {
+        skip_or_fail(&this_test(), "needs root to build the sandbox");
+        return;
+    }
+    run_stopped_by("INT", 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_mints_for_the_session_and_revokes_on_sigterm() {
     if !is_root() {

@@ -604,65 +604,190 @@ fn passthrough_hosts_are_tunnelled_untouched() {
     assert_eq!((code, status.as_str()), (0, "200"));
 }
 
-#[test]
-fn a_websocket_upgrade_passes_and_its_stream_is_scanned() {
-    let mut r = rig();
+/// A WebSocket client frame as every client sends it (RFC 6455 §5.2):
+/// FIN, RSV bits, opcode, the payload masked with a random key.
+fn ws_frame(fin: bool, rsv: u8, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut key = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut key)
+        .unwrap();
+    let mut f = vec![if fin { 0x80 } else { 0 } | rsv | opcode];
+    let n = payload.len();
+    if n < 126 {
+        f.push(0x80 | n as u8);
+    } else {
+        f.push(0x80 | 126);
+        f.extend_from_slice(&(n as u16).to_be_bytes());
+    }
+    f.extend_from_slice(&key);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    f
+}
+
+fn read_head(s: &mut std::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            1,
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(b[0]);
+    }
+    String::from_utf8_lossy(&head).to_string()
+}
+
+/// Through the proxy door to the plain upstream, a WebSocket upgrade of
+/// `path` offering permessage-deflate: the stream and the 101's head.
+fn ws_open(r: &Rig, path: &str) -> (std::net::TcpStream, String) {
     let mut s = std::net::TcpStream::connect(r.proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let p = r.plain_port;
     s.write_all(format!("CONNECT api.test:{p} HTTP/1.1\r\nHost: api.test:{p}\r\n\r\n").as_bytes())
         .unwrap();
-    let read_head = |s: &mut std::net::TcpStream| -> String {
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(
-                s.read(&mut b).unwrap(),
-                1,
-                "{}",
-                String::from_utf8_lossy(&head)
-            );
-            head.push(b[0]);
-        }
-        String::from_utf8_lossy(&head).to_string()
-    };
     assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
     // Plain HTTP inside the tunnel, with the bound key: the door reads it.
     s.write_all(
         format!(
-            "GET /ws HTTP/1.1\r\nHost: api.test:{p}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Api-Key: {PH_PLAIN}\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: api.test:{p}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\nX-Api-Key: {PH_PLAIN}\r\n\r\n"
         )
         .as_bytes(),
     )
     .unwrap();
     let head = read_head(&mut s);
+    (s, head)
+}
+
+/// The events until one that `pred` holds for (at most 60 s).
+fn wait_event(r: &mut Rig, pred: impl Fn(&EgressEvent) -> bool) -> Vec<EgressEvent> {
+    let mut v = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        while let Ok(e) = r.rx.try_recv() {
+            v.push(e);
+        }
+        if v.iter().any(&pred) || std::time::Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_websocket_upgrade_passes_and_its_masked_frames_are_scanned() {
+    let mut r = rig();
+    let (mut s, head) = ws_open(&r, "/ws");
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         r.events()
             .iter()
             .any(|e| e.injected == vec!["PLAIN_KEY".to_string()])
     );
-    // Positive control: the upgraded stream carries bytes both ways.
-    s.write_all(b"hello").unwrap();
-    let mut b = [0u8; 5];
-    s.read_exact(&mut b).unwrap();
-    assert_eq!(&b, b"hello");
-    // The placeholder in the stream, split across writes: the stream ends
-    // before it is forwarded.
-    let (a, z) = PH_PLAIN.split_at(9);
-    s.write_all(a.as_bytes()).unwrap();
-    let mut echo = vec![0u8; a.len()];
-    s.read_exact(&mut echo).unwrap();
-    s.write_all(z.as_bytes()).unwrap();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    assert!(rest.is_empty(), "nothing more was echoed: {rest:?}");
-    exfil_event(&r.events(), "PLAIN_KEY");
     let seen = r.seen();
     assert!(
         seen[0]
             .headers
             .contains(&format!("x-api-key: {TOKEN_PLAIN}\n")),
+        "{seen:#?}"
+    );
+    // The compression offer never reached the upstream (the rest did).
+    assert!(seen[0].headers.contains("sec-websocket-key: "), "{seen:#?}");
+    assert!(
+        !seen[0].headers.contains("sec-websocket-extensions"),
+        "{seen:#?}"
+    );
+    // Positive control: masked frames pass both ways (the upstream echoes
+    // the bytes), a ping between the fragments of a message included.
+    let hello = [
+        ws_frame(false, 0, 1, b"hel"),
+        ws_frame(true, 0, 9, b"ping"),
+        ws_frame(true, 0, 0, b"lo"),
+    ]
+    .concat();
+    s.write_all(&hello).unwrap();
+    let mut echo = vec![0u8; hello.len()];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(echo, hello);
+    // The placeholder in a message, masked, split across two fragments
+    // written apart with a pong between: the stream ends before the
+    // second fragment is forwarded.
+    let msg = format!("{{\"key\": \"{PH_PLAIN}\"}}");
+    let (a, z) = msg.split_at(17);
+    let first = ws_frame(false, 0, 2, a.as_bytes());
+    assert!(
+        !String::from_utf8_lossy(&first).contains(&PH_PLAIN[..7]),
+        "masked"
+    );
+    s.write_all(&first).unwrap();
+    let mut echo = vec![0u8; first.len()];
+    s.read_exact(&mut echo).unwrap();
+    s.write_all(
+        &[
+            ws_frame(true, 0, 0xA, b""),
+            ws_frame(true, 0, 0, z.as_bytes()),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "nothing more was echoed: {rest:?}");
+    let ev = wait_event(&mut r, |e| e.exfiltration.is_some());
+    let e = exfil_event(&ev, "PLAIN_KEY");
+    assert!(e.reason.contains("is in a WebSocket message"), "{e:#?}");
+}
+
+#[test]
+fn a_compressed_websocket_frame_is_refused() {
+    let mut r = rig();
+    let (mut s, head) = ws_open(&r, "/ws");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // Positive control: an uncompressed frame passes.
+    let plain = ws_frame(true, 0, 1, b"plain");
+    s.write_all(&plain).unwrap();
+    let mut echo = vec![0u8; plain.len()];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(echo, plain);
+    // RSV1: permessage-deflate, whose payload cannot be scanned.
+    s.write_all(&ws_frame(true, 0x40, 1, b"\xf2\x48\xcd\xc9\xc9\x07\x00"))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "nothing more was echoed: {rest:?}");
+    let ev = wait_event(&mut r, |e| e.decision == Decision::Refused);
+    let e = ev
+        .iter()
+        .find(|e| e.decision == Decision::Refused)
+        .unwrap_or_else(|| panic!("no refusal: {ev:#?}"));
+    assert!(
+        e.reason.contains(
+            "a compressed (permessage-deflate, RSV1) WebSocket frame, which cannot be scanned"
+        ),
+        "{e:#?}"
+    );
+    assert!(e.exfiltration.is_none(), "{e:#?}");
+}
+
+#[test]
+fn an_upstream_that_negotiates_compression_anyway_is_refused() {
+    let mut r = rig();
+    // Positive control: /ws answers without an extension (above); this
+    // upstream answers with permessage-deflate though none was offered.
+    let (_s, head) = ws_open(&r, "/ws-deflate");
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    let ev = wait_event(&mut r, |e| e.decision == Decision::Refused);
+    assert!(
+        ev.iter().any(|e| e.decision == Decision::Refused
+            && e.reason
+                .contains("answered the WebSocket upgrade with an extension")),
+        "{ev:#?}"
+    );
+    let seen = r.seen();
+    assert!(
+        !seen[0].headers.contains("sec-websocket-extensions"),
         "{seen:#?}"
     );
 }

@@ -99,8 +99,14 @@ pub struct JailSpec {
     /// `argv[0]`: an absolute path inside the sandbox, or a name looked up
     /// in the `PATH` of `env` (default `/usr/local/bin:/usr/bin:/bin`).
     pub argv: Vec<String>,
-    /// The complete environment.
+    /// The environment, but for [`JailSpec::secret_env`].
     pub env: Vec<(String, String)>,
+    /// Variables holding a secret (a `deliver: env` token, a placeholder),
+    /// over any of the same name in `env`. Zeroised when the spec (and
+    /// the child's envp built from it) is dropped; never printed (`Debug`
+    /// shows the names and `Zeroizing { .. }`) nor serialized.
+    #[serde(skip)]
+    pub secret_env: Vec<(String, zeroize::Zeroizing<String>)>,
     /// Extra read-only binds beyond the system ones.
     pub binds: Vec<Bind>,
     /// Read-write binds (nosuid, nodev) of directories the broker made for
@@ -176,6 +182,7 @@ impl JailSpec {
                 ("HOME".into(), "/tmp".into()),
                 ("LANG".into(), "C.UTF-8".into()),
             ],
+            secret_env: Vec::new(),
             binds: Vec::new(),
             volumes: Vec::new(),
             limits: Limits::default(),

@@ -722,18 +722,40 @@ fn child_plan(
             .map(|a| std::ffi::CString::new(a.as_bytes()))
             .collect::<Result<_, _>>()
             .map_err(|_| JailError::Spec("argv contains a NUL byte".into()))?,
-        envp: spec
-            .env
-            .iter()
-            .map(|(k, v)| {
-                if k.is_empty() || k.contains('=') {
-                    return Err(JailError::Spec(format!("bad environment name {k:?}")));
-                }
-                std::ffi::CString::new(format!("{k}={v}"))
-                    .map_err(|_| JailError::Spec("environment contains a NUL byte".into()))
-            })
-            .collect::<Result<_, _>>()?,
+        envp: envp(spec)?,
     })
+}
+
+/// The child's environment: `env`, then `secret_env` over any of the same
+/// name. Each `K=V` is built in a buffer of its exact size, so that no
+/// copy of a secret is left unzeroised on the way (the `CString` takes the
+/// buffer as it is).
+fn envp(spec: &JailSpec) -> Result<Vec<zeroize::Zeroizing<std::ffi::CString>>, JailError> {
+    let secret = |k: &str| spec.secret_env.iter().any(|(s, _)| s == k);
+    spec.env
+        .iter()
+        .filter(|(k, _)| !secret(k))
+        .map(|(k, v)| (k, v.as_str()))
+        .chain(spec.secret_env.iter().map(|(k, v)| (k, v.as_str())))
+        .map(|(k, v)| {
+            if k.is_empty() || k.contains('=') {
+                return Err(JailError::Spec(format!("bad environment name {k:?}")));
+            }
+            if k.contains('\0') || v.contains('\0') {
+                return Err(JailError::Spec(format!(
+                    "environment variable {k} contains a NUL byte"
+                )));
+            }
+            let mut kv = zeroize::Zeroizing::new(Vec::with_capacity(k.len() + v.len() + 2));
+            kv.extend_from_slice(k.as_bytes());
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            let c = std::ffi::CString::new(std::mem::take(&mut *kv)).map_err(|_| {
+                JailError::Spec(format!("environment variable {k} contains a NUL byte"))
+            })?;
+            Ok(zeroize::Zeroizing::new(c))
+        })
+        .collect()
 }
 
 /// Write the child's uid and gid maps (an unprivileged broker must deny
@@ -907,6 +929,51 @@ fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret variable is held zeroising from the spec to the child's
+    /// envp, never printed or serialized with the spec, and over a plain
+    /// variable of the same name.
+    #[test]
+    fn a_secret_variable_is_zeroising_end_to_end_and_never_printed() {
+        const TOKEN: &str = "real-token-9f8e7d6c5b4a3921";
+        let mut spec = JailSpec::new("t", ["/bin/true"]);
+        spec.env
+            .push(("API_TOKEN".into(), "from the manifest".into()));
+        spec.secret_env
+            .push(("API_TOKEN".into(), zeroize::Zeroizing::new(TOKEN.into())));
+        // The types: zeroised on drop, in the spec and in the envp.
+        let held: &zeroize::Zeroizing<String> = &spec.secret_env[0].1;
+        assert_eq!(held.as_str(), TOKEN);
+        let built: Vec<zeroize::Zeroizing<std::ffi::CString>> = envp(&spec).unwrap();
+        // Positive control: the child gets it, once, over the plain one.
+        let vars: Vec<String> = built
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            vars.iter()
+                .filter(|v| v.starts_with("API_TOKEN="))
+                .collect::<Vec<_>>(),
+            [&format!("API_TOKEN={TOKEN}")],
+            "{vars:?}"
+        );
+        assert!(vars.iter().any(|v| v == "HOME=/tmp"), "{vars:?}");
+        // Never printed nor serialized with the spec; its name is.
+        let debug = format!("{spec:?}");
+        assert!(!debug.contains(TOKEN), "{debug}");
+        assert!(debug.contains("API_TOKEN"), "{debug}");
+        assert!(!format!("{built:?}").contains(TOKEN));
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(!json.contains(TOKEN), "{json}");
+        // A NUL in a secret is refused without showing it.
+        spec.secret_env[0].1 = zeroize::Zeroizing::new(format!("{TOKEN}\0"));
+        let e = envp(&spec).unwrap_err().to_string();
+        assert!(
+            e.contains("environment variable API_TOKEN contains a NUL byte"),
+            "{e}"
+        );
+        assert!(!e.contains(TOKEN), "{e}");
+    }
 
     #[test]
     fn verdicts() {

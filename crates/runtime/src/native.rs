@@ -174,6 +174,7 @@ impl Native {
                 tool: spec.tool.clone(),
                 argv: spec.argv.clone(),
                 env,
+                secret_env: Vec::new(),
                 binds: spec
                     .mounts
                     .iter()
@@ -317,7 +318,14 @@ fn add_credentials(
     ctx: &Context,
 ) -> Result<Option<Interception>, RunError> {
     let trust_path = crate::supervisor::trust_bundle_path(&js.root);
-    let d = crate::supervisor::credentials(&js.tool, &mut js.env, egress, ctx, trust_path)?;
+    let d = crate::supervisor::credentials(
+        &js.tool,
+        &mut js.env,
+        &mut js.secret_env,
+        egress,
+        ctx,
+        trust_path,
+    )?;
     js.trust_bundle = d.trust_bundle;
     Ok(d.interception)
 }

@@ -29,6 +29,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use zeroize::Zeroizing;
 
 use cordon_egress::{
     DoorContext, DoorHandle, Doors, EgressPolicy, EventSink, Interception, SessionCa, UpstreamTrust,
@@ -321,21 +322,23 @@ pub(crate) struct Delivery {
     pub trust_bundle: Option<Vec<u8>>,
 }
 
-/// The session's credential variables, over any of the same name in
-/// `env`. With injections and egress doors: a session CA for the doors to
-/// intercept with, made the sandbox's trust (the host's roots plus the
-/// CA), which the sandbox finds at `trust_path` (named in the
-/// [`TRUST_BUNDLE_ENV`] variables).
+/// The session's credential variables, put in `secret` (zeroised with
+/// it) and taken out of `env` (any of the same name). With injections and
+/// egress doors: a session CA for the doors to intercept with, made the
+/// sandbox's trust (the host's roots plus the CA), which the sandbox finds
+/// at `trust_path` (named in the [`TRUST_BUNDLE_ENV`] variables).
 pub(crate) fn credentials(
     tool: &str,
     env: &mut Vec<(String, String)>,
+    secret: &mut Vec<(String, Zeroizing<String>)>,
     egress: Option<&EgressPolicy>,
     ctx: &Context,
     trust_path: &str,
 ) -> Result<Delivery, RunError> {
     for (k, v) in &ctx.credentials.env {
         env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.to_string()));
+        secret.retain(|(ek, _)| ek != k);
+        secret.push((k.clone(), v.clone()));
     }
     if ctx.credentials.injections.is_empty() || egress.is_none() {
         return Ok(Delivery {
@@ -666,13 +669,18 @@ impl Supervisor {
         })?;
         let mut env = spec.env.clone();
         let (network, egress) = network(&spec.network, &mut env, false);
+        let mut secret = Vec::new();
         let delivery = credentials(
             &spec.tool,
             &mut env,
+            &mut secret,
             egress.as_ref(),
             ctx,
             trust_bundle_path(&spec.root),
         )?;
+        // A guest's environment is handed to its runtime as plain strings
+        // (gVisor's OCI bundle, the microVM's guest init): not zeroised.
+        env.extend(secret.iter().map(|(k, v)| (k.clone(), v.to_string())));
         let guest = Guest {
             env,
             doors: egress.is_some(),
@@ -688,6 +696,7 @@ impl Supervisor {
             tool: spec.tool.clone(),
             argv: launch.argv,
             env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
+            secret_env: Vec::new(),
             binds: Vec::new(),
             volumes: Vec::new(),
             limits,

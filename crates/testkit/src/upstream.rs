@@ -1,6 +1,7 @@
 //! Recording upstreams on loopback, for the credential-injection tests: an
 //! HTTPS one (a leaf from a test CA) or a plain one, HTTP/1.1 and HTTP/2,
-//! each request kept as it arrived; `/ws` answers an upgrade and echoes;
+//! each request kept as it arrived; `/ws` answers an upgrade and echoes
+//! (`/ws-deflate` the same, with permessage-deflate negotiated unasked);
 //! `/echo` reflects the request (see [`echo`]).
 
 use std::convert::Infallible;
@@ -122,7 +123,8 @@ async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Out>, I
     let method = req.method().to_string();
     let version = format!("{:?}", req.version());
     let target = req.uri().to_string();
-    if req.uri().path() == "/ws" {
+    if req.uri().path() == "/ws" || req.uri().path() == "/ws-deflate" {
+        let deflate = req.uri().path() == "/ws-deflate";
         // An upgrade: 101, then echo every byte back.
         let headers = headers(&req);
         log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
@@ -155,6 +157,12 @@ async fn record(mut req: Request<Incoming>, log: Log) -> Result<Response<Out>, I
             hyper::header::UPGRADE,
             hyper::header::HeaderValue::from_static("websocket"),
         );
+        if deflate {
+            r.headers_mut().insert(
+                hyper::header::SEC_WEBSOCKET_EXTENSIONS,
+                hyper::header::HeaderValue::from_static("permessage-deflate"),
+            );
+        }
         return Ok(r);
     }
     let echoed = req.uri().path().contains("/echo").then(|| echo(&req));

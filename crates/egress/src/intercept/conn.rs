@@ -2,7 +2,8 @@
 //! each request checked (its authority must be the destination), its
 //! secrets substituted, its body scanned, and sent on the door's own
 //! connection to the upstream; an upgrade (WebSocket) runs on with the
-//! tool's bytes scanned.
+//! tool's bytes scanned (a WebSocket's frames unmasked, and no extension
+//! offered upstream: a compressed frame could not be scanned).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,8 +22,8 @@ use tokio::task::JoinSet;
 
 use super::body::ScanBody;
 use super::close_event;
-use super::report::{Dest, Refusal, exfil};
-use super::stream::scanned_splice;
+use super::report::{Dest, Refusal, exfil, stopped};
+use super::stream::{Speaks, scanned_splice};
 use super::substitute::apply;
 use super::tls;
 use crate::engine::{Engine, OpenError};
@@ -190,6 +191,12 @@ impl Conn {
             Err(r) => return r.respond(engine, &self.dest, &t0),
         };
         let upgrade = !self.h2 && req.headers().contains_key(header::UPGRADE);
+        let mut websocket = upgrade && is_websocket(req.headers());
+        if websocket {
+            // permessage-deflate (or any extension) would change the frames
+            // the door must read: never offered, so never negotiated.
+            req.headers_mut().remove(header::SEC_WEBSOCKET_EXTENSIONS);
+        }
         let client_upgrade = if upgrade {
             Some(hyper::upgrade::on(&mut req))
         } else {
@@ -251,7 +258,24 @@ impl Conn {
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_up) = client_upgrade
         {
-            self.upgraded(client_up, hyper::upgrade::on(&mut resp));
+            websocket |= is_websocket(resp.headers());
+            if websocket
+                && resp
+                    .headers()
+                    .contains_key(header::SEC_WEBSOCKET_EXTENSIONS)
+            {
+                return Refusal::Other {
+                    status: StatusCode::BAD_GATEWAY,
+                    why: "the upstream answered the WebSocket upgrade with an extension none was offered (Sec-WebSocket-Extensions): its frames could not be scanned".into(),
+                }
+                .respond(engine, &self.dest, &t0);
+            }
+            let speaks = if websocket {
+                Speaks::WebSocket
+            } else {
+                Speaks::Bytes
+            };
+            self.upgraded(client_up, hyper::upgrade::on(&mut resp), speaks);
             return resp;
         }
         let (mut parts, body) = resp.into_parts();
@@ -323,11 +347,13 @@ impl Conn {
     }
 
     /// An upgraded (WebSocket) stream: spliced on as a connection task,
-    /// the tool's bytes scanned; a placeholder ends it, refused.
+    /// the tool's bytes scanned as it `speaks`; a placeholder, or a frame
+    /// that cannot be scanned, ends it, refused.
     fn upgraded(
         self: &Arc<Self>,
         client_up: hyper::upgrade::OnUpgrade,
         up: hyper::upgrade::OnUpgrade,
+        speaks: Speaks,
     ) {
         let needles = self.icpt.needles().clone();
         let c = self.clone();
@@ -341,14 +367,18 @@ impl Conn {
                 TokioIo::new(cu),
                 Metered::new(TokioIo::new(uu), meter.clone()),
                 needles,
+                speaks,
                 meter,
                 idle,
             )
             .await;
-            if let Some(s) = hit {
+            if let Some(stop) = hit {
                 let t0 = started();
-                let _ = exfil(&s, "the upgraded (WebSocket) stream", &c.icpt)
-                    .respond(&c.engine, &c.dest, &t0);
+                let place = match speaks {
+                    Speaks::WebSocket => "a WebSocket message",
+                    Speaks::Bytes => "the upgraded stream",
+                };
+                let _ = stopped(stop, place, &c.icpt).respond(&c.engine, &c.dest, &t0);
             }
         };
         let _ = self.tasks.send(Box::pin(task));
@@ -429,6 +459,20 @@ impl Conn {
             Ok(Sender::H1(s))
         }
     }
+}
+
+/// `Upgrade` names `websocket` (any case, among other protocols).
+fn is_websocket(h: &hyper::HeaderMap) -> bool {
+    h.get_all(header::UPGRADE)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .flat_map(|v| v.split(',').map(str::to_string).collect::<Vec<_>>())
+        .any(|p| {
+            p.trim()
+                .split('/')
+                .next()
+                .is_some_and(|n| n.eq_ignore_ascii_case("websocket"))
+        })
 }
 
 /// Drop hop-by-hop headers, but keep `Connection` and `Upgrade` on a

@@ -12,7 +12,8 @@
 //! byte stream, tunnelled with the tool's bytes scanned. Each request's
 //! authority must be the connection's destination; its target, headers and
 //! body are scanned (see [`crate::scan`]); a WebSocket (or other HTTP/1.1)
-//! upgrade is passed on and its tool-side bytes scanned too.
+//! upgrade is passed on and its tool-side bytes scanned too: a WebSocket's
+//! frames unmasked (see [`ws`]), with no extension offered upstream.
 
 mod body;
 mod conn;
@@ -21,6 +22,7 @@ mod response;
 mod stream;
 mod substitute;
 mod tls;
+mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,7 +40,8 @@ pub(crate) use report::{Dest, exfil};
 pub(crate) use response::{ask_identity, guard};
 pub(crate) use substitute::apply;
 
-use stream::{Prefixed, scanned_splice};
+use report::stopped;
+use stream::{Prefixed, Speaks, scanned_splice};
 use tls::Ended;
 
 /// Serve one allowed connection of a sandbox with interception on (see the
@@ -81,13 +84,14 @@ pub(crate) async fn serve<C>(
             Prefixed::new(first, client),
             up,
             icpt.needles().clone(),
+            Speaks::Bytes,
             meter.clone(),
             idle,
         )
         .await;
         match hit {
-            Some(s) => {
-                let r = exfil(&s, "the tunnelled bytes", &icpt);
+            Some(stop) => {
+                let r = stopped(stop, "the tunnelled bytes", &icpt);
                 let _ = r.respond(&engine, &dest, &t0);
             }
             None => close_event(&engine, &dest, &meter, None, t0),

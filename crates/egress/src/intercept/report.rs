@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use hyper::{Response, StatusCode};
 
+use super::ws::Stop;
 use crate::engine::Engine;
 use crate::event::{Decision, Door, refusal};
 use crate::http::{RespBody, text};
@@ -95,6 +96,18 @@ pub(crate) fn exfil(inj_secret: &str, place: &str, icpt: &Interception) -> Refus
         why: format!(
             "the placeholder of secret {inj_secret} is in {place}, but {inj_secret} is bound to {bound}: refused as an exfiltration attempt"
         ),
+    }
+}
+
+/// Why a scanned stream was ended, in `place`: a placeholder (an
+/// exfiltration attempt) or WebSocket frames that cannot be scanned.
+pub(crate) fn stopped(stop: Stop, place: &str, icpt: &Interception) -> Refusal {
+    match stop {
+        Stop::Placeholder(secret) => exfil(&secret, place, icpt),
+        Stop::Unscannable(why) => Refusal::Other {
+            status: StatusCode::FORBIDDEN,
+            why: format!("{why} in {place}: refused, the stream is closed"),
+        },
     }
 }
 

@@ -1,5 +1,6 @@
 //! Byte streams with the tool's side scanned: a connection that speaks
-//! neither TLS nor HTTP, and upgraded (WebSocket) streams.
+//! neither TLS nor HTTP, and upgraded streams (WebSocket frames unmasked
+//! and scanned by [`super::ws`], any other upgrade as bytes).
 
 use std::io;
 use std::pin::Pin;
@@ -8,8 +9,19 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use super::ws::{Frames, Stop};
 use crate::io::Meter;
 use crate::scan::{Needles, Scanner};
+
+/// How the tool's bytes are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    /// Bytes, scanned as they are.
+    Bytes,
+    /// WebSocket frames from a client: each payload unmasked and scanned
+    /// (the raw bytes too); a frame that cannot be scanned ends the tunnel.
+    WebSocket,
+}
 
 /// Bytes already read from a stream, then the stream.
 pub(crate) struct Prefixed<S> {
@@ -63,35 +75,44 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
-/// Tunnel `client` and `upstream` with the tool's bytes scanned: a
-/// placeholder ends the tunnel before it is forwarded. Returns the secret
-/// found, or `None` when the tunnel ended otherwise.
+/// Tunnel `client` and `upstream` with the tool's bytes scanned as it
+/// `speaks`: a placeholder, or WebSocket frames that cannot be scanned,
+/// end the tunnel before the read that holds them is forwarded. Returns
+/// why, or `None` when the tunnel ended otherwise.
 pub(crate) async fn scanned_splice<A, B>(
     client: A,
     upstream: B,
     needles: Arc<Needles>,
+    speaks: Speaks,
     meter: Arc<Meter>,
     idle: std::time::Duration,
-) -> Option<String>
+) -> Option<Stop>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
-    let mut scanner = Scanner::new(needles);
+    let mut scanner = Scanner::new(needles.clone());
+    let mut frames = (speaks == Speaks::WebSocket).then(|| Frames::new(needles));
     let up = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match cr.read(&mut buf).await {
                 Ok(0) | Err(_) => {
+                    if let Some(Err(stop)) = frames.as_mut().map(Frames::finish) {
+                        return Some(stop);
+                    }
                     let _ = uw.shutdown().await;
                     return None;
                 }
                 Ok(n) => n,
             };
             if let Some(s) = scanner.feed(&buf[..n]) {
-                return Some(s);
+                return Some(Stop::Placeholder(s));
+            }
+            if let Some(Err(stop)) = frames.as_mut().map(|f| f.feed(&buf[..n])) {
+                return Some(stop);
             }
             if uw.write_all(&buf[..n]).await.is_err() {
                 return None;

@@ -17,10 +17,10 @@ pub(super) struct Exec {
 
 impl Exec {
     /// Parent side.
-    pub(super) fn prepare(argv: &[CString], envp: &[CString]) -> Exec {
+    pub(super) fn prepare(argv: &[CString], envp: &[zeroize::Zeroizing<CString>]) -> Exec {
         Exec {
-            argv: null_terminated(argv),
-            envp: null_terminated(envp),
+            argv: null_terminated(argv.iter().map(|s| s.as_ptr())),
+            envp: null_terminated(envp.iter().map(|s| s.as_ptr())),
         }
     }
 
@@ -56,8 +56,8 @@ impl Exec {
     }
 }
 
-fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
-    let mut v: Vec<*const libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+fn null_terminated(strings: impl Iterator<Item = *const libc::c_char>) -> Vec<*const libc::c_char> {
+    let mut v: Vec<*const libc::c_char> = strings.collect();
     v.push(std::ptr::null());
     v
 }

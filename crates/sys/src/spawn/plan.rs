@@ -185,6 +185,6 @@ pub struct ChildPlan {
     pub exec_paths: Vec<CString>,
     /// argv.
     pub argv: Vec<CString>,
-    /// envp.
-    pub envp: Vec<CString>,
+    /// envp: zeroised when the plan is dropped (it may hold a token).
+    pub envp: Vec<zeroize::Zeroizing<CString>>,
 }
