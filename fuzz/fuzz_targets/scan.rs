@@ -166,6 +166,10 @@ fuzz_target!(|input: &[u8]| {
             assert_eq!(out, once, "the output depends on where the stream was cut");
             assert!(found.iter().any(|s| s == "API"), "not found: {found:?}");
             for g in renderings(TOKENS[0].1, prefix) {
+                // A part of a rendering the fuzzed bytes hold themselves is no token.
+                if contains(data, probe(&g)) {
+                    continue;
+                }
                 assert!(
                     !contains(&out, probe(&g)),
                     "{:?} left in {:?}",
@@ -182,7 +186,10 @@ fuzz_target!(|input: &[u8]| {
             let pairs: Vec<(&str, &str)> = TOKENS.iter().map(|(s, _, p)| (*s, *p)).collect();
             let r = renderings(TOKENS[0].2, prefix);
             let f = &r[usize::from(form & 15) % r.len()];
-            let whole = [&data[..at], f.as_slice(), &data[at..]].concat();
+            // After a backslash, an escape's own backslash is escaped: literal text (as JSON
+            // reads it), not the placeholder.
+            let sep: &[u8] = if data[..at].ends_with(b"\\") { b" " } else { b"" };
+            let whole = [&data[..at], sep, f.as_slice(), &data[at..]].concat();
             let hit = scan_stream(&pairs, &cut(&whole, sizes));
             assert!(hit.is_some(), "a placeholder not found");
             let plain = scan_stream(&pairs, &cut(data, sizes));

@@ -86,7 +86,6 @@ impl Introspector {
     }
 }
 
-
 /// What [`Introspector::introspect`] makes of the endpoint's answer (its JSON object): the
 /// claims of an active token for this resource, or why it is refused.
 pub fn check_answer(
@@ -166,7 +165,9 @@ mod tests {
     fn the_largest_leeway_does_not_overflow() {
         let mut s = settings();
         s.leeway_seconds = u64::MAX;
-        let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp", "nbf": u64::MAX, "exp": 1}));
+        let a = answer(
+            json!({"active": true, "aud": "https://cordon.test/mcp", "nbf": u64::MAX, "exp": 1}),
+        );
         assert!(check_answer(&s, a).is_ok());
     }
 }

@@ -73,11 +73,7 @@ impl Harness {
             return Vec::new();
         };
         let (client, door) = tokio::io::duplex(64 * 1024);
-        let served = tokio::spawn(crate::proxy::serve_conn(
-            self.engine.clone(),
-            door,
-            permit,
-        ));
+        let served = tokio::spawn(crate::proxy::serve_conn(self.engine.clone(), door, permit));
         let (mut rd, mut wr) = tokio::io::split(client);
         let write = async move {
             // The door may close before it read everything: not an error here.
@@ -149,10 +145,7 @@ pub fn peek(first: &[u8], complete: bool) -> Option<Presented> {
 pub fn scan_stream(placeholders: &[(&str, &str)], chunks: &[&[u8]]) -> Option<String> {
     let needles = Arc::new(Needles::new(placeholders.iter().copied()));
     let mut s = Scanner::new(needles);
-    chunks
-        .iter()
-        .find_map(|c| s.feed(c))
-        .or_else(|| s.finish())
+    chunks.iter().find_map(|c| s.feed(c)).or_else(|| s.finish())
 }
 
 /// The reflected-token redactor over a response body cut into `chunks`, for the tokens
