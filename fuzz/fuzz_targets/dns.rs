@@ -44,7 +44,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(allowed(&name), "an answer for {name}");
         if let RData::A(a) = &r.data {
             let ip = a.0;
-            assert!(DOOR_RANGE.contains(&ip), "{ip} for {name} is not a door address");
+            assert!(
+                DOOR_RANGE.contains(&ip),
+                "{ip} for {name} is not a door address"
+            );
             assert_ne!(IpAddr::V4(ip), IpAddr::V4(METADATA));
         }
     }

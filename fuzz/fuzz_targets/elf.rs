@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
     (&file).take(64).read_to_end(&mut head).expect("head");
     let loader = cordon_jail::elf::loader(&file, &head);
     if let Ok(e) = &read {
-        assert_eq!(loader.as_ref().ok(), Some(&e.interp), "loader and read disagree");
+        assert_eq!(
+            loader.as_ref().ok(),
+            Some(&e.interp),
+            "loader and read disagree"
+        );
         assert!(e.needed.iter().all(|n| !n.contains('\0')));
         assert!(e.runpath.iter().all(|p| !p.is_empty() && !p.contains(':')));
     }

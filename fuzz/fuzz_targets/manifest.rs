@@ -25,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(loaded) = first {
         for t in loaded.policy.tools.values() {
             if t.profile == Profile::P1 {
-                assert!(matches!(t.network, Network::None), "P1 tool {} has a network", t.name);
+                assert!(
+                    matches!(t.network, Network::None),
+                    "P1 tool {} has a network",
+                    t.name
+                );
                 assert!(t.secrets.is_empty(), "P1 tool {} has secrets", t.name);
             }
         }

@@ -28,9 +28,21 @@ use tokio::runtime::Runtime;
 use zeroize::Zeroizing;
 
 const TOKENS: [(&str, &str, &str); 3] = [
-    ("HDR", "Tk7HdrSecretValue9Q2w", "cordon-ph-hdr-aaaaaaaaaaaaaaaa"),
-    ("QRY", "Tk7QrySecretValue8R3e", "cordon-ph-qry-bbbbbbbbbbbbbbbb"),
-    ("BAS", "Tk7BasSecretValue7S4r", "cordon-ph-bas-cccccccccccccccc"),
+    (
+        "HDR",
+        "Tk7HdrSecretValue9Q2w",
+        "cordon-ph-hdr-aaaaaaaaaaaaaaaa",
+    ),
+    (
+        "QRY",
+        "Tk7QrySecretValue8R3e",
+        "cordon-ph-qry-bbbbbbbbbbbbbbbb",
+    ),
+    (
+        "BAS",
+        "Tk7BasSecretValue7S4r",
+        "cordon-ph-bas-cccccccccccccccc",
+    ),
 ];
 
 #[derive(Debug)]
@@ -70,7 +82,9 @@ async fn echo(mut s: tokio::net::TcpStream) {
     let header = |name: &str| {
         head.split("\r\n").skip(1).find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     };
     let len: usize = header("content-length")
@@ -106,8 +120,16 @@ async fn echo(mut s: tokio::net::TcpStream) {
 fn forms(token: &str) -> Vec<Vec<u8>> {
     let mut v = vec![
         token.as_bytes().to_vec(),
-        token.bytes().map(|b| format!("%{b:02X}")).collect::<String>().into_bytes(),
-        token.bytes().map(|b| format!("%{b:02x}")).collect::<String>().into_bytes(),
+        token
+            .bytes()
+            .map(|b| format!("%{b:02X}"))
+            .collect::<String>()
+            .into_bytes(),
+        token
+            .bytes()
+            .map(|b| format!("%{b:02x}"))
+            .collect::<String>()
+            .into_bytes(),
     ];
     for k in 0..3 {
         let data = [vec![0u8; k], token.as_bytes().to_vec()].concat();
@@ -128,7 +150,9 @@ static W: LazyLock<World> = LazyLock::new(|| {
         .build()
         .expect("runtime");
     let (h, port) = rt.block_on(async {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let port = l.local_addr().expect("addr").port();
         tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
@@ -138,10 +162,18 @@ static W: LazyLock<World> = LazyLock::new(|| {
         let entry = format!("api.example:{port}");
         let mut policy =
             EgressPolicy::allowlist("fuzz", [entry.as_str(), "other.example:443"]).expect("policy");
-        policy.resolve.insert("api.example".into(), IpAddr::V4(Ipv4Addr::LOCALHOST));
-        policy.resolve.insert("other.example".into(), IpAddr::V4(Ipv4Addr::LOCALHOST));
-        policy.allow_cidrs.push("127.0.0.1/32".parse().expect("cidr"));
-        policy.passthrough.push(HostPort::parse("other.example:443").expect("passthrough"));
+        policy
+            .resolve
+            .insert("api.example".into(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        policy
+            .resolve
+            .insert("other.example".into(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        policy
+            .allow_cidrs
+            .push("127.0.0.1/32".parse().expect("cidr"));
+        policy
+            .passthrough
+            .push(HostPort::parse("other.example:443").expect("passthrough"));
         let bind = |path: Option<&str>, placement: Placement| Binding {
             host: "api.example".into(),
             port,
@@ -157,8 +189,18 @@ static W: LazyLock<World> = LazyLock::new(|| {
                     template: "Bearer {token}".into(),
                 },
             ),
-            bind(Some("/q"), Placement::Query { param: "key".into() }),
-            bind(None, Placement::Basic { username: "bot".into() }),
+            bind(
+                Some("/q"),
+                Placement::Query {
+                    param: "key".into(),
+                },
+            ),
+            bind(
+                None,
+                Placement::Basic {
+                    username: "bot".into(),
+                },
+            ),
         ];
         let injections = TOKENS
             .iter()

@@ -27,8 +27,16 @@ use zeroize::Zeroizing;
 
 /// (secret, token, placeholder): tokens with characters every encoding changes.
 const TOKENS: [(&str, &str, &str); 2] = [
-    ("API", "rt/9+\"x\"=Zq8W-tok~ens", "cordon-ph-Q7m2Xw9kLp3vZ8rT4nB6yH1s"),
-    ("OTHER", "second_secret.42", "cordon-ph-zzzzzzzzzzzzzzzzzzzz"),
+    (
+        "API",
+        "rt/9+\"x\"=Zq8W-tok~ens",
+        "cordon-ph-Q7m2Xw9kLp3vZ8rT4nB6yH1s",
+    ),
+    (
+        "OTHER",
+        "second_secret.42",
+        "cordon-ph-zzzzzzzzzzzzzzzzzzzz",
+    ),
 ];
 
 fn json(s: &str, slash: bool) -> String {
@@ -50,10 +58,22 @@ fn renderings(s: &str, prefix: &str) -> Vec<Vec<u8>> {
         s.as_bytes().to_vec(),
         json(s, false).into_bytes(),
         json(s, true).into_bytes(),
-        s.chars().map(|c| format!("\\u{:04x}", c as u32)).collect::<String>().into_bytes(),
-        s.chars().map(|c| format!("\\u{:04X}", c as u32)).collect::<String>().into_bytes(),
-        s.bytes().map(|b| format!("%{b:02X}")).collect::<String>().into_bytes(),
-        s.bytes().map(|b| format!("%{b:02x}")).collect::<String>().into_bytes(),
+        s.chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect::<String>()
+            .into_bytes(),
+        s.chars()
+            .map(|c| format!("\\u{:04X}", c as u32))
+            .collect::<String>()
+            .into_bytes(),
+        s.bytes()
+            .map(|b| format!("%{b:02X}"))
+            .collect::<String>()
+            .into_bytes(),
+        s.bytes()
+            .map(|b| format!("%{b:02x}"))
+            .collect::<String>()
+            .into_bytes(),
         s.bytes()
             .map(|b| {
                 if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -135,7 +155,12 @@ static H: LazyLock<Harness> = LazyLock::new(|| {
         Injection {
             secret: "OTHER".into(),
             placeholder: TOKENS[1].2.into(),
-            binding: bind(None, Placement::Query { param: "key".into() }),
+            binding: bind(
+                None,
+                Placement::Query {
+                    param: "key".into(),
+                },
+            ),
             source: Arc::new(Fixed("Tk7QrySecretValue8R3e")),
         },
     ];
@@ -188,7 +213,11 @@ fuzz_target!(|input: &[u8]| {
             let f = &r[usize::from(form & 15) % r.len()];
             // After a backslash, an escape's own backslash is escaped: literal text (as JSON
             // reads it), not the placeholder.
-            let sep: &[u8] = if data[..at].ends_with(b"\\") { b" " } else { b"" };
+            let sep: &[u8] = if data[..at].ends_with(b"\\") {
+                b" "
+            } else {
+                b""
+            };
             let whole = [&data[..at], sep, f.as_slice(), &data[at..]].concat();
             let hit = scan_stream(&pairs, &cut(&whole, sizes));
             assert!(hit.is_some(), "a placeholder not found");
@@ -210,9 +239,17 @@ fuzz_target!(|input: &[u8]| {
                 .map(|(k, v)| (k.trim().as_bytes(), v.trim().as_bytes()))
                 .collect();
             let pairs: Vec<(&str, &str)> = TOKENS.iter().map(|(s, _, p)| (*s, *p)).collect();
-            let host = if form & 1 == 0 { "api.example" } else { "other.example" };
+            let host = if form & 1 == 0 {
+                "api.example"
+            } else {
+                "other.example"
+            };
             match H.substitute(host, 443, target.as_bytes(), &headers) {
-                Substituted::Sent { target, headers, injected } => {
+                Substituted::Sent {
+                    target,
+                    headers,
+                    injected,
+                } => {
                     assert_eq!(scan_stream(&pairs, &[target.as_bytes()]), None, "{target}");
                     for (k, v) in &headers {
                         assert_eq!(scan_stream(&pairs, &[k.as_bytes()]), None, "{k}");

@@ -76,7 +76,11 @@ fuzz_target!(|data: &[u8]| {
             break;
         }
     }
-    assert_eq!(names(top.path()), ["outside", "parent"], "beside the parent");
+    assert_eq!(
+        names(top.path()),
+        ["outside", "parent"],
+        "beside the parent"
+    );
     assert_eq!(names(&parent), ["root"], "in the parent");
     assert_eq!(names(&outside), ["canary"], "in outside");
     let cm = fs::symlink_metadata(outside.join("canary")).expect("canary metadata");
