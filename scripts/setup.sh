@@ -244,3 +244,11 @@ if [ ! -f "$cache/add/wheels.done" ] || [ "$(cat "$cache/add/wheels.done")" != "
   fi
 fi
 [ -d "$cache/add" ] && chmod -R a+rX "$cache/add" || true
+
+# cargo-fuzz: the short fuzz run of scripts/test.sh (fuzz/run.sh, docs/fuzzing.md). Built
+# from crates.io once per machine (about a minute and a quarter on two cores).
+cargo_fuzz_version=0.13.2
+if ! cargo fuzz --version 2>/dev/null | grep -q " $cargo_fuzz_version\$"; then
+  echo "setup: cargo install cargo-fuzz $cargo_fuzz_version"
+  cargo install -q --locked cargo-fuzz --version "$cargo_fuzz_version"
+fi

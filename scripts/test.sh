@@ -26,6 +26,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace
+echo "== fuzz targets, a short run of each (fuzz/run.sh, docs/fuzzing.md)"
+fuzz/run.sh 5
 echo "== MCP conformance suite, cordon in front of its reference server"
 tests/e2e/conformance.sh --reference target/conformance
 echo "== cordon probe -m examples/cordon.yaml"

@@ -82,37 +82,92 @@ impl Introspector {
         let m = crate::http::json_object(&what, resp)
             .await
             .map_err(Refusal::Unavailable)?;
-        if m.get("active").and_then(Value::as_bool) != Some(true) {
-            return Err(Refusal::Invalid("the token is not active".into()));
+        check_answer(s, m)
+    }
+}
+
+/// What [`Introspector::introspect`] makes of the endpoint's answer (its JSON object): the
+/// claims of an active token for this resource, or why it is refused.
+pub fn check_answer(
+    s: &IntrospectionSettings,
+    m: Map<String, Value>,
+) -> Result<Map<String, Value>, Refusal> {
+    if m.get("active").and_then(Value::as_bool) != Some(true) {
+        return Err(Refusal::Invalid("the token is not active".into()));
+    }
+    if let Some(exp) = m.get("exp").and_then(Value::as_u64)
+        && exp.saturating_add(s.leeway_seconds) < now()
+    {
+        return Err(Refusal::Invalid("the token has expired".into()));
+    }
+    if let Some(nbf) = m.get("nbf").and_then(Value::as_u64)
+        && nbf > now().saturating_add(s.leeway_seconds)
+    {
+        return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
+    }
+    if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss"))
+        && iss.as_str() != Some(want.as_str())
+    {
+        return Err(Refusal::Invalid(format!(
+            "the token was not issued by {want}"
+        )));
+    }
+    let for_us = match m.get("aud") {
+        Some(Value::String(a)) => *a == s.audience,
+        Some(Value::Array(a)) => a.iter().any(|x| x.as_str() == Some(s.audience.as_str())),
+        _ => false,
+    };
+    if !for_us {
+        return Err(Refusal::Invalid(format!(
+            "the token is not for this resource (aud is not {})",
+            s.audience
+        )));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn settings() -> IntrospectionSettings {
+        IntrospectionSettings {
+            endpoint: "http://127.0.0.1:9/introspect".into(),
+            client_id: "cordon".into(),
+            client_secret: String::from("secret").into(),
+            audience: "https://cordon.test/mcp".into(),
+            issuer: None,
+            leeway_seconds: 30,
         }
-        if let Some(exp) = m.get("exp").and_then(Value::as_u64)
-            && exp + s.leeway_seconds < now()
-        {
-            return Err(Refusal::Invalid("the token has expired".into()));
+    }
+
+    fn answer(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
         }
-        if let Some(nbf) = m.get("nbf").and_then(Value::as_u64)
-            && nbf > now() + s.leeway_seconds
-        {
-            return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
+    }
+
+    #[test]
+    fn the_largest_exp_is_far_future_not_an_overflow() {
+        let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp", "exp": u64::MAX}));
+        assert!(check_answer(&settings(), a).is_ok());
+        // The positive control's counterpart: a past exp is refused, with the reason.
+        let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp", "exp": 1}));
+        match check_answer(&settings(), a) {
+            Err(Refusal::Invalid(why)) => assert_eq!(why, "the token has expired"),
+            other => panic!("{other:?}"),
         }
-        if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss"))
-            && iss.as_str() != Some(want.as_str())
-        {
-            return Err(Refusal::Invalid(format!(
-                "the token was not issued by {want}"
-            )));
-        }
-        let for_us = match m.get("aud") {
-            Some(Value::String(a)) => *a == s.audience,
-            Some(Value::Array(a)) => a.iter().any(|x| x.as_str() == Some(s.audience.as_str())),
-            _ => false,
-        };
-        if !for_us {
-            return Err(Refusal::Invalid(format!(
-                "the token is not for this resource (aud is not {})",
-                s.audience
-            )));
-        }
-        Ok(m)
+    }
+
+    #[test]
+    fn the_largest_leeway_does_not_overflow() {
+        let mut s = settings();
+        s.leeway_seconds = u64::MAX;
+        let a = answer(
+            json!({"active": true, "aud": "https://cordon.test/mcp", "nbf": u64::MAX, "exp": 1}),
+        );
+        assert!(check_answer(&s, a).is_ok());
     }
 }

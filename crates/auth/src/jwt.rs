@@ -161,6 +161,32 @@ impl JwtValidator {
         }
     }
 
+    /// A validator whose keys are the key set `jwks` (a JWKS object with a `keys` list, as
+    /// an issuer publishes it), taken as just fetched: nothing is fetched until
+    /// `refetch_floor` and then [`KEYS_MAX_AGE`] have passed. For a fixed key set (tests, the
+    /// fuzz targets); keys cordon does not use are skipped as when fetched.
+    pub fn with_keys(
+        settings: JwtSettings,
+        jwks: &Map<String, Value>,
+    ) -> Result<JwtValidator, String> {
+        let keys = parse_jwks(jwks).map_err(|e| format!("JWKS: {e}"))?;
+        let client = crate::http::client(None)?;
+        let now = Instant::now();
+        Ok(JwtValidator {
+            settings,
+            client,
+            keys: RwLock::new(Arc::new(Keys {
+                keys,
+                fetched: Some(now),
+            })),
+            fetch: tokio::sync::Mutex::new(Fetch {
+                last_attempt: Some(now),
+                jwks_uri: None,
+                fetches: 0,
+            }),
+        })
+    }
+
     pub fn settings(&self) -> &JwtSettings {
         &self.settings
     }

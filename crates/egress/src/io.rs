@@ -9,12 +9,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
+// Tokio's clock: the same as the system's, except where a runtime pauses it (the fuzz
+// harness does, so that an idle limit passes as soon as everything waits).
+use tokio::time::Instant;
 
 /// Counters shared between a metered stream and whoever reports on it.
 #[derive(Debug)]

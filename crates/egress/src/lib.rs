@@ -38,6 +38,7 @@ mod ca;
 mod dns;
 mod engine;
 mod event;
+pub mod harness;
 mod http;
 mod inject;
 mod intercept;
@@ -275,6 +276,7 @@ async fn accept_loop(engine: Arc<Engine>, listener: TcpListener, kind: Kind) {
             r = listener.accept() => match r {
                 Ok((stream, _peer)) => match (engine.try_slot(), kind) {
                     (Some(p), Kind::Proxy) => {
+                        let _ = stream.set_nodelay(true);
                         conns.spawn(proxy::serve_conn(engine.clone(), stream, p));
                     }
                     (Some(p), Kind::Transparent) => {

@@ -13,7 +13,7 @@ const PEEK_MAX: usize = 16 * 1024 + 5;
 
 /// What the first bytes of a connection name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Presented {
+pub enum Presented {
     /// A TLS ClientHello, with its server name if it has one.
     Tls(Option<String>),
     /// An HTTP/1 request, with its `Host` header (port removed) if it has one.

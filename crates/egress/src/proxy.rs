@@ -31,13 +31,11 @@ type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Serve one client connection on the proxy door. Holds `permit` (a connection slot) until the
 /// connection and everything it opened are closed.
-pub(crate) async fn serve_conn(
-    engine: Arc<Engine>,
-    stream: TcpStream,
-    permit: OwnedSemaphorePermit,
-) {
+pub(crate) async fn serve_conn<S>(engine: Arc<Engine>, stream: S, permit: OwnedSemaphorePermit)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let _permit = permit;
-    let _ = stream.set_nodelay(true);
     let idle = engine.policy.idle_timeout;
     let client_meter = Meter::new();
     let io = TokioIo::new(Metered::new(stream, client_meter.clone()));

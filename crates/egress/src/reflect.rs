@@ -617,5 +617,30 @@ mod tests {
             proptest::prop_assert!(!contains(&out, probe));
             proptest::prop_assert_eq!(red.found(), vec!["API_TOKEN".to_string()]);
         }
+
+        #[test]
+        fn redaction_does_not_depend_on_the_cuts(
+            pre in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            post in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            which in 0usize..64,
+            cuts in proptest::collection::vec(1usize..50, 1..20),
+        ) {
+            let f = forms();
+            let r = renderings(TOKEN);
+            let data = [pre.as_slice(), &r[which % r.len()], &post].concat();
+            let (whole, _) = stream(&f, &data, data.len());
+            let mut red = Redactor::new(f.clone());
+            let mut out = Vec::new();
+            let mut at = 0;
+            for c in cuts.iter().cycle() {
+                if at >= data.len() { break; }
+                let end = (at + c).min(data.len());
+                out.extend(red.feed(&data[at..end]));
+                at = end;
+            }
+            out.extend(red.finish());
+            proptest::prop_assert_eq!(&out, &whole);
+            proptest::prop_assert!(!contains(&out, TOKEN.as_bytes()));
+        }
     }
 }

@@ -401,4 +401,94 @@ mod tests {
             Some("OTHER")
         );
     }
+
+    /// Feed `data` cut after each of `cuts` (cycled), then finish.
+    fn scan_cut(data: &[u8], cuts: &[usize]) -> Option<String> {
+        let mut s = Scanner::new(needles());
+        let mut at = 0;
+        for c in cuts.iter().cycle() {
+            if at >= data.len() {
+                break;
+            }
+            let end = (at + c).min(data.len());
+            if let Some(h) = s.feed(&data[at..end]) {
+                return Some(h);
+            }
+            at = end;
+        }
+        s.finish()
+    }
+
+    /// Renderings of the placeholder the scanner must find.
+    fn renderings() -> Vec<Vec<u8>> {
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+        let mut v = vec![
+            PH.as_bytes().to_vec(),
+            PH.to_ascii_uppercase().into_bytes(),
+            PH.bytes()
+                .map(|b| format!("%{b:02X}"))
+                .collect::<String>()
+                .into_bytes(),
+            PH.bytes()
+                .map(|b| format!("%{b:02x}"))
+                .collect::<String>()
+                .into_bytes(),
+            PH.chars()
+                .map(|c| format!("\\u{:04x}", c as u32))
+                .collect::<String>()
+                .into_bytes(),
+        ];
+        for prefix in ["", "a", "ab", "user:"] {
+            for e in [STANDARD, URL_SAFE] {
+                v.push(e.encode(format!("{prefix}{PH}").as_bytes()).into_bytes());
+            }
+        }
+        v
+    }
+
+    /// Bytes rich in what the decoder acts on.
+    fn noisy() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        proptest::collection::vec(
+            prop_oneof![
+                Just(b'%'),
+                Just(b'\\'),
+                Just(b'u'),
+                Just(b'0'),
+                Just(b'a'),
+                Just(b'F'),
+                any::<u8>()
+            ],
+            0..60,
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        #[test]
+        fn a_placeholder_is_found_however_the_stream_is_cut(
+            pre in noisy(),
+            post in noisy(),
+            which in 0usize..64,
+            cuts in proptest::collection::vec(1usize..40, 1..20),
+        ) {
+            let r = renderings();
+            // After a backslash, the escape's own backslash is escaped: literal text (as
+            // JSON reads it), not the placeholder.
+            let mut pre = pre;
+            if pre.last() == Some(&b'\\') {
+                pre.push(b' ');
+            }
+            let data = [pre.as_slice(), &r[which % r.len()], &post].concat();
+            proptest::prop_assert!(scan_cut(&data, &cuts).is_some());
+        }
+
+        #[test]
+        fn the_verdict_does_not_depend_on_the_cuts(
+            data in noisy(),
+            cuts in proptest::collection::vec(1usize..10, 1..20),
+        ) {
+            proptest::prop_assert_eq!(scan_cut(&data, &cuts).is_some(), hit(&data).is_some());
+        }
+    }
 }

@@ -257,11 +257,12 @@ fn dynamic_section(h: &Headers, elf: &mut Elf) -> io::Result<()> {
     }
     // DT_STRTAB is an address: the file offset is in the segment that
     // loads it.
+    // (Addresses, offsets and sizes are the file's: any u64, so no sum may overflow.)
     let at = h
         .loads
         .iter()
-        .find(|(vaddr, _, size)| strtab >= *vaddr && strtab < vaddr + size)
-        .map(|(vaddr, off, _)| strtab - vaddr + off)
+        .find(|(vaddr, _, size)| strtab >= *vaddr && strtab - vaddr < *size)
+        .and_then(|(vaddr, off, _)| (strtab - vaddr).checked_add(*off))
         .ok_or_else(|| bad("string table outside every loaded segment"))?;
     let strings = r.bytes(at, strsz as usize)?;
     for n in needed {
@@ -275,4 +276,90 @@ fn dynamic_section(h: &Headers, elf: &mut Elf) -> io::Result<()> {
             .collect();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64-bit little-endian ELF file: one `PT_LOAD` at `load_vaddr` (the whole file), a
+    /// `PT_INTERP`, and a `PT_DYNAMIC` naming `libc.so.6` and a run path, its `DT_STRTAB`
+    /// at `strtab_vaddr` (`None`: where the load puts the string table).
+    fn elf(load_vaddr: u64, load_size: Option<u64>, strtab_vaddr: Option<u64>) -> Vec<u8> {
+        let interp = b"/lib64/ld-linux-x86-64.so.2\0";
+        let strtab = b"\0libc.so.6\0/opt/lib:$ORIGIN\0";
+        let phoff = 64u64;
+        let interp_off = phoff + 3 * 56;
+        let str_off = interp_off + interp.len() as u64;
+        let dyn_off = str_off + strtab.len() as u64;
+        let dynamic: [(u64, u64); 5] = [
+            (DT_NEEDED, 1),
+            (DT_RUNPATH, 11),
+            (
+                DT_STRTAB,
+                strtab_vaddr.unwrap_or(load_vaddr.wrapping_add(str_off)),
+            ),
+            (DT_STRSZ, strtab.len() as u64),
+            (DT_NULL, 0),
+        ];
+        let total = dyn_off + 16 * dynamic.len() as u64;
+        let mut f = b"\x7fELF\x02\x01\x01".to_vec();
+        f.resize(16, 0);
+        f.extend_from_slice(&2u16.to_le_bytes());
+        f.extend_from_slice(&0x3eu16.to_le_bytes());
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&0u64.to_le_bytes());
+        f.extend_from_slice(&phoff.to_le_bytes());
+        f.extend_from_slice(&0u64.to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        for v in [64u16, 56, 3, 64, 0, 0] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut ph = |ty: u64, off: u64, vaddr: u64, size: u64| {
+            f.extend_from_slice(&(ty as u32).to_le_bytes());
+            f.extend_from_slice(&5u32.to_le_bytes());
+            for v in [off, vaddr, vaddr, size, size, 0x1000] {
+                f.extend_from_slice(&v.to_le_bytes());
+            }
+        };
+        ph(PT_LOAD, 0, load_vaddr, load_size.unwrap_or(total));
+        ph(PT_INTERP, interp_off, 0, interp.len() as u64);
+        ph(PT_DYNAMIC, dyn_off, 0, 16 * dynamic.len() as u64);
+        f.extend_from_slice(interp);
+        f.extend_from_slice(strtab);
+        for (t, v) in dynamic {
+            f.extend_from_slice(&t.to_le_bytes());
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(f.len() as u64, total);
+        f
+    }
+
+    fn read_bytes(b: &[u8]) -> io::Result<Elf> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("prog");
+        fs::write(&p, b).unwrap();
+        read(&p)
+    }
+
+    #[test]
+    fn a_dynamic_program() {
+        let e = read_bytes(&elf(0x40_0000, None, None)).unwrap();
+        assert!(e.wide);
+        assert_eq!(e.machine, 0x3e);
+        assert_eq!(e.interp, Some(PathBuf::from("/lib64/ld-linux-x86-64.so.2")));
+        assert_eq!(e.needed, ["libc.so.6"]);
+        assert_eq!(e.runpath, ["/opt/lib", "$ORIGIN"]);
+    }
+
+    #[test]
+    fn a_segment_at_the_top_of_the_address_space_is_no_overflow() {
+        // The load's end is past u64::MAX: the string table is found in it all the same.
+        let top = u64::MAX - 0x1000;
+        let e = read_bytes(&elf(top, Some(0x2000), None)).unwrap();
+        assert_eq!(e.needed, ["libc.so.6"]);
+        // Below it: in no loaded segment.
+        let e = read_bytes(&elf(top, Some(0x2000), Some(top - 1))).unwrap_err();
+        assert_eq!(e.to_string(), "string table outside every loaded segment");
+    }
 }

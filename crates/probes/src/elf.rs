@@ -20,7 +20,7 @@ const MAX_OBJECTS: usize = 256;
 
 /// A program's loader and libraries on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Closure {
+pub struct Closure {
     /// The loader (`PT_INTERP`, resolved on the host), or `None` for a
     /// static program.
     pub loader: Option<PathBuf>,
@@ -116,7 +116,7 @@ fn system_dirs(loader: &Path) -> Vec<PathBuf> {
 }
 
 /// The loader and shared libraries `exe` needs, found on this host.
-pub(crate) fn closure(exe: &Path) -> Result<Closure, String> {
+pub fn closure(exe: &Path) -> Result<Closure, String> {
     let top = read(exe).map_err(|e| format!("read {}: {e}", exe.display()))?;
     let Some(interp) = top.interp.clone() else {
         return Ok(Closure {

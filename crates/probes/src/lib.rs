@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
-mod elf;
+pub mod elf;
 pub mod report;
 pub mod runtime;
 pub mod sandbox;

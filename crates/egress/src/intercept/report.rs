@@ -60,6 +60,13 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    /// Why, as the tool is told.
+    pub(crate) fn why(&self) -> &str {
+        match self {
+            Refusal::Exfiltration { why, .. } | Refusal::Other { why, .. } => why,
+        }
+    }
+
     /// Report it and answer the tool.
     pub(crate) fn respond(
         self,
