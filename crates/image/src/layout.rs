@@ -3,7 +3,10 @@
 //! without an OCI layout beside it).
 //!
 //! Every image manifest (or index) listed is imported, each blob verified
-//! against its digest and size as it is copied into the store. Each image is
+//! against its digest and size as it is copied into the store, and each
+//! image unpacked before it is recorded (see [`Store`]'s ingest). What an
+//! archive import copied into the store goes again when it fails, but for
+//! what a record uses. Each image is
 //! returned with the pinned reference to name it by: `NAME@sha256:HEX`, the
 //! name from the `--name` given, else the `io.containerd.image.name` or
 //! `org.opencontainers.image.ref.name` annotation, else docker's `RepoTags`,

@@ -12,9 +12,13 @@
 //! `oci-client` with those credentials.
 //!
 //! Every blob is verified against its digest and size while it is written
-//! into the store (see [`crate::store`]); a pull killed at any point leaves
-//! no image that looks complete, and the next pull reuses the verified
-//! blobs and fetches the rest.
+//! into the store (see [`crate::store`]), and the image is unpacked before
+//! it is recorded; a pull killed at any point leaves no image that looks
+//! complete, and the next pull reuses the verified blobs and fetches the
+//! rest. Manifests are requested by cordon itself, with the credentials
+//! `oci-client` negotiates, and streamed: one over
+//! [`MAX_MANIFEST_BYTES`] (4 MiB) is refused as soon as that is known,
+//! never read whole into memory.
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -1247,8 +1247,9 @@ impl Store {
     /// partial tree. Concurrent calls for one image unpack it once.
     ///
     /// A pull or import unpacks the image before recording it, so an image
-    /// in the store is unpacked already unless its tree was removed (by
-    /// hand, or by [`Store::gc`] once its record was gone).
+    /// in the store is unpacked already unless its tree was removed since
+    /// (by hand), or it was recorded by a cordon that did not unpack at
+    /// import.
     pub fn unpack(&self, digest: &Digest) -> Result<Unpacked, StoreError> {
         let _store = self.lock(false)?;
         let record = self
