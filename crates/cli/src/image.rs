@@ -1,6 +1,8 @@
 //! `cordon image`: the content-addressed image store. Images are always
 //! named by digest (`NAME@sha256:HEX`); every blob is verified while it is
-//! read, and a rootfs is unpacked once, safely, on first use.
+//! read, and an image is unpacked (every layer's diff_id and every entry
+//! checked) when it is pulled or loaded: one that could never run is
+//! refused there, naming the layer and the entry, and nothing of it kept.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -26,7 +28,8 @@ pub struct ImageArgs {
 #[derive(clap::Subcommand)]
 pub enum ImageCmd {
     /// Pull NAME@sha256:HEX from its registry (HTTPS; Docker's config.json
-    /// credentials) into the store; a tag alone is refused.
+    /// credentials) into the store, verified and unpacked; a tag alone is
+    /// refused.
     Pull {
         reference: String,
         /// A registry (host or host:port) that may be reached over plain
@@ -35,7 +38,8 @@ pub enum ImageCmd {
         insecure: Vec<String>,
     },
     /// Import every image of an OCI layout directory, an OCI archive or a
-    /// `docker save` archive; prints the pinned reference of each.
+    /// `docker save` archive, each verified and unpacked; prints the pinned
+    /// reference of each.
     Load {
         path: PathBuf,
         /// Name them all NAME (default: the names the source gives).

@@ -56,6 +56,13 @@ fn text(o: &Output) -> (String, String) {
 
 /// Build the layout of `kind` and load it as `name`; its pinned reference.
 fn build_and_load(work: &Path, store: &Path, kind: &str, name: &str) -> Option<String> {
+    let layout = build(work, kind)?;
+    Some(load(store, &layout, name))
+}
+
+/// Build the layout of `kind` (`tests/images/build.sh`); `None` when a
+/// tool it needs is missing (and skipping is allowed).
+fn build(work: &Path, kind: &str) -> Option<PathBuf> {
     if !Path::new("/usr/bin/umoci").exists() {
         skip::skip_or_fail(
             &skip::this_test(),
@@ -81,6 +88,11 @@ fn build_and_load(work: &Path, store: &Path, kind: &str, name: &str) -> Option<S
     }
     let o = b.output().unwrap();
     assert!(o.status.success(), "build.sh {kind}: {:?}", text(&o));
+    Some(layout)
+}
+
+/// `cordon image load LAYOUT --name NAME`; its pinned reference.
+fn load(store: &Path, layout: &Path, name: &str) -> String {
     let o = cordon(
         store,
         &["image", "load", layout.to_str().unwrap(), "--name", name],
@@ -93,36 +105,45 @@ fn build_and_load(work: &Path, store: &Path, kind: &str, name: &str) -> Option<S
         r.starts_with(&format!("{name}@sha256:")) && r.len() == name.len() + 72,
         "{r}"
     );
-    Some(r)
+    r
 }
 
 #[test]
 fn an_image_runs_read_only_as_the_sandbox_root() {
     let work = dir("exec");
     let store = work.join("store");
-    let Some(r) = build_and_load(&work, &store, "busybox", "busybox") else {
+    let Some(layout) = build(&work, "busybox") else {
         return;
     };
-    let o = cordon(&store, &["image", "ls"], b"");
-    assert!(text(&o).0.contains(&r), "{:?}", text(&o));
 
-    // The unpack caps are a setting: over one, the image is refused with
-    // the cap named, and nothing that looks unpacked is left.
+    // The unpack caps are a setting: over one, the image is refused when
+    // it is loaded, with the cap named, and nothing of it is kept.
     let o = Command::new(CORDON)
-        .args(["exec", "--image", &r, "--", "/bin/true"])
+        .args([
+            "image",
+            "load",
+            layout.to_str().unwrap(),
+            "--name",
+            "busybox",
+        ])
         .env("CORDON_STORE", &store)
         .env("CORDON_UNPACK_MAX_ENTRIES", "3")
-        .env("CORDON_AUDIT", "-")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
     assert!(text(&o).1.contains("max_entries"), "{:?}", text(&o));
-    let trees: Vec<_> = std::fs::read_dir(store.join("rootfs"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().join("complete").exists())
-        .collect();
-    assert!(trees.is_empty(), "a capped unpack left a complete tree");
+    for sub in ["images", "rootfs", "blobs/sha256"] {
+        let left: Vec<_> = std::fs::read_dir(store.join(sub))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "a capped load left {left:?}");
+    }
+
+    let r = load(&store, &layout, "busybox");
+    let o = cordon(&store, &["image", "ls"], b"");
+    assert!(text(&o).0.contains(&r), "{:?}", text(&o));
 
     // The image's root, its own /etc/passwd, its uid 0 (an unprivileged
     // uid on the host), read-only but for /tmp.
@@ -214,6 +235,202 @@ fn an_image_runs_read_only_as_the_sandbox_root() {
     assert!(!text(&o).0.starts_with("removed 0 blobs"), "{:?}", text(&o));
     let o = cordon(&store, &["exec", "--image", &r], b"");
     assert_eq!(o.status.code(), Some(21), "{:?}", text(&o));
+}
+
+/// One tar entry with a raw name and link name, as a hostile layer writes
+/// it.
+fn entry(out: &mut Vec<u8>, ty: tar::EntryType, name: &str, link: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(ty);
+    h.set_mode(0o644);
+    h.set_size(data.len() as u64);
+    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+    h.set_cksum();
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    out.extend(std::iter::repeat_n(0u8, (512 - data.len() % 512) % 512));
+}
+
+/// A copy of the layout at `from` in `to`, its image given one more
+/// (uncompressed) layer, `tar`, on top; `diff_id` replaces the layer's true
+/// one in the config when given. Returns the new layer's index and
+/// digest, and the new manifest's digest.
+fn with_layer(
+    from: &Path,
+    to: &Path,
+    tar: &[u8],
+    diff_id: Option<&str>,
+) -> (usize, String, String) {
+    use cordon_image::Digest;
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{:?}", text(&o));
+    let blob = |d: &str| {
+        to.join("blobs/sha256")
+            .join(d.trim_start_matches("sha256:"))
+    };
+    let put = |bytes: &[u8]| {
+        let d = Digest::of(bytes).to_string();
+        std::fs::write(blob(&d), bytes).unwrap();
+        d
+    };
+    let read = |d: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(blob(d)).unwrap()).unwrap()
+    };
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(to.join("index.json")).unwrap()).unwrap();
+    let entry = &mut index["manifests"][0];
+    let mut manifest = read(entry["digest"].as_str().unwrap());
+    let mut config = read(manifest["config"]["digest"].as_str().unwrap());
+
+    let layer = put(tar);
+    let true_id = Digest::of(tar).to_string();
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .unwrap()
+        .push(diff_id.unwrap_or(&true_id).into());
+    let config = serde_json::to_vec(&config).unwrap();
+    manifest["config"]["digest"] = put(&config).into();
+    manifest["config"]["size"] = config.len().into();
+    let layers = manifest["layers"].as_array_mut().unwrap();
+    layers.push(serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.v1.tar",
+        "digest": layer, "size": tar.len(),
+    }));
+    let index_of = layers.len() - 1;
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let digest = put(&manifest);
+    entry["digest"] = digest.clone().into();
+    entry["size"] = manifest.len().into();
+    std::fs::write(to.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    (index_of, layer, digest)
+}
+
+/// An image whose layer could never run is refused by `cordon image load`
+/// itself, naming the layer (index and digest) and the entry; nothing of
+/// it is kept, and `cordon check` refuses a manifest that names it. The
+/// positive control: the image it was made from loads and runs.
+#[test]
+fn a_layer_that_could_never_run_is_refused_at_load() {
+    use tar::EntryType::{Link, Regular, Symlink};
+    let work = dir("refuse");
+    let Some(layout) = build(&work, "busybox") else {
+        return;
+    };
+    let store = work.join("store");
+    let r = load(&store, &layout, "busybox");
+    let o = cordon(
+        &store,
+        &["exec", "--image", &r, "--", "/bin/sh", "-c", "echo ran"],
+        b"",
+    );
+    assert_eq!(text(&o).0.trim(), "ran", "{:?}", text(&o));
+
+    let end = |mut t: Vec<u8>| {
+        t.extend(std::iter::repeat_n(0u8, 1024));
+        t
+    };
+    let mut shadow = Vec::new();
+    entry(&mut shadow, Link, "shadow", "/etc/shadow", b"");
+    let mut through = Vec::new();
+    entry(
+        &mut through,
+        Symlink,
+        "hostetc",
+        "/nonexistent-host-dir",
+        b"",
+    );
+    entry(&mut through, Link, "stolen", "hostetc/shadow", b"");
+    let mut file_through = Vec::new();
+    entry(&mut file_through, Symlink, "keys", "/root/.ssh", b"");
+    entry(
+        &mut file_through,
+        Regular,
+        "keys/authorized_keys",
+        "",
+        b"attacker\n",
+    );
+    let good = end(Vec::new());
+    let wrong = cordon_image::Digest::of(b"not this layer").to_string();
+    let cases: [(&str, Vec<u8>, Option<&str>, &str); 4] = [
+        (
+            "diff-id",
+            good.clone(),
+            Some(&wrong),
+            "its uncompressed content has digest",
+        ),
+        (
+            "hardlink-host",
+            end(shadow),
+            None,
+            "entry \"shadow\" refused: the hard link's target is not in the rootfs",
+        ),
+        (
+            "hardlink-symlink",
+            end(through),
+            None,
+            "entry \"stolen\" refused: the hard link's target is not in the rootfs",
+        ),
+        (
+            "file-symlink",
+            end(file_through),
+            None,
+            "entry \"keys/authorized_keys\" refused: the parent \"keys\" is a symlink to nothing",
+        ),
+    ];
+    for (case, tar, diff_id, why) in cases {
+        let bad = work.join(format!("bad-{case}"));
+        let (index, layer, manifest) = with_layer(&layout, &bad, &tar, diff_id);
+        let store = work.join(format!("store-{case}"));
+        let o = cordon(
+            &store,
+            &["image", "load", bad.to_str().unwrap(), "--name", "bad"],
+            b"",
+        );
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{case}: {out}{err}");
+        assert!(out.is_empty(), "{case}: {out}");
+        let head = format!("layer {index} ({layer}): ");
+        assert!(err.contains(&format!("{head}{why}")), "{case}: {err}");
+        if diff_id.is_some() {
+            assert!(
+                err.contains(&format!(
+                    "but the image config's rootfs.diff_ids says {wrong}"
+                )),
+                "{err}"
+            );
+        }
+        for sub in ["images", "rootfs", "blobs/sha256"] {
+            let left: Vec<_> = std::fs::read_dir(store.join(sub))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "{case}: a refused load left {left:?}");
+        }
+        // A manifest naming it is refused by `cordon check`.
+        let m = work.join(format!("{case}.yaml"));
+        std::fs::write(
+            &m,
+            format!(
+                "tools:\n  t:\n    profile: P1\n    image: bad@{manifest}\n    command: [/bin/true]\n"
+            ),
+        )
+        .unwrap();
+        let o = cordon(&store, &["check", "-m", m.to_str().unwrap()], b"");
+        assert_eq!(o.status.code(), Some(1), "{case}: {:?}", text(&o));
+        assert!(
+            text(&o).0.contains("not in the image store")
+                || text(&o).1.contains("not in the image store"),
+            "{case}: {:?}",
+            text(&o)
+        );
+    }
 }
 
 /// The seed's P2 shape: a third-party MCP server from an image pinned by

@@ -3,13 +3,16 @@
 //! without an OCI layout beside it).
 //!
 //! Every image manifest (or index) listed is imported, each blob verified
-//! against its digest and size as it is copied into the store. Each image is
+//! against its digest and size as it is copied into the store, and each
+//! image unpacked before it is recorded (see [`Store`]'s ingest). What an
+//! archive import copied into the store goes again when it fails, but for
+//! what a record uses. Each image is
 //! returned with the pinned reference to name it by: `NAME@sha256:HEX`, the
 //! name from the `--name` given, else the `io.containerd.image.name` or
 //! `org.opencontainers.image.ref.name` annotation, else docker's `RepoTags`,
 //! else `local` (a tag in the name is dropped: the digest is the pin).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -275,6 +278,24 @@ fn import_archive(
     // Held across the copy and the ingest so gc cannot take the blobs of an
     // archive before its records exist.
     let _shared = store.lock(false)?;
+    let mut written = BTreeSet::new();
+    let result = import_archive_locked(store, path, name, progress, &mut written);
+    if result.is_err() {
+        // Nothing copied from a refused (or unreadable) archive stays, but
+        // what a record uses (an image of it imported before the failure,
+        // or another image sharing a blob).
+        store.remove_unused(&written);
+    }
+    result
+}
+
+fn import_archive_locked(
+    store: &Store,
+    path: &Path,
+    name: Option<&str>,
+    progress: &mut dyn FnMut(&Progress),
+    written: &mut BTreeSet<Digest>,
+) -> Result<Vec<Loaded>, StoreError> {
     let file = File::open(path).map_err(io_err(format!("open {}", path.display())))?;
     let mut archive = tar::Archive::new(io::BufReader::new(file));
     let mut members: HashMap<PathBuf, Member> = HashMap::new();
@@ -315,6 +336,7 @@ fn import_archive(
                     io::copy(&mut entry, &mut w)
                         .map_err(io_err(format!("copy {} from the archive", name.display())))?;
                     w.commit()?;
+                    written.insert(d);
                 }
                 d
             }
@@ -322,7 +344,9 @@ fn import_archive(
                 let mut w = store.blob_writer_unnamed()?;
                 io::copy(&mut entry, &mut w)
                     .map_err(io_err(format!("copy {} from the archive", name.display())))?;
-                w.commit()?.0
+                let (d, _) = w.commit()?;
+                written.insert(d);
+                d
             }
         };
         members.insert(name, Member::Blob(digest, size));

@@ -6,7 +6,8 @@
 //! - [`manifest`]: OCI and Docker schema 2 indexes, manifests and configs;
 //!   an index resolves to the host's platform.
 //! - [`store`]: the content-addressed store: verified blobs, image records,
-//!   unpacked rootfs trees, atomic writes and per-image locks.
+//!   unpacked rootfs trees, atomic writes and per-image locks. An image is
+//!   unpacked when it is pulled or imported, before it is recorded.
 //! - [`layout`]: importing OCI image layouts, OCI archives and `docker save`
 //!   archives.
 //! - [`registry`]: pulling from an OCI distribution registry.

@@ -12,9 +12,13 @@
 //! `oci-client` with those credentials.
 //!
 //! Every blob is verified against its digest and size while it is written
-//! into the store (see [`crate::store`]); a pull killed at any point leaves
-//! no image that looks complete, and the next pull reuses the verified
-//! blobs and fetches the rest.
+//! into the store (see [`crate::store`]), and the image is unpacked before
+//! it is recorded; a pull killed at any point leaves no image that looks
+//! complete, and the next pull reuses the verified blobs and fetches the
+//! rest. Manifests are requested by cordon itself, with the credentials
+//! `oci-client` negotiates, and streamed: one over
+//! [`MAX_MANIFEST_BYTES`] (4 MiB) is refused as soon as that is known,
+//! never read whole into memory.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -29,12 +33,15 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::{DigestError, OciDistributionError};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
+use oci_client::token_cache::RegistryOperation;
 use oci_client::{Client, Reference};
 
 use crate::digest::{Digest, VerifyError};
 use crate::manifest::media;
 use crate::reference::{DEFAULT_REGISTRY, ImageRef};
-use crate::store::{Fetcher, Ingested, Progress, Store, StoreError, Want, io_err};
+use crate::store::{
+    Fetcher, Ingested, MAX_MANIFEST_BYTES, Progress, Store, StoreError, Want, io_err,
+};
 
 /// How to reach registries.
 #[derive(Clone, Debug, Default)]
@@ -140,6 +147,9 @@ fn pull_here(
 
 struct Connection {
     client: Client,
+    /// For manifests, whose bodies `oci-client` reads whole: read here as
+    /// a stream, held to [`MAX_MANIFEST_BYTES`].
+    http: reqwest::Client,
     auth: RegistryAuth,
     plain: bool,
 }
@@ -151,6 +161,21 @@ struct RegistryFetcher<'a> {
     conn: Option<Connection>,
 }
 
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The HTTP client of manifest requests: the same timeouts and TLS as
+/// `oci-client`'s own.
+fn http_client(registry: &str) -> Result<reqwest::Client, StoreError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .user_agent(concat!("cordon/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| registry_err(registry, format!("cannot set up the client: {e}")))
+}
+
 fn client(registry: &str, plain: bool) -> Result<Client, StoreError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let protocol = if plain {
@@ -160,8 +185,8 @@ fn client(registry: &str, plain: bool) -> Result<Client, StoreError> {
     };
     Client::try_from(ClientConfig {
         protocol,
-        connect_timeout: Some(Duration::from_secs(30)),
-        read_timeout: Some(Duration::from_secs(120)),
+        connect_timeout: Some(CONNECT_TIMEOUT),
+        read_timeout: Some(READ_TIMEOUT),
         platform_resolver: None,
         ..ClientConfig::default()
     })
@@ -184,13 +209,98 @@ impl RegistryFetcher<'_> {
         };
         let reference = self.reference(&self.image.digest.to_string());
         let client = client(reference.resolve_registry(), plain)?;
+        let http = http_client(reference.resolve_registry())?;
         self.rt
             .block_on(client.store_auth_if_needed(reference.resolve_registry(), &auth));
         self.conn = Some(Connection {
             client,
+            http,
             auth,
             plain,
         });
+        Ok(())
+    }
+
+    /// GET a manifest (or index) by digest, streamed into `out` (which
+    /// verifies it) and refused as soon as it is over
+    /// [`MAX_MANIFEST_BYTES`], by its `Content-Length` or by what arrives:
+    /// never read whole into memory first, as `oci-client`'s
+    /// `pull_manifest_raw` would.
+    async fn fetch_manifest(
+        conn: &Connection,
+        reference: &Reference,
+        want: &Want,
+        out: &mut dyn Write,
+    ) -> Result<(), Failure> {
+        let registry = reference.resolve_registry();
+        // The token (or the Basic credentials) `oci-client` would send; a
+        // connection that fails here falls back to plain HTTP as a blob's
+        // would.
+        let token = conn
+            .client
+            .auth(reference, &conn.auth, RegistryOperation::Pull)
+            .await
+            .map_err(Failure::Registry)?;
+        let url = format!(
+            "{}://{registry}/v2/{}/manifests/{}",
+            if conn.plain { "http" } else { "https" },
+            reference.repository(),
+            want.digest
+        );
+        let mut request = conn
+            .http
+            .get(&url)
+            .header(reqwest::header::ACCEPT, media::ACCEPTED.join(", "));
+        request = match (token, &conn.auth) {
+            (Some(t), _) => request.bearer_auth(t),
+            (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            _ => request,
+        };
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| Failure::Registry(OciDistributionError::RequestError(e)))?;
+        let status = response.status();
+        let limit = |detail: String| {
+            Failure::Store(StoreError::Source(format!(
+                "registry {registry}: manifest {} refused: over the 4 MiB limit on a manifest ({MAX_MANIFEST_BYTES} bytes): {detail}",
+                want.digest
+            )))
+        };
+        if !status.is_success() {
+            let what = format!("manifest {}", want.digest);
+            return Err(Failure::Store(match status.as_u16() {
+                401 | 403 => StoreError::Source(format!(
+                    "registry {registry}: not authorized to pull {what} (check the credentials in Docker's config.json): HTTP {status}"
+                )),
+                404 => StoreError::Source(format!(
+                    "registry {registry}: {what} is not in {} (HTTP {status})",
+                    reference.repository()
+                )),
+                _ => StoreError::Source(format!("registry {registry}: {what}: HTTP {status}")),
+            }));
+        }
+        if let Some(len) = response.content_length()
+            && len > MAX_MANIFEST_BYTES
+        {
+            return Err(limit(format!("the registry announces {len} bytes")));
+        }
+        let mut seen = 0u64;
+        loop {
+            let chunk = response.chunk().await.map_err(|e| {
+                Failure::Store(registry_err(
+                    registry,
+                    format!("receiving manifest {}: {e}", want.digest),
+                ))
+            })?;
+            let Some(chunk) = chunk else { break };
+            seen = seen.saturating_add(chunk.len() as u64);
+            if seen > MAX_MANIFEST_BYTES {
+                return Err(limit(format!("{seen} bytes arrived")));
+            }
+            out.write_all(&chunk)
+                .map_err(|e| Failure::Store(io_err(format!("write {}", want.digest))(e)))?;
+        }
         Ok(())
     }
 
@@ -201,14 +311,7 @@ impl RegistryFetcher<'_> {
         out: &mut dyn Write,
     ) -> Result<(), Failure> {
         if want.is_manifest {
-            let (bytes, _) = conn
-                .client
-                .pull_manifest_raw(reference, &conn.auth, media::ACCEPTED)
-                .await
-                .map_err(Failure::Registry)?;
-            out.write_all(&bytes)
-                .map_err(|e| Failure::Store(io_err(format!("write {}", want.digest))(e)))?;
-            return Ok(());
+            return Self::fetch_manifest(conn, reference, want, out).await;
         }
         let size = want.size.unwrap_or(0);
         let desc = OciDescriptor {

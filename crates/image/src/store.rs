@@ -9,10 +9,13 @@
 //! - `images/HEX.json`: one record per pinned digest (the digest an image was
 //!   named by: an index or a manifest): the names it was pulled or loaded as,
 //!   the platform manifest, the config and the layers. A record is written
-//!   (atomically) only once every blob it names is in the store, so a record
-//!   is a complete image.
+//!   (atomically) only once every blob it names is in the store and the
+//!   image is unpacked (every layer's diff_id checked, every entry applied),
+//!   so a record is a complete image that unpacks.
 //! - `rootfs/HEX/`: the unpacked tree of the platform manifest `HEX`, in
-//!   `rootfs/HEX/root`, with the completion marker `rootfs/HEX/complete`.
+//!   `rootfs/HEX/root`, with the completion marker `rootfs/HEX/complete`,
+//!   unpacked when the image is pulled or imported (again at first use if
+//!   it was removed since).
 //!   A tree is unpacked in `rootfs/.tmp-HEX/`, the marker written last, then
 //!   renamed into place; a tree without the marker is never used and is
 //!   removed by the next unpack of that image.
@@ -764,7 +767,15 @@ impl Store {
 
     /// Bring the image pinned by `pinned` into the store from `fetcher`:
     /// the pinned blob, the platform manifest it resolves to, the config and
-    /// every layer, each verified; then write its record (adding `name`).
+    /// every layer, each verified; then unpack it (every layer decompressed,
+    /// its diff_id checked, every entry applied by the unpacker); then write
+    /// its record (adding `name`). An image that is refused (a blob that
+    /// does not verify, a manifest or config refused, a layer or an entry
+    /// the unpacker refuses, a diff_id that does not match) leaves nothing
+    /// in the store: no record, no tree, and none of its blobs that no other
+    /// record uses. A source that fails on the way (a registry unreachable,
+    /// a blob missing from a layout) leaves the blobs verified so far for
+    /// the next attempt to reuse.
     pub(crate) fn ingest(
         &self,
         fetcher: &mut dyn Fetcher,
@@ -778,6 +789,14 @@ impl Store {
         if let Some(mut record) = self.read_record(pinned)?
             && self.is_complete(&record)
         {
+            // A record whose tree is gone (or that was written before
+            // imports unpacked) is verified again, here.
+            if let Err(e) = self.unpack_record(&record) {
+                if refuses(&e) {
+                    self.discard(pinned, &record_blobs(&record));
+                }
+                return Err(e);
+            }
             if let Some(n) = name
                 && !record.names.iter().any(|x| x == n)
             {
@@ -797,6 +816,27 @@ impl Store {
             });
         }
         self.clean_stale_temporaries();
+        let mut blobs = Vec::new();
+        let result = self.ingest_new(fetcher, pinned, pinned_size, name, progress, &mut blobs);
+        if let Err(e) = &result
+            && refuses(e)
+        {
+            self.discard(pinned, &blobs);
+        }
+        result
+    }
+
+    /// [`Store::ingest`] of an image not complete in the store; `blobs`
+    /// gets the digest of each blob of the image as it is learnt.
+    fn ingest_new(
+        &self,
+        fetcher: &mut dyn Fetcher,
+        pinned: &Digest,
+        pinned_size: Option<u64>,
+        name: Option<&str>,
+        progress: &mut dyn FnMut(&Progress),
+        blobs: &mut Vec<Digest>,
+    ) -> Result<Ingested, StoreError> {
         let mut fetched = false;
         let mut want = Want {
             digest: *pinned,
@@ -806,6 +846,7 @@ impl Store {
         let platform = Platform::host();
         let mut depth = 0;
         let manifest = loop {
+            blobs.push(want.digest);
             let bytes = self.ensure(fetcher, &want, MAX_MANIFEST_BYTES, &mut fetched)?;
             match manifest::parse(&bytes)? {
                 Parsed::Manifest(m) => break m,
@@ -826,6 +867,8 @@ impl Store {
             }
         };
         let manifest_digest = want.digest;
+        blobs.push(manifest.config.digest);
+        blobs.extend(manifest.layers.iter().map(|l| l.blob.digest));
         let config_bytes = self.ensure(
             fetcher,
             &Want {
@@ -900,8 +943,39 @@ impl Store {
                 })
                 .collect(),
         };
+        // Verified whole before it is recorded: what could never be
+        // unpacked never enters the store.
+        self.unpack_record(&record)?;
         self.write_record(&record)?;
         Ok(Ingested { record, fetched })
+    }
+
+    /// Remove what a refused image left: the record of `pinned`, and each
+    /// of `blobs` (and of the blobs `pinned` leads to) that no other record
+    /// uses. Its tree was never completed (the unpacker removes its partial
+    /// one).
+    fn discard(&self, pinned: &Digest, blobs: &[Digest]) {
+        let mut gone: BTreeSet<Digest> = blobs.iter().copied().collect();
+        self.mark(pinned, 0, &mut gone, &mut BTreeSet::new());
+        let _ = fs::remove_file(self.record_path(pinned));
+        let _ = fsync_dir(&self.images_dir());
+        self.remove_unused(&gone);
+    }
+
+    /// Remove each of `blobs` that no record (nor an index it pins) uses.
+    /// The caller holds the shared store lock.
+    pub(crate) fn remove_unused(&self, blobs: &BTreeSet<Digest>) {
+        let mut used = BTreeSet::new();
+        let mut manifests = BTreeSet::new();
+        for r in self.ls().unwrap_or_default() {
+            used.extend([r.digest, r.manifest, r.config]);
+            used.extend(r.layers.iter().map(|l| l.digest));
+            self.mark(&r.digest, 0, &mut used, &mut manifests);
+        }
+        for d in blobs.difference(&used) {
+            let _ = fs::remove_file(self.blob_path(d));
+        }
+        let _ = fsync_dir(&self.blobs_dir());
     }
 
     fn record_path(&self, digest: &Digest) -> PathBuf {
@@ -1171,11 +1245,22 @@ impl Store {
     /// applied in order with the unpacker; each layer's uncompressed digest
     /// must match the config's `rootfs.diff_ids`. Any failure removes the
     /// partial tree. Concurrent calls for one image unpack it once.
+    ///
+    /// A pull or import unpacks the image before recording it, so an image
+    /// in the store is unpacked already unless its tree was removed since
+    /// (by hand), or it was recorded by a cordon that did not unpack at
+    /// import.
     pub fn unpack(&self, digest: &Digest) -> Result<Unpacked, StoreError> {
         let _store = self.lock(false)?;
         let record = self
             .find(digest)?
             .ok_or_else(|| StoreError::NotFound(digest.to_string()))?;
+        self.unpack_record(&record)
+    }
+
+    /// Unpack the image of `record` (which need not be written yet); the
+    /// caller holds the shared store lock.
+    fn unpack_record(&self, record: &ImageRecord) -> Result<Unpacked, StoreError> {
         let m = record.manifest;
         if self.complete_rootfs(&m) {
             return Ok(Unpacked {
@@ -1195,7 +1280,7 @@ impl Store {
         for stale in [&final_dir, &tmp] {
             remove_tree(stale).map_err(io_err(format!("remove {}", stale.display())))?;
         }
-        let result = self.unpack_into(&record, &tmp);
+        let result = self.unpack_into(record, &tmp);
         if let Err(e) = result {
             let _ = remove_tree(&tmp);
             return Err(e);
@@ -1276,6 +1361,25 @@ impl Store {
         .map_err(|e| StoreError::Source(format!("encode marker: {e}")))?;
         write_atomic(tmp, MARKER, &marker)
     }
+}
+
+/// Whether `e` refuses the image itself (rather than a source failing on
+/// the way, or the store's disk): then nothing of it is kept.
+fn refuses(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Verify(_)
+            | StoreError::Manifest(_)
+            | StoreError::Unpack { .. }
+            | StoreError::DiffId { .. }
+    )
+}
+
+/// Every blob a record names.
+fn record_blobs(r: &ImageRecord) -> Vec<Digest> {
+    let mut out = vec![r.digest, r.manifest, r.config];
+    out.extend(r.layers.iter().map(|l| l.digest));
+    out
 }
 
 /// The checks on a config that both ingest and unpack make.

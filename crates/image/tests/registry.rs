@@ -637,3 +637,182 @@ fn kill_9_during_a_pull_then_pull_again() {
     let root = store.unpacked(&b.manifest).unwrap();
     assert_eq!(std::fs::read_dir(root.join("d0")).unwrap().count(), 100);
 }
+
+/// Everything under the store's blobs, images and rootfs directories.
+fn contents(store: &Store) -> Vec<PathBuf> {
+    ["blobs/sha256", "images", "rootfs"]
+        .iter()
+        .flat_map(|s| std::fs::read_dir(store.dir().join(s)).unwrap().flatten())
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A pull is verified as an import is (the same ingest, tests/verify.rs):
+/// a layer the unpacker refuses is refused at the pull, naming the layer
+/// and the entry, and nothing of the image stays.
+#[test]
+fn a_layer_that_could_never_unpack_is_refused_at_the_pull() {
+    let Some(reg) = Registry::start(false) else {
+        return;
+    };
+    let t = common::tmp();
+    let mut l = Layout::new(&t.path().join("layout"));
+    let mut top = Vec::new();
+    {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Link);
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.as_old_mut().name[..6].copy_from_slice(b"shadow");
+        h.as_old_mut().linkname[..11].copy_from_slice(b"/etc/shadow");
+        h.set_cksum();
+        top.extend_from_slice(h.as_bytes());
+        top.extend(std::iter::repeat_n(0u8, 1024));
+    }
+    let b = l.image(&[
+        (
+            tar_layer(&[("bin/", b""), ("bin/tool", b"#!/bin/sh\n")]),
+            true,
+        ),
+        (top, true),
+    ]);
+    l.list(
+        media::OCI_MANIFEST,
+        &b.manifest,
+        b.manifest_size,
+        Some("v1"),
+    );
+    l.finish();
+    reg.push(&l.dir, "v1", "tools/hostile", false);
+
+    let store = Store::open(t.path().join("store")).unwrap();
+    let e = pull(
+        &store,
+        &reg.image("tools/hostile", &b.manifest),
+        &anonymous(t.path()),
+    )
+    .unwrap_err();
+    assert!(matches!(e, StoreError::Unpack { index: 1, .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "layer 1 ({}): entry \"shadow\" refused: the hard link's target is not in the rootfs",
+            b.layers[1]
+        )
+    );
+    assert!(store.ls().unwrap().is_empty());
+    assert_eq!(contents(&store), Vec::<PathBuf>::new());
+
+    // The positive control: the same registry, a good image, pulled and
+    // unpacked by the pull.
+    let good = unique_image(&t.path().join("good"), "good_control", "v1");
+    reg.push(&t.path().join("good"), "v1", "tools/good", false);
+    pull(
+        &store,
+        &reg.image("tools/good", &good.manifest),
+        &anonymous(t.path()),
+    )
+    .unwrap();
+    assert!(store.inspect(&good.manifest).unwrap().rootfs.is_some());
+}
+
+/// A hand-written distribution server on loopback whose manifest never
+/// ends (or announces more than 4 MiB): `/v2/` answers 200, a manifest
+/// request gets `total` bytes of JSON-ish filler. Returns its address and
+/// a handle that yields how many body bytes it managed to send.
+fn endless_manifest(announce: bool, total: u64) -> (String, std::thread::JoinHandle<u64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let handle = std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let mut s = conn.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match s.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+                if head.len() == 4 && &head[..] != b"GET " {
+                    break; // TLS, tried first: refused.
+                }
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            if !head.starts_with("GET ") {
+                continue;
+            }
+            if !head.contains("/manifests/") {
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+                );
+                continue;
+            }
+            let framing = if announce {
+                format!("Content-Length: {total}\r\n")
+            } else {
+                "Transfer-Encoding: chunked\r\n".to_string()
+            };
+            let _ = s.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {}\r\n{framing}Connection: close\r\n\r\n",
+                    media::OCI_MANIFEST
+                )
+                .as_bytes(),
+            );
+            let chunk = vec![b' '; 64 << 10];
+            let mut sent = 0u64;
+            while sent < total {
+                let r = if announce {
+                    s.write_all(&chunk)
+                } else {
+                    s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                        .and_then(|()| s.write_all(&chunk))
+                        .and_then(|()| s.write_all(b"\r\n"))
+                };
+                if r.is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+            }
+            return sent;
+        }
+        0
+    });
+    (addr, handle)
+}
+
+#[test]
+fn a_manifest_over_4_mib_is_refused_without_reading_it_whole() {
+    let t = common::tmp();
+    let pin = Digest::of(b"a manifest");
+    // Chunked, no length: refused once 4 MiB have arrived, the rest never
+    // read (the server could not send its 256 MiB).
+    let (addr, server) = endless_manifest(false, 256 << 20);
+    let store = Store::open(t.path().join("store")).unwrap();
+    let image: ImageRef = format!("{addr}/tools/big@{pin}").parse().unwrap();
+    let e = pull(&store, &image, &anonymous(t.path())).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!(
+            "manifest {pin} refused: over the 4 MiB limit on a manifest (4194304 bytes)"
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("bytes arrived"), "{msg}");
+    let sent = server.join().unwrap();
+    assert!(sent < 64 << 20, "the whole body was read: {sent}");
+    assert!(store.ls().unwrap().is_empty());
+    assert_eq!(contents(&store), Vec::<PathBuf>::new());
+
+    // A Content-Length over the limit: refused before any of the body.
+    let (addr, server) = endless_manifest(true, 5 << 20);
+    let image: ImageRef = format!("{addr}/tools/big@{pin}").parse().unwrap();
+    let e = pull(&store, &image, &anonymous(t.path())).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("over the 4 MiB limit on a manifest (4194304 bytes): the registry announces 5242880 bytes"),
+        "{e}"
+    );
+    drop(server);
+    assert_eq!(contents(&store), Vec::<PathBuf>::new());
+}

@@ -45,6 +45,13 @@ fn simple_layout(dir: &Path, ref_name: Option<&str>) -> (Layout, common::Built) 
     (l, b)
 }
 
+/// Remove the unpacked tree an import made, as if removed since: the
+/// next use unpacks it again.
+fn drop_tree(store: &Store, manifest: &Digest) {
+    std::fs::remove_dir_all(store.dir().join("rootfs").join(manifest.hex())).unwrap();
+    assert!(store.inspect(manifest).unwrap().rootfs.is_none());
+}
+
 fn temporaries(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for sub in ["blobs/sha256", "images", "rootfs"] {
@@ -90,10 +97,12 @@ fn layout_import_inspect_unpack() {
     assert_eq!(info.config.entrypoint, Some(vec!["/bin/tool".to_string()]));
     assert_eq!(info.config.working_dir.as_deref(), Some("/w"));
     assert_eq!(info.config.diff_ids.len(), 2);
-    assert!(info.rootfs.is_none());
+    // Unpacked by the import.
+    assert!(info.rootfs.is_some());
 
     let u = store.unpack(&b.manifest).unwrap();
-    assert!(u.fresh);
+    assert!(!u.fresh);
+    assert_eq!(info.rootfs.as_ref(), Some(&u.path));
     assert_eq!(std::fs::read(u.path.join("etc/a")).unwrap(), b"two");
     assert_eq!(std::fs::read(u.path.join("etc/b")).unwrap(), b"bee");
     assert!(u.path.join("bin/tool").is_file());
@@ -147,7 +156,8 @@ fn unnamed_image_is_local_and_archives_import_the_same() {
     )
     .unwrap();
     assert_eq!(loaded[0].to_string(), format!("local@{}", b.manifest));
-    assert!(store.unpack(&b.manifest).unwrap().fresh);
+    assert!(store.inspect(&b.manifest).unwrap().rootfs.is_some());
+    assert!(!store.unpack(&b.manifest).unwrap().fresh);
 }
 
 #[test]
@@ -190,7 +200,7 @@ fn index_resolves_to_the_host_platform() {
     // Both pins share one rootfs, keyed by the platform manifest.
     let a = store.unpack(&index).unwrap();
     let b = store.unpack(&host.manifest).unwrap();
-    assert!(a.fresh && !b.fresh);
+    assert!(!a.fresh && !b.fresh);
     assert_eq!(a.path, b.path);
     assert!(a.path.ends_with(format!("{}/root", host.manifest.hex())));
 }
@@ -362,11 +372,15 @@ fn diff_id_mismatch_is_refused_and_leaves_no_tree() {
     l.list(media::OCI_MANIFEST, &b.manifest, b.manifest_size, None);
     l.finish();
     let store = Store::open(t.path().join("store")).unwrap();
-    layout::import(&store, &l.dir, None, &mut no_progress()).unwrap();
-    let e = store.unpack(&b.manifest).unwrap_err();
+    // Refused at import (tests/verify.rs has the rest of such refusals).
+    let e = layout::import(&store, &l.dir, None, &mut no_progress()).unwrap_err();
     assert!(matches!(e, StoreError::DiffId { index: 1, .. }), "{e}");
     assert!(e.to_string().contains("rootfs.diff_ids"), "{e}");
-    assert!(store.inspect(&b.manifest).unwrap().rootfs.is_none());
+    assert!(store.ls().unwrap().is_empty());
+    assert!(matches!(
+        store.unpack(&b.manifest),
+        Err(StoreError::NotFound(_))
+    ));
     assert_eq!(
         std::fs::read_dir(store.dir().join("rootfs"))
             .unwrap()
@@ -381,6 +395,7 @@ fn a_layer_changed_in_the_store_is_not_unpacked() {
     let (_, b) = simple_layout(&t.path().join("layout"), None);
     let store = Store::open(t.path().join("store")).unwrap();
     layout::import(&store, &t.path().join("layout"), None, &mut no_progress()).unwrap();
+    drop_tree(&store, &b.manifest);
     let path = store.blob_path(&b.layers[1]);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[600] ^= 1;
@@ -398,7 +413,7 @@ fn a_layer_changed_in_the_store_is_not_unpacked() {
     assert!(!path.exists());
     let again = layout::import(&store, &t.path().join("layout"), None, &mut no_progress()).unwrap();
     assert!(again[0].fetched);
-    assert!(store.unpack(&b.manifest).unwrap().fresh);
+    assert!(store.inspect(&b.manifest).unwrap().rootfs.is_some());
 }
 
 fn set_old(path: &Path) {
@@ -462,6 +477,7 @@ fn leftovers_of_a_killed_writer_are_ignored_and_cleaned() {
     );
 
     // An unpack killed midway: a temporary tree, and a tree without its marker.
+    drop_tree(&store, &b.manifest);
     let tmp_tree = dir.join(format!("rootfs/.tmp-{hex}/root/etc"));
     std::fs::create_dir_all(&tmp_tree).unwrap();
     std::fs::write(tmp_tree.join("a"), b"partial").unwrap();
@@ -519,6 +535,8 @@ fn concurrent_imports_and_unpacks_do_the_work_once() {
     let mut names = records[0].names.clone();
     names.sort();
     assert_eq!(names, ["n0", "n1", "n2", "n3"]);
+    // Unpacked once, by the import that fetched; again once below.
+    drop_tree(&store, &b.manifest);
 
     let barrier = Arc::new(Barrier::new(n));
     let results: Vec<_> = std::thread::scope(|s| {
@@ -744,6 +762,7 @@ fn kill_9_during_unpack_then_unpack_again() {
     let store_dir = t.path().join("store");
     let store = Store::open(&store_dir).unwrap();
     layout::import(&store, &t.path().join("layout"), None, &mut no_progress()).unwrap();
+    drop_tree(&store, &b.manifest);
     let mut child = spawn_child(&format!("unpack:{}:{}", store_dir.display(), b.manifest));
     let tmp = store_dir.join(format!("rootfs/.tmp-{}/root/d0", b.manifest.hex()));
     wait_for(&mut child, "the unpack's temporary tree", || tmp.is_dir());

@@ -232,8 +232,9 @@ mod tests {
 
 /// [`Images`] over cordon's image store (`cordon-image`): a reference
 /// resolves only to an image already pulled or loaded (`cordon image pull`
-/// / `load`), verified, and unpacked on first use. The store is opened on
-/// the first resolve, so a broker that runs no image tool never touches it.
+/// / `load`), verified and unpacked then (again here if its tree was
+/// removed since). The store is opened on the first resolve, so a broker
+/// that runs no image tool never touches it.
 #[derive(Debug, Default)]
 pub struct StoreImages {
     dir: Option<PathBuf>,
