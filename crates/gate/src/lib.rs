@@ -606,7 +606,8 @@ impl Gate {
                 .count() as u64;
         }
         sanitize_json(&mut value, &p.strip, &mut counts);
-        if !tokens.is_empty() || p.block_secrets {
+        if (!tokens.is_empty() || p.block_secrets) && json_may_hold(&value, tokens, p.block_secrets)
+        {
             // Before the schema: what is validated is what is delivered.
             scan_json(&mut value, tokens, p.block_secrets, found);
         }
@@ -715,6 +716,15 @@ fn scan_str(s: &str, tokens: &LiveTokens, formats: bool, found: &mut Found) -> O
     }
 }
 
+/// One scan of the whole document, serialised, before the walk string by string: a token or
+/// format inside a string appears in the serialisation as it is or JSON-escaped, both forms
+/// the scans know, so a document where this finds nothing has nothing to replace.
+fn json_may_hold(value: &Value, tokens: &LiveTokens, formats: bool) -> bool {
+    let doc = value.to_string();
+    (!tokens.is_empty() && tokens.replace_all(doc.as_bytes()).is_some())
+        || (formats && formats::redact(&doc, &mut BTreeMap::new()).is_some())
+}
+
 /// [`scan_str`] on every string (keys too) of a JSON value.
 fn scan_json(value: &mut Value, tokens: &LiveTokens, formats: bool, found: &mut Found) {
     match value {
@@ -729,11 +739,20 @@ fn scan_json(value: &mut Value, tokens: &LiveTokens, formats: bool, found: &mut 
             }
         }
         Value::Object(map) => {
+            let keys: Vec<Option<String>> = map
+                .keys()
+                .map(|k| scan_str(k, tokens, formats, found))
+                .collect();
+            if keys.iter().all(Option::is_none) {
+                for v in map.values_mut() {
+                    scan_json(v, tokens, formats, found);
+                }
+                return;
+            }
             let old = std::mem::take(map);
-            for (k, mut v) in old {
+            for ((k, mut v), new) in old.into_iter().zip(keys) {
                 scan_json(&mut v, tokens, formats, found);
-                let k = scan_str(&k, tokens, formats, found).unwrap_or(k);
-                map.insert(k, v);
+                map.insert(new.unwrap_or(k), v);
             }
         }
         Value::Null | Value::Bool(_) | Value::Number(_) => {}
