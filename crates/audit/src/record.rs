@@ -139,6 +139,12 @@ pub struct GateSummary {
     /// The refusal's message (it never contains output content).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
+    /// Secrets whose live token was in the output, replaced by their placeholder (names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens_replaced: Vec<String>,
+    /// Well-known secret formats redacted from the output, counted per rule.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets_redacted: BTreeMap<String, u64>,
 }
 
 impl From<&cordon_gate::Envelope> for GateSummary {
@@ -156,6 +162,8 @@ impl From<&cordon_gate::Envelope> for GateSummary {
             schema_valid: e.schema_valid,
             refused: None,
             refusal: None,
+            tokens_replaced: e.tokens_replaced.clone(),
+            secrets_redacted: e.secrets_redacted.clone(),
         }
     }
 }

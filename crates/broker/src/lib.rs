@@ -18,7 +18,7 @@ pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
 
 pub use cordon_audit::Auditor;
 use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
-use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, StripPolicy, ToolMeta};
+use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, LiveTokens, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
 pub use cordon_runtime::{
@@ -634,6 +634,9 @@ impl Broker {
                 return Err(CallError::Setup(msg));
             }
         };
+        // The live tokens as minted, for the output gate (with those of
+        // any re-mint during the call, taken below before the revocation).
+        let mut live = lease.as_ref().map(|l| l.live_tokens()).unwrap_or_default();
         let events = Arc::new(Mutex::new(Vec::new()));
         let ev = events.clone();
         let ctx = Context {
@@ -671,6 +674,14 @@ impl Broker {
         // attempts, tokens that came back, records of its credentials that
         // could not be written.
         let mut call_warnings = Vec::new();
+        if let Some(l) = &lease {
+            live.extend(l.live_tokens());
+        }
+        let tokens = LiveTokens::new(
+            live.iter()
+                .map(|(name, token, ph)| (name.as_str(), token.as_str(), ph.as_str())),
+        );
+        drop(live);
         if let Some(l) = lease
             && let Err(e) = l.revoke("the call ended")
         {
@@ -695,6 +706,15 @@ impl Broker {
                 return Err(e.into());
             }
         };
+        // The tool's stderr goes to the audit record and, through the
+        // gate's error path, to the caller: no live token in it either.
+        if let Some((clean, names)) = tokens.replace(&outcome.stderr) {
+            outcome.stderr = clean;
+            call_warnings.push(format!(
+                "the live token of secret {} was in the tool's stderr: replaced by its placeholder",
+                names.join(", ")
+            ));
+        }
         // Records of what was already done that could not be written are
         // said to the next call.
         outcome.warnings.extend(self.audit.take_warnings());
@@ -724,9 +744,12 @@ impl Broker {
         // (a limit kill's partial output is dropped).
         let gated = matches!(outcome.status, Status::Ok | Status::Exited).then(|| {
             let meta = ToolMeta::new(&policy.name, profile_name(policy.profile));
-            let g = gate.check(&meta, &outcome.stdout);
+            let g = gate.check_scanned(&meta, &outcome.stdout, &tokens);
             match &g {
-                Ok(ok) => rec.gate = Some(GateSummary::from(&ok.envelope)),
+                Ok(ok) => {
+                    rec.gate = Some(GateSummary::from(&ok.envelope));
+                    rec.warnings.extend(ok.envelope.secret_warnings());
+                }
                 Err(refusal) => {
                     rec.gate = Some(GateSummary::refused(
                         gate.policy().kind,
@@ -916,6 +939,7 @@ pub fn gate_for(policy: &ToolPolicy) -> Result<Gate, String> {
             cordon_policy::policy::Label::Envelope => LabelStyle::Envelope,
             cordon_policy::policy::Label::None => LabelStyle::None,
         },
+        block_secrets: o.block_secrets,
     };
     Gate::new(gp).map_err(|e| format!("{}: {e}", policy.name))
 }

@@ -49,6 +49,17 @@ impl ServerControl {
         }
     }
 
+    /// The matcher of the live tokens of the server's credential session,
+    /// for the output gate: empty once it is stopped, or without secrets.
+    pub fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lease.as_ref().map(|l| l.live_tokens()).unwrap_or_default();
+        cordon_gate::LiveTokens::new(
+            live.iter()
+                .map(|(name, token, ph)| (name.as_str(), token.as_str(), ph.as_str())),
+        )
+    }
+
     /// How the sandbox ended, once it has: `None` while it runs.
     pub fn outcome(&self) -> Option<Result<Outcome, RunError>> {
         self.sandbox.outcome()

@@ -14,9 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::engine::Engine;
 use crate::interception::Interception;
 use crate::name::normalize_host;
-use crate::reflect::{Forms, Redactor};
 use crate::scan::{Needles, Scanner};
 use crate::{DoorContext, EgressError, EgressPolicy, EventSink};
+use cordon_gate::tokens::{Forms, Redactor};
 
 pub use crate::peek::Presented;
 

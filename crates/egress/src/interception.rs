@@ -12,8 +12,8 @@ use crate::ca::{SessionCa, UpstreamTrust};
 use crate::event::clean;
 use crate::inject::Injections;
 use crate::name::{Host, normalize_host};
-use crate::reflect::Forms;
 use crate::scan::Needles;
+use cordon_gate::tokens::Forms;
 
 /// What the doors of one sandbox need to intercept: its injections, the
 /// session CA whose certificate the sandbox trusts, and the roots the real

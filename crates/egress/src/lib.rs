@@ -49,7 +49,6 @@ mod peek;
 mod plan;
 mod policy;
 mod proxy;
-mod reflect;
 mod scan;
 mod transparent;
 mod vet;

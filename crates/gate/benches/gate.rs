@@ -2,11 +2,13 @@
 //!
 //! `cargo bench -p cordon-gate` (release build). Prints a markdown table: MB/s of the gate and
 //! of the copy, and their ratio. Set `GATE_BENCH_SIZES=1` to skip the 100 MB runs.
+//! The secret scans are measured on the same workloads: two live tokens (absent from the
+//! text, the common case), `block_secrets`, and both.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use cordon_gate::{Gate, GatePolicy, OutputKind, StripPolicy, ToolMeta};
+use cordon_gate::{Gate, GatePolicy, LiveTokens, OutputKind, StripPolicy, ToolMeta};
 use serde_json::json;
 
 const MB: usize = 1024 * 1024;
@@ -225,41 +227,117 @@ fn main() {
         ..GatePolicy::default()
     })
     .expect("policy");
+    let block_gate = Gate::new(GatePolicy {
+        max_bytes: cap,
+        block_secrets: true,
+        ..GatePolicy::default()
+    })
+    .expect("policy");
+    let block_json_gate = Gate::new(GatePolicy {
+        kind: OutputKind::Json,
+        schema: Some(schema()),
+        max_bytes: cap,
+        block_secrets: true,
+        ..GatePolicy::default()
+    })
+    .expect("policy");
+    let none = LiveTokens::default();
+    // Two tokens of the shapes the test providers mint, not in the text.
+    let live = LiveTokens::new([
+        (
+            "API_TOKEN",
+            "tok-6f1d2c3b4a5968778695a4b3c2d1e0f9",
+            "cordon-ph-00112233445566778899aabbccddeeff",
+        ),
+        (
+            "OTHER",
+            "xk7Qe2Lr9TzWm4Vb8Nc1Hs6Gd3Jf5Ka0",
+            "cordon-ph-ffeeddccbbaa99887766554433221100",
+        ),
+    ]);
 
     println!("| workload | size | copy MB/s | gate MB/s | gate / copy | copy time / gate time |");
     println!("|---|---|---|---|---|---|");
     for &size in sizes {
         let iters = if size > 10 * MB { 3 } else { 25 };
-        let cases: Vec<(&str, Vec<u8>, &Gate)> = vec![
-            ("plain text (ASCII)", text(size, 1, WORDS), &text_gate),
-            ("plain text (CJK)", text(size, 6, WORDS_CJK), &text_gate),
+        let cases: Vec<(&str, Vec<u8>, &Gate, &LiveTokens)> = vec![
+            (
+                "plain text (ASCII)",
+                text(size, 1, WORDS),
+                &text_gate,
+                &none,
+            ),
+            (
+                "plain text (CJK)",
+                text(size, 6, WORDS_CJK),
+                &text_gate,
+                &none,
+            ),
             (
                 "plain text (mixed scripts)",
                 text(size, 2, WORDS_INTL),
                 &text_gate,
+                &none,
             ),
             (
                 "text full of escape sequences",
                 escapes(size, 3),
                 &text_gate,
+                &none,
             ),
-            ("HTML + markdown passes on", html_md(size, 4), &markup_gate),
-            ("JSON with a schema", json_doc(size, 5), &json_gate),
+            (
+                "HTML + markdown passes on",
+                html_md(size, 4),
+                &markup_gate,
+                &none,
+            ),
+            ("JSON with a schema", json_doc(size, 5), &json_gate, &none),
+            (
+                "plain text (ASCII), 2 live tokens",
+                text(size, 1, WORDS),
+                &text_gate,
+                &live,
+            ),
+            (
+                "plain text (ASCII), block_secrets",
+                text(size, 1, WORDS),
+                &block_gate,
+                &none,
+            ),
+            (
+                "plain text (ASCII), 2 live tokens + block_secrets",
+                text(size, 1, WORDS),
+                &block_gate,
+                &live,
+            ),
+            (
+                "plain text (mixed scripts), 2 live tokens + block_secrets",
+                text(size, 2, WORDS_INTL),
+                &block_gate,
+                &live,
+            ),
+            (
+                "JSON with a schema, 2 live tokens + block_secrets",
+                json_doc(size, 5),
+                &block_json_gate,
+                &live,
+            ),
         ];
         let only = std::env::var("GATE_BENCH_ONLY").unwrap_or_default();
-        for (name, data, gate) in cases.into_iter().filter(|c| c.0.contains(only.as_str())) {
+        for (name, data, gate, tokens) in cases.into_iter().filter(|c| c.0.contains(only.as_str()))
+        {
             let copy = median(iters, || {
                 let mut v = Vec::with_capacity(data.len());
                 v.extend_from_slice(black_box(&data));
                 black_box(v);
             });
             // Warm up once (and check the gate accepts the workload).
-            if let Err(e) = gate.check(&META, &data) {
+            if let Err(e) = gate.check_scanned(&META, &data, tokens) {
                 eprintln!("{name}: refused: {e}");
                 continue;
             }
             let gated = median(iters, || {
-                black_box(gate.check(&META, black_box(&data)).ok());
+                black_box(gate.check_scanned(&META, black_box(&data), tokens).ok());
             });
             let (c, g) = (mbps(data.len(), copy), mbps(data.len(), gated));
             println!(

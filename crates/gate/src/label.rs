@@ -133,6 +133,7 @@ impl Envelope {
     /// `cordon/trust`, `cordon/tool`, `cordon/profile`, `cordon/kind`, `cordon/media_type`,
     /// `cordon/is_error`, `cordon/bytes_in`, `cordon/bytes_out`, `cordon/truncated`,
     /// `cordon/truncation`, `cordon/stripped` (non-zero classes only), `cordon/schema_valid`,
+    /// `cordon/tokens_replaced` and `cordon/secrets_redacted` (when something was),
     /// `cordon/warnings`.
     pub fn to_mcp_meta(&self) -> Value {
         let mut m = Map::new();
@@ -160,6 +161,12 @@ impl Envelope {
             .collect();
         put("stripped", Value::Object(stripped));
         put("schema_valid", json!(self.schema_valid));
+        if !self.tokens_replaced.is_empty() {
+            put("tokens_replaced", json!(self.tokens_replaced));
+        }
+        if !self.secrets_redacted.is_empty() {
+            put("secrets_redacted", json!(self.secrets_redacted));
+        }
         if !self.warnings.is_empty() {
             put("warnings", json!(self.warnings));
         }

@@ -13,7 +13,16 @@
 //! 4. **Size.** The cap applies to what the model receives, after every transformation.
 //!    Text is truncated on a char boundary with an explicit marker, or refused; JSON and binary
 //!    are always refused when over the cap (a truncated document is not a document).
-//! 5. **Label.** A structured [`Envelope`], an MCP `_meta` object, and a wrapped text
+//! 5. **Secrets.** Every live token of the session (what the credential broker minted for
+//!    this session of this tool, given to [`Gate::check_scanned`]) is replaced by the
+//!    session's placeholder, in every form the matcher of [`tokens`] knows (as it is,
+//!    JSON-escaped, percent-encoded, base64); always on. With `block_secrets`, well-known
+//!    secret formats (PEM private keys, AWS access key ids, GitHub and Slack tokens, JWTs) are
+//!    replaced by `[REDACTED:RULE]`. Both run on what stripping left (so a token split by
+//!    invisible characters is found whole) and before the size cap (so no half token is
+//!    kept); the envelope names what was replaced (`tokens_replaced`, `secrets_redacted`).
+//!    Binary output is altered by the live-token scan only.
+//! 6. **Label.** A structured [`Envelope`], an MCP `_meta` object, and a wrapped text
 //!    rendering with a per-result random nonce that the content cannot forge.
 //!
 //! ```
@@ -27,10 +36,14 @@
 #![forbid(unsafe_code)]
 
 mod binary;
+mod formats;
 mod label;
 mod markup;
 mod strip;
+pub mod tokens;
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use schemars::JsonSchema;
@@ -38,8 +51,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use binary::{known_media_types, sniff};
+pub use formats::rule_names as secret_rules;
 pub use label::{MARKER_CLOSE, MARKER_OPEN, META_PREFIX};
 pub use strip::StripCounts;
+pub use tokens::Forms as LiveTokens;
 
 /// Default cap on a result: 1 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1024 * 1024;
@@ -167,6 +182,10 @@ pub struct GatePolicy {
     pub strip: StripPolicy,
     pub invalid_utf8: Utf8Policy,
     pub label: LabelStyle,
+    /// Replace well-known secret formats (PEM private keys, AWS access key ids, GitHub and
+    /// Slack tokens, JWTs) by `[REDACTED:RULE]`. The session's live tokens are replaced
+    /// whatever this says.
+    pub block_secrets: bool,
 }
 
 impl Default for GatePolicy {
@@ -180,6 +199,7 @@ impl Default for GatePolicy {
             strip: StripPolicy::default(),
             invalid_utf8: Utf8Policy::Replace,
             label: LabelStyle::Wrapped,
+            block_secrets: false,
         }
     }
 }
@@ -339,6 +359,14 @@ pub struct Envelope {
     /// `Some(true)` when a schema was checked (a violation is a refusal), `None` without one.
     pub schema_valid: Option<bool>,
     pub label: LabelStyle,
+    /// The secrets of this session whose live token was in the result, each occurrence
+    /// replaced by the session's placeholder (names, never values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens_replaced: Vec<String>,
+    /// Well-known secret formats replaced by `[REDACTED:RULE]`, counted per rule
+    /// (`block_secrets`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets_redacted: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -405,11 +433,22 @@ impl Gate {
         &self.policy
     }
 
-    /// Gate one result.
+    /// Gate one result of a tool without credentials.
     pub fn check(&self, meta: &ToolMeta<'_>, output: &[u8]) -> Result<Gated, GateRefusal> {
+        self.check_scanned(meta, output, &LiveTokens::default())
+    }
+
+    /// Gate one result, replacing each of the session's `tokens` by its placeholder.
+    pub fn check_scanned(
+        &self,
+        meta: &ToolMeta<'_>,
+        output: &[u8],
+        tokens: &LiveTokens,
+    ) -> Result<Gated, GateRefusal> {
         let p = &self.policy;
         let bytes_in = output.len() as u64;
         let mut warnings = Vec::new();
+        let mut found = Found::default();
         let (content, stripped, truncation, schema_valid, bytes_out) = match p.kind {
             OutputKind::Text => {
                 if p.on_overflow == Overflow::Fail && bytes_in > p.max_bytes {
@@ -420,6 +459,10 @@ impl Gate {
                     });
                 }
                 let (text, counts) = sanitize_text(output, &p.strip, p.invalid_utf8)?;
+                let text = match scan_str(&text, tokens, p.block_secrets, &mut found) {
+                    Some(t) => t,
+                    None => text,
+                };
                 let (text, truncation) = cap_text(text, p.max_bytes, p.on_overflow)?;
                 let out_len = text.len() as u64;
                 (Content::Text(text), counts, truncation, None, out_len)
@@ -432,7 +475,7 @@ impl Gate {
                         why: "JSON output is never truncated",
                     });
                 }
-                let (value, counts) = self.check_json(output)?;
+                let (value, counts) = self.check_json(output, tokens, &mut found)?;
                 let out_len = json_len(&value);
                 if out_len > p.max_bytes {
                     return Err(GateRefusal::TooLarge {
@@ -457,18 +500,25 @@ impl Gate {
                 if let Some(note) = binary::check_magic(&media_type, output)? {
                     warnings.push(note);
                 }
+                // The one alteration of binary output: a live token does not leave.
+                let bytes = match tokens.replace(output) {
+                    Some((out, names)) => {
+                        found.add_tokens(names);
+                        out
+                    }
+                    None => output.to_vec(),
+                };
+                let bytes_out = bytes.len() as u64;
                 (
-                    Content::Binary {
-                        media_type,
-                        bytes: output.to_vec(),
-                    },
+                    Content::Binary { media_type, bytes },
                     StripCounts::default(),
                     None,
                     None,
-                    bytes_in,
+                    bytes_out,
                 )
             }
         };
+        found.warn(&mut warnings);
         if p.label == LabelStyle::None {
             warnings.push(label::LABEL_OFF_WARNING.to_owned());
         }
@@ -482,6 +532,7 @@ impl Gate {
                 truncation,
                 schema_valid,
                 is_error: false,
+                found,
                 warnings,
             },
             p.label,
@@ -492,16 +543,36 @@ impl Gate {
     /// replaced, stripped with this tool's strip policy, truncated at the smaller of the
     /// policy's cap and [`ERROR_MAX_BYTES`], labelled like a result.
     pub fn gate_error(&self, meta: &ToolMeta<'_>, message: &[u8]) -> Gated {
+        self.gate_error_scanned(meta, message, &LiveTokens::default())
+    }
+
+    /// [`Gate::gate_error`], replacing each of the session's `tokens` by its placeholder (and
+    /// well-known secret formats with `block_secrets`).
+    pub fn gate_error_scanned(
+        &self,
+        meta: &ToolMeta<'_>,
+        message: &[u8],
+        tokens: &LiveTokens,
+    ) -> Gated {
         gate_error_with(
             meta,
             message,
-            &self.policy.strip,
-            self.policy.max_bytes.min(ERROR_MAX_BYTES),
-            self.policy.label,
+            ErrorGate {
+                strip: &self.policy.strip,
+                max_bytes: self.policy.max_bytes.min(ERROR_MAX_BYTES),
+                label: self.policy.label,
+                tokens,
+                block_secrets: self.policy.block_secrets,
+            },
         )
     }
 
-    fn check_json(&self, output: &[u8]) -> Result<(Value, StripCounts), GateRefusal> {
+    fn check_json(
+        &self,
+        output: &[u8],
+        tokens: &LiveTokens,
+        found: &mut Found,
+    ) -> Result<(Value, StripCounts), GateRefusal> {
         let p = &self.policy;
         let parsed = match strip::utf8(output) {
             Ok(s) => serde_json::from_str::<Value>(s),
@@ -535,6 +606,11 @@ impl Gate {
                 .count() as u64;
         }
         sanitize_json(&mut value, &p.strip, &mut counts);
+        if (!tokens.is_empty() || p.block_secrets) && json_may_hold(&value, tokens, p.block_secrets)
+        {
+            // Before the schema: what is validated is what is delivered.
+            scan_json(&mut value, tokens, p.block_secrets, found);
+        }
         if let Some(v) = &self.validator {
             // The boolean check is much cheaper; errors are collected only for the refusal.
             let mut errors = if v.is_valid(&value) {
@@ -564,7 +640,123 @@ struct Facts {
     truncation: Option<Truncation>,
     schema_valid: Option<bool>,
     is_error: bool,
+    found: Found,
     warnings: Vec<String>,
+}
+
+/// What the secret scans replaced in one result.
+#[derive(Default)]
+struct Found {
+    tokens: Vec<String>,
+    redacted: BTreeMap<String, u64>,
+}
+
+impl Found {
+    fn add_tokens(&mut self, names: Vec<String>) {
+        for n in names {
+            if !self.tokens.contains(&n) {
+                self.tokens.push(n);
+            }
+        }
+    }
+
+    fn warn(&self, warnings: &mut Vec<String>) {
+        warnings.extend(secret_warnings(&self.tokens, &self.redacted));
+    }
+}
+
+/// The warnings that say what the secret scans replaced (names and rules, never values).
+pub fn secret_warnings(tokens: &[String], redacted: &BTreeMap<String, u64>) -> Vec<String> {
+    let mut out = Vec::new();
+    if !tokens.is_empty() {
+        out.push(format!(
+            "the live token of secret {} was in the output: replaced by its placeholder",
+            tokens.join(", ")
+        ));
+    }
+    if !redacted.is_empty() {
+        let rules: Vec<String> = redacted.iter().map(|(r, n)| format!("{r} ({n})")).collect();
+        out.push(format!(
+            "secret formats redacted from the output: {}",
+            rules.join(", ")
+        ));
+    }
+    out
+}
+
+impl Envelope {
+    /// The warnings (also in `warnings`) that say what the secret scans replaced, for an
+    /// audit record.
+    pub fn secret_warnings(&self) -> Vec<String> {
+        secret_warnings(&self.tokens_replaced, &self.secrets_redacted)
+    }
+}
+
+/// `s` with the session's live tokens replaced by their placeholders and, with `formats`,
+/// well-known secret formats redacted; `None` when nothing was found.
+fn scan_str(s: &str, tokens: &LiveTokens, formats: bool, found: &mut Found) -> Option<String> {
+    let mut cur = Cow::Borrowed(s);
+    if !tokens.is_empty()
+        && let Some((out, names)) = tokens.replace(s.as_bytes())
+    {
+        found.add_tokens(names);
+        // Forms of a token found in valid UTF-8 start and end on character boundaries and
+        // the placeholders are ASCII; a lossy decoding is never expected here.
+        cur = Cow::Owned(match String::from_utf8(out) {
+            Ok(t) => t,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        });
+    }
+    if formats && let Some(out) = formats::redact(&cur, &mut found.redacted) {
+        cur = Cow::Owned(out);
+    }
+    match cur {
+        Cow::Owned(t) => Some(t),
+        Cow::Borrowed(_) => None,
+    }
+}
+
+/// One scan of the whole document, serialised, before the walk string by string: a token or
+/// format inside a string appears in the serialisation as it is or JSON-escaped, both forms
+/// the scans know, so a document where this finds nothing has nothing to replace.
+fn json_may_hold(value: &Value, tokens: &LiveTokens, formats: bool) -> bool {
+    let doc = value.to_string();
+    (!tokens.is_empty() && tokens.replace_all(doc.as_bytes()).is_some())
+        || (formats && formats::redact(&doc, &mut BTreeMap::new()).is_some())
+}
+
+/// [`scan_str`] on every string (keys too) of a JSON value.
+fn scan_json(value: &mut Value, tokens: &LiveTokens, formats: bool, found: &mut Found) {
+    match value {
+        Value::String(s) => {
+            if let Some(t) = scan_str(s, tokens, formats, found) {
+                *s = t;
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                scan_json(item, tokens, formats, found);
+            }
+        }
+        Value::Object(map) => {
+            let keys: Vec<Option<String>> = map
+                .keys()
+                .map(|k| scan_str(k, tokens, formats, found))
+                .collect();
+            if keys.iter().all(Option::is_none) {
+                for v in map.values_mut() {
+                    scan_json(v, tokens, formats, found);
+                }
+                return;
+            }
+            let old = std::mem::take(map);
+            for ((k, mut v), new) in old.into_iter().zip(keys) {
+                scan_json(&mut v, tokens, formats, found);
+                map.insert(new.unwrap_or(k), v);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
 }
 
 fn build(meta: &ToolMeta<'_>, content: Content, facts: Facts, label: LabelStyle) -> Gated {
@@ -575,6 +767,7 @@ fn build(meta: &ToolMeta<'_>, content: Content, facts: Facts, label: LabelStyle)
         truncation,
         schema_valid,
         is_error,
+        found,
         warnings,
     } = facts;
     let (kind, media_type) = match &content {
@@ -596,6 +789,8 @@ fn build(meta: &ToolMeta<'_>, content: Content, facts: Facts, label: LabelStyle)
         stripped,
         schema_valid,
         label,
+        tokens_replaced: found.tokens,
+        secrets_redacted: found.redacted,
         warnings,
     };
     Gated {
@@ -610,24 +805,43 @@ pub fn gate_error(meta: &ToolMeta<'_>, message: &[u8]) -> Gated {
     gate_error_with(
         meta,
         message,
-        &StripPolicy::default(),
-        ERROR_MAX_BYTES,
-        LabelStyle::Wrapped,
+        ErrorGate {
+            strip: &StripPolicy::default(),
+            max_bytes: ERROR_MAX_BYTES,
+            label: LabelStyle::Wrapped,
+            tokens: &LiveTokens::default(),
+            block_secrets: false,
+        },
     )
 }
 
-fn gate_error_with(
-    meta: &ToolMeta<'_>,
-    message: &[u8],
-    strip: &StripPolicy,
+/// How one error message is gated.
+struct ErrorGate<'a> {
+    strip: &'a StripPolicy,
     max_bytes: u64,
     label: LabelStyle,
-) -> Gated {
+    tokens: &'a LiveTokens,
+    block_secrets: bool,
+}
+
+fn gate_error_with(meta: &ToolMeta<'_>, message: &[u8], g: ErrorGate<'_>) -> Gated {
+    let ErrorGate {
+        strip,
+        max_bytes,
+        label,
+        tokens,
+        block_secrets,
+    } = g;
     let bytes_in = message.len() as u64;
     let (text, counts) = match sanitize_text(message, strip, Utf8Policy::Replace) {
         Ok(r) => r,
         // Unreachable with Replace; fall back to saying so rather than passing bytes through.
         Err(e) => (e.to_string(), StripCounts::default()),
+    };
+    let mut found = Found::default();
+    let text = match scan_str(&text, tokens, block_secrets, &mut found) {
+        Some(t) => t,
+        None => text,
     };
     let (text, truncation) = match cap_text(text, max_bytes.max(MIN_MAX_BYTES), Overflow::Truncate)
     {
@@ -635,6 +849,7 @@ fn gate_error_with(
         Err(e) => (e.to_string(), None),
     };
     let mut warnings = Vec::new();
+    found.warn(&mut warnings);
     if label == LabelStyle::None {
         warnings.push(label::LABEL_OFF_WARNING.to_owned());
     }
@@ -646,6 +861,7 @@ fn gate_error_with(
         truncation,
         schema_valid: None,
         is_error: true,
+        found,
         warnings,
     };
     build(meta, Content::Text(text), facts, label)

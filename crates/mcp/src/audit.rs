@@ -21,6 +21,26 @@ pub(crate) struct CallAudit {
     pub started: std::time::Instant,
     /// Mechanisms of the sandbox not fully enforced.
     pub warnings: Vec<String>,
+    /// What the output gate replaced in the result, when it replaced
+    /// something.
+    pub gate: Option<cordon_audit::GateSummary>,
+}
+
+/// What the secret scans replaced in a gated result, from its `_meta`
+/// (`cordon/tokens_replaced`, `cordon/secrets_redacted`); `None` when
+/// nothing was.
+fn secrets_found(
+    meta: &rmcp::model::MetaObject,
+) -> Option<(Vec<String>, std::collections::BTreeMap<String, u64>)> {
+    let tokens: Vec<String> = meta
+        .get("cordon/tokens_replaced")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let redacted: std::collections::BTreeMap<String, u64> = meta
+        .get("cordon/secrets_redacted")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    (!tokens.is_empty() || !redacted.is_empty()).then_some((tokens, redacted))
 }
 
 impl CallAudit {
@@ -53,6 +73,7 @@ impl CallAudit {
             record_input: false,
             started: std::time::Instant::now(),
             warnings: Vec::new(),
+            gate: None,
         }
     }
 
@@ -65,11 +86,28 @@ impl CallAudit {
     /// Write the record for `result`; `Err` (the result must then be
     /// withheld) when it could not be written and the log is fail-closed.
     pub(crate) fn finish(
-        self,
+        mut self,
         broker: &Broker,
         who: &Caller,
         result: &Result<CallToolResult, ErrorData>,
     ) -> Result<(), ErrorData> {
+        let found = result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.meta.as_ref())
+            .and_then(secrets_found);
+        if let Some((tokens, redacted)) = &found {
+            self.warnings
+                .extend(cordon_gate::secret_warnings(tokens, redacted));
+        }
+        self.gate = found.map(
+            |(tokens_replaced, secrets_redacted)| cordon_audit::GateSummary {
+                kind: "text".into(),
+                tokens_replaced,
+                secrets_redacted,
+                ..Default::default()
+            },
+        );
         let outcome = result.as_ref().map(|r| {
             let text: String = r
                 .content
@@ -98,6 +136,7 @@ impl CallAudit {
         rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&self.input, self.record_input);
         rec.warnings = self.warnings;
+        rec.gate = self.gate;
         match outcome {
             Ok((text, is_error)) => {
                 rec.output = Payload::of(text.as_bytes(), false);

@@ -268,4 +268,8 @@ impl crate::ServerHandle for CappedHandle {
         }
         e
     }
+
+    fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        self.inner.live_tokens()
+    }
 }

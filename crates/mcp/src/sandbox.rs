@@ -31,6 +31,11 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
     /// (exit status, signal, limit) and the tail of the server's stderr. The
     /// text is the server's own and untrusted: gate it before showing it.
     fn exited(&self) -> Option<String>;
+    /// The live tokens of the server's credential session, for the output
+    /// gate (none once it is stopped, or without secrets).
+    fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        cordon_gate::LiveTokens::default()
+    }
 }
 
 /// Starts MCP servers in a sandbox.
@@ -97,6 +102,10 @@ impl ServerHandle for Handle {
             }
             Err(e) => e.to_string(),
         })
+    }
+
+    fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        self.inner.live_tokens()
     }
 }
 

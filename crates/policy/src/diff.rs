@@ -394,6 +394,11 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
             o.output.strip_markdown,
             n.output.strip_markdown,
         ),
+        (
+            "output.block_secrets",
+            o.output.block_secrets,
+            n.output.block_secrets,
+        ),
     ] {
         if a != b {
             out.push(change(t, field, &a.to_string(), &b.to_string(), a && !b));

@@ -625,6 +625,11 @@ pub struct Output {
     pub label: Option<Label>,
     /// Bytes that are not UTF-8: replace (default, with U+FFFD) or reject.
     pub invalid_utf8: Option<InvalidUtf8>,
+    /// Replace well-known secret formats in results and error messages (PEM
+    /// private keys, AWS access key ids, GitHub and Slack tokens, JWTs) by
+    /// `[REDACTED:RULE]` (default false). The live tokens minted for the
+    /// tool's session are replaced by their placeholder whatever this says.
+    pub block_secrets: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]

@@ -261,6 +261,10 @@ pub struct Output {
     pub strip: StripClasses,
     pub label: Label,
     pub invalid_utf8: InvalidUtf8,
+    /// Well-known secret formats redacted by the gate (the session's live
+    /// tokens always are).
+    #[serde(default)]
+    pub block_secrets: bool,
 }
 
 /// Character classes the gate removes (all on by default).
@@ -297,6 +301,7 @@ impl Output {
             strip: StripClasses::default(),
             label: Label::Wrapped,
             invalid_utf8: InvalidUtf8::Replace,
+            block_secrets: false,
         }
     }
 }

@@ -1658,5 +1658,6 @@ fn resolve_output(t: &Tool) -> policy::Output {
         },
         label: o.label.unwrap_or(manifest::Label::Wrapped),
         invalid_utf8: o.invalid_utf8.unwrap_or(manifest::InvalidUtf8::Replace),
+        block_secrets: o.block_secrets.unwrap_or(false),
     }
 }

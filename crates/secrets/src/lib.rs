@@ -847,6 +847,27 @@ impl Lease {
         })
     }
 
+    /// Each secret's current token with the session's placeholder for it
+    /// (the one the sandbox sees for `deliver: proxy`; for `deliver: env`
+    /// the one the output gate puts in its place): what the output gate
+    /// replaces. A revoked secret has none. Never printed.
+    pub fn live_tokens(&self) -> Vec<(String, Zeroizing<String>, String)> {
+        self.inner
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let st = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.token.as_ref().map(|t| {
+                    (
+                        slot.secret.name.clone(),
+                        t.clone(),
+                        slot.placeholder.clone(),
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// The current token of secret `name` (what the door substitutes).
     pub fn source(&self, name: &str) -> Option<Arc<dyn TokenSource>> {
         let index = self

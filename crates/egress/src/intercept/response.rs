@@ -1,7 +1,7 @@
 //! Responses of bound endpoints on their way back to the tool: every token
 //! substituted in the session is replaced by its placeholder in the
 //! headers, the body (as it streams) and the trailers (see
-//! [`crate::reflect`]); a compressed response, which cannot be scanned, is
+//! [`cordon_gate::tokens`]); a compressed response, which cannot be scanned, is
 //! refused.
 
 use std::pin::Pin;
@@ -20,7 +20,7 @@ use crate::event::{Decision, clean};
 use crate::http::RespBody;
 use crate::interception::Interception;
 use crate::name::Host;
-use crate::reflect::{Forms, Redactor};
+use cordon_gate::tokens::{Forms, Redactor};
 
 /// On a request to a bound endpoint: ask for the response unencoded, so
 /// that it can be scanned (the tool's own `Accept-Encoding` is replaced).

@@ -580,6 +580,16 @@ impl Upstream {
 
     /// One request on a live connection (starting the server if needed),
     /// bounded by `wall_seconds` and cancelled when the agent cancels.
+    /// The live tokens of the running server's credential session (none
+    /// when it is not running).
+    pub(super) async fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        let st = self.state.lock().await;
+        match &st.live {
+            Some(l) => l.handle.live_tokens(),
+            None => cordon_gate::LiveTokens::default(),
+        }
+    }
+
     pub(super) async fn timed<T, F>(
         &self,
         what: &str,

@@ -12,7 +12,11 @@
 //!
 //! The result's `_meta` is the summary of the whole: the envelope of its
 //! first part with the byte counts of all parts (`cordon/bytes_in`,
-//! `cordon/bytes_out`), `cordon/truncated` and `cordon/parts`.
+//! `cordon/bytes_out`), `cordon/truncated` and `cordon/parts`, and what the
+//! secret scans replaced in any part (`cordon/tokens_replaced`: the
+//! secrets whose live token, minted for this server's session, was in it;
+//! `cordon/secrets_redacted`: the well-known formats redacted, with
+//! `block_secrets`).
 //!
 //! Everything else a server says passes the gate here too: names,
 //! descriptions, progress messages and completion values are stripped
@@ -20,7 +24,12 @@
 //! ([`server_message`]), and what it lists is labelled ([`listed_meta`]).
 
 use base64::Engine as _;
-use cordon_gate::{Gate, GatePolicy, Gated, MIN_MAX_BYTES, OutputKind, Overflow, ToolMeta};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use cordon_gate::{
+    Gate, GatePolicy, Gated, LiveTokens, MIN_MAX_BYTES, OutputKind, Overflow, ToolMeta,
+};
 use cordon_policy::policy::ToolPolicy;
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -97,8 +106,9 @@ pub(super) fn tool_result(
     policy: &ToolPolicy,
     name: &str,
     r: CallToolResult,
+    tokens: &LiveTokens,
 ) -> Result<CallToolResult, ErrorData> {
-    let mut budget = Budget::new(policy, name)?;
+    let mut budget = Budget::new(policy, name, tokens)?;
     let fold = r.is_error == Some(true)
         || matches!(
             policy.exec,
@@ -206,8 +216,9 @@ pub(super) fn read_result(
     policy: &ToolPolicy,
     uri: &str,
     r: ReadResourceResult,
+    tokens: &LiveTokens,
 ) -> Result<ReadResourceResult, ErrorData> {
-    let mut budget = Budget::new(policy, &policy.name)?;
+    let mut budget = Budget::new(policy, &policy.name, tokens)?;
     let mut gated = Vec::new();
     let mut contents = Vec::new();
     for c in r.contents {
@@ -266,8 +277,9 @@ pub(super) fn prompt_result(
     policy: &ToolPolicy,
     name: &str,
     r: GetPromptResult,
+    tokens: &LiveTokens,
 ) -> Result<GetPromptResult, ErrorData> {
-    let mut budget = Budget::new(policy, name)?;
+    let mut budget = Budget::new(policy, name, tokens)?;
     let mut gated = Vec::new();
     let mut messages = Vec::new();
     for m in r.messages {
@@ -294,10 +306,19 @@ struct Budget<'a> {
     parts: usize,
     /// Parts left out for want of room (`on_overflow: truncate`).
     dropped: usize,
+    /// The live tokens of the server's session.
+    tokens: &'a LiveTokens,
+    /// What the secret scans replaced in the parts so far: secret names,
+    /// and counts per format rule.
+    found: RefCell<(Vec<String>, BTreeMap<String, u64>)>,
 }
 
 impl<'a> Budget<'a> {
-    fn new(policy: &ToolPolicy, label: &'a str) -> Result<Budget<'a>, ErrorData> {
+    fn new(
+        policy: &ToolPolicy,
+        label: &'a str,
+        tokens: &'a LiveTokens,
+    ) -> Result<Budget<'a>, ErrorData> {
         let base = cordon_broker::gate_for(policy).map_err(|e| {
             render::refusal(Refusal::PolicyRefused, e, json!({"tool": policy.name}))
         })?;
@@ -308,7 +329,22 @@ impl<'a> Budget<'a> {
             used: 0,
             parts: 0,
             dropped: 0,
+            tokens,
+            found: RefCell::new((Vec::new(), BTreeMap::new())),
         })
+    }
+
+    /// Remember what the secret scans replaced in one part.
+    fn note(&self, g: &Gated) {
+        let mut f = self.found.borrow_mut();
+        for t in &g.envelope.tokens_replaced {
+            if !f.0.contains(t) {
+                f.0.push(t.clone());
+            }
+        }
+        for (rule, n) in &g.envelope.secrets_redacted {
+            *f.1.entry(rule.clone()).or_insert(0) += n;
+        }
     }
 
     fn cap(&self) -> u64 {
@@ -341,8 +377,11 @@ impl<'a> Budget<'a> {
     }
 
     fn check(&self, gate: &Gate, bytes: &[u8]) -> Result<Gated, ErrorData> {
-        gate.check(&self.meta(), bytes)
-            .map_err(|e| self.refused(e.to_string()))
+        let g = gate
+            .check_scanned(&self.meta(), bytes, self.tokens)
+            .map_err(|e| self.refused(e.to_string()))?;
+        self.note(&g);
+        Ok(g)
     }
 
     fn refused(&self, msg: String) -> ErrorData {
@@ -432,13 +471,15 @@ impl<'a> Budget<'a> {
         let room = self.left().max(MIN_MAX_BYTES);
         let g = match Gate::new(GatePolicy {
             max_bytes: room,
+            block_secrets: self.base.block_secrets,
             ..GatePolicy::default()
         }) {
-            Ok(gate) => gate.gate_error(&self.meta(), msg),
+            Ok(gate) => gate.gate_error_scanned(&self.meta(), msg, self.tokens),
             // Unreachable (the default policy with a cap of at least the
             // minimum); the error path with its own cap.
             Err(_) => cordon_gate::gate_error(&self.meta(), msg),
         };
+        self.note(&g);
         self.charge(&g);
         g
     }
@@ -555,6 +596,26 @@ impl<'a> Budget<'a> {
         meta.insert("cordon/parts".into(), json!(gated.len()));
         if self.dropped > 0 {
             meta.insert("cordon/parts_dropped".into(), json!(self.dropped));
+        }
+        let (tokens, redacted) = &*self.found.borrow();
+        if !tokens.is_empty() || !redacted.is_empty() {
+            if !tokens.is_empty() {
+                meta.insert("cordon/tokens_replaced".into(), json!(tokens));
+            }
+            if !redacted.is_empty() {
+                meta.insert("cordon/secrets_redacted".into(), json!(redacted));
+            }
+            let mut warnings: Vec<serde_json::Value> = meta
+                .get("cordon/warnings")
+                .and_then(|w| w.as_array().cloned())
+                .unwrap_or_default();
+            for w in cordon_gate::secret_warnings(tokens, redacted) {
+                let w = json!(w);
+                if !warnings.contains(&w) {
+                    warnings.push(w);
+                }
+            }
+            meta.insert("cordon/warnings".into(), json!(warnings));
         }
         Ok(meta)
     }
@@ -682,7 +743,7 @@ tools:
                 }),
             ])
         };
-        let out = tool_result(&policy("fail"), "fx__t", r()).unwrap();
+        let out = tool_result(&policy("fail"), "fx__t", r(), &LiveTokens::default()).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert!(out.content[0].as_text().unwrap().text.contains("before"));
         let ContentBlock::Resource(res) = &out.content[1] else {
@@ -706,7 +767,7 @@ tools:
         if let cordon_policy::policy::Exec::Mcp { fold_resources, .. } = &mut p.exec {
             *fold_resources = true;
         }
-        let out = tool_result(&p, "fx__t", r()).unwrap();
+        let out = tool_result(&p, "fx__t", r(), &LiveTokens::default()).unwrap();
         assert_eq!(out.content.len(), 1, "{out:?}");
         let t = &out.content[0].as_text().unwrap().text;
         assert!(t.contains("[resource fx://doc]"), "{t}");
@@ -716,7 +777,7 @@ tools:
     fn a_tool_result_under_the_cap_passes_whole() {
         for overflow in ["fail", "truncate"] {
             let r = CallToolResult::success(vec![text(300), image(300), image(300)]);
-            let out = tool_result(&policy(overflow), "fx__t", r).unwrap();
+            let out = tool_result(&policy(overflow), "fx__t", r, &LiveTokens::default()).unwrap();
             assert_eq!(out.content.len(), 3, "{overflow}");
             assert!(out.content[0].as_text().is_some());
             assert_eq!(num(&out.meta, "cordon/bytes_out"), 900, "{overflow}");
@@ -730,15 +791,15 @@ tools:
         let p = policy("fail");
         // Images each under the cap, 1,200 bytes together.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap_err());
         // Text blocks likewise, and text with an image.
         let r = CallToolResult::success(vec![text(400), text(400), text(400)]);
-        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap_err());
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap_err());
         // An error result's images count too.
         let r = CallToolResult::error(vec![text(10), image(600), image(600)]);
-        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap_err());
     }
 
     #[test]
@@ -746,14 +807,14 @@ tools:
         let p = policy("truncate");
         // Images are never cut: the one past what is left is dropped.
         let r = CallToolResult::success(vec![image(400), image(400), image(400)]);
-        let out = tool_result(&p, "fx__t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert_eq!(num(&out.meta, "cordon/bytes_out"), 800);
         assert_eq!(num(&out.meta, "cordon/parts_dropped"), 1);
         assert!(truncated(&out.meta));
         // Text gets what the images left, and is cut with the marker.
         let r = CallToolResult::success(vec![text(600), image(600)]);
-        let out = tool_result(&p, "fx__t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap();
         assert_eq!(out.content.len(), 2, "{out:?}");
         let t = &out.content[0].as_text().unwrap().text;
         assert!(t.contains("[cordon: output truncated"), "{t}");
@@ -761,20 +822,25 @@ tools:
         assert!(truncated(&out.meta));
         // An error result stays one, cut to what is left.
         let r = CallToolResult::error(vec![text(2000), image(800)]);
-        let out = tool_result(&p, "fx__t", r).unwrap();
+        let out = tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap();
         assert_eq!(out.is_error, Some(true));
         assert_eq!(out.content.len(), 2, "{out:?}");
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         // One image past the cap by itself is refused: it cannot be cut.
         let r = CallToolResult::success(vec![image(2000)]);
-        refused_naming_the_cap(tool_result(&p, "fx__t", r).unwrap_err());
+        refused_naming_the_cap(tool_result(&p, "fx__t", r, &LiveTokens::default()).unwrap_err());
     }
 
     #[test]
     fn reads_and_prompts_are_capped_whole() {
         let p = policy("fail");
         let read = |parts: Vec<ResourceContents>| {
-            read_result(&p, "fx://a", ReadResourceResult::new(parts))
+            read_result(
+                &p,
+                "fx://a",
+                ReadResourceResult::new(parts),
+                &LiveTokens::default(),
+            )
         };
         let out = read(vec![text_content(400), text_content(400)]).unwrap();
         assert_eq!(out.contents.len(), 2);
@@ -795,16 +861,29 @@ tools:
         };
         refused_naming_the_cap(read(vec![blob(), blob(), blob()]).unwrap_err());
 
-        let out = prompt_result(&p, "fx__p", prompt(vec![text(400), text(400)])).unwrap();
+        let out = prompt_result(
+            &p,
+            "fx__p",
+            prompt(vec![text(400), text(400)]),
+            &LiveTokens::default(),
+        )
+        .unwrap();
         assert_eq!(out.messages.len(), 2);
         refused_naming_the_cap(
-            prompt_result(&p, "fx__p", prompt(vec![text(400), text(400), text(400)])).unwrap_err(),
+            prompt_result(
+                &p,
+                "fx__p",
+                prompt(vec![text(400), text(400), text(400)]),
+                &LiveTokens::default(),
+            )
+            .unwrap_err(),
         );
         refused_naming_the_cap(
             prompt_result(
                 &p,
                 "fx__p",
                 prompt(vec![image(400), image(400), image(400)]),
+                &LiveTokens::default(),
             )
             .unwrap_err(),
         );
@@ -816,7 +895,7 @@ tools:
             text_content(400),
             text_content(400),
         ]);
-        let out = read_result(&p, "fx://a", r).unwrap();
+        let out = read_result(&p, "fx://a", r, &LiveTokens::default()).unwrap();
         assert_eq!(out.contents.len(), 3);
         assert!(num(&out.meta, "cordon/bytes_out") <= CAP, "{:?}", out.meta);
         assert!(truncated(&out.meta));
@@ -824,6 +903,7 @@ tools:
             &p,
             "fx__p",
             prompt(vec![image(400), image(400), image(400)]),
+            &LiveTokens::default(),
         )
         .unwrap();
         assert_eq!(out.messages.len(), 2);

@@ -139,7 +139,7 @@ impl Upstream {
             .await?;
         match r {
             rmcp::model::GetPromptResponse::Complete(r) => {
-                gate::prompt_result(&self.policy, name, r)
+                gate::prompt_result(&self.policy, name, r, &self.live_tokens().await)
             }
             _ => Err(self.failed(
                 name,

@@ -149,7 +149,9 @@ impl Upstream {
             })
             .await?;
         match r {
-            rmcp::model::ReadResourceResponse::Complete(r) => gate::read_result(&self.policy, uri, r),
+            rmcp::model::ReadResourceResponse::Complete(r) => {
+                gate::read_result(&self.policy, uri, r, &self.live_tokens().await)
+            }
             _ => Err(self.failed(
                 &self.policy.name,
                 format!("resources/read of `{uri}`: the server asked the client for input, which cordon does not forward"),

@@ -283,7 +283,7 @@ impl Upstream {
         let outcome = self.answer(handle, ctx).await;
         let result = self.call_result(name, &conn, outcome).await?;
         self.after_call(conn.generation).await;
-        gate::tool_result(&self.policy, name, result)
+        gate::tool_result(&self.policy, name, result, &conn.handle.live_tokens())
             .map(|r| crate::render::with_warnings(r, &self.warnings()))
     }
 

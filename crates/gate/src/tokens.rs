@@ -1,10 +1,13 @@
-//! Tokens coming back: a response from a bound endpoint may quote the
-//! request (a debugging endpoint, an error page, OAuth introspection), and
-//! with it the real token the door substituted. Every token substituted in
-//! a session is looked for in every response from a bound endpoint, as it
-//! streams, in the forms a response can carry it, and each occurrence is
-//! replaced by the same form of the session's placeholder before a byte
-//! reaches the sandbox.
+//! A session's live tokens, looked for in bytes on their way somewhere
+//! they must not go, in every form those bytes can carry them, and each
+//! occurrence replaced by the same form of the session's placeholder.
+//!
+//! Two places use it: the egress door (`cordon-egress`) on every response
+//! of a bound endpoint, as it streams, before a byte reaches the sandbox (a
+//! debugging endpoint, an error page or OAuth introspection may quote the
+//! request and the real token the door substituted); and the output gate
+//! on every result and error message, before it reaches the model
+//! ([`crate::Gate::check_scanned`]).
 //!
 //! The forms: as it is; JSON-escaped (`\"`, `\\`, control characters,
 //! with and without `\/`, and every character as `\u00XX` in either hex
@@ -152,8 +155,9 @@ impl Pattern {
     }
 }
 
-/// Every form of every token substituted in a session, to be replaced.
-pub(crate) struct Forms {
+/// Every form of every live token of a session, to be replaced.
+#[derive(Default)]
+pub struct Forms {
     secrets: Vec<String>,
     list: Vec<Pattern>,
     longest: usize,
@@ -161,7 +165,7 @@ pub(crate) struct Forms {
 
 impl Forms {
     /// Forms for `(secret name, token, placeholder)` triples.
-    pub(crate) fn new<'a>(tokens: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Forms {
+    pub fn new<'a>(tokens: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Forms {
         let mut secrets: Vec<String> = Vec::new();
         let mut list: Vec<Pattern> = Vec::new();
         for (name, token, ph) in tokens {
@@ -202,13 +206,23 @@ impl Forms {
         }
     }
 
+    /// `data` with every form replaced, when any was found, and the names
+    /// of the secrets found (each once, in the order found).
+    pub fn replace(&self, data: &[u8]) -> Option<(Vec<u8>, Vec<String>)> {
+        let (out, found) = self.replace_all(data)?;
+        Some((
+            out,
+            found.iter().map(|i| self.secret(*i).to_string()).collect(),
+        ))
+    }
+
     /// Nothing to look for.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
 
     /// The name of secret `i`.
-    pub(crate) fn secret(&self, i: usize) -> &str {
+    pub fn secret(&self, i: usize) -> &str {
         self.secrets.get(i).map(String::as_str).unwrap_or("")
     }
 
@@ -239,18 +253,24 @@ impl Forms {
 
     /// `data` with every form replaced, when any was found, and the
     /// secrets found (a complete value: a header, a trailer).
-    pub(crate) fn replace_all(&self, data: &[u8]) -> Option<(Vec<u8>, Vec<usize>)> {
-        let mut r = Redactor::new(Arc::new(Forms {
-            secrets: Vec::new(),
-            list: Vec::new(),
-            longest: 0,
-        }));
+    pub fn replace_all(&self, data: &[u8]) -> Option<(Vec<u8>, Vec<usize>)> {
+        let mut r = Redactor::new(Arc::new(Forms::default()));
         let (out, found) = r.run(self, data, true);
         if found.is_empty() {
             None
         } else {
             Some((out, found))
         }
+    }
+}
+
+impl std::fmt::Debug for Forms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secrets' names only: never a token or a form of one.
+        f.debug_struct("Forms")
+            .field("secrets", &self.secrets)
+            .field("forms", &self.list.len())
+            .finish()
     }
 }
 
@@ -375,7 +395,7 @@ fn base64_pattern(
 }
 
 /// A streaming replacement over one byte stream (a response body).
-pub(crate) struct Redactor {
+pub struct Redactor {
     forms: Arc<Forms>,
     /// The held-back end of the stream so far (may hold part of a token).
     tail: Zeroizing<Vec<u8>>,
@@ -384,7 +404,7 @@ pub(crate) struct Redactor {
 }
 
 impl Redactor {
-    pub(crate) fn new(forms: Arc<Forms>) -> Redactor {
+    pub fn new(forms: Arc<Forms>) -> Redactor {
         Redactor {
             forms,
             tail: Zeroizing::new(Vec::new()),
@@ -393,21 +413,21 @@ impl Redactor {
     }
 
     /// The next chunk: what may be passed on now.
-    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
         let forms = self.forms.clone();
         let (out, _) = self.run(&forms, chunk, false);
         out
     }
 
     /// The end of the stream: the rest.
-    pub(crate) fn finish(&mut self) -> Vec<u8> {
+    pub fn finish(&mut self) -> Vec<u8> {
         let forms = self.forms.clone();
         let (out, _) = self.run(&forms, &[], true);
         out
     }
 
     /// The secrets found so far.
-    pub(crate) fn found(&self) -> Vec<String> {
+    pub fn found(&self) -> Vec<String> {
         self.found
             .iter()
             .map(|i| self.forms.secret(*i).to_string())
