@@ -225,7 +225,11 @@ fn the_guest_holds_the_tool_to_its_memory_limit() {
     let o = run(&m, &s, b"");
     assert_eq!(o.status, Status::MemoryLimit, "{o:?} {}", text(&o.stderr));
     assert_eq!(o.signal, Some(9), "{o:?}");
-    assert!(o.reason.contains("guest's OOM killer"), "{}", o.reason);
+    assert!(
+        o.reason.contains("killed at its memory limit in the guest"),
+        "{}",
+        o.reason
+    );
 }
 
 #[test]
