@@ -26,6 +26,7 @@ use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -141,23 +142,6 @@ pub struct RunResult {
     /// How the guest broke the network channel's protocol (its network
     /// was cut then), or how the channel failed.
     pub net_error: Option<String>,
-}
-
-/// The network channel's end, once QEMU is gone (which ends it; a thread
-/// still running a moment later is left, its answer unknown).
-fn net_error(h: std::thread::JoinHandle<Result<(), String>>) -> Option<String> {
-    let until = Instant::now() + Duration::from_secs(2);
-    while !h.is_finished() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if !h.is_finished() {
-        return None;
-    }
-    match h.join() {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        Err(_) => Some("the network channel's thread panicked".to_owned()),
-    }
 }
 
 /// The guest's socket files and console log, in a directory of the
@@ -641,13 +625,20 @@ impl Vm {
             let output = self.net.try_clone().map_err(io("net"))?;
             let ports = task.net.clone();
             // Ends when QEMU does (the channel's EOF), shutting every
-            // stream; a guest that breaks the protocol loses its network,
-            // and the run says why.
-            let h = std::thread::Builder::new()
+            // stream; a guest that breaks the protocol loses its network
+            // at once, and the run says why (kept as it happens: nothing
+            // waits for the thread).
+            let broke = Arc::new(Mutex::new(None));
+            let keep = broke.clone();
+            std::thread::Builder::new()
                 .name("net".to_owned())
-                .spawn(move || crate::relay::serve_host(input, output, &ports))
+                .spawn(move || {
+                    if let Err(e) = crate::relay::serve_host(input, output, &ports) {
+                        *keep.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    }
+                })
                 .map_err(io("a thread for the network channel"))?;
-            Some(h)
+            Some(broke)
         };
 
         let msg = self.read_ctl(deadline)?;
@@ -689,7 +680,7 @@ impl Vm {
             stderr,
             since_start,
             task_time,
-            net_error: net.and_then(net_error),
+            net_error: net.and_then(|b| b.lock().unwrap_or_else(PoisonError::into_inner).take()),
         })
     }
 }
