@@ -33,8 +33,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "cordon", version, about, long_about = None)]
 #[command(
-    after_help = "Start with `cordon check -m examples/cordon.yaml`, then \
-`cordon explain pdf_to_text -m examples/cordon.yaml` and `cordon doctor`."
+    after_help = "Start with `cordon doctor` (what this host enforces). Then either \
+`cordon import` (a manifest from your MCP client's configuration) and `cordon wrap` (the client \
+pointed at `cordon serve`), or `cordon schema --example > cordon.yaml` (the bundled example), \
+`cordon check -m cordon.yaml` and `cordon explain pdf_to_text -m cordon.yaml`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -165,8 +167,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Print the manifest's JSON Schema (for editors).
-    Schema,
+    /// Print the manifest's JSON Schema (for editors), or with `--example` the bundled example manifest.
+    Schema {
+        /// Print the bundled example manifest instead (the seed's support-agent tools).
+        #[arg(long)]
+        example: bool,
+    },
     #[command(about = RUN_ABOUT)]
     Run(RunArgs),
     #[command(about = EXEC_ABOUT)]
@@ -246,7 +252,7 @@ fn main() -> ExitCode {
             None => explain::explain_gateway(&manifest.path, json),
         },
         Cmd::Diff { old, new, json } => explain::diff(&old, &new, json),
-        Cmd::Schema => schema::run(),
+        Cmd::Schema { example } => schema::run(example),
         Cmd::Run(RunArgs {
             tool,
             manifest,

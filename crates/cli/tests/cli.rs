@@ -160,6 +160,22 @@ fn explain_prints_the_resolved_policy() {
         &[],
     );
     assert!(text(&o.stdout).contains("profile: P1"));
+    // Each mount says whether it is read-only or read-write.
+    let mm = manifest(
+        "explain-mounts",
+        "tools:\n  t:\n    profile: P2\n    network: none\n    command: [/bin/true]\n    mounts: [\"/usr/share:/data\", \"/var/tmp:/scratch:rw\"]\n",
+    );
+    let o = cordon(
+        As::Caller,
+        &["explain", "t", "-m", mm.to_str().unwrap(), "--json"],
+        b"",
+        &[],
+    );
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mounts = v["mounts"].as_array().unwrap();
+    assert_eq!(mounts[0]["writable"], false, "{v}");
+    assert_eq!(mounts[1]["writable"], true, "{v}");
     let o = cordon(
         As::Caller,
         &["explain", "nope", "-m", m.to_str().unwrap()],
@@ -212,6 +228,17 @@ fn schema_and_doctor_print_json() {
     let o = cordon(As::Caller, &["schema"], b"", &[]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["properties"]["tools"].is_object());
+    // The bundled example travels in the binary, byte for byte, and the
+    // top-level help names the way to it rather than a path in the source.
+    let o = cordon(As::Caller, &["schema", "--example"], b"", &[]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert_eq!(o.stdout, std::fs::read(example()).unwrap());
+    let help = text(&cordon(As::Caller, &["--help"], b"", &[]).stdout);
+    assert!(
+        help.contains("cordon schema --example > cordon.yaml"),
+        "{help}"
+    );
+    assert!(!help.contains("examples/cordon.yaml"), "{help}");
     for who in modes() {
         let o = cordon(who, &["doctor", "--json"], b"", &[]);
         assert_eq!(code(&o), 0, "{who:?}: {}", text(&o.stderr));

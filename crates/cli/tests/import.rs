@@ -1059,9 +1059,18 @@ fn wrap_and_unwrap_every_format_byte_for_byte() {
         assert!(o.status.success(), "{}", out(&o));
         let m = sub.join("cordon.yaml");
         let original = std::fs::read(&cfg).unwrap();
+        // Some servers declare secrets: the wrapped serve gets a provider file.
+        let providers = write(&sub.join("providers.yaml"), "providers: {}\n");
         let o = cordon(
             &sub,
-            &["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()],
+            &[
+                "wrap",
+                "-m",
+                m.to_str().unwrap(),
+                "--providers",
+                providers.to_str().unwrap(),
+                cfg.to_str().unwrap(),
+            ],
             &[],
         );
         assert!(o.status.success(), "{}: {}", cfg.display(), out(&o));
@@ -1076,4 +1085,70 @@ fn wrap_and_unwrap_every_format_byte_for_byte() {
         assert!(o.status.success(), "{}: {}", cfg.display(), out(&o));
         assert_eq!(std::fs::read(&cfg).unwrap(), original, "{}", cfg.display());
     }
+}
+
+/// A server that declares secrets: wrap refuses to drop its tools silently
+/// when no provider file would be found, and writes `--providers` into the
+/// client's entry when given one; the backup of a 0644 configuration (which
+/// often holds tokens) is 0600 and byte for byte the original.
+#[test]
+fn wrap_passes_the_provider_file_and_keeps_a_private_backup() {
+    use std::os::unix::fs::PermissionsExt;
+    if Path::new("/etc/cordon/providers.yaml").exists() {
+        panic!("/etc/cordon/providers.yaml exists on this host: the refusal below cannot be seen");
+    }
+    let d = dir();
+    let cfg = write(
+        &d.path().join("claude_desktop_config.json"),
+        r#"{"mcpServers": {"gh": {"command": "/usr/bin/node", "args": ["gh.js"], "env": {"GITHUB_TOKEN": "ghp_not_a_real_token"}}}}
+"#,
+    );
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let m = write(
+        &d.path().join("cordon.yaml"),
+        "version: 1\ntools:\n  gh:\n    profile: P2\n    egress: [\"api.github.com:443\"]\n    secrets: [{name: GITHUB_TOKEN, scope: repo, ttl: 900}]\n    mcp:\n      command: [/usr/bin/node, gh.js]\n",
+    );
+    let original = std::fs::read(&cfg).unwrap();
+    let args = ["wrap", "-m", m.to_str().unwrap(), cfg.to_str().unwrap()];
+    let o = cordon(d.path(), &args, &[]);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("gh declare(s) secrets, and no provider file is given")
+            && stderr(&o).contains("--providers FILE"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(std::fs::read(&cfg).unwrap(), original, "refused: unchanged");
+    // A provider file that does not exist is refused too.
+    let missing = d.path().join("nope.yaml");
+    let mut with = args.to_vec();
+    with.extend(["--providers", missing.to_str().unwrap()]);
+    let o = cordon(d.path(), &with, &[]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--providers"),
+        "{}",
+        out(&o)
+    );
+    // Positive control: with a provider file the wrap goes through.
+    let providers = write(&d.path().join("providers.yaml"), "providers: {}\n");
+    let mut with = args.to_vec();
+    with.extend(["--providers", providers.to_str().unwrap()]);
+    let o = cordon(d.path(), &with, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    let v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    let a: Vec<&str> = v["mcpServers"]["cordon"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        a[a.len() - 2..],
+        ["--providers", providers.to_str().unwrap()],
+        "{v}"
+    );
+    let backup = cfg.with_file_name("claude_desktop_config.json.cordon-backup");
+    assert_eq!(std::fs::read(&backup).unwrap(), original);
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "backup mode {mode:o}");
 }

@@ -214,8 +214,9 @@ impl SecretBinding {
 pub struct Mount {
     pub src: String,
     pub dst: String,
-    /// Read-write (`:rw`); read-only otherwise.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Read-write (`:rw`); read-only otherwise. Always printed, so that
+    /// `cordon explain` says which.
+    #[serde(default)]
     pub writable: bool,
 }
 

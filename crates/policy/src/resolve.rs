@@ -404,6 +404,11 @@ fn rule_image_pinned(c: &Ctx<'_>) -> Vec<Diagnostic> {
 /// Validate `host:port` (IPv6 in brackets); returns the text unchanged.
 pub fn check_host_port(entry: &str) -> Result<(), String> {
     let hint = "write `host:port`, e.g. `api.example.com:443` or `[2001:db8::1]:443`";
+    if entry.contains('*') {
+        return Err(format!(
+            "egress entry `{entry}`: an allowlist names hosts, never a wildcard; for a tool that must reach any host, write `egress: proxy` (P3 only: every destination goes through the filtering proxy and is logged), otherwise {hint}"
+        ));
+    }
     let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
         let (h, p) = rest
             .split_once("]:")

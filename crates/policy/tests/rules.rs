@@ -143,7 +143,8 @@ fn bad_egress_entries() {
         ("a.example", "has no port"),
         ("a.example:0", "is not 1-65535"),
         ("u@a.example:443", "no userinfo"),
-        ("*.example:443", "wildcards"),
+        ("*.example:443", "never a wildcard"),
+        ("*", "write `egress: proxy`"),
     ] {
         assert_one(
             &format!(

@@ -515,8 +515,14 @@ pub fn admit_secrets(policy: &ToolPolicy, minting: Option<&dyn Minting>) -> Resu
     }
     match minting {
         None => Err(format!(
-            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
-            policy.name
+            "{}: declares secrets ({}), but no credential broker is configured; refusing rather than running without them. Write a provider file (docs/secrets.md) and give it with `--providers FILE` or $CORDON_PROVIDERS, or put it at /etc/cordon/providers.yaml",
+            policy.name,
+            policy
+                .secrets
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
         Some(m) => m.can_mint(policy),
     }

@@ -112,7 +112,7 @@ pub fn lower(
     let image_ref = image_reference(p, use_)?;
     let image = resolve_image(p, image_ref.as_deref(), images)?;
     let argv = program(p, use_, image_ref.as_deref(), image.as_ref())?;
-    check_secrets(p, credentials)?;
+    crate::admit_secrets(p, credentials)?;
     let l = p.require_limits()?;
     let network = network_of(p, upstream_dns)?;
     let Rooted {
@@ -257,20 +257,6 @@ fn program(
         });
     }
     Ok(argv)
-}
-
-/// Refuse a tool that declares secrets no configured credential broker can mint.
-fn check_secrets(p: &ToolPolicy, credentials: Option<&dyn crate::Minting>) -> Result<(), String> {
-    if p.secrets.is_empty() {
-        return Ok(());
-    }
-    match credentials {
-        None => Err(format!(
-            "{}: declares secrets, but no credential broker is configured; refusing rather than running without them",
-            p.name
-        )),
-        Some(c) => c.can_mint(p),
-    }
 }
 
 /// The sandbox's network: none, or the doors serving the tool's egress policy with its TLS

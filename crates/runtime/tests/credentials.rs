@@ -35,7 +35,7 @@ fn secrets_need_a_broker_that_can_mint_them() {
     );
     let err = lower(&t, Use::Call, None, None, &UpstreamDns::Host).unwrap_err();
     assert!(
-        err.contains("declares secrets, but no credential broker is configured"),
+        err.contains("declares secrets (T), but no credential broker is configured"),
         "{err}"
     );
     let no = Broker(Err(
@@ -56,7 +56,7 @@ fn secrets_need_a_broker_that_can_mint_them() {
     let err = cordon_runtime::admit_secrets(&t, None).unwrap_err();
     assert_eq!(
         err,
-        "api: declares secrets, but no credential broker is configured; refusing rather than running without them"
+        "api: declares secrets (T), but no credential broker is configured; refusing rather than running without them. Write a provider file (docs/secrets.md) and give it with `--providers FILE` or $CORDON_PROVIDERS, or put it at /etc/cordon/providers.yaml"
     );
     assert_eq!(
         cordon_runtime::admit_secrets(&t, Some(&no)).unwrap_err(),

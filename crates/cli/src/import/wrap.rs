@@ -5,6 +5,7 @@
 //! comments and layout (a JSON-with-comments syntax tree, or Codex's TOML
 //! document, is edited, not re-serialised).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -15,6 +16,9 @@ use sha2::Digest as _;
 use super::formats::{self, Format};
 use super::map::tool_name;
 use crate::exit;
+
+/// Where `cordon serve` reads its provider file when given none.
+const DEFAULT_PROVIDERS: &str = "/etc/cordon/providers.yaml";
 
 /// The name of the entry wrap adds.
 pub const ENTRY: &str = "cordon";
@@ -37,6 +41,34 @@ pub struct WrapArgs {
     /// The cordon the client starts (default: this one).
     #[arg(long, value_name = "PATH")]
     pub cordon: Option<PathBuf>,
+    /// The credential broker's provider file the wrapped `cordon serve`
+    /// reads (`serve --providers`). Required when a server of the manifest
+    /// declares secrets and /etc/cordon/providers.yaml does not exist: the
+    /// client would otherwise lose those servers' tools.
+    #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
+    pub providers: Option<PathBuf>,
+}
+
+/// What the wrapped client starts: `cordon serve -m MANIFEST [--providers FILE]`.
+pub struct Serve {
+    pub cordon: PathBuf,
+    pub manifest: PathBuf,
+    pub providers: Option<PathBuf>,
+}
+
+impl Serve {
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "serve".to_string(),
+            "-m".into(),
+            self.manifest.display().to_string(),
+        ];
+        if let Some(p) = &self.providers {
+            a.push("--providers".into());
+            a.push(p.display().to_string());
+        }
+        a
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -79,11 +111,11 @@ pub fn wrapped(
     text: &str,
     format: Format,
     tools: &[String],
-    cordon: &Path,
-    manifest: &Path,
+    serve: &Serve,
 ) -> anyhow::Result<(String, Vec<String>)> {
+    let (cordon, manifest) = (&serve.cordon, &serve.manifest);
     if format == Format::Codex {
-        return wrapped_toml(config, text, tools, cordon, manifest);
+        return wrapped_toml(config, text, tools, serve);
     }
     let Some(key) = format.servers_key() else {
         bail!(
@@ -148,11 +180,7 @@ pub fn wrapped(
     entry.push(("command".to_string(), s(&cordon.display().to_string())));
     entry.push((
         "args".to_string(),
-        CstInputValue::Array(vec![
-            s("serve"),
-            s("-m"),
-            s(&manifest.display().to_string()),
-        ]),
+        CstInputValue::Array(serve.args().iter().map(|a| s(a)).collect()),
     ));
     servers.append(ENTRY, CstInputValue::Object(entry));
     Ok((root.to_string(), replaced))
@@ -164,9 +192,9 @@ fn wrapped_toml(
     config: &Path,
     text: &str,
     tools: &[String],
-    cordon: &Path,
-    manifest: &Path,
+    serve: &Serve,
 ) -> anyhow::Result<(String, Vec<String>)> {
+    let (cordon, manifest) = (&serve.cordon, &serve.manifest);
     let mut doc: toml_edit::DocumentMut = text
         .parse()
         .map_err(|e| anyhow!("{}: not valid TOML: {e}", config.display()))?;
@@ -197,13 +225,7 @@ fn wrapped_toml(
     }
     let mut t = toml_edit::Table::new();
     t.insert("command", toml_edit::value(cordon.display().to_string()));
-    let args: toml_edit::Array = [
-        "serve".to_string(),
-        "-m".into(),
-        manifest.display().to_string(),
-    ]
-    .into_iter()
-    .collect();
+    let args: toml_edit::Array = serve.args().into_iter().collect();
     t.insert("args", toml_edit::value(args));
     servers.insert(ENTRY, toml_edit::Item::Table(t));
     Ok((doc.to_string(), replaced))
@@ -227,19 +249,43 @@ pub fn wrap(a: &WrapArgs) -> anyhow::Result<ExitCode> {
         None => formats::detect(&a.config, &text)?,
     };
     let loaded = cordon_policy::load(&a.manifest).map_err(|e| anyhow!("{e}"))?;
-    let tools: Vec<String> = loaded
+    let servers: Vec<&cordon_policy::policy::ToolPolicy> = loaded
         .policy
         .tools
         .values()
         .filter(|t| matches!(t.exec, cordon_policy::policy::Exec::Mcp { .. }))
-        .map(|t| t.name.clone())
         .collect();
+    let tools: Vec<String> = servers.iter().map(|t| t.name.clone()).collect();
     let cordon = match &a.cordon {
         Some(c) => abs(c)?,
         None => std::env::current_exe().context("locating cordon itself")?,
     };
-    let manifest = abs(&a.manifest)?;
-    let (new, replaced) = wrapped(&a.config, &text, format, &tools, &cordon, &manifest)?;
+    let providers = match &a.providers {
+        Some(p) => {
+            std::fs::metadata(p).with_context(|| format!("--providers {}", p.display()))?;
+            Some(abs(p)?)
+        }
+        None => None,
+    };
+    let with_secrets: Vec<&str> = servers
+        .iter()
+        .filter(|t| !t.secrets.is_empty())
+        .map(|t| t.name.as_str())
+        .collect();
+    if providers.is_none() && !with_secrets.is_empty() && !Path::new(DEFAULT_PROVIDERS).exists() {
+        bail!(
+            "{}: {} declare(s) secrets, and no provider file is given (--providers) or at {DEFAULT_PROVIDERS}: the wrapped client would lose their tools. Write a provider file (docs/secrets.md) and pass `--providers FILE`, or remove those tools from the manifest",
+            a.manifest.display(),
+            with_secrets.join(", ")
+        );
+    }
+    let serve = Serve {
+        cordon,
+        manifest: abs(&a.manifest)?,
+        providers,
+    };
+    let manifest = &serve.manifest;
+    let (new, replaced) = wrapped(&a.config, &text, format, &tools, &serve)?;
     print!("{}", diff(&text, &new, &a.config));
     if a.dry_run {
         eprintln!(
@@ -252,9 +298,12 @@ pub fn wrap(a: &WrapArgs) -> anyhow::Result<ExitCode> {
     }
     let backup = backup_path(&a.config);
     // The original first: if anything below fails, it is still there.
+    // Mode 0600 whatever the original's: a client configuration often
+    // holds tokens in `env`, and the backup outlives the wrap.
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&backup)
         .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
         .with_context(|| {
@@ -308,6 +357,14 @@ pub fn unwrap(a: &UnwrapArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
 
+    fn serve() -> Serve {
+        Serve {
+            cordon: "/usr/local/bin/cordon".into(),
+            manifest: "/p/cordon.yaml".into(),
+            providers: None,
+        }
+    }
+
     #[test]
     fn wrap_edits_codex_toml_keeping_the_rest() {
         let text = "# my settings\nmodel = \"o3\"\n\n[mcp_servers.files]\ncommand = \"node\"\nargs = [\"x.js\"]\n\n[mcp_servers.files.env]\nA = \"1\"\n\n[mcp_servers.other]\ncommand = \"other\"\n";
@@ -316,8 +373,7 @@ mod tests {
             text,
             Format::Codex,
             &["files".to_string()],
-            Path::new("/usr/local/bin/cordon"),
-            Path::new("/p/cordon.yaml"),
+            &serve(),
         )
         .unwrap();
         assert_eq!(replaced, ["files"]);
@@ -349,8 +405,7 @@ mod tests {
             text,
             Format::Vscode,
             &["files".to_string()],
-            Path::new("/usr/local/bin/cordon"),
-            Path::new("/p/cordon.yaml"),
+            &serve(),
         )
         .unwrap();
         assert_eq!(replaced, ["files"]);
