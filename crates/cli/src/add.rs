@@ -74,13 +74,9 @@ struct Known {
     profile: (&'static str, &'static str),
     /// Why `network: none`, or what it needs instead.
     network: &'static str,
-    env: &'static [(&'static str, &'static str, &'static str)],
     args: &'static [&'static str],
     /// What the entry's comment says to add (mounts, arguments).
     note: Option<&'static str>,
-    memory: &'static str,
-    /// `mcp: {startup_seconds}`: how long its start may take (imports).
-    startup: u32,
 }
 
 const P2_SERVER: &str =
@@ -94,15 +90,8 @@ const KNOWN: &[Known] = &[
         description: "A knowledge graph the agent keeps: entities, relations, observations.",
         profile: ("P2", P2_SERVER),
         network: "it reads and writes only its own memory file",
-        env: &[(
-            "MEMORY_FILE_PATH",
-            "/tmp/memory.jsonl",
-            "the sandbox's /tmp, gone when it stops: mount a directory with `:rw` and point this into it to keep the graph",
-        )],
         args: &[],
         note: None,
-        memory: "512M",
-        startup: 30,
     },
     Known {
         ecosystem: Ecosystem::Npm,
@@ -111,11 +100,8 @@ const KNOWN: &[Known] = &[
         description: "Structured step-by-step thinking, one thought per call.",
         profile: ("P2", P2_SERVER),
         network: "it only records the thoughts it is given",
-        env: &[],
         args: &[],
         note: None,
-        memory: "512M",
-        startup: 30,
     },
     Known {
         ecosystem: Ecosystem::Npm,
@@ -124,13 +110,10 @@ const KNOWN: &[Known] = &[
         description: "Files in the directories it is given.",
         profile: ("P2", P2_SERVER),
         network: "it works on the mounted directories only",
-        env: &[],
         args: &["/data"],
         note: Some(
             "mount the directories it serves (`--mount HOST_DIR:/data`, `:rw` to let it write)",
         ),
-        memory: "512M",
-        startup: 30,
     },
     Known {
         ecosystem: Ecosystem::Pypi,
@@ -139,12 +122,9 @@ const KNOWN: &[Known] = &[
         description: "The current time, and conversions between time zones.",
         profile: ("P2", P2_SERVER),
         network: "it reads only the host's time zone database",
-        env: &[],
         // The sandbox's /etc names no local zone.
         args: &["--local-timezone", "UTC"],
         note: None,
-        memory: "256M",
-        startup: 30,
     },
     Known {
         ecosystem: Ecosystem::Pypi,
@@ -153,17 +133,10 @@ const KNOWN: &[Known] = &[
         description: "Read and change the git repositories mounted for it.",
         profile: ("P2", P2_SERVER),
         network: "it works on local repositories only (no fetch or push)",
-        env: &[(
-            "GIT_CONFIG_PARAMETERS",
-            "'safe.directory=*'",
-            "as `git -c safe.directory=*`: the mounted repositories belong to a host uid, not the sandbox's; git's ownership check (another user's repository config on a shared machine) is the sandbox's job here",
-        )],
         args: &[],
         note: Some(
             "mount the repositories (`--mount HOST_REPO:/repo:rw`; read-only for status, log and diff)",
         ),
-        memory: "512M",
-        startup: 30,
     },
     Known {
         ecosystem: Ecosystem::Pypi,
@@ -175,14 +148,10 @@ const KNOWN: &[Known] = &[
             "it parses untrusted documents in one long-running MCP server (a P1 parser jail runs one command per call)",
         ),
         network: "file: URIs of the mounted files only; http(s) URIs need `egress:` to their hosts",
-        env: &[],
         args: &[],
         note: Some(
             "mount the files to convert (`--mount HOST_DIR:/data`), named as file:///data/NAME",
         ),
-        memory: "1G",
-        // It imports every converter's libraries at start.
-        startup: 120,
     },
     Known {
         ecosystem: Ecosystem::Pypi,
@@ -191,11 +160,8 @@ const KNOWN: &[Known] = &[
         description: "Fetch a web page as Markdown.",
         profile: ("P2", P2_SERVER),
         network: "it needs the network to the sites it fetches: replace `network: none` with `egress: [HOST:443, ...]`",
-        env: &[],
         args: &[],
         note: None,
-        memory: "512M",
-        startup: 30,
     },
 ];
 
@@ -290,7 +256,13 @@ fn entry(
     line(&mut o, &i2, &format!("description: {}", q(&desc)));
     line(&mut o, &i2, "network: none");
     line(&mut o, &i2, "lifetime: session");
-    let memory = k.map_or("512M", |k| k.memory);
+    // The proposal `cordon import` makes for the same package.
+    let shared = crate::import::known::by_package(&inst.package.name);
+    let interpreter = match inst.package.ecosystem {
+        Ecosystem::Npm => "node",
+        Ecosystem::Pypi => "python",
+    };
+    let memory = crate::import::known::memory(shared, Some(interpreter)).map_or("512M", |(m, _)| m);
     line(
         &mut o,
         &i2,
@@ -316,7 +288,7 @@ fn entry(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone(), None))
         .collect();
-    for (n, v, why) in k.map_or(&[][..], |k| k.env) {
+    for (n, v, why) in shared.map_or(&[][..], |k| k.env) {
         env.push(((*n).to_string(), (*v).to_string(), Some(*why)));
     }
     if !env.is_empty() {
@@ -329,7 +301,7 @@ fn entry(
         }
     }
     line(&mut o, &i2, "mcp:");
-    let startup = k.map_or(30, |k| k.startup);
+    let startup = shared.map_or(crate::import::known::STARTUP, |k| k.startup);
     line(&mut o, &i3, &format!("startup_seconds: {startup}"));
     let mut argv: Vec<String> = inst.command.clone();
     if args.is_empty() {

@@ -1030,6 +1030,43 @@ fn launcher_entries_are_installed_into_the_store() {
             "{a:?}"
         );
     }
+    // One proposal per package, whichever door it came in by: `cordon add`
+    // proposes the same memory limit, start-up time and environment.
+    let o = cordon(
+        d.path(),
+        &[
+            "add",
+            "npm:@modelcontextprotocol/server-memory",
+            "--print",
+            "--store",
+            store.to_str().unwrap(),
+            "--from",
+            npm_cache.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    let added = String::from_utf8_lossy(&o.stdout).into_owned();
+    let imported = &t["memory"];
+    assert_eq!(imported.limits.unwrap().memory_bytes, 512 << 20, "{text}");
+    assert!(added.contains("memory: 512M"), "{added}");
+    let startup = |text: &str| {
+        text.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("startup_seconds: ")
+                .map(str::to_string)
+        })
+    };
+    assert_eq!(startup(&text), Some("30".to_string()), "{text}");
+    assert_eq!(startup(&added), startup(&text), "{added}");
+    assert_eq!(
+        imported.env.get("MEMORY_FILE_PATH").map(String::as_str),
+        Some("/tmp/memory.jsonl")
+    );
+    assert!(
+        added.contains("MEMORY_FILE_PATH: \"/tmp/memory.jsonl\""),
+        "{added}"
+    );
     check_clean(d.path());
     let names = served_tools(&d.path().join("cordon.yaml"), d.path());
     assert!(names.iter().any(|n| n.starts_with("memory__")), "{names:?}");

@@ -26,6 +26,8 @@ pub struct Entry {
     pub secrets: Vec<SecretEntry>,
     /// The server's argv as seen inside the sandbox.
     pub command: Vec<String>,
+    /// `mcp: {startup_seconds}` (a known server's); `None`: the default.
+    pub startup: Option<u32>,
 }
 
 /// What the tool may reach.
@@ -174,6 +176,9 @@ pub fn manifest_entry(e: &Entry) -> String {
     }
     let argv: Vec<String> = e.command.iter().map(|a| q(a)).collect();
     let _ = writeln!(o, "    mcp:");
+    if let Some(t) = e.startup {
+        let _ = writeln!(o, "      startup_seconds: {t}");
+    }
     let _ = writeln!(o, "      command: [{}]", argv.join(", "));
     o
 }
@@ -234,6 +239,7 @@ mod tests {
                 reason: "its name".into(),
             }],
             command: vec!["/usr/bin/node".into(), "# not a comment".into()],
+            startup: Some(45),
         }
     }
 
@@ -247,6 +253,7 @@ mod tests {
         assert_eq!(t.secrets[0].name, "API_TOKEN");
         assert!(t.mounts.iter().any(|m| m.src == "/srv/b" && m.writable));
         assert!(t.mounts.iter().any(|m| m.src == "/srv/a" && !m.writable));
+        assert!(text.contains("      startup_seconds: 45\n"), "{text}");
         match &t.exec {
             cordon_policy::policy::Exec::Mcp { command, .. } => assert_eq!(
                 command.as_deref(),

@@ -1,6 +1,9 @@
 //! Well-known MCP servers and what they need: the network they reach,
 //! whether they write the paths they are given, the credentials they read.
-//! A server not in this table gets what its arguments say.
+//! A server not in this table gets what its arguments say. `cordon import`
+//! and `cordon add` both take their proposal from here (memory, start-up
+//! time, environment), so a package gets the same entry whichever door it
+//! came in by.
 
 /// What a known server reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +39,18 @@ pub struct Known {
     pub hostile_content: bool,
     /// The scope its credentials are for, when it has any.
     pub scope: Option<&'static str>,
+    /// Its memory limit, when the interpreter's default is not right.
+    pub memory: Option<&'static str>,
+    /// `mcp: {startup_seconds}`: how long its start may take.
+    pub startup: u32,
+    /// Environment it needs in a sandbox: name, value, why.
+    pub env: &'static [(&'static str, &'static str, &'static str)],
 }
+
+/// The default of [`Known::startup`], and of a server not known.
+pub const STARTUP: u32 = 30;
+
+const NO_ENV: &[(&str, &str, &str)] = &[];
 
 pub const KNOWN: &[Known] = &[
     Known {
@@ -46,6 +60,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Write,
         hostile_content: false,
         scope: None,
+        memory: Some("512M"),
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-memory"],
@@ -54,6 +71,13 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Write,
         hostile_content: false,
         scope: None,
+        memory: Some("512M"),
+        startup: STARTUP,
+        env: &[(
+            "MEMORY_FILE_PATH",
+            "/tmp/memory.jsonl",
+            "Unset, the server writes its graph next to its script, on a read-only mount: the sandbox's own /tmp instead (gone when it stops: mount a directory with `:rw` and point this into it to keep the graph)",
+        )],
     },
     Known {
         names: &[
@@ -66,6 +90,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: true,
         scope: None,
+        memory: Some("512M"),
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["mcp-server-git", "mcp_server_git"],
@@ -74,6 +101,13 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Write,
         hostile_content: false,
         scope: None,
+        memory: Some("512M"),
+        startup: STARTUP,
+        env: &[(
+            "GIT_CONFIG_PARAMETERS",
+            "'safe.directory=*'",
+            "as `git -c safe.directory=*`: the mounted repositories belong to a host uid, not the sandbox's; git's ownership check (another user's repository config on a shared machine) is the sandbox's job here",
+        )],
     },
     Known {
         names: &["mcp-server-time", "mcp_server_time"],
@@ -82,6 +116,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: None,
+        memory: Some("256M"),
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-sequential-thinking"],
@@ -90,6 +127,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: None,
+        memory: Some("512M"),
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-everything"],
@@ -98,6 +138,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: None,
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-github"],
@@ -106,6 +149,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: Some("repo"),
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-gitlab"],
@@ -114,6 +160,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: Some("api"),
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-slack"],
@@ -122,6 +171,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: Some("channels:read chat:write"),
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-brave-search"],
@@ -130,6 +182,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: Some("search"),
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-google-maps"],
@@ -138,6 +193,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: Some("maps"),
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["@modelcontextprotocol/server-postgres"],
@@ -146,6 +204,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: false,
         scope: None,
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["mcp-server-sqlite", "mcp_server_sqlite"],
@@ -154,6 +215,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Write,
         hostile_content: false,
         scope: None,
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &[
@@ -165,6 +229,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: true,
         scope: None,
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &[
@@ -176,6 +243,9 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: true,
         scope: None,
+        memory: None,
+        startup: STARTUP,
+        env: NO_ENV,
     },
     Known {
         names: &["markitdown-mcp", "markitdown_mcp"],
@@ -184,8 +254,39 @@ pub const KNOWN: &[Known] = &[
         paths: Paths::Read,
         hostile_content: true,
         scope: None,
+        memory: Some("1G"),
+        startup: 120,
+        env: NO_ENV,
     },
 ];
+
+/// The known server published as `package` (npm or PyPI; `_` and `-`
+/// alike, any case).
+pub fn by_package(package: &str) -> Option<&'static Known> {
+    let norm = |s: &str| s.to_ascii_lowercase().replace('_', "-");
+    KNOWN
+        .iter()
+        .find(|k| k.names.iter().any(|n| norm(n) == norm(package)))
+}
+
+/// The memory limit proposed for a server, and why: its own when known,
+/// else its interpreter's (`node`, `python`); `None`: the profile's.
+pub fn memory(k: Option<&Known>, interpreter: Option<&str>) -> Option<(&'static str, String)> {
+    if let Some(m) = k.and_then(|k| k.memory) {
+        return Some((m, format!("what {} needs.", k.map_or("", |k| k.names[0]))));
+    }
+    match interpreter {
+        Some("node") => Some((
+            "1G",
+            "node reserves more memory than the profile's default 256M.".into(),
+        )),
+        Some("python") => Some((
+            "512M",
+            "a Python server's interpreter and libraries need more than the default 256M.".into(),
+        )),
+        _ => None,
+    }
+}
 
 /// The known server whose package, module or script path appears in
 /// `words` (the command and its arguments).

@@ -431,14 +431,12 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
 
     // The environment: credentials become secrets.
     let secrets = env_entries(s, cx, env, &base, known, &name, &mut got)?;
-    if known.is_some_and(|k| k.names[0] == "@modelcontextprotocol/server-memory")
-        && !env.contains_key("MEMORY_FILE_PATH")
-    {
-        got.env.push((
-            "MEMORY_FILE_PATH".into(),
-            "/tmp/memory.jsonl".into(),
-            Some("Unset, the server writes its graph next to its script, on a read-only mount: the sandbox's own /tmp instead (the graph lasts as long as the sandbox)".into()),
-        ));
+    // What the server needs in a sandbox that its configuration does not set.
+    for (k, v, why) in known.map_or(&[][..], |k| k.env) {
+        if !env.contains_key(*k) {
+            got.env
+                .push(((*k).to_string(), (*v).to_string(), Some((*why).to_string())));
+        }
     }
     if !got.skipped_hosts.is_empty() {
         got.notes.push(format!(
@@ -458,7 +456,9 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
     };
     profile_and_network(&mut entry, known, got.hosts);
     entry.secrets = deliveries(secrets, &entry.network);
-    entry.limits = limits_for(interpreter);
+    entry.limits = known::memory(known, interpreter)
+        .map(|(m, why)| (vec![("memory".to_string(), m.to_string())], why));
+    entry.startup = known.map(|k| k.startup);
     Ok(entry)
 }
 
@@ -1008,20 +1008,6 @@ fn deliveries(mut secrets: Vec<SecretEntry>, network: &Network) -> Vec<SecretEnt
 }
 
 /// More memory than the default for the interpreters that need it.
-fn limits_for(interpreter: Option<&str>) -> Option<(Vec<(String, String)>, String)> {
-    match interpreter {
-        Some("node") => Some((
-            vec![("memory".into(), "1G".into())],
-            "node reserves more memory than the profile's default 256M.".into(),
-        )),
-        Some("python") => Some((
-            vec![("memory".into(), "512M".into())],
-            "a Python server's interpreter and libraries need more than the default 256M.".into(),
-        )),
-        _ => None,
-    }
-}
-
 fn known_reason(k: Option<&Known>) -> String {
     match k {
         Some(k) => format!("{} reaches this API", k.names[0]),
