@@ -43,6 +43,8 @@ pub struct Row {
     /// allowlist's `host:port` entries.
     pub egress: Vec<String>,
     pub secrets: Vec<String>,
+    /// Host paths bound into the sandbox: `SRC -> DST (ro|rw)`.
+    pub mounts: Vec<String>,
     pub profile: String,
     pub runtime: String,
     /// Mechanisms the runtime must fully enforce, else the tool is refused.
@@ -145,6 +147,18 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
                 Network::Host => vec!["host (no network isolation)".into()],
             },
             secrets: p.secrets.iter().map(|s| s.name.clone()).collect(),
+            mounts: p
+                .mounts
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{} -> {} ({})",
+                        m.src,
+                        m.dst,
+                        if m.writable { "rw" } else { "ro" }
+                    )
+                })
+                .collect(),
             profile: cordon_broker::profile_name(p.profile).to_string(),
             runtime: lower(&p.runtime),
             requires: p.require.iter().map(|m| m.name().to_string()).collect(),
@@ -178,70 +192,72 @@ pub fn run(a: &InventoryArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(exit::OK));
     }
-    let header = [
-        "tool",
-        "profile",
-        "runtime",
-        "parses",
-        "egress",
-        "secrets",
-        "requires",
-        "enforced here",
-        "probe passed",
-    ];
-    let table: Vec<[String; 9]> = rows
-        .iter()
-        .map(|r| {
-            [
+    let enforced = |r: &Row| {
+        if r.enforceable {
+            if r.enforcement.is_empty() {
+                "yes".to_string()
+            } else {
+                format!("yes ({})", r.enforcement.join("; "))
+            }
+        } else {
+            format!("NO: {}", r.enforcement.join("; "))
+        }
+    };
+    let probe = |r: &Row| match &r.probe_passed {
+        Some(t) if r.probe == "passed" => t.clone(),
+        Some(t) => format!("{t} (last run: {})", r.probe),
+        None => r.probe.clone(),
+    };
+    if a.markdown {
+        let header = [
+            "tool",
+            "profile",
+            "runtime",
+            "parses",
+            "egress",
+            "secrets",
+            "mounts",
+            "requires",
+            "enforced here",
+            "probe passed",
+        ];
+        println!("| {} |", header.join(" | "));
+        println!("|{}", " --- |".repeat(header.len()));
+        for r in &rows {
+            let cells = [
                 r.tool.clone(),
                 r.profile.clone(),
                 r.runtime.clone(),
                 r.parses.clone(),
                 cell(&r.egress),
                 cell(&r.secrets),
+                cell(&r.mounts),
                 cell(&r.requires),
-                if r.enforceable {
-                    if r.enforcement.is_empty() {
-                        "yes".into()
-                    } else {
-                        format!("yes ({})", r.enforcement.join("; "))
-                    }
-                } else {
-                    format!("NO: {}", r.enforcement.join("; "))
-                },
-                match &r.probe_passed {
-                    Some(t) if r.probe == "passed" => t.clone(),
-                    Some(t) => format!("{t} (last run: {})", r.probe),
-                    None => r.probe.clone(),
-                },
-            ]
-        })
-        .collect();
-    if a.markdown {
-        println!("| {} |", header.join(" | "));
-        println!("|{}", " --- |".repeat(header.len()));
-        for row in &table {
-            let cells: Vec<String> = row.iter().map(|c| c.replace('|', "\\|")).collect();
+                enforced(r),
+                probe(r),
+            ];
+            let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
             println!("| {} |", cells.join(" | "));
         }
     } else {
-        let mut w = header.map(str::len);
-        for row in &table {
-            for (i, c) in row.iter().enumerate() {
-                w[i] = w[i].max(c.chars().count());
+        // One block per tool, one field per line: readable in a terminal
+        // however long a field is.
+        for (i, r) in rows.iter().enumerate() {
+            if i > 0 {
+                println!();
             }
-        }
-        let line = |cells: Vec<&str>| {
-            let padded: Vec<String> = cells
-                .iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c:<width$}", width = w[i]))
-                .collect();
-            println!("{}", padded.join("  ").trim_end());
-        };
-        line(header.to_vec());
-        for row in &table {
-            line(row.iter().map(String::as_str).collect());
+            println!("{}  {} {}", r.tool, r.profile, r.runtime);
+            for (k, v) in [
+                ("parses", r.parses.clone()),
+                ("egress", cell(&r.egress)),
+                ("secrets", cell(&r.secrets)),
+                ("mounts", cell(&r.mounts)),
+                ("requires", cell(&r.requires)),
+                ("enforced", enforced(r)),
+                ("probed", probe(r)),
+            ] {
+                println!("  {k:<9} {v}");
+            }
         }
     }
     Ok(ExitCode::from(exit::OK))

@@ -944,6 +944,21 @@ fn inventory_reflects_a_probe_run() {
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(md.starts_with("| tool | profile |"), "{md}");
     assert!(md.contains("| ref | P2 | native |"), "{md}");
+    // The text form: one block per tool, its mounts and whether each is
+    // read-only, one field per line.
+    let o = cordon(d.path(), &["inventory", "-m", m.to_str().unwrap()], &[]);
+    let txt = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(txt.starts_with("ref  P2 native\n"), "{txt}");
+    let mounts = txt
+        .lines()
+        .find(|l| l.starts_with("  mounts "))
+        .unwrap_or_else(|| panic!("{txt}"));
+    assert!(mounts.contains(" (ro)"), "{txt}");
+    assert_eq!(
+        inventory()["tools"][0]["mounts"].as_array().map(Vec::len),
+        Some(mounts.split(", ").count()),
+        "{txt}"
+    );
 
     // A different policy is not the one that was probed.
     let text = std::fs::read_to_string(&m).unwrap();
