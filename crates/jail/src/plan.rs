@@ -54,10 +54,39 @@ use crate::{DoorRequest, JailError, JailSpec, LandlockStatus, Root};
 /// The Landlock ABI whose rights we ask for.
 pub const LANDLOCK_TARGET: ABI = ABI::V6;
 
+/// How the tool's binds and volumes are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindBy {
+    /// The child binds the host path: it must be able to walk to it with
+    /// the sandbox's credentials (an unprivileged broker's own uid).
+    Path,
+    /// The broker clones each source's mount tree with its own credentials
+    /// and the child attaches it ([`cordon_sys::mount::clone_tree`]): a
+    /// source under a directory the sandbox's uid cannot search (a 0700
+    /// home) is mounted all the same; inside, its own permissions apply.
+    /// A root broker's way; a source it cannot clone (EPERM, ENOSYS) falls
+    /// back to the path.
+    Tree,
+}
+
+impl BindBy {
+    /// How this process's sandboxes get their binds: [`BindBy::Tree`] when
+    /// it is root (it can clone mount trees), else [`BindBy::Path`].
+    pub fn for_this_broker() -> BindBy {
+        if cordon_sys::io::geteuid() == 0 {
+            BindBy::Tree
+        } else {
+            BindBy::Path
+        }
+    }
+}
+
 /// The filesystem program plus a description of each step for errors.
 pub struct Program {
     pub steps: Vec<Step>,
     pub names: Vec<String>,
+    /// Mount trees attached so far ([`Op::AttachTree`] slots).
+    trees: u32,
 }
 
 fn c(s: impl AsRef<[u8]>) -> Result<CString, JailError> {
@@ -181,9 +210,23 @@ pub fn program(
     uid: u32,
     gid: u32,
 ) -> Result<Program, JailError> {
+    program_by(root, system_dirs, spec, uid, gid, BindBy::Path)
+}
+
+/// [`program`] with the tool's binds and volumes made `by` paths or
+/// cloned trees.
+pub fn program_by(
+    root: &Path,
+    system_dirs: &[SystemDir],
+    spec: &JailSpec,
+    uid: u32,
+    gid: u32,
+    by: BindBy,
+) -> Result<Program, JailError> {
     let mut p = Program {
         steps: Vec::with_capacity(64),
         names: Vec::with_capacity(64),
+        trees: 0,
     };
     p.push("hostname".into(), Op::Hostname { name: c("cordon")? });
     p.push(
@@ -210,7 +253,7 @@ pub fn program(
         Root::HostBinds => host_root(&mut p, root, system_dirs, uid, gid)?,
         Root::Image { rootfs, .. } => image_root(&mut p, root, rootfs)?,
     }
-    jail_dirs(&mut p, root, spec)?;
+    jail_dirs(&mut p, root, spec, by)?;
     Ok(p)
 }
 
@@ -221,6 +264,7 @@ pub fn supervisor_program() -> Result<Program, JailError> {
     let mut p = Program {
         steps: Vec::with_capacity(2),
         names: Vec::with_capacity(2),
+        trees: 0,
     };
     p.push(
         "make every mount private".into(),
@@ -523,16 +567,16 @@ fn check_image_dst(rootfs: &Path, dst: &Path) -> Result<(), JailError> {
 
 /// `/dev`, `/proc`, `/tmp`, the spec's binds, `pivot_root`, the read-only
 /// remount and the working directory.
-fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec) -> Result<(), JailError> {
+fn jail_dirs(p: &mut Program, root: &Path, spec: &JailSpec, by: BindBy) -> Result<(), JailError> {
     dev_dir(p, root)?;
     proc_dir(p, root)?;
     tmp_dir(p, root, spec)?;
     trust_bundle(p, root, spec)?;
     for b in &spec.binds {
-        tool_bind(p, root, spec, b)?;
+        tool_bind(p, root, spec, b, by)?;
     }
     for v in &spec.volumes {
-        volume(p, root, spec, v)?;
+        volume(p, root, spec, v, by)?;
     }
     enter_root(p, root, spec)
 }
@@ -680,6 +724,7 @@ fn tool_bind(
     root: &Path,
     spec: &JailSpec,
     b: &crate::Bind,
+    by: BindBy,
 ) -> Result<(), JailError> {
     let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     check_dst(&b.dst)?;
@@ -713,19 +758,54 @@ fn tool_bind(
             );
         }
     }
+    let target = cp(&r(&b.dst.to_string_lossy()))?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    if let Some((tree, slot)) = tree_of(p, &b.src, by) {
+        p.push(
+            format!("attach {} on {}", b.src.display(), b.dst.display()),
+            Op::AttachTree {
+                tree,
+                slot,
+                target: target.clone(),
+            },
+        );
+        p.push(
+            format!("make {} read-only", b.dst.display()),
+            Op::SetReadOnly { target, flags },
+        );
+        return Ok(());
+    }
     p.push(
         format!("mount {} on {} read-only", b.src.display(), b.dst.display()),
         Op::BindReadOnly {
             src: cp(&b.src)?,
-            target: cp(&r(&b.dst.to_string_lossy()))?,
-            flags: libc::MS_NOSUID | libc::MS_NODEV,
+            target,
+            flags,
         },
     );
     Ok(())
 }
 
+/// A detached clone of `src`'s mount tree and its slot, when binds go by
+/// tree, the kernel allows it here and the plan has a slot left; `None`:
+/// bind the path.
+fn tree_of(p: &mut Program, src: &Path, by: BindBy) -> Option<(std::os::fd::OwnedFd, u32)> {
+    if by == BindBy::Path || p.trees >= cordon_sys::spawn::MAX_TREES {
+        return None;
+    }
+    let tree = cordon_sys::mount::clone_tree(src).ok()?;
+    p.trees += 1;
+    Some((tree, p.trees - 1))
+}
+
 /// One volume: mounted read-write, never setuid or device files.
-fn volume(p: &mut Program, root: &Path, spec: &JailSpec, v: &crate::Bind) -> Result<(), JailError> {
+fn volume(
+    p: &mut Program,
+    root: &Path,
+    spec: &JailSpec,
+    v: &crate::Bind,
+    by: BindBy,
+) -> Result<(), JailError> {
     let r = |rel: &str| -> PathBuf { root.join(rel.trim_start_matches('/')) };
     check_dst(&v.dst)?;
     if let Root::Image { rootfs, .. } = &spec.root {
@@ -749,20 +829,31 @@ fn volume(p: &mut Program, root: &Path, spec: &JailSpec, v: &crate::Bind) -> Res
         );
     }
     let target = cp(&r(&v.dst.to_string_lossy()))?;
-    p.push(
-        format!(
-            "mount {} on {} read-write",
-            v.src.display(),
-            v.dst.display()
-        ),
-        Op::Mount {
-            src: Some(cp(&v.src)?),
-            target: target.clone(),
-            fstype: None,
-            flags: libc::MS_BIND,
-            data: None,
-        },
+    let name = format!(
+        "mount {} on {} read-write",
+        v.src.display(),
+        v.dst.display()
     );
+    match tree_of(p, &v.src, by) {
+        Some((tree, slot)) => p.push(
+            name,
+            Op::AttachTree {
+                tree,
+                slot,
+                target: target.clone(),
+            },
+        ),
+        None => p.push(
+            name,
+            Op::Mount {
+                src: Some(cp(&v.src)?),
+                target: target.clone(),
+                fstype: None,
+                flags: libc::MS_BIND,
+                data: None,
+            },
+        ),
+    }
     p.push(
         format!("remount {} nosuid, nodev", v.dst.display()),
         Op::Remount {

@@ -66,6 +66,11 @@ pub fn preflight(spec: &JailSpec) -> Vec<String> {
 /// [`preflight`] with the host's system directories already detected
 /// (`HostFacts::system_dirs`), as a jail has them.
 pub fn preflight_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<String> {
+    preflight_by(spec, system_dirs, plan::BindBy::for_this_broker())
+}
+
+/// [`preflight_on`] for binds made `by` paths or cloned trees.
+fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::BindBy) -> Vec<String> {
     let tool = spec.tool.as_str();
     let id = Identity::of_sandbox();
     let mut out = Vec::new();
@@ -76,7 +81,13 @@ pub fn preflight_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<Str
             out.push(format!("{tool}: {}", spec_message(e)));
             continue;
         }
-        match id.reach(&b.src) {
+        // A root broker binds cloned trees: the directories above the
+        // source need not be searchable by the sandbox's uid.
+        let reach = match by {
+            plan::BindBy::Tree => id.exists(&b.src),
+            plan::BindBy::Path => id.reach(&b.src),
+        };
+        match reach {
             Ok(()) => usable.binds.push(b.clone()),
             Err(why) => out.push(format!(
                 "{tool}: bind source {} (for {}) {why}",
@@ -181,6 +192,18 @@ impl Identity {
             0
         };
         (p.mode >> shift) & bit != 0
+    }
+
+    /// A bind source exists (the broker clones its tree: nothing above it
+    /// is walked by the sandbox).
+    fn exists(&self, src: &Path) -> Result<(), String> {
+        match fs::metadata(src) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err("does not exist on the host".into())
+            }
+            Err(e) => Err(format!("cannot be read on the host ({e})")),
+        }
     }
 
     /// A bind source exists and every directory above it is searchable
@@ -1278,8 +1301,12 @@ mod tests {
         fs::set_permissions(d.path(), fs::Permissions::from_mode(0o700)).unwrap();
         fs::create_dir(d.path().join("inner")).unwrap();
         let spec = bound(&["/bin/true"], &d.path().join("inner"), "/opt/inner");
+        // A root broker clones the source's tree itself: the 0700 parent
+        // is not in the sandbox's way.
+        assert_eq!(preflight(&spec), Vec::<String>::new());
+        // Bound by path, it would be.
         assert_eq!(
-            preflight(&spec),
+            preflight_by(&spec, &host::system_dirs().0, plan::BindBy::Path),
             [format!(
                 "t: bind source {0}/inner (for /opt/inner) cannot be reached by the sandbox's \
                  uid 65534: {0} is not searchable by it (mode 0700)",

@@ -425,7 +425,14 @@ impl Built {
         }
         let facts = &jail.facts;
         let (uid, gid) = ids.inner;
-        let program = plan::program(jail.root_dir.path(), &facts.system_dirs, spec, uid, gid)?;
+        let program = plan::program_by(
+            jail.root_dir.path(),
+            &facts.system_dirs,
+            spec,
+            uid,
+            gid,
+            plan::BindBy::for_this_broker(),
+        )?;
         let filters = jail.filters_for(&spec.seccomp, doors_req.is_some())?;
         let (landlock, landlock_status) = if spec.landlock {
             plan::landlock(facts.landlock_abi, doors_req.is_some(), &spec.volumes)?

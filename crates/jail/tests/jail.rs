@@ -424,32 +424,58 @@ fn setup_errors_are_precise() {
         e.to_string(),
         "missing: sandbox setup failed: execve /nonexistent/tool: ENOENT"
     );
-    // A bind source below a directory the sandbox's uid cannot traverse.
+    // A bind source below a directory the sandbox's uid cannot traverse (a
+    // project in a 0700 home): a root broker clones the source's mount
+    // tree itself, so the sandbox gets the directory with its own
+    // permissions, still read-only; a volume there is read-write.
     let private = cordon_testkit::scratch::named("cordon-private");
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        for d in ["inner", "vol"] {
+            std::fs::create_dir(private.path().join(d)).unwrap();
+            std::fs::set_permissions(
+                private.path().join(d),
+                std::fs::Permissions::from_mode(0o777),
+            )
+            .unwrap();
+        }
     }
-    std::fs::create_dir(private.path().join("inner")).unwrap();
+    std::fs::write(private.path().join("inner/f.txt"), "inside").unwrap();
     if privileged(&j) {
-        let mut spec = JailSpec::new("bind", ["/bin/true"]);
+        let mut spec = py(
+            "bind",
+            &probe(
+                r#"
+print("read", open("/opt/inner/f.txt").read())
+tryit("write", lambda: open("/opt/inner/new", "w"))
+open("/vol/out.txt", "w").write("written")
+print("wrote", "yes")
+tryit("list", lambda: os.listdir("/opt/inner"))
+"#,
+            ),
+        );
         spec.binds.push(Bind {
             src: private.path().join("inner"),
             dst: "/opt/inner".into(),
         });
-        match j.run(&spec, Stdin::Null).unwrap_err() {
-            JailError::Setup { step, errno, .. } => {
-                assert_eq!(
-                    step,
-                    format!(
-                        "mount {}/inner on /opt/inner read-only",
-                        private.path().display()
-                    )
-                );
-                assert_eq!(errno, Errno::EACCES);
-            }
-            other => panic!("{other}"),
-        }
+        spec.volumes.push(Bind {
+            src: private.path().join("vol"),
+            dst: "/vol".into(),
+        });
+        let out = text(&run_ok(&j, &spec, Stdin::Null).stdout);
+        assert_eq!(field(&out, "read"), "inside", "{out}");
+        assert_eq!(field(&out, "write"), "EROFS", "{out}");
+        assert_eq!(field(&out, "list"), "ok", "{out}");
+        assert_eq!(
+            std::fs::read_to_string(private.path().join("vol/out.txt")).unwrap(),
+            "written"
+        );
+        // The preflight agrees: nothing to say about the 0700 parent.
+        assert_eq!(
+            cordon_jail::preflight::preflight(&spec),
+            Vec::<String>::new()
+        );
         // Binding a directory the tool cannot read works, but the tool
         // still cannot read it (/root is 0700 root).
         let mut spec = py(

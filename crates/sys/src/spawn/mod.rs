@@ -82,5 +82,5 @@ mod step;
 pub use clone::{CLONE_VM, Child, born_into_cgroup_survives, spawn};
 pub use fdpass::recv_fd;
 pub use netns::{new_net_namespace, start_net_namespace};
-pub use plan::{ChildPlan, DoorsPlan, LandlockPlan, Op, Step};
+pub use plan::{ChildPlan, DoorsPlan, FIRST_TREE_FD, LandlockPlan, MAX_TREES, Op, Step};
 pub use step::{ChildFailure, ChildStep};

@@ -119,6 +119,51 @@ fn remount_keep(target: &CStr, flags: libc::c_ulong) -> Result<(), i32> {
     Ok(())
 }
 
+/// Make the mount on `target` and its submounts read-only with `flags`
+/// added (`MS_NOSUID` and the like) through a recursive `mount_setattr`,
+/// which only adds attributes: flags the kernel locked (a host nosuid, say)
+/// stay. A kernel without it (before 5.12) gets a bind remount that keeps
+/// them, for the top mount only.
+fn set_read_only(target: &CStr, flags: libc::c_ulong) -> Result<(), i32> {
+    let mut set = MOUNT_ATTR_RDONLY;
+    if flags & libc::MS_NOSUID != 0 {
+        set |= MOUNT_ATTR_NOSUID;
+    }
+    if flags & libc::MS_NODEV != 0 {
+        set |= MOUNT_ATTR_NODEV;
+    }
+    if flags & libc::MS_NOEXEC != 0 {
+        set |= MOUNT_ATTR_NOEXEC;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr reads the C string `target` and the
+    // `MountAttr` `attr` on this stack, of the size passed.
+    let r = unsafe {
+        sc!(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>()
+        )
+    };
+    // mount_setattr only adds attributes, so flags the kernel locked
+    // (a host nosuid, say) stay. A kernel without it (before 5.12)
+    // gets a bind remount that keeps them, for the top mount only.
+    match ck(r) {
+        Ok(_) => {}
+        Err(libc::ENOSYS) => remount_keep(target, libc::MS_RDONLY | flags)?,
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
 /// One operation. The pointers every system call here gets are C strings
 /// and buffers owned by `op`, which the parent built before clone and which
 /// live for the whole child, or null.
@@ -157,43 +202,24 @@ fn run_op(op: &Op) -> Result<(), i32> {
                     std::ptr::null::<libc::c_void>()
                 )
             })?;
-            let mut set = MOUNT_ATTR_RDONLY;
-            if flags & libc::MS_NOSUID != 0 {
-                set |= MOUNT_ATTR_NOSUID;
-            }
-            if flags & libc::MS_NODEV != 0 {
-                set |= MOUNT_ATTR_NODEV;
-            }
-            if flags & libc::MS_NOEXEC != 0 {
-                set |= MOUNT_ATTR_NOEXEC;
-            }
-            let attr = MountAttr {
-                attr_set: set,
-                attr_clr: 0,
-                propagation: 0,
-                userns_fd: 0,
-            };
-            // SAFETY: mount_setattr reads the C string `target` and the
-            // `MountAttr` `attr` on this stack, of the size passed.
-            let r = unsafe {
+            set_read_only(target, *flags)?;
+        }
+        Op::AttachTree { slot, target, .. } => {
+            // SAFETY: move_mount reads the empty C string literal and the C
+            // string `target`; the descriptor is the child's copy of the
+            // tree, placed there by `Fds::install`.
+            ck(unsafe {
                 sc!(
-                    libc::SYS_mount_setattr,
+                    libc::SYS_move_mount,
+                    super::plan::FIRST_TREE_FD + *slot,
+                    c"".as_ptr(),
                     libc::AT_FDCWD,
                     target.as_ptr(),
-                    libc::AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW,
-                    &attr as *const MountAttr,
-                    std::mem::size_of::<MountAttr>()
+                    0x4u32
                 )
-            };
-            // mount_setattr only adds attributes, so flags the kernel locked
-            // (a host nosuid, say) stay. A kernel without it (before 5.12)
-            // gets a bind remount that keeps them, for the top mount only.
-            match ck(r) {
-                Ok(_) => {}
-                Err(libc::ENOSYS) => remount_keep(target, libc::MS_RDONLY | *flags)?,
-                Err(e) => return Err(e),
-            }
+            })?;
         }
+        Op::SetReadOnly { target, flags } => set_read_only(target, *flags)?,
         Op::Remount { target, flags } => remount_keep(target, *flags)?,
         Op::Mkdir { path, mode } => {
             // SAFETY: mkdirat reads the C string `path`.

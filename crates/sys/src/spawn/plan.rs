@@ -4,6 +4,13 @@
 use std::ffi::CString;
 use std::os::fd::RawFd;
 
+/// How many [`Op::AttachTree`] steps one plan may have.
+pub const MAX_TREES: u32 = 64;
+
+/// The child's descriptor of the tree in slot 0 (after stdio and the
+/// control descriptors, 0..=5).
+pub const FIRST_TREE_FD: u32 = 6;
+
 /// One filesystem or namespace operation of the child's setup program.
 #[derive(Debug)]
 pub enum Op {
@@ -29,6 +36,28 @@ pub enum Op {
         /// Host path.
         src: CString,
         /// Mount point in the new root.
+        target: CString,
+        /// `MS_*` flags to add besides `MS_RDONLY`.
+        flags: libc::c_ulong,
+    },
+    /// Attach a detached mount tree the broker cloned
+    /// ([`crate::mount::clone_tree`]) on `target` (`move_mount(2)`).
+    /// Follow it with [`Op::SetReadOnly`] or [`Op::Remount`].
+    AttachTree {
+        /// The tree; the broker keeps it open until the child has run.
+        tree: std::os::fd::OwnedFd,
+        /// Its place among the plan's trees, `0..MAX_TREES`, in the order
+        /// of the steps: the child finds it at descriptor
+        /// `FIRST_TREE_FD + slot` (its other descriptors are closed before
+        /// the filesystem program runs).
+        slot: u32,
+        /// Mount point in the new root.
+        target: CString,
+    },
+    /// Make the mount on `target` and its submounts read-only with `flags`
+    /// added, as [`Op::BindReadOnly`] does after its bind.
+    SetReadOnly {
+        /// Mount point.
         target: CString,
         /// `MS_*` flags to add besides `MS_RDONLY`.
         flags: libc::c_ulong,
