@@ -658,6 +658,14 @@ const NAP: &str = r#"
     command: [/bin/echo, hi]
 "#;
 
+/// How many calls of `nap` run now.
+fn naps() -> usize {
+    descendants()
+        .iter()
+        .filter(|(_, c)| c.trim_end() == "/bin/sleep 6")
+        .count()
+}
+
 /// Call `tool` as each of `who` at once; the outcomes in order: `ok`, or
 /// the refusal's `limit`.
 async fn at_once(url: &str, who: &[&str], tool: &'static str) -> Vec<String> {
@@ -713,7 +721,8 @@ async fn a_tenant_holding_long_calls_leaves_another_tenant_served() {
     // three would have held every sandbox of `max_sandboxes`).
     let url = s.url.clone();
     let t1 = tokio::spawn(async move { at_once(&url, &["a1@t1", "a2@t1", "a3@t1"], "nap").await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Once two of them run (their `sleep` processes are ours).
+    assert!(eventually(|| naps() == 2).await, "{:?}", descendants());
     let b = client(&s.url, "b@t2").await.unwrap();
     let r = call(&b, "quick").await.expect("tenant t2's call is served");
     assert_ne!(r.is_error, Some(true), "{r:?}");
@@ -873,7 +882,7 @@ async fn stateless_requests_count_against_a_principals_sessions() {
     // Two at once: each is a session while it runs; the second is refused.
     let url = s.url.clone();
     let first = tokio::spawn(async move { stateless_call(&url, "st@t1", "nap").await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(eventually(|| naps() == 1).await, "{:?}", descendants());
     let (_, second) = stateless_call(&s.url, "st@t1", "quick").await;
     assert!(
         second.contains("too_many_sessions")
