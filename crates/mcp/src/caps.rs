@@ -559,3 +559,75 @@ impl crate::ServerHandle for CappedHandle {
         self.inner.live_tokens()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(gateway: &str) -> Arc<Caps> {
+        let m = format!(
+            "version: 1\ngateway: {gateway}\ntools:\n  t:\n    profile: P1\n    command: [/bin/true]\n"
+        );
+        let l = cordon_policy::load_str(std::path::Path::new("m.yaml"), &m).unwrap();
+        Arc::new(Caps::new(&l.policy))
+    }
+
+    #[test]
+    fn a_tenant_keeps_its_fair_share_of_a_pool_another_filled() {
+        let c = caps("{max_sandboxes: 20}");
+        // Alone, tenant a takes the whole pool.
+        let mut a: Vec<SandboxSlot> = (0..20)
+            .map(|_| c.take_sandbox("a", "x").ok().unwrap())
+            .collect();
+        let r = c.take_sandbox("b", "y").err().unwrap();
+        assert_eq!(r.limit, "max_sandboxes");
+        // Half of a's end: b (wanting, refused) is owed its share of 10,
+        // so a (at its share) gets none of them, b gets them all.
+        a.truncate(10);
+        let r = c.take_sandbox("a", "x").err().unwrap();
+        assert_eq!(r.limit, "fair_share", "{}", r.why);
+        assert!(r.why.contains("holds 10 of the 20"), "{}", r.why);
+        let b: Vec<SandboxSlot> = (0..10)
+            .map(|_| c.take_sandbox("b", "y").ok().unwrap())
+            .collect();
+        assert_eq!(
+            c.take_sandbox("b", "y").err().unwrap().limit,
+            "max_sandboxes"
+        );
+        // Below its share, a takes one as soon as one frees.
+        a.truncate(9);
+        drop(c.take_sandbox("a", "x").ok().unwrap());
+        drop((a, b));
+        let l = c.ledger.lock().unwrap();
+        assert_eq!(l.sandboxes, 0);
+        assert!(l.principals.is_empty());
+    }
+
+    #[test]
+    fn a_tenant_beyond_its_share_takes_what_no_other_lacks() {
+        let c = caps("{max_sandboxes: 10}");
+        let b = c.take_sandbox("b", "y").ok().unwrap();
+        // b holds 1 of its share of 5: 4 stay free for it.
+        let a: Vec<SandboxSlot> = (0..5)
+            .map(|_| c.take_sandbox("a", "x").ok().unwrap())
+            .collect();
+        assert_eq!(c.take_sandbox("a", "x").err().unwrap().limit, "fair_share");
+        drop((a, b));
+    }
+
+    #[test]
+    fn per_principal_and_per_tenant_sandboxes_hold() {
+        let c = caps("{per_principal: {sandboxes: 1}, per_tenant: {sandboxes: 2}}");
+        let one = c.take_sandbox("t", "p1").ok().unwrap();
+        let r = c.take_sandbox("t", "p1").err().unwrap();
+        assert_eq!(r.limit, "per_principal.sandboxes");
+        let two = c.take_sandbox("t", "p2").ok().unwrap();
+        let r = c.take_sandbox("t", "p3").err().unwrap();
+        assert_eq!(r.limit, "per_tenant.sandboxes");
+        // Another tenant is not held; an ended one frees its slot.
+        drop(c.take_sandbox("u", "p1").ok().unwrap());
+        drop(one);
+        drop(c.take_sandbox("t", "p3").ok().unwrap());
+        drop(two);
+    }
+}
