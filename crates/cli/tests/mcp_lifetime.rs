@@ -16,7 +16,10 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
 const MANIFEST: &str = "version: 1
-gateway: {idle_timeout: 30m, per_principal: {sessions: 3}}
+gateway:
+  idle_timeout: 30m
+  per_principal: {sessions: 3, calls_in_flight: 2, sandboxes: 2}
+  per_tenant: {calls_in_flight: 6, sandboxes: 4}
 tools:
   hello:
     profile: P1
@@ -39,6 +42,10 @@ fn explain_without_a_tool_prints_the_gateway_section() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["gateway"]["idle_timeout_seconds"], 1800, "{v}");
     assert_eq!(v["gateway"]["per_principal"]["sessions"], 3, "{v}");
+    assert_eq!(v["gateway"]["per_principal"]["calls_in_flight"], 2, "{v}");
+    assert_eq!(v["gateway"]["per_principal"]["sandboxes"], 2, "{v}");
+    assert_eq!(v["gateway"]["per_tenant"]["calls_in_flight"], 6, "{v}");
+    assert_eq!(v["gateway"]["per_tenant"]["sandboxes"], 4, "{v}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
         .args(["explain", "hello", "--json", "-m"])
         .arg(&m)

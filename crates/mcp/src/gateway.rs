@@ -79,7 +79,7 @@ pub struct Gateway {
     pub(crate) access: Option<Arc<cordon_policy::access::Access>>,
     pub(crate) warnings: Vec<String>,
     pub(crate) seq: AtomicU64,
-    /// `max_concurrent`, `max_sandboxes`, per-principal rates and sessions.
+    /// `max_concurrent`, `max_sandboxes`, per-principal and per-tenant caps.
     pub(crate) caps: Arc<caps::Caps>,
 }
 
@@ -111,12 +111,13 @@ impl Gateway {
         let broker: Arc<Broker> = broker.into();
         let caps = Arc::new(caps::Caps::new(policy));
         // Each server started holds one of the live sandboxes.
-        let sandbox: Arc<dyn ServerSandbox> = match caps.sandboxes() {
-            Some(slots) => Arc::new(caps::CappedServers {
+        let sandbox: Arc<dyn ServerSandbox> = if caps.counts_sandboxes() {
+            Arc::new(caps::CappedServers {
                 inner: sandbox,
-                slots,
-            }),
-            None => sandbox,
+                caps: caps.clone(),
+            })
+        } else {
+            sandbox
         };
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();

@@ -18,6 +18,12 @@
 //! client that simply stops sending while its connection stays up is
 //! caught only by the idle timeout.
 //!
+//! A session has at most [`MAX_GET_STREAMS`] `GET` (SSE) streams open at
+//! once: rmcp keeps every extra one as an idle "shadow" stream, so without
+//! a bound one client could hold any number of connections. One more is
+//! answered `429` (audited as `busy`, limit `sse_streams`). The streams
+//! answering `POST`s are calls, bounded by the calls-in-flight caps.
+//!
 //! The reaper also sweeps rmcp's session table: a session there that this
 //! layer has not seen answered is tracked from then on (after rmcp's own
 //! time limit for `initialize`), so the idle timeout holds for every
@@ -45,6 +51,10 @@ const EXPIRED_MEMORY: usize = 4096;
 const INIT_ALLOWANCE: Duration =
     rmcp::transport::streamable_http_server::session::local::SessionConfig::DEFAULT_INIT_TIMEOUT;
 
+/// `GET` (SSE) streams one session may hold open at once: its stream, and
+/// room for reconnections whose old connection is not noticed gone yet.
+pub(crate) const MAX_GET_STREAMS: usize = 4;
+
 /// The header of the streamable HTTP transport that names the session.
 const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -68,6 +78,8 @@ struct Entry {
     inflight: usize,
     /// Response streams open.
     streams: usize,
+    /// `GET` requests in flight or streaming (at most [`MAX_GET_STREAMS`]).
+    gets: usize,
     /// When the last open stream was lost (dropped before it ended), and
     /// nothing came since.
     lost_at: Option<Instant>,
@@ -159,6 +171,69 @@ impl HttpSessions {
         .unwrap_or(false)
     }
 
+    /// Count a `GET` of `id` (tracked), or `false` when the session has
+    /// its [`MAX_GET_STREAMS`] already.
+    fn get_opened(&self, id: &str) -> bool {
+        self.with_live(|l| match l.get_mut(id) {
+            Some(e) if e.gets >= MAX_GET_STREAMS => false,
+            Some(e) => {
+                e.gets += 1;
+                true
+            }
+            None => true,
+        })
+        .unwrap_or(false)
+    }
+
+    fn get_closed(&self, id: &str) {
+        self.with_live(|l| {
+            if let Some(e) = l.get_mut(id) {
+                e.gets = e.gets.saturating_sub(1);
+            }
+        });
+    }
+
+    /// The refusal of a `GET` beyond [`MAX_GET_STREAMS`], audited.
+    fn too_many_streams(&self, id: &str) -> axum::response::Response {
+        let message = format!(
+            "session {id} has {MAX_GET_STREAMS} SSE streams (GET) open already; close one first"
+        );
+        let link = self
+            .with_live(|l| l.get(id).map(|e| e.link.clone()))
+            .flatten();
+        if let Some(link) = link
+            && let Some((session, who)) = link.who.get()
+        {
+            let c = crate::caller::caller_of(session, "mcp:http", who);
+            let mut rec = cordon_audit::AuditRecord::new("(session)", "");
+            rec.runtime = "none".into();
+            rec.session = c.session;
+            rec.caller = c.client;
+            rec.principal = c.principal;
+            rec.tenant = Some(c.tenant);
+            rec.status = cordon_audit::Status::Busy;
+            rec.limits_hit.push("sse_streams".into());
+            rec.reason = Some(message.clone());
+            self.broker.record_after(&rec);
+        }
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {
+                "code": -32603,
+                "message": message,
+                "data": {"cordon/status": "busy", "limit": "sse_streams"},
+            }
+        });
+        let mut r = axum::response::Response::new(axum::body::Body::from(body.to_string()));
+        *r.status_mut() = axum::http::StatusCode::TOO_MANY_REQUESTS;
+        r.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+
     fn stream_opened(&self, id: &str) {
         self.with_live(|l| {
             if let Some(e) = l.get_mut(id) {
@@ -200,6 +275,7 @@ impl HttpSessions {
                     last_seen: Instant::now(),
                     inflight: 0,
                     streams: 0,
+                    gets: 0,
                     lost_at: None,
                 });
         });
@@ -302,6 +378,7 @@ impl HttpSessions {
                             last_seen: Instant::now() + INIT_ALLOWANCE,
                             inflight: 0,
                             streams: 0,
+                            gets: 0,
                             lost_at: None,
                         });
                     }
@@ -341,6 +418,7 @@ pub(crate) async fn track(
 ) -> axum::response::Response {
     let method = req.method().clone();
     let post = method == axum::http::Method::POST;
+    let get = method == axum::http::Method::GET;
     let id = req
         .headers()
         .get(SESSION_HEADER)
@@ -351,6 +429,9 @@ pub(crate) async fn track(
             let t = sessions.seen(id, post);
             if !t && let Some(why) = sessions.expired_reason(id) {
                 return expired_response(id, &why);
+            }
+            if t && get && !sessions.get_opened(id) {
+                return sessions.too_many_streams(id);
             }
             t
         }
@@ -393,8 +474,12 @@ pub(crate) async fn track(
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|c| c.starts_with("text/event-stream"));
+    let counted_get = get && tracked;
     if !stream {
         sessions.response_done(&id, post, false, false);
+        if counted_get {
+            sessions.get_closed(&id);
+        }
         return resp;
     }
     sessions.stream_opened(&id);
@@ -405,6 +490,7 @@ pub(crate) async fn track(
             sessions,
             id,
             post,
+            get: counted_get,
             answered: false,
             ended: false,
         },
@@ -417,6 +503,8 @@ struct Guard {
     sessions: Arc<HttpSessions>,
     id: String,
     post: bool,
+    /// A `GET` counted against [`MAX_GET_STREAMS`].
+    get: bool,
     /// A `POST`'s stream carried a JSON-RPC response (its call is over, so
     /// a client dropping the stream then has not lost anything).
     answered: bool,
@@ -427,6 +515,9 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let lost = !(self.ended || (self.post && self.answered));
         self.sessions.response_done(&self.id, self.post, true, lost);
+        if self.get {
+            self.sessions.get_closed(&self.id);
+        }
     }
 }
 

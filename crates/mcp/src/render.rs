@@ -93,7 +93,9 @@ pub enum Refusal {
     /// The audit record could not be written: the result is withheld.
     AuditFailed,
     /// A cap at the door: the tool's `max_concurrent` (after its
-    /// `queue_seconds`) or the gateway's `max_sandboxes`.
+    /// `queue_seconds`), the gateway's `max_sandboxes` or a tenant's fair
+    /// share of it, or a principal's or tenant's calls in flight or
+    /// sandboxes.
     Busy,
     /// The principal's `calls_per_minute`.
     RateLimited,

@@ -134,7 +134,7 @@ impl Session {
 
     /// Count this session against its principal's `sessions`; a refusal
     /// is audited.
-    fn open_slot(&self) -> Result<(), ErrorData> {
+    fn open_slot(&self, stateless: bool) -> Result<(), ErrorData> {
         let p = self
             .principal
             .get()
@@ -147,7 +147,7 @@ impl Session {
         if slot.is_some() {
             return Ok(());
         }
-        match self.gw.caps.open_session(&p) {
+        match self.gw.caps.open_session(&p, stateless) {
             Ok(s) => {
                 *slot = Some(s);
                 Ok(())
@@ -164,28 +164,24 @@ impl Session {
         }
     }
 
-    /// The caps a call passes at the door: its principal's rate, a slot of
-    /// `tool` (the manifest's tool; waits up to its `queue_seconds`) and,
-    /// for a command call (`sandbox`), one of the live sandboxes. The
-    /// slots are held until the call ends.
-    async fn door(
-        &self,
-        tool: &str,
-        called: &str,
-        sandbox: bool,
-    ) -> Result<Vec<tokio::sync::OwnedSemaphorePermit>, ErrorData> {
+    /// The caps a call passes at the door ([`caps::Caps::door`]); held
+    /// until the call ends.
+    async fn door(&self, tool: &str, called: &str, sandbox: bool) -> Result<caps::Held, ErrorData> {
         let p = self
             .principal
             .get()
             .cloned()
             .unwrap_or_else(cordon_auth::Principal::unauthenticated);
-        self.gw.caps.admit_call(&p, called)?;
-        let mut held = Vec::new();
-        held.extend(self.gw.caps.tool_slot(tool, called).await?);
-        if sandbox {
-            held.extend(self.gw.caps.sandbox_slot(called)?);
-        }
-        Ok(held)
+        self.gw.caps.door(&p, tool, called, sandbox).await
+    }
+
+    /// A request of a session that holds no session slot (over stateless
+    /// HTTP every request is its own session, never initialized) opens
+    /// one, held while the request is in flight: the principal's
+    /// `sessions` bound stateless requests too.
+    fn enter(&self, context: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.check_caller(context)?;
+        self.open_slot(true)
     }
 
     /// Tell the client something at `level` (cordon's own text, logger
@@ -373,7 +369,7 @@ impl ServerHandler for Session {
         {
             link.set(&self.id, &self.principal);
         }
-        self.open_slot()?;
+        self.open_slot(false)?;
         context.peer.set_peer_info(request.clone());
         for u in &self.upstreams {
             u.set_agent(&context.peer);
@@ -386,7 +382,7 @@ impl ServerHandler for Session {
         &self,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.learn_offers().await;
         Ok(rmcp::model::DiscoverResult::from_server_info(
             self.supported_protocol_versions().into_owned(),
@@ -402,7 +398,7 @@ impl ServerHandler for Session {
         request: rmcp::model::SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         if let Ok(mut l) = self.log_level.lock() {
             *l = Some(request.level);
         }
@@ -414,7 +410,7 @@ impl ServerHandler for Session {
         request: rmcp::model::CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CompleteResult, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.offering_or_not_found(|o| o.completions, "completion/complete")?;
         Session::complete(self, request, &context.ct).await
     }
@@ -424,7 +420,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/list")?;
         Ok(rmcp::model::ListResourcesResult::with_all_items(
             self.all_resources(&context.ct).await,
@@ -436,7 +432,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.offering_or_not_found(|o| o.resources, "resources/templates/list")?;
         Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(
             self.all_templates(&context.ct).await,
@@ -448,7 +444,7 @@ impl ServerHandler for Session {
         request: rmcp::model::ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.read(&request.uri, &context).await.map(Into::into)
     }
 
@@ -458,7 +454,7 @@ impl ServerHandler for Session {
         request: rmcp::model::SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         Session::subscribe(self, &request.uri, true, &context).await
     }
 
@@ -468,7 +464,7 @@ impl ServerHandler for Session {
         request: rmcp::model::UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         Session::subscribe(self, &request.uri, false, &context).await
     }
 
@@ -477,7 +473,7 @@ impl ServerHandler for Session {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.offering_or_not_found(|o| o.prompts, "prompts/list")?;
         Ok(rmcp::model::ListPromptsResult::with_all_items(
             self.all_prompts(&context.ct).await,
@@ -489,7 +485,7 @@ impl ServerHandler for Session {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         self.prompt(&request.name, request.arguments, &context)
             .await
             .map(Into::into)
@@ -502,7 +498,7 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         use cordon_policy::access::Kind;
-        self.check_caller(&context)?;
+        self.enter(&context)?;
         let mut tools: Vec<Tool> = self
             .gw
             .commands
@@ -582,6 +578,9 @@ impl ServerHandler for Session {
             )?;
             return r.map(Into::into);
         }
+        // A stateless request is a session while it runs (audited when
+        // refused).
+        self.open_slot(true)?;
         if let Some(t) = self.gw.commands.get(&name) {
             let profile = cordon_broker::profile_name(t.policy.profile);
             let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());

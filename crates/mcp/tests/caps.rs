@@ -7,6 +7,11 @@
 //! - a principal's `calls_per_minute` and `sessions` and the gateway's
 //!   `max_sandboxes` hold, each refusal typed and audited with the
 //!   principal;
+//! - calls in flight per principal and per tenant hold, and one tenant
+//!   holding long calls leaves another tenant served; a tenant at its fair
+//!   share of `max_sandboxes` leaves the rest to another that wants them;
+//! - stateless HTTP requests count against a principal's `sessions`, and
+//!   a session's `GET` SSE streams are capped;
 //! - an idle session is ended (audited so), and a later request with its id
 //!   is answered `404` saying it expired;
 //! - clients that go away mid-call (an rmcp client dropped, a Python client
@@ -35,7 +40,8 @@ use serde_json::{Value, json};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The caller is whoever the `x-test-principal` header names.
+/// The caller is whoever the `x-test-principal` header names
+/// (`subject@tenant`, or a subject of the default tenant).
 struct HeaderAuth;
 
 impl Authenticator for HeaderAuth {
@@ -50,7 +56,13 @@ impl Authenticator for HeaderAuth {
                 .get("x-test-principal")
                 .and_then(|v| v.to_str().ok())
             {
-                p.subject = who.to_string();
+                match who.split_once('@') {
+                    Some((subject, tenant)) => {
+                        p.subject = subject.to_string();
+                        p.tenant = tenant.to_string();
+                    }
+                    None => p.subject = who.to_string(),
+                }
             }
             Ok(p)
         })
@@ -624,4 +636,341 @@ async fn a_python_client_killed_mid_call_leaves_nothing_behind() {
             .is_some_and(|r| r.contains("client is gone")),
         "{rec}"
     );
+}
+
+/// The busy refusals in the audit log for `limit`.
+fn refused_for(audit: &Path, limit: &str) -> Vec<Value> {
+    records(audit)
+        .into_iter()
+        .filter(|r| r["status"] == "busy" && r["limits_hit"] == json!([limit]))
+        .collect()
+}
+
+const NAP: &str = r#"
+  nap:
+    profile: P1
+    description: Sleep six seconds.
+    command: [/bin/sleep, "6"]
+    limits: {wall_seconds: 60}
+  quick:
+    profile: P1
+    description: Say hi.
+    command: [/bin/echo, hi]
+"#;
+
+/// How many calls of `nap` run now.
+fn naps() -> usize {
+    descendants()
+        .iter()
+        .filter(|(_, c)| c.trim_end() == "/bin/sleep 6")
+        .count()
+}
+
+/// Call `tool` as each of `who` at once; the outcomes in order: `ok`, or
+/// the refusal's `limit`.
+async fn at_once(url: &str, who: &[&str], tool: &'static str) -> Vec<String> {
+    let mut clients = Vec::new();
+    for w in who {
+        clients.push(Arc::new(client(url, w).await.unwrap()));
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for (i, c) in clients.iter().enumerate() {
+        let c = c.clone();
+        set.spawn(async move { (i, call(&c, tool).await) });
+    }
+    let mut out = vec![String::new(); who.len()];
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r.unwrap();
+        out[i] = match r {
+            Ok(r) if r.is_error != Some(true) => "ok".into(),
+            Ok(r) => format!("{r:?}"),
+            Err(ServiceError::McpError(e)) => e
+                .data
+                .as_ref()
+                .and_then(|d| d.get("limit"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{e:?}")),
+            Err(e) => format!("{e:?}"),
+        };
+    }
+    for c in clients {
+        if let Ok(c) = Arc::try_unwrap(c) {
+            let _ = c.cancel().await;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_holding_long_calls_leaves_another_tenant_served() {
+    let _one = SERIAL.lock().await;
+    let test = "a_tenant_holding_long_calls_leaves_another_tenant_served";
+    let m = format!(
+        "version: 1\ngateway:\n  max_sandboxes: 3\n  per_principal: {{calls_in_flight: 1}}\n  per_tenant: {{calls_in_flight: 2}}\ntools:{NAP}"
+    );
+    let Some(s) = serve(test, &m).await else {
+        return;
+    };
+    // One principal, two long calls at once: one runs, one is refused.
+    let mut out = at_once(&s.url, &["a1@t1", "a1@t1"], "nap").await;
+    out.sort();
+    assert_eq!(out, ["ok", "per_principal.calls_in_flight"]);
+    // Three principals of tenant t1, one long call each: two run (the
+    // tenant's cap), one is refused; meanwhile tenant t2 is served (all
+    // three would have held every sandbox of `max_sandboxes`).
+    let url = s.url.clone();
+    let t1 = tokio::spawn(async move { at_once(&url, &["a1@t1", "a2@t1", "a3@t1"], "nap").await });
+    // Once two of them run (their `sleep` processes are ours).
+    assert!(eventually(|| naps() == 2).await, "{:?}", descendants());
+    let b = client(&s.url, "b@t2").await.unwrap();
+    let r = call(&b, "quick").await.expect("tenant t2's call is served");
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let mut out = t1.await.unwrap();
+    out.sort();
+    assert_eq!(out, ["ok", "ok", "per_tenant.calls_in_flight"]);
+    let mine = refused_for(&s.audit, "per_principal.calls_in_flight");
+    assert_eq!(mine.len(), 1, "{:#?}", records(&s.audit));
+    assert_eq!(mine[0]["principal"], "a1");
+    assert_eq!(mine[0]["tenant"], "t1");
+    assert!(
+        mine[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("`a1` has 1 calls in flight already")),
+        "{}",
+        mine[0]
+    );
+    let ours = refused_for(&s.audit, "per_tenant.calls_in_flight");
+    assert_eq!(ours.len(), 1, "{:#?}", records(&s.audit));
+    assert_eq!(ours[0]["tenant"], "t1");
+    assert!(
+        ours[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("tenant `t1` has 2 calls in flight already")),
+        "{}",
+        ours[0]
+    );
+    let _ = b.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_at_its_fair_share_leaves_sandboxes_to_another() {
+    let _one = SERIAL.lock().await;
+    let test = "a_tenant_at_its_fair_share_leaves_sandboxes_to_another";
+    let marker = format!("/srv/caps-fair-{}", std::process::id());
+    let m = fixture_manifest(&marker).replace(
+        "gateway: {disconnect_grace: 1s}",
+        "gateway: {max_sandboxes: 3}",
+    ) + "  quick:\n    profile: P1\n    command: [/bin/echo, hi]\n";
+    let Some(s) = serve(test, &m).await else {
+        return;
+    };
+    let echo = |c: &Client| {
+        let mut p = CallToolRequestParams::new("fx__echo");
+        p.arguments = json!({"text": "x"}).as_object().cloned();
+        let peer = c.peer().clone();
+        async move { peer.call_tool(p).await }
+    };
+    // Alone, tenant t1 may take every sandbox: three sessions, three
+    // servers; tenant t2 then finds none.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let c = client(&s.url, "a@t1").await.unwrap();
+        let r = echo(&c).await.expect("a lone tenant's server starts");
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+        held.push(c);
+    }
+    let b = client(&s.url, "b@t2").await.unwrap();
+    let e = call(&b, "quick").await.unwrap_err();
+    assert_eq!(status_of(&e), "busy", "{e:?}");
+    assert_eq!(refused_for(&s.audit, "max_sandboxes").len(), 1);
+    // t1's sessions end; t2 is served once their sandboxes are gone.
+    for c in held.drain(..) {
+        c.cancel().await.unwrap();
+    }
+    let mut served = false;
+    for _ in 0..300 {
+        if matches!(call(&b, "quick").await, Ok(r) if r.is_error != Some(true)) {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(served, "{:#?}", records(&s.audit));
+    // With t2 wanting sandboxes, t1 takes what t2 does not lack of its
+    // share (3 / 2 tenants = 1): two servers, not the third.
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let c = client(&s.url, "a@t1").await.unwrap();
+        outcomes.push(match echo(&c).await {
+            Ok(r) if r.is_error != Some(true) => "ok".to_string(),
+            Ok(r) => format!("{r:?}"),
+            Err(ServiceError::McpError(e)) => e
+                .data
+                .as_ref()
+                .and_then(|d| d.get("limit"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            Err(e) => format!("{e:?}"),
+        });
+        held.push(c);
+    }
+    assert_eq!(
+        outcomes,
+        ["ok", "ok", "fair_share"],
+        "{:#?}",
+        records(&s.audit)
+    );
+    let r = call(&b, "quick").await.expect("t2 keeps its share");
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let fair = refused_for(&s.audit, "fair_share");
+    assert_eq!(fair.len(), 1, "{fair:#?}");
+    assert_eq!(fair[0]["principal"], "a");
+    assert_eq!(fair[0]["tenant"], "t1");
+    assert!(
+        fair[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("its fair share while 2 tenants want them")),
+        "{}",
+        fair[0]
+    );
+    for c in held {
+        let _ = c.cancel().await;
+    }
+    let _ = b.cancel().await;
+}
+
+/// A stateless (protocol 2026-07-28) `tools/call` of `tool` as `who`: the
+/// status and body.
+async fn stateless_call(url: &str, who: &str, tool: &str) -> (u16, String) {
+    cordon_mcp::install_crypto_provider();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": tool, "arguments": {},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }}});
+    let resp = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .header("x-test-principal", who)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stateless_requests_count_against_a_principals_sessions() {
+    let _one = SERIAL.lock().await;
+    let test = "stateless_requests_count_against_a_principals_sessions";
+    let m = format!("version: 1\ngateway:\n  per_principal: {{sessions: 1}}\ntools:{NAP}");
+    let Some(s) = serve(test, &m).await else {
+        return;
+    };
+    // Positive control: one stateless call runs.
+    let (status, body) = stateless_call(&s.url, "st@t1", "quick").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("hi") && !body.contains("\"error\""), "{body}");
+    // Two at once: each is a session while it runs; the second is refused.
+    let url = s.url.clone();
+    let first = tokio::spawn(async move { stateless_call(&url, "st@t1", "nap").await });
+    assert!(eventually(|| naps() == 1).await, "{:?}", descendants());
+    let (_, second) = stateless_call(&s.url, "st@t1", "quick").await;
+    assert!(
+        second.contains("too_many_sessions")
+            && second.contains("over stateless HTTP each request in flight is a session"),
+        "{second}"
+    );
+    // Another principal is not held by it.
+    let (_, other) = stateless_call(&s.url, "other@t1", "quick").await;
+    assert!(
+        other.contains("hi") && !other.contains("\"error\""),
+        "{other}"
+    );
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("\"error\""), "{body}");
+    let refused: Vec<Value> = refused_for(&s.audit, "sessions");
+    assert_eq!(refused.len(), 1, "{:#?}", records(&s.audit));
+    assert_eq!(refused[0]["principal"], "st");
+    // Once it ended, the next runs.
+    let (_, again) = stateless_call(&s.url, "st@t1", "quick").await;
+    assert!(
+        again.contains("hi") && !again.contains("\"error\""),
+        "{again}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessions_sse_streams_are_capped() {
+    let _one = SERIAL.lock().await;
+    let test = "a_sessions_sse_streams_are_capped";
+    let m = format!("version: 1\ngateway: {{disconnect_grace: 1s}}\ntools:{SLOW}");
+    let Some(s) = serve(test, &m).await else {
+        return;
+    };
+    let (status, id, body) = post(
+        &s.url,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "sse-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let id = id.expect("a session id");
+    let (status, _, body) = post(
+        &s.url,
+        Some(&id),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let get = || {
+        reqwest::Client::new()
+            .get(&s.url)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &id)
+            .header("mcp-protocol-version", "2025-06-18")
+            .header("x-test-principal", "idler")
+            .send()
+    };
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let r = get().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "a stream within the cap");
+        open.push(r);
+    }
+    let extra = get().await.unwrap();
+    assert_eq!(extra.status().as_u16(), 429);
+    let body = extra.text().await.unwrap();
+    assert!(
+        body.contains("has 4 SSE streams (GET) open already") && body.contains("sse_streams"),
+        "{body}"
+    );
+    let refused = refused_for(&s.audit, "sse_streams");
+    assert_eq!(refused.len(), 1, "{:#?}", records(&s.audit));
+    assert_eq!(refused[0]["principal"], "idler");
+    // Positive control: once one is closed (and the gateway noticed), a
+    // new one opens.
+    drop(open.pop());
+    let mut reopened = false;
+    for _ in 0..300 {
+        let r = get().await.unwrap();
+        if r.status().as_u16() == 200 {
+            open.push(r);
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(reopened, "no stream opened after one was closed");
 }

@@ -900,12 +900,28 @@ pub fn diff_gateway(old: &GatewayPolicy, new: &GatewayPolicy, out: &mut Vec<Chan
             n.calls_per_minute.map(u64::from),
         ),
     );
-    push(
-        "per_principal.sessions",
-        bound(o.sessions),
-        bound(n.sessions),
-        looser(o.sessions.map(u64::from), n.sessions.map(u64::from)),
+    let mut count = |field: &str, o: Option<u32>, n: Option<u32>| {
+        push(
+            field,
+            bound(o),
+            bound(n),
+            looser(o.map(u64::from), n.map(u64::from)),
+        )
+    };
+    count("per_principal.sessions", o.sessions, n.sessions);
+    count(
+        "per_principal.calls_in_flight",
+        o.calls_in_flight,
+        n.calls_in_flight,
     );
+    count("per_principal.sandboxes", o.sandboxes, n.sandboxes);
+    let (o, n) = (&old.per_tenant, &new.per_tenant);
+    count(
+        "per_tenant.calls_in_flight",
+        o.calls_in_flight,
+        n.calls_in_flight,
+    );
+    count("per_tenant.sandboxes", o.sandboxes, n.sandboxes);
 }
 
 /// Changes of a tool's concurrency cap (raised or removed weakens).
@@ -953,6 +969,12 @@ mod tests {
             per_principal: PrincipalCaps {
                 calls_per_minute: Some(60),
                 sessions: Some(4),
+                calls_in_flight: Some(3),
+                sandboxes: Some(2),
+            },
+            per_tenant: crate::gateway::TenantCaps {
+                calls_in_flight: Some(6),
+                sandboxes: Some(4),
             },
             ..GatewayPolicy::default()
         };
@@ -960,6 +982,10 @@ mod tests {
         b.max_sandboxes = None;
         b.per_principal.sessions = Some(8);
         b.per_principal.calls_per_minute = Some(30);
+        b.per_principal.calls_in_flight = None;
+        b.per_principal.sandboxes = Some(1);
+        b.per_tenant.sandboxes = Some(5);
+        b.per_tenant.calls_in_flight = Some(6);
         b.idle_timeout_seconds = 3600;
         let mut out = Vec::new();
         diff_gateway(&a, &b, &mut out);
@@ -970,11 +996,22 @@ mod tests {
             .collect();
         assert_eq!(
             weak,
-            ["idle_timeout", "max_sandboxes", "per_principal.sessions"]
+            [
+                "idle_timeout",
+                "max_sandboxes",
+                "per_principal.sessions",
+                "per_principal.calls_in_flight",
+                "per_tenant.sandboxes"
+            ]
         );
         assert!(
             out.iter()
                 .any(|c| c.field == "per_principal.calls_per_minute" && !c.weakens)
         );
+        assert!(
+            out.iter()
+                .any(|c| c.field == "per_principal.sandboxes" && !c.weakens)
+        );
+        assert!(!out.iter().any(|c| c.field == "per_tenant.calls_in_flight"));
     }
 }

@@ -35,6 +35,9 @@ pub struct GatewaySettings {
     /// What each principal (subject within its tenant) may take.
     #[serde(default)]
     pub per_principal: Option<PerPrincipal>,
+    /// What all principals of one tenant may take together.
+    #[serde(default)]
+    pub per_tenant: Option<PerTenant>,
 }
 
 /// Per-principal caps, as written.
@@ -45,10 +48,36 @@ pub struct PerPrincipal {
     #[serde(default)]
     #[schemars(with = "Option<u32>")]
     pub calls_per_minute: Option<Spanned<u32>>,
-    /// Sessions open at once (absent: no bound).
+    /// Sessions open at once; over stateless HTTP each request in flight
+    /// is a session (absent: no bound).
     #[serde(default)]
     #[schemars(with = "Option<u32>")]
     pub sessions: Option<Spanned<u32>>,
+    /// Tool calls running (or waiting for a slot) at once, all sessions
+    /// together (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub calls_in_flight: Option<Spanned<u32>>,
+    /// Live sandboxes at once (command calls running and MCP servers
+    /// started), all sessions together (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub sandboxes: Option<Spanned<u32>>,
+}
+
+/// Per-tenant caps, as written: every principal of the tenant together.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PerTenant {
+    /// Tool calls running (or waiting for a slot) at once (absent: no
+    /// bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub calls_in_flight: Option<Spanned<u32>>,
+    /// Live sandboxes at once (absent: no bound).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub sandboxes: Option<Spanned<u32>>,
 }
 
 /// A duration: whole seconds, or digits followed by `s`, `m` or `h`.
@@ -97,6 +126,8 @@ pub struct GatewayPolicy {
     pub max_sandboxes: Option<u64>,
     #[serde(default)]
     pub per_principal: PrincipalCaps,
+    #[serde(default)]
+    pub per_tenant: TenantCaps,
 }
 
 /// Per-principal caps, resolved (`None`: no bound).
@@ -106,6 +137,19 @@ pub struct PrincipalCaps {
     pub calls_per_minute: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_in_flight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<u32>,
+}
+
+/// Per-tenant caps, resolved (`None`: no bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantCaps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_in_flight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<u32>,
 }
 
 impl Default for GatewayPolicy {
@@ -115,6 +159,7 @@ impl Default for GatewayPolicy {
             disconnect_grace_seconds: DEFAULT_DISCONNECT_GRACE_SECONDS,
             max_sandboxes: None,
             per_principal: PrincipalCaps::default(),
+            per_tenant: TenantCaps::default(),
         }
     }
 }
@@ -191,19 +236,35 @@ pub fn resolve_gateway(
         positive("max_sandboxes", m.referenced, m.value);
         out.max_sandboxes = Some(m.value);
     }
+    let mut cap = |what: &str, v: &Option<Spanned<u32>>, into: &mut Option<u32>| {
+        if let Some(c) = v {
+            positive(what, c.referenced, c.value.into());
+            *into = Some(c.value);
+        }
+    };
     if let Some(p) = &g.per_principal {
-        if let Some(c) = &p.calls_per_minute {
-            positive(
-                "per_principal.calls_per_minute",
-                c.referenced,
-                c.value.into(),
-            );
-            out.per_principal.calls_per_minute = Some(c.value);
-        }
-        if let Some(s) = &p.sessions {
-            positive("per_principal.sessions", s.referenced, s.value.into());
-            out.per_principal.sessions = Some(s.value);
-        }
+        let o = &mut out.per_principal;
+        cap(
+            "per_principal.calls_per_minute",
+            &p.calls_per_minute,
+            &mut o.calls_per_minute,
+        );
+        cap("per_principal.sessions", &p.sessions, &mut o.sessions);
+        cap(
+            "per_principal.calls_in_flight",
+            &p.calls_in_flight,
+            &mut o.calls_in_flight,
+        );
+        cap("per_principal.sandboxes", &p.sandboxes, &mut o.sandboxes);
+    }
+    if let Some(t) = &g.per_tenant {
+        let o = &mut out.per_tenant;
+        cap(
+            "per_tenant.calls_in_flight",
+            &t.calls_in_flight,
+            &mut o.calls_in_flight,
+        );
+        cap("per_tenant.sandboxes", &t.sandboxes, &mut o.sandboxes);
     }
     if errors.is_empty() {
         Ok(out)

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use cordon_policy::gateway::{Concurrency, GatewayPolicy, PrincipalCaps};
+use cordon_policy::gateway::{Concurrency, GatewayPolicy, PrincipalCaps, TenantCaps};
 use cordon_policy::load_str;
 
 const TOOL: &str = "tools:\n  t:\n    profile: P1\n    command: [/bin/true]\n";
@@ -34,7 +34,7 @@ fn absent_gateway_is_the_transport_default() {
 #[test]
 fn gateway_section_resolves() {
     let y = format!(
-        "gateway:\n  idle_timeout: 30m\n  disconnect_grace: 2\n  max_sandboxes: 50\n  per_principal: {{calls_per_minute: 120, sessions: 4}}\n{TOOL}    max_concurrent: 2\n    queue_seconds: 3\n"
+        "gateway:\n  idle_timeout: 30m\n  disconnect_grace: 2\n  max_sandboxes: 50\n  per_principal: {{calls_per_minute: 120, sessions: 4, calls_in_flight: 3, sandboxes: 2}}\n  per_tenant: {{calls_in_flight: 10, sandboxes: 6}}\n{TOOL}    max_concurrent: 2\n    queue_seconds: 3\n"
     );
     let l = load(&y);
     assert_eq!(
@@ -46,6 +46,12 @@ fn gateway_section_resolves() {
             per_principal: PrincipalCaps {
                 calls_per_minute: Some(120),
                 sessions: Some(4),
+                calls_in_flight: Some(3),
+                sandboxes: Some(2),
+            },
+            per_tenant: TenantCaps {
+                calls_in_flight: Some(10),
+                sandboxes: Some(6),
             },
         }
     );
@@ -74,6 +80,18 @@ fn errors_point_at_the_value() {
     let d = error(&format!("{TOOL}    queue_seconds: 4\n"));
     assert_eq!(d.line, 5, "{d}");
     assert!(d.message.contains("without `max_concurrent`"), "{d}");
+    let d = error(&format!(
+        "gateway:\n  per_principal:\n    sessions: 2\n    sandboxes: 0\n{TOOL}"
+    ));
+    assert_eq!(d.line, 4, "{d}");
+    assert!(d.message.contains("per_principal.sandboxes"), "{d}");
+    let d = error(&format!(
+        "gateway:\n  per_tenant:\n    calls_in_flight: 0\n{TOOL}"
+    ));
+    assert_eq!(d.line, 3, "{d}");
+    assert!(d.message.contains("per_tenant.calls_in_flight"), "{d}");
+    let d = error(&format!("gateway:\n  per_tenant:\n    calls: 3\n{TOOL}"));
+    assert!(d.message.contains("unknown field"), "{d}");
     let d = error(&format!("gateway:\n  max_sandbox: 3\n{TOOL}"));
     assert!(d.message.contains("unknown field"), "{d}");
 }
@@ -81,10 +99,10 @@ fn errors_point_at_the_value() {
 #[test]
 fn diff_flags_loosened_caps() {
     let a = load(&format!(
-        "gateway: {{max_sandboxes: 10, per_principal: {{sessions: 2}}}}\n{TOOL}    max_concurrent: 2\n"
+        "gateway: {{max_sandboxes: 10, per_principal: {{sessions: 2}}, per_tenant: {{sandboxes: 4}}}}\n{TOOL}    max_concurrent: 2\n"
     ));
     let b = load(&format!(
-        "gateway: {{idle_timeout: 10m, per_principal: {{sessions: 2}}}}\n{TOOL}    max_concurrent: 4\n"
+        "gateway: {{idle_timeout: 10m, per_principal: {{sessions: 2}}, per_tenant: {{sandboxes: 8}}}}\n{TOOL}    max_concurrent: 4\n"
     ));
     let changes = cordon_policy::diff::diff(&a.policy, &b.policy);
     let weak: Vec<(&str, &str)> = changes
@@ -97,11 +115,12 @@ fn diff_flags_loosened_caps() {
         [
             ("t", "max_concurrent"),
             ("(gateway)", "idle_timeout"),
-            ("(gateway)", "max_sandboxes")
+            ("(gateway)", "max_sandboxes"),
+            ("(gateway)", "per_tenant.sandboxes")
         ]
     );
     // Tightening is a change, not a weakening.
     let back = cordon_policy::diff::diff(&b.policy, &a.policy);
     assert!(back.iter().all(|c| !c.weakens), "{back:#?}");
-    assert_eq!(back.len(), 3);
+    assert_eq!(back.len(), 4);
 }

@@ -383,11 +383,9 @@ impl Upstream {
                 &self.argv,
             )
             .map_err(|e| {
-                if e == crate::caps::SANDBOXES_FULL {
-                    crate::caps::sandboxes_full(name)
-                } else {
+                crate::caps::server_refused(&e, name).unwrap_or_else(|| {
                     render::refusal(Refusal::SandboxFailed, e, json!({"tool": name}))
-                }
+                })
             })?;
         let handle = proc.handle.clone();
         if let Ok(mut w) = self.warnings.lock() {
