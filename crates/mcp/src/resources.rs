@@ -293,6 +293,33 @@ impl Session {
             .await
     }
 
+    /// An unknown prompt: the message names the prompts the caller may
+    /// get (under grants, only those granted).
+    async fn unknown_prompt(
+        &self,
+        name: &str,
+        ct: &tokio_util::sync::CancellationToken,
+    ) -> ErrorData {
+        let known: Vec<String> = self
+            .all_prompts(ct)
+            .await
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        refusal(
+            Refusal::UnknownPrompt,
+            format!(
+                "unknown prompt `{name}`; cordon serves: {}",
+                if known.is_empty() {
+                    "no prompts".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ),
+            json!({"prompt": name}),
+        )
+    }
+
     /// `prompts/get` of an exposed prompt name, gated and audited like a call.
     pub(crate) async fn prompt(
         &self,
@@ -309,33 +336,33 @@ impl Session {
         };
         let (audit, r) = match owner {
             Err(e) => (CallAudit::with_input(name, "", "none", input), Err(e)),
-            Ok(Some(u)) => (
-                CallAudit::with_input(name, u.profile(), "mcp", input),
-                u.get_prompt(name, args, Some(&context.ct)).await,
-            ),
-            Ok(None) => {
-                let known: Vec<String> = self
-                    .all_prompts(&context.ct)
-                    .await
-                    .into_iter()
-                    .map(|p| p.name)
-                    .collect();
-                (
-                    CallAudit::with_input(name, "", "none", input),
-                    Err(refusal(
-                        Refusal::UnknownPrompt,
-                        format!(
-                            "unknown prompt `{name}`; cordon serves: {}",
-                            if known.is_empty() {
-                                "no prompts".to_owned()
-                            } else {
-                                known.join(", ")
-                            }
-                        ),
-                        json!({"prompt": name}),
-                    )),
-                )
+            Ok(Some(u)) => {
+                let r = u.get_prompt(name, args, Some(&context.ct)).await;
+                // Under grants, a server's own answer for a name it does
+                // not have (which names all it has) is not passed on.
+                let r = match r {
+                    Err(e)
+                        if self.grants_apply()
+                            && e.data
+                                .as_ref()
+                                .and_then(|d| d.get("cordon/status"))
+                                .and_then(|s| s.as_str())
+                                == Some(Refusal::UnknownPrompt.as_str()) =>
+                    {
+                        Err(self.unknown_prompt(name, &context.ct).await)
+                    }
+                    other => other,
+                };
+                (CallAudit::with_input(name, u.profile(), "mcp", input), r)
             }
+            Ok(None) if !self.granted_literally(Kind::Prompt, name) => (
+                CallAudit::with_input(name, "", "none", input),
+                Err(self.not_granted(Kind::Prompt, name)),
+            ),
+            Ok(None) => (
+                CallAudit::with_input(name, "", "none", input),
+                Err(self.unknown_prompt(name, &context.ct).await),
+            ),
         };
         let outcome = r.as_ref().map(|r| {
             let text = r

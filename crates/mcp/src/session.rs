@@ -208,11 +208,23 @@ impl Session {
     /// `name`. Names not claimed yet may belong to a server this session
     /// has not listed: those are listed (all at once), and the claims read
     /// again.
+    ///
+    /// Under grants, a name the caller is granted only by a pattern is
+    /// looked for only in the listings of the servers whose name it could
+    /// be (a server exposed as-is, or the one whose prefix it carries), a
+    /// cached listing is not checked by starting its server, and a name no
+    /// listing has is owned by none (the caller is told it is not
+    /// granted, and no server is asked about it).
     pub(crate) async fn owner(
         &self,
         space: names::Space,
         name: &str,
     ) -> Option<Arc<upstream::Upstream>> {
+        let kind = match space {
+            names::Space::Tools => cordon_policy::access::Kind::Tool,
+            names::Space::Prompts => cordon_policy::access::Kind::Prompt,
+        };
+        let narrow = !self.granted_literally(kind, name);
         let claimed = || match self.gw.names.owner(space, name)? {
             names::Owner::Server(s) => self.upstreams.iter().find(|u| u.name() == s).cloned(),
             names::Owner::Command(_) => None,
@@ -222,6 +234,9 @@ impl Session {
         }
         let mut set = tokio::task::JoinSet::new();
         for u in &self.upstreams {
+            if narrow && !u.might_own(name) {
+                continue;
+            }
             let u = u.clone();
             match space {
                 names::Space::Tools if u.listed_tool_names().is_none() => {
@@ -238,6 +253,9 @@ impl Session {
             }
         }
         while set.join_next().await.is_some() {}
+        if narrow {
+            return claimed();
+        }
         if claimed().is_none() && space == names::Space::Tools {
             // Listings from the cache may be out of date: start those
             // servers (all at once) and read the claims again.
@@ -255,8 +273,9 @@ impl Session {
 
     /// An unknown tool: the message names the command tools and each
     /// server's exposed tools (`<tool>: not listed` when this session has
-    /// not listed them).
-    fn unknown(&self, name: &str) -> ErrorData {
+    /// not listed them). Under grants, only the tools the caller is
+    /// granted are named, and no server.
+    pub(crate) fn unknown(&self, name: &str) -> ErrorData {
         let granted = |n: &String| self.granted(cordon_policy::access::Kind::Tool, n);
         let mut served: Vec<String> = self
             .gw
@@ -268,17 +287,39 @@ impl Session {
         for u in &self.upstreams {
             match u.listed_tool_names() {
                 Some(names) => served.extend(names.into_iter().filter(granted)),
-                None => served.push(format!("(the tools of {}: not listed)", u.name())),
+                None if !self.grants_apply() => {
+                    served.push(format!("(the tools of {}: not listed)", u.name()))
+                }
+                None => {}
             }
         }
-        refusal(
-            Refusal::UnknownTool,
+        let message = if served.is_empty() {
+            format!("unknown tool `{name}`")
+        } else {
             format!(
                 "unknown tool `{name}`; cordon serves: {}",
                 served.join(", ")
-            ),
-            json!({"tool": name}),
-        )
+            )
+        };
+        refusal(Refusal::UnknownTool, message, json!({"tool": name}))
+    }
+
+    /// A server's answer for a name it does not have names all it has:
+    /// under grants, it is told as [`Session::unknown`] tells it.
+    fn own_unknown<T>(&self, name: &str, r: Result<T, ErrorData>) -> Result<T, ErrorData> {
+        match r {
+            Err(e)
+                if self.grants_apply()
+                    && e.data
+                        .as_ref()
+                        .and_then(|d| d.get("cordon/status"))
+                        .and_then(|s| s.as_str())
+                        == Some(Refusal::UnknownTool.as_str()) =>
+            {
+                Err(self.unknown(name))
+            }
+            other => other,
+        }
     }
 }
 
@@ -612,7 +653,7 @@ impl ServerHandler for Session {
                     return r.map(Into::into);
                 }
             };
-            let mut r = u.call(&name, request.arguments, &context).await;
+            let mut r = self.own_unknown(&name, u.call(&name, request.arguments, &context).await);
             audit.warnings = u.warnings();
             // Records of what was already done that could not be written
             // are said to the next call.
@@ -624,9 +665,14 @@ impl ServerHandler for Session {
             audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
             return r.map(Into::into);
         }
-        // A name a listing refused says why.
-        let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
-        let r = Err(refused.unwrap_or_else(|| self.unknown(&name)));
+        // A name a listing refused says why; under grants, a name granted
+        // only by a pattern that no listing has reads as one not granted.
+        let r = if self.granted_literally(cordon_policy::access::Kind::Tool, &name) {
+            let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
+            Err(refused.unwrap_or_else(|| self.unknown(&name)))
+        } else {
+            Err(self.not_granted(cordon_policy::access::Kind::Tool, &name))
+        };
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
             &self.who(&caller),

@@ -102,7 +102,7 @@ access:
   grants:
     - group: analysts
       tenant: acme
-      tools: [word_count, started, "fx__e*"]
+      tools: [word_count, started, "fx__e*", "s*", fx__gone]
       prompts: ["fx__*"]
       resources: ["fx://note"]
     - tenant: globex
@@ -756,4 +756,151 @@ async fn a_refusal_whose_record_cannot_be_written_is_refused_counted_and_said() 
             && answer.contains(&format!("the audit record of refusal (-, session {id})")),
         "{answer}"
     );
+}
+
+/// Counts the servers started through it (the broker's own sandboxes).
+struct Counting {
+    inner: cordon_mcp::RuntimeServers,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl cordon_mcp::ServerSandbox for Counting {
+    fn start(
+        &self,
+        who: &cordon_broker::Caller,
+        policy: &cordon_policy::policy::ToolPolicy,
+        argv: &[String],
+    ) -> Result<cordon_mcp::ServerProcess, String> {
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.start(who, policy, argv)
+    }
+}
+
+/// [`serve`]'s gateway, counting the servers it starts.
+async fn serve_counting() -> Option<(Served, Arc<std::sync::atomic::AtomicUsize>)> {
+    if !cordon_testkit::is_root() || !Path::new("/usr/bin/python3").exists() {
+        skip::skip_or_fail(
+            "access",
+            "needs root and /usr/bin/python3 (the fixture server)",
+        );
+        return None;
+    }
+    let dir = cordon_testkit::scratch();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let broker = Arc::new(
+        cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+            audit: Some(audit.clone()),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sandbox = Arc::new(Counting {
+        inner: cordon_mcp::servers_for(&broker, &opts),
+        started: started.clone(),
+    });
+    let loaded = cordon_policy::load(&manifest(dir.path())).unwrap();
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
+    Some((
+        Served {
+            url: gateway.url.clone(),
+            audit,
+            _gateway: gateway,
+            _dir: dir,
+        },
+        started,
+    ))
+}
+
+/// The message of a refused request.
+fn message(e: &ServiceError) -> String {
+    match e {
+        ServiceError::McpError(e) => e.message.to_string(),
+        other => panic!("not an MCP error: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_name_granted_only_by_a_pattern_that_does_not_exist_reads_as_not_granted() {
+    let Some((s, started)) = serve_counting().await else {
+        return;
+    };
+    let n = || started.load(std::sync::atomic::Ordering::SeqCst);
+    let alice = client(&s.url, ALICE).await;
+    // (`initialize` starts fx once, to learn what it offers.)
+    let at_start = n();
+
+    // `s*` gives `sx`, which does not exist: the same answer as a name no
+    // grant gives, and nothing is started to find out.
+    for name in ["sx", "zz"] {
+        let e = call(&alice, name, json!({})).await.unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("tool `{name}` is not granted to `alice`"),
+            "{name}"
+        );
+        assert_eq!(status(e), "not_granted", "{name}");
+    }
+    assert_eq!(n(), at_start, "a name no server could own started a server");
+
+    // The positive control: listed, then granted by the pattern and
+    // existing, it is called.
+    assert_eq!(
+        tool_names(&alice).await,
+        ["fx__echo", "started", "word_count"]
+    );
+    let listed = n();
+    let r = call(&alice, "fx__echo", json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains("hi"), "{r:?}");
+
+    // `fx__e*` gives `fx__eX`, which fx does not have: refused as not
+    // granted, naming nothing of fx, with nothing started for it; and
+    // `fx__secret` (fx has it, no grant gives it) reads the same.
+    for name in ["fx__eX", "fx__secret"] {
+        let e = call(&alice, name, json!({"text": "hi"})).await.unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("tool `{name}` is not granted to `alice`"),
+            "{name}"
+        );
+        assert_eq!(status(e), "not_granted", "{name}");
+    }
+    assert_eq!(n(), listed, "a refused name started a server");
+
+    // A name a grant gives literally that does not exist is unknown, and
+    // the answer names only what alice is granted.
+    let e = call(&alice, "fx__gone", json!({})).await.unwrap_err();
+    assert_eq!(
+        message(&e),
+        "unknown tool `fx__gone`; cordon serves: started, word_count, fx__echo"
+    );
+    assert_eq!(status(e), "unknown_tool");
+    alice.cancel().await.unwrap();
+
+    // Prompts likewise: `fx__*` gives `fx__nope`, which fx lacks.
+    let alice = client(&s.url, ALICE).await;
+    let e = alice
+        .peer()
+        .get_prompt(GetPromptRequestParams::new("fx__nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(message(&e), "prompt `fx__nope` is not granted to `alice`");
+    alice
+        .peer()
+        .get_prompt(GetPromptRequestParams::new("fx__greet"))
+        .await
+        .expect("a granted prompt is got");
+    alice.cancel().await.unwrap();
 }

@@ -231,6 +231,12 @@ impl Upstream {
                 .is_some_and(|r| r.starts_with(cordon_policy::policy::NAME_SEPARATOR))
     }
 
+    /// Whether `name` could be one of this server's exposed names: in its
+    /// prefixed form, or any name for a server exposed as-is.
+    pub fn might_own(&self, name: &str) -> bool {
+        self.expose != Expose::Prefixed || self.prefixes(name)
+    }
+
     pub fn profile(&self) -> &'static str {
         cordon_broker::profile_name(self.policy.profile)
     }
