@@ -46,6 +46,19 @@ impl Gateway {
     pub fn session(self: &Arc<Self>, transport: &str) -> Session {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{transport}-{}-{n}", std::process::id());
+        self.session_with_id(id)
+    }
+
+    /// A new HTTP session: its id is the `Mcp-Session-Id` it will be
+    /// given (see [`crate::session_ids`]).
+    pub(crate) fn http_session(self: &Arc<Self>) -> Session {
+        match crate::session_ids::new_id() {
+            Some(id) => self.session_with_id(id),
+            None => self.session("http"),
+        }
+    }
+
+    fn session_with_id(self: &Arc<Self>, id: String) -> Session {
         let log_level = LogLevel::default();
         let principal = Who::default();
         let upstreams = self
@@ -409,9 +422,12 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::InitializeResult, ErrorData> {
         self.initial_principal(&context)?;
-        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>()
-            && let Some(link) = parts.extensions.get::<Arc<lifetime::SessionLink>>()
-        {
+        let link = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Arc<lifetime::SessionLink>>())
+            .cloned();
+        if let Some(link) = &link {
             link.set(&self.id, &self.principal);
         }
         self.open_slot()?;
@@ -420,7 +436,12 @@ impl ServerHandler for Session {
             u.set_agent(&context.peer);
         }
         self.learn_offers().await;
-        self.negotiate_initialize(&request)
+        let answer = self.negotiate_initialize(&request)?;
+        // Only now may the HTTP side hand out the session's id.
+        if let Some(link) = &link {
+            link.accept();
+        }
+        Ok(answer)
     }
 
     async fn discover(

@@ -904,3 +904,126 @@ async fn a_name_granted_only_by_a_pattern_that_does_not_exist_reads_as_not_grant
         .expect("a granted prompt is got");
     alice.cancel().await.unwrap();
 }
+
+/// A gateway over the manifest `text`, behind the test authenticator.
+async fn serve_text(text: &str) -> Option<Served> {
+    if !cordon_testkit::is_root() {
+        skip::skip_or_fail(
+            "access",
+            "the gateway's sandboxes are set up as root in this suite",
+        );
+        return None;
+    }
+    let dir = cordon_testkit::scratch();
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, text).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::from_manifest(&m, &opts).expect("gateway");
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
+    Some(Served {
+        url: gateway.url.clone(),
+        audit,
+        _gateway: gateway,
+        _dir: dir,
+    })
+}
+
+const ONE_SESSION: &str = r#"tools:
+  word_count:
+    profile: P1
+    command: ["/usr/bin/wc", "-w"]
+    input: {stdin: text}
+    input_schema: {type: object, properties: {text: {type: string}}, required: [text]}
+gateway:
+  per_principal: {sessions: 1}
+"#;
+
+fn initialize_body() -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_initialize_hands_out_no_session_and_an_ended_one_says_so() {
+    let Some(s) = serve_text(ONE_SESSION).await else {
+        return;
+    };
+    cordon_mcp::install_crypto_provider();
+    let http = reqwest::Client::new();
+    // The positive control: the first session is opened, with its id.
+    let id = raw_initialize(&http, &s.url, ALICE).await;
+
+    // A second one is over alice's cap: refused, and no id handed out.
+    let r = raw(&http, &s.url, ALICE, None, initialize_body()).await;
+    assert!(
+        r.headers().get("mcp-session-id").is_none(),
+        "a refused initialize handed out a session id: {:?}",
+        r.headers()
+    );
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("alice has 1 sessions open already (`per_principal.sessions`)"),
+        "{body}"
+    );
+
+    // A call in the live session is audited under the id the client has.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "word_count", "arguments": {"text": "a b"}}});
+    let r = raw(&http, &s.url, ALICE, Some(&id), call).await;
+    let body = r.text().await.unwrap();
+    assert!(body.contains("\"result\""), "{body}");
+    let f = cordon_audit::Filter {
+        principal: Some("alice".into()),
+        ..Default::default()
+    };
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &f)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(
+        recs.iter().any(|r| r.tool == "word_count"
+            && r.status == cordon_audit::Status::Ok
+            && r.session == id),
+        "{id}: {recs:#?}"
+    );
+
+    // Ended by its client: then its id gets the 404 that says so, to its
+    // own principal; another principal is still refused it.
+    let r = http
+        .delete(&s.url)
+        .header(HEADER, ALICE)
+        .header("mcp-session-id", &id)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    let r = raw(&http, &s.url, ALICE, Some(&id), list.clone()).await;
+    assert_eq!(r.status(), reqwest::StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(&format!(
+            "session expired: session {id} was ended by its client (DELETE); start a new session (initialize)"
+        )),
+        "{body}"
+    );
+    let r = raw(&http, &s.url, BOB, Some(&id), list).await;
+    assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "this session was opened by another principal"
+    );
+    // Its slot is free again: a new session is opened.
+    let again = raw_initialize(&http, &s.url, ALICE).await;
+    assert_ne!(again, id);
+}
