@@ -85,6 +85,28 @@ impl Session {
             .any(|g| g.to.matches(&c) && g.patterns(kind).iter().any(|x| x == name))
     }
 
+    /// Whether a grant could give the session's principal anything of
+    /// the server `u` (any resource grant counts: resources are named by
+    /// URI, not by server). A server it could not is never started, listed
+    /// or asked for it.
+    pub(crate) fn may_use_server(&self, u: &crate::upstream::Upstream) -> bool {
+        let Some(access) = &self.gw.access else {
+            return true;
+        };
+        let p = self
+            .principal()
+            .cloned()
+            .unwrap_or_else(Principal::unauthenticated);
+        let c = claims(&p);
+        access.grants.iter().filter(|g| g.to.matches(&c)).any(|g| {
+            !g.resources.is_empty()
+                || g.tools
+                    .iter()
+                    .chain(&g.prompts)
+                    .any(|x| u.may_expose_match(x))
+        })
+    }
+
     /// Whether grants decide what the session may use.
     pub(crate) fn grants_apply(&self) -> bool {
         self.grants_on()

@@ -40,7 +40,7 @@ impl Session {
     /// once) so that `initialize` can advertise what they offer.
     pub(crate) async fn learn_offers(&self) {
         let mut set = tokio::task::JoinSet::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             if u.known_offers().is_none() {
                 let u = u.clone();
                 let names = self.gw.names.clone();
@@ -65,7 +65,8 @@ impl Session {
     /// `cordon://<tool>/<uri>` for each, so neither can shadow the other.
     pub(crate) async fn all_resources(&self, ct: &CancellationToken) -> Vec<Resource> {
         let mut per: Vec<(&Arc<Upstream>, Vec<Resource>)> = Vec::new();
-        for u in &self.upstreams {
+        let servers = self.servers();
+        for u in &servers {
             match u.list_resources(Some(ct)).await {
                 Ok(r) => per.push((u, r)),
                 Err(e) => eprintln!(
@@ -98,7 +99,7 @@ impl Session {
 
     pub(crate) async fn all_templates(&self, ct: &CancellationToken) -> Vec<ResourceTemplate> {
         let mut out = Vec::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.list_templates(Some(ct)).await {
                 Ok(t) => out.extend(
                     t.into_iter()
@@ -116,7 +117,7 @@ impl Session {
 
     pub(crate) async fn all_prompts(&self, ct: &CancellationToken) -> Vec<Prompt> {
         let mut out = Vec::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.list_prompts(Some(ct)).await {
                 Ok(p) => out.extend(
                     p.into_iter()
@@ -132,9 +133,9 @@ impl Session {
         out
     }
 
-    fn offering(&self, resources: bool) -> Vec<&Arc<Upstream>> {
-        self.upstreams
-            .iter()
+    fn offering(&self, resources: bool) -> Vec<Arc<Upstream>> {
+        self.servers()
+            .into_iter()
             .filter(|u| {
                 u.known_offers()
                     .is_none_or(|o| if resources { o.resources } else { o.prompts })
@@ -151,12 +152,12 @@ impl Session {
         if let Some(parsed) = parse_cordon_uri(uri) {
             let (tool, original) =
                 parsed.map_err(|m| refusal(Refusal::UnknownResource, m, json!({"uri": uri})))?;
-            let Some(u) = self.upstreams.iter().find(|u| u.name() == tool) else {
+            let Some(u) = self.servers().into_iter().find(|u| u.name() == tool) else {
                 return Err(refusal(
                     Refusal::UnknownResource,
                     format!(
                         "`{uri}` names `{tool}`, which is not an MCP server of this manifest; servers: {}",
-                        self.upstreams
+                        self.servers()
                             .iter()
                             .map(|u| u.name())
                             .collect::<Vec<_>>()
@@ -165,7 +166,7 @@ impl Session {
                     json!({"uri": uri}),
                 ));
             };
-            return Ok((u.clone(), original));
+            return Ok((u, original));
         }
         let candidates = self.offering(true);
         if candidates.is_empty() {

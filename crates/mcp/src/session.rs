@@ -122,6 +122,16 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// The session's servers its principal could be granted anything of
+    /// (every one without grants); the others are never started for it.
+    pub(crate) fn servers(&self) -> Vec<Arc<upstream::Upstream>> {
+        self.upstreams
+            .iter()
+            .filter(|u| self.may_use_server(u))
+            .cloned()
+            .collect()
+    }
+
     /// The session id written to the audit log.
     pub fn id(&self) -> &str {
         &self.id
@@ -239,14 +249,14 @@ impl Session {
         };
         let narrow = !self.granted_literally(kind, name);
         let claimed = || match self.gw.names.owner(space, name)? {
-            names::Owner::Server(s) => self.upstreams.iter().find(|u| u.name() == s).cloned(),
+            names::Owner::Server(s) => self.servers().iter().find(|u| u.name() == s).cloned(),
             names::Owner::Command(_) => None,
         };
         if let Some(u) = claimed() {
             return Some(u);
         }
         let mut set = tokio::task::JoinSet::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             if narrow && !u.might_own(name) {
                 continue;
             }
@@ -273,7 +283,7 @@ impl Session {
             // Listings from the cache may be out of date: start those
             // servers (all at once) and read the claims again.
             let mut set = tokio::task::JoinSet::new();
-            for u in &self.upstreams {
+            for u in &self.servers() {
                 let u = u.clone();
                 set.spawn(async move { u.verify_cached().await });
             }
@@ -281,7 +291,7 @@ impl Session {
         }
         // Unclaimed but in a server's prefixed form: that server says why
         // it has no such tool or prompt.
-        claimed().or_else(|| self.upstreams.iter().find(|u| u.prefixes(name)).cloned())
+        claimed().or_else(|| self.servers().iter().find(|u| u.prefixes(name)).cloned())
     }
 
     /// An unknown tool: the message names the command tools and each
@@ -297,7 +307,7 @@ impl Session {
             .filter(|n| granted(n))
             .cloned()
             .collect();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.listed_tool_names() {
                 Some(names) => served.extend(names.into_iter().filter(granted)),
                 None if !self.grants_apply() => {
@@ -340,7 +350,7 @@ impl Session {
     /// What the session's servers offer, as far as the gateway knows.
     fn offered(&self) -> upstream::Offers {
         let mut o = upstream::Offers::default();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             if let Some(k) = u.known_offers() {
                 o.resources |= k.resources;
                 o.prompts |= k.prompts;
@@ -383,7 +393,7 @@ impl ServerHandler for Session {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
         // A server's tools can change (its `tools/list_changed`, a cached
         // listing its start does not confirm): the agent is then told.
-        if !self.upstreams.is_empty()
+        if !self.servers().is_empty()
             && let Some(t) = caps.tools.as_mut()
         {
             t.list_changed = Some(true);
@@ -432,7 +442,7 @@ impl ServerHandler for Session {
         }
         self.open_slot()?;
         context.peer.set_peer_info(request.clone());
-        for u in &self.upstreams {
+        for u in &self.servers() {
             u.set_agent(&context.peer);
         }
         self.learn_offers().await;
@@ -575,7 +585,8 @@ impl ServerHandler for Session {
         // Every server at once, each within its own start-up deadline: a
         // slow or failing one holds no other's tools.
         let mut set = tokio::task::JoinSet::new();
-        for (i, u) in self.upstreams.iter().enumerate() {
+        let servers = self.servers();
+        for (i, u) in servers.iter().enumerate() {
             let u = u.clone();
             set.spawn(async move { (i, u.tools_for_list().await) });
         }
@@ -594,7 +605,7 @@ impl ServerHandler for Session {
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
-                    let msg = not_started(self.upstreams[i].name(), &e);
+                    let msg = not_started(servers[i].name(), &e);
                     self.gw.names.report_once(&msg);
                     self.log(&context.peer, LoggingLevel::Error, json!(msg))
                         .await;
@@ -689,7 +700,7 @@ impl ServerHandler for Session {
         // A name a listing refused says why; under grants, a name granted
         // only by a pattern that no listing has reads as one not granted.
         let r = if self.granted_literally(cordon_policy::access::Kind::Tool, &name) {
-            let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
+            let refused = self.servers().iter().find_map(|u| u.refusal_of(&name));
             Err(refused.unwrap_or_else(|| self.unknown(&name)))
         } else {
             Err(self.not_granted(cordon_policy::access::Kind::Tool, &name))

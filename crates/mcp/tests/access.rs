@@ -1027,3 +1027,39 @@ async fn a_refused_initialize_hands_out_no_session_and_an_ended_one_says_so() {
     let again = raw_initialize(&http, &s.url, ALICE).await;
     assert_ne!(again, id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_no_grant_could_give_a_caller_anything_of_is_never_started_for_it() {
+    let Some((s, started)) = serve_counting().await else {
+        return;
+    };
+    let n = || started.load(std::sync::atomic::Ordering::SeqCst);
+    // bob's grants name nothing fx could expose: initialize, listings and
+    // a call of an fx name start nothing (no sandbox, no workspace or
+    // state directory of his tenant).
+    let bob = client(&s.url, BOB).await;
+    assert_eq!(tool_names(&bob).await, ["byte_count", "started"]);
+    match bob.peer().list_all_prompts().await {
+        Ok(p) => assert!(p.is_empty(), "{p:?}"),
+        Err(e) => assert!(e.to_string().contains("no MCP server"), "{e}"),
+    }
+    let e = call(&bob, "fx__echo", json!({"text": "hi"}))
+        .await
+        .unwrap_err();
+    assert_eq!(message(&e), "tool `fx__echo` is not granted to `bob`");
+    let r = call(&bob, "byte_count", json!({"text": "abcd"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains('4'), "{r:?}");
+    assert_eq!(n(), 0, "a server was started for bob");
+    bob.cancel().await.unwrap();
+
+    // The positive control: alice's grants reach fx, which starts.
+    let alice = client(&s.url, ALICE).await;
+    assert_eq!(
+        tool_names(&alice).await,
+        ["fx__echo", "started", "word_count"]
+    );
+    assert!(n() >= 1, "fx was not started for alice");
+    alice.cancel().await.unwrap();
+}
