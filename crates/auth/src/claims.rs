@@ -42,22 +42,12 @@ fn strings(v: &Value) -> Option<Vec<String>> {
     }
 }
 
-/// A tenant names per-tenant state (pools, directories): letters, digits,
-/// `.`, `_`, `-`, at most 64, not only dots.
+/// A tenant names per-tenant state (pools, workspaces, state images): by
+/// the rule of every name that becomes one path component
+/// ([`cordon_config::valid_name_component`]), checked once, here, so that
+/// no authenticated tenant is refused later by the volumes.
 pub(crate) fn check_tenant(t: &str) -> Result<(), String> {
-    let ok = !t.is_empty()
-        && t.len() <= 64
-        && !t.chars().all(|c| c == '.')
-        && t.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "tenant `{}` is not 1-64 letters, digits, `.`, `_` or `-`",
-            t.escape_debug()
-        ))
-    }
+    cordon_config::check_name_component("tenant", t).map(|_| ())
 }
 
 impl ClaimMapping {
@@ -165,17 +155,32 @@ mod tests {
             e,
             Refusal::Invalid("the token carries no tenant claim `org.id`".into())
         );
-        // A tenant that could name a path elsewhere is refused.
-        let e = map
-            .principal(
-                &m(json!({"sub": "ann", "org": {"id": "../x"}, "scope": "mcp"})),
+        // A tenant that could name a path elsewhere, or that no workspace
+        // or state directory could be named after, is refused, saying why.
+        for bad in ["../x", ".hidden", "-", "-x", "a/b", ""] {
+            let e = map
+                .principal(
+                    &m(json!({"sub": "ann", "org": {"id": bad}, "scope": "mcp"})),
+                    Method::Jwt,
+                )
+                .unwrap_err();
+            assert_eq!(
+                e,
+                Refusal::Invalid(format!(
+                    "the token's tenant `{bad}` cannot name a directory (1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.` or `-`)"
+                )),
+                "{bad}"
+            );
+        }
+        // The positive control: the same rule the volumes use.
+        for good in ["t1", "a.b", "a-b", "a_b"] {
+            assert!(cordon_config::valid_name_component(good), "{good}");
+            map.principal(
+                &m(json!({"sub": "ann", "org": {"id": good}, "scope": "mcp"})),
                 Method::Jwt,
             )
-            .unwrap_err();
-        assert!(
-            matches!(e, Refusal::Invalid(ref s) if s.contains("tenant")),
-            "{e:?}"
-        );
+            .unwrap();
+        }
         // Missing scope: insufficient_scope, naming the required ones.
         let e = map
             .principal(

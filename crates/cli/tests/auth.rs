@@ -396,6 +396,16 @@ async fn jwt_bearer_tokens_are_checked_and_a_good_one_calls_a_tool() {
     let mut no_tenant = good.clone();
     no_tenant.as_object_mut().unwrap().remove("tenant");
     refused(bearer(&idp.jwt(no_tenant)), "no tenant claim");
+    // A tenant no workspace or state directory could be named after is
+    // refused here, once, by the volumes' own rule.
+    for bad in [".hidden", "-", "-rf"] {
+        let mut t = good.clone();
+        t["tenant"] = json!(bad);
+        refused(
+            bearer(&idp.jwt(t)),
+            &format!("the token's tenant `{bad}` cannot name a directory"),
+        );
+    }
     // Missing scope: 403 insufficient_scope.
     let mut no_scope = good.clone();
     no_scope["scope"] = json!("other");

@@ -175,7 +175,7 @@ async fn a_session_end_whose_record_cannot_be_written_is_counted_and_said() {
         .map(|w| w.to_string())
         .unwrap_or_default();
     assert!(
-        warnings.contains("the audit record of session end ((session), session mcp-http-"),
+        warnings.contains("the audit record of session end ((session), session "),
         "{warnings}"
     );
 }

@@ -562,7 +562,9 @@ async fn serve_mints_for_the_session_and_revokes_on_sigterm() {
         .find(|r| r["credential"]["event"] == "mint")
         .expect("a mint record");
     let session = mint["session"].as_str().unwrap().to_string();
-    assert!(session.starts_with("mcp-http-"), "{session}");
+    // (Over HTTP, a session's id is the `Mcp-Session-Id` it was given.)
+    let groups: Vec<usize> = session.split('-').map(str::len).collect();
+    assert_eq!(groups, [8, 4, 4, 4, 12], "{session}");
     // SIGTERM with the session still open: revoked before cordon exits.
     let st = Command::new("kill")
         .args(["-TERM", &pid.to_string()])

@@ -14,6 +14,31 @@ use zeroize::Zeroizing;
 /// or flag names one.
 pub const DEFAULT_TENANT: &str = "default";
 
+/// A tenant or tool name usable as one path component (of the tenant's
+/// workspaces and state images) and as one command-line argument: 1 to 64
+/// of letters, digits, `_`, `-` and `.`, not starting with `.` or `-`.
+pub fn valid_name_component(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// `s` when [`valid_name_component`] holds of it, else why not, naming it
+/// as `what` (`tenant`, `tool`).
+pub fn check_name_component<'a>(what: &str, s: &'a str) -> Result<&'a str, String> {
+    if valid_name_component(s) {
+        Ok(s)
+    } else {
+        Err(format!(
+            "{what} `{}` cannot name a directory (1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.` or `-`)",
+            s.escape_debug()
+        ))
+    }
+}
+
 /// How private a file must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Privacy {

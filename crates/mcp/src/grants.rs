@@ -8,6 +8,13 @@
 //! `resources/templates/list`, and a call, get, read, subscription or
 //! completion of it is refused with `cordon/status: not_granted`, whether
 //! or not it exists (a caller learns nothing of what it was not granted).
+//!
+//! A name a grant matches only by a pattern (`fs__read*`) is used only
+//! when it is the name of something that exists: one that does not is
+//! refused as not granted too, without starting anything to look for it
+//! beyond the server whose name it carries, and without naming what that
+//! server has. Only a name a grant gives literally is told it is unknown,
+//! with a list of what the caller is granted.
 
 use cordon_auth::Principal;
 use cordon_policy::access::{Claims, Kind};
@@ -58,6 +65,51 @@ impl Session {
             .cloned()
             .unwrap_or_else(Principal::unauthenticated);
         access.allows(&claims(&p), kind, name)
+    }
+
+    /// Whether a grant gives the session's principal the `kind` named
+    /// `name` by that very name (not by a pattern); without grants, every
+    /// name.
+    pub(crate) fn granted_literally(&self, kind: Kind, name: &str) -> bool {
+        let Some(access) = &self.gw.access else {
+            return true;
+        };
+        let p = self
+            .principal()
+            .cloned()
+            .unwrap_or_else(Principal::unauthenticated);
+        let c = claims(&p);
+        access
+            .grants
+            .iter()
+            .any(|g| g.to.matches(&c) && g.patterns(kind).iter().any(|x| x == name))
+    }
+
+    /// Whether a grant could give the session's principal anything of
+    /// the server `u` (any resource grant counts: resources are named by
+    /// URI, not by server). A server it could not is never started, listed
+    /// or asked for it.
+    pub(crate) fn may_use_server(&self, u: &crate::upstream::Upstream) -> bool {
+        let Some(access) = &self.gw.access else {
+            return true;
+        };
+        let p = self
+            .principal()
+            .cloned()
+            .unwrap_or_else(Principal::unauthenticated);
+        let c = claims(&p);
+        access.grants.iter().filter(|g| g.to.matches(&c)).any(|g| {
+            !g.resources.is_empty()
+                || g.tools
+                    .iter()
+                    .chain(&g.prompts)
+                    .any(|x| u.may_expose_match(x))
+        })
+    }
+
+    /// Whether grants decide what the session may use.
+    pub(crate) fn grants_apply(&self) -> bool {
+        self.grants_on()
     }
 
     /// Whether a grant could give the session's principal any `kind` at

@@ -9,14 +9,14 @@
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form
 //! `/.well-known/oauth-protected-resource/mcp`.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Gateway, GatewayError};
+use crate::lifetime::Known;
 use crate::session::Session;
 
 /// What an [`Authenticator`] answers: the caller, or the response that
@@ -111,11 +111,12 @@ pub async fn serve_http(
         config = config.with_allowed_hosts(hosts);
     }
     let g = gw.clone();
-    let service: StreamableHttpService<Session, LocalSessionManager> =
-        StreamableHttpService::new(move || Ok(g.session("http")), manager, config);
+    let ids = Arc::new(crate::session_ids::IdSessions { inner: manager });
+    let service: StreamableHttpService<Session, crate::session_ids::IdSessions> =
+        StreamableHttpService::new(move || Ok(g.http_session()), ids, config);
     let auth = opts.authenticator.clone();
-    let owners = Arc::new(Owners::default());
     let broker = gw.broker.clone();
+    let owners = sessions.clone();
     let mcp = axum::Router::new()
         .nest_service(HTTP_PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| {
@@ -272,19 +273,6 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
     Ok(Arc::new(cfg))
 }
 
-/// Which principal opened each live session (by `Mcp-Session-Id`).
-#[derive(Default)]
-struct Owners(Mutex<HashMap<String, cordon_auth::Principal>>);
-
-impl Owners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, cordon_auth::Principal>> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-}
-
 /// The same caller: subject, client, tenant and how it was established
 /// (groups may change between two tokens of one caller).
 fn same_caller(a: &cordon_auth::Principal, b: &cordon_auth::Principal) -> bool {
@@ -297,11 +285,11 @@ fn same_caller(a: &cordon_auth::Principal, b: &cordon_auth::Principal) -> bool {
 const SESSION_HEADER: &str = "mcp-session-id";
 
 /// A request naming a session is let through only when its principal
-/// opened that session; a session's id is recorded with its principal
-/// when the answer that created it goes out, and forgotten when it is
-/// deleted or found gone.
+/// opened that session (the sessions' layer records it when the answer
+/// that created it goes out, and keeps it while the session's end is
+/// remembered); an id never handed out is `404`.
 async fn session_owner(
-    owners: Arc<Owners>,
+    sessions: Arc<crate::lifetime::HttpSessions>,
     broker: Arc<cordon_broker::Broker>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
@@ -317,7 +305,6 @@ async fn session_owner(
         .get::<cordon_auth::Principal>()
         .cloned()
         .unwrap_or_else(cordon_auth::Principal::unauthenticated);
-    let delete = req.method() == axum::http::Method::DELETE;
     match &sid {
         Some(Err(_)) => {
             return (
@@ -326,9 +313,11 @@ async fn session_owner(
             )
                 .into_response();
         }
-        Some(Ok(id)) => match owners.lock().get(id) {
-            Some(owner) if same_caller(owner, &who) => {}
-            Some(owner) => {
+        Some(Ok(id)) => match sessions.known(id) {
+            Known::Live(Some(owner)) | Known::Ended(Some(owner)) if same_caller(&owner, &who) => {}
+            // Its end is said to whoever asks (nothing else of it is).
+            Known::Ended(None) => {}
+            Known::Live(Some(owner)) | Known::Ended(Some(owner)) => {
                 tracing::warn!(
                     session = %id,
                     owner = %owner.subject,
@@ -354,25 +343,13 @@ async fn session_owner(
                 )
                     .into_response();
             }
-            None => return (StatusCode::NOT_FOUND, "no such session").into_response(),
+            Known::Live(None) | Known::Unknown => {
+                return (StatusCode::NOT_FOUND, "no such session").into_response();
+            }
         },
         None => {}
     }
-    let resp = next.run(req).await;
-    match sid {
-        None => {
-            if let Some(Ok(id)) = resp.headers().get(SESSION_HEADER).map(|v| v.to_str()) {
-                owners.lock().insert(id.to_string(), who);
-            }
-        }
-        Some(Ok(id)) => {
-            if resp.status() == StatusCode::NOT_FOUND || (delete && resp.status().is_success()) {
-                owners.lock().remove(&id);
-            }
-        }
-        Some(Err(_)) => {}
-    }
-    resp
+    next.run(req).await
 }
 
 /// Put the request's principal in its extensions, or answer the

@@ -36,6 +36,7 @@ pub mod render;
 pub mod resources;
 pub mod sandbox;
 mod session;
+mod session_ids;
 mod transport;
 mod upstream;
 mod uri;

@@ -59,20 +59,46 @@ pub(crate) const MAX_GET_STREAMS: usize = 4;
 const SESSION_HEADER: &str = "mcp-session-id";
 
 /// What a session tells its HTTP side at `initialize`: its audit id and
-/// principal (put in the `initialize` request's extensions).
+/// principal, and whether its `initialize` was answered with a result (put
+/// in the `initialize` request's extensions).
 #[derive(Default)]
 pub(crate) struct SessionLink {
     who: OnceLock<(String, crate::caller::Who)>,
+    accepted: std::sync::atomic::AtomicBool,
 }
 
 impl SessionLink {
     pub(crate) fn set(&self, session: &str, who: &crate::caller::Who) {
         let _ = self.who.set((session.to_string(), who.clone()));
     }
+
+    /// The session's `initialize` succeeded: its id may be handed out.
+    pub(crate) fn accept(&self) {
+        self.accepted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn accepted(&self) -> bool {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// What is known of a session id: who opened it, while it lives and for a
+/// while after it ended (as long as its end is remembered).
+pub(crate) enum Known {
+    /// Live; its principal once its `initialize` was answered.
+    Live(Option<cordon_auth::Principal>),
+    /// Ended (its 404 says why); its principal if it was known.
+    Ended(Option<cordon_auth::Principal>),
+    /// Never seen, or ended too long ago.
+    Unknown,
 }
 
 struct Entry {
     link: Arc<SessionLink>,
+    /// The principal that opened it (`None` until its `initialize` is
+    /// answered).
+    owner: Option<cordon_auth::Principal>,
     last_seen: Instant,
     /// `POST`s whose answer has not ended.
     inflight: usize,
@@ -85,15 +111,17 @@ struct Entry {
     lost_at: Option<Instant>,
 }
 
+/// The ended sessions remembered: why each ended and who had opened it
+/// (at most [`EXPIRED_MEMORY`], the oldest forgotten first).
 #[derive(Default)]
 struct Expired {
     order: VecDeque<String>,
-    why: HashMap<String, String>,
+    why: HashMap<String, (String, Option<cordon_auth::Principal>)>,
 }
 
 impl Expired {
-    fn remember(&mut self, id: &str, why: String) {
-        if self.why.insert(id.to_string(), why).is_none() {
+    fn remember(&mut self, id: &str, why: String, owner: Option<cordon_auth::Principal>) {
+        if self.why.insert(id.to_string(), (why, owner)).is_none() {
             self.order.push_back(id.to_string());
         }
         while self.order.len() > EXPIRED_MEMORY {
@@ -146,13 +174,38 @@ impl HttpSessions {
         self.expired
             .lock()
             .ok()
-            .and_then(|e| e.why.get(id).cloned())
+            .and_then(|e| e.why.get(id).map(|(w, _)| w.clone()))
     }
 
-    fn remember(&self, id: &str, why: String) {
+    fn remember(&self, id: &str, why: String, owner: Option<cordon_auth::Principal>) {
         if let Ok(mut e) = self.expired.lock() {
-            e.remember(id, why);
+            e.remember(id, why, owner);
         }
+    }
+
+    /// Who opened the session `id`, and whether it lives.
+    pub(crate) fn known(&self, id: &str) -> Known {
+        if let Some(owner) = self
+            .with_live(|l| l.get(id).map(|e| e.owner.clone()))
+            .flatten()
+        {
+            return Known::Live(owner);
+        }
+        match self.expired.lock() {
+            Ok(e) => match e.why.get(id) {
+                Some((_, owner)) => Known::Ended(owner.clone()),
+                None => Known::Unknown,
+            },
+            Err(_) => Known::Unknown,
+        }
+    }
+
+    /// How many sessions are held: live, and ended ones remembered.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        let live = self.with_live(|l| l.len()).unwrap_or(0);
+        let ended = self.expired.lock().map(|e| e.why.len()).unwrap_or(0);
+        (live, ended)
     }
 
     /// A request arrived for `id`: `true` when the session is tracked.
@@ -263,15 +316,17 @@ impl HttpSessions {
 
     /// Track the session `id` (its `initialize` answered, with the link
     /// its session filled in; the reaper's sweep may have found it first).
-    fn register(&self, id: &str, link: Arc<SessionLink>) {
+    fn register(&self, id: &str, link: Arc<SessionLink>, owner: cordon_auth::Principal) {
         self.with_live(|l| {
             l.entry(id.to_string())
                 .and_modify(|e| {
                     e.link = link.clone();
+                    e.owner = Some(owner.clone());
                     e.last_seen = Instant::now();
                 })
                 .or_insert(Entry {
                     link,
+                    owner: Some(owner),
                     last_seen: Instant::now(),
                     inflight: 0,
                     streams: 0,
@@ -282,7 +337,14 @@ impl HttpSessions {
     }
 
     /// The sessions to end now, each with why.
-    fn due(&self) -> Vec<(String, Arc<SessionLink>, String)> {
+    fn due(
+        &self,
+    ) -> Vec<(
+        String,
+        Arc<SessionLink>,
+        Option<cordon_auth::Principal>,
+        String,
+    )> {
         let now = Instant::now();
         let (idle, grace) = (self.idle, self.grace);
         self.with_live(|l| {
@@ -305,7 +367,7 @@ impl HttpSessions {
                 };
                 match why {
                     Some(w) => {
-                        out.push((id.clone(), e.link.clone(), w));
+                        out.push((id.clone(), e.link.clone(), e.owner.clone(), w));
                         false
                     }
                     None => true,
@@ -317,8 +379,14 @@ impl HttpSessions {
     }
 
     /// End the session `id` (already taken out of the live set).
-    async fn end(&self, id: &str, link: &SessionLink, why: String) {
-        self.remember(id, why.clone());
+    async fn end(
+        &self,
+        id: &str,
+        link: &SessionLink,
+        owner: Option<cordon_auth::Principal>,
+        why: String,
+    ) {
+        self.remember(id, why.clone(), owner);
         if let Some((session, who)) = link.who.get() {
             let c = crate::caller::caller_of(session, "mcp:http", who);
             let mut rec = cordon_audit::AuditRecord::new("(session)", "");
@@ -349,8 +417,8 @@ impl HttpSessions {
                 _ = stop.cancelled() => return,
                 _ = every.tick() => {}
             }
-            for (id, link, why) in self.due() {
-                self.end(&id, &link, why).await;
+            for (id, link, owner, why) in self.due() {
+                self.end(&id, &link, owner, why).await;
             }
             let ids: Vec<String> = self
                 .with_live(|l| l.keys().cloned().collect())
@@ -366,13 +434,21 @@ impl HttpSessions {
             let untracked: Vec<&String> = open.iter().filter(|i| !tracked.contains(i)).collect();
             let gone: Vec<&String> = ids.iter().filter(|i| !open.contains(*i)).collect();
             if !gone.is_empty() || !untracked.is_empty() {
+                let ended: Vec<(String, Option<cordon_auth::Principal>)> = self
+                    .with_live(|l| {
+                        gone.iter()
+                            .filter_map(|g| l.remove(*g).map(|e| ((*g).clone(), e.owner)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (id, owner) in ended {
+                    self.remember(&id, "has ended".into(), owner);
+                }
                 self.with_live(|l| {
-                    for g in &gone {
-                        l.remove(*g);
-                    }
                     for u in &untracked {
                         l.entry((*u).clone()).or_insert(Entry {
                             link: Arc::new(SessionLink::default()),
+                            owner: None,
                             // Its `initialize` may still be running: idle
                             // counts from after rmcp's own time limit for it.
                             last_seen: Instant::now() + INIT_ALLOWANCE,
@@ -442,7 +518,16 @@ pub(crate) async fn track(
         }
     };
     let link = req.extensions().get::<Arc<SessionLink>>().cloned();
-    let resp = next.run(req).await;
+    let principal = req
+        .extensions()
+        .get::<cordon_auth::Principal>()
+        .cloned()
+        .unwrap_or_else(cordon_auth::Principal::unauthenticated);
+    // A session this request opens is named before it is made.
+    let mut resp = match &id {
+        None => crate::session_ids::with_new_id(next.run(req)).await,
+        Some(_) => next.run(req).await,
+    };
     let id = match (id, link) {
         (Some(id), _) if tracked => id,
         (Some(_), _) => return resp,
@@ -455,7 +540,20 @@ pub(crate) async fn track(
             else {
                 return resp;
             };
-            sessions.register(&new, link);
+            if !link.accepted() {
+                // A refused `initialize` hands out no session: its id is
+                // taken off the answer and the session closed.
+                resp.headers_mut().remove(SESSION_HEADER);
+                if let Err(e) = sessions
+                    .manager
+                    .close_session(&Arc::from(new.as_str()))
+                    .await
+                {
+                    tracing::error!("session {new}: close: {e}");
+                }
+                return resp;
+            }
+            sessions.register(&new, link, principal.clone());
             sessions.seen(&new, post);
             new
         }
@@ -464,8 +562,12 @@ pub(crate) async fn track(
     if method == axum::http::Method::DELETE {
         sessions.response_done(&id, post, false, false);
         if resp.status().is_success() {
-            sessions.with_live(|l| l.remove(&id));
-            sessions.remember(&id, "was ended by its client (DELETE)".into());
+            let owner = sessions.with_live(|l| l.remove(&id)).flatten();
+            sessions.remember(
+                &id,
+                "was ended by its client (DELETE)".into(),
+                owner.and_then(|e| e.owner),
+            );
         }
         return resp;
     }
@@ -573,11 +675,62 @@ mod tests {
     fn expired_memory_is_bounded() {
         let mut e = Expired::default();
         for i in 0..(EXPIRED_MEMORY + 10) {
-            e.remember(&format!("s{i}"), "idle".into());
+            e.remember(&format!("s{i}"), "idle".into(), None);
         }
         assert_eq!(e.order.len(), EXPIRED_MEMORY);
         assert_eq!(e.why.len(), EXPIRED_MEMORY);
         assert!(!e.why.contains_key("s0"));
         assert!(e.why.contains_key(&format!("s{}", EXPIRED_MEMORY + 9)));
+    }
+
+    /// Who opened each session is held while it lives and while its end
+    /// is remembered, no longer: ending many sessions leaves the live set
+    /// empty and the memory at its bound.
+    #[tokio::test]
+    async fn session_owners_do_not_outlive_the_memory_of_their_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = Arc::new(
+            cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+                audit: Some(dir.path().join("audit.jsonl")),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let s = HttpSessions::new(
+            Duration::ZERO,
+            Duration::from_secs(60),
+            Arc::new(LocalSessionManager::default()),
+            broker,
+        );
+        let who = |i: usize| cordon_auth::Principal {
+            subject: format!("p{i}"),
+            ..cordon_auth::Principal::unauthenticated()
+        };
+        let n = EXPIRED_MEMORY + 100;
+        for i in 0..n {
+            s.register(&format!("s{i}"), Arc::new(SessionLink::default()), who(i));
+        }
+        assert_eq!(s.held(), (n, 0));
+        assert!(matches!(s.known("s0"), Known::Live(Some(p)) if p.subject == "p0"));
+        // Every one is idle past its (zero) timeout: the reaper ends it.
+        let mut last = (String::new(), None);
+        for (id, link, owner, why) in s.due() {
+            last = (id.clone(), owner.clone());
+            s.end(&id, &link, owner, why).await;
+        }
+        assert_eq!(s.held(), (0, EXPIRED_MEMORY));
+        let forgotten = (0..n)
+            .filter(|i| matches!(s.known(&format!("s{i}")), Known::Unknown))
+            .count();
+        assert_eq!(forgotten, n - EXPIRED_MEMORY);
+        let (last, owner) = last;
+        let owner = owner.unwrap().subject;
+        assert!(matches!(s.known(&last), Known::Ended(Some(p)) if p.subject == owner));
+        assert!(
+            s.expired_reason(&last)
+                .is_some_and(|w| w.starts_with("ended after")),
+            "{:?}",
+            s.expired_reason(&last)
+        );
     }
 }

@@ -40,7 +40,7 @@ impl Session {
     /// once) so that `initialize` can advertise what they offer.
     pub(crate) async fn learn_offers(&self) {
         let mut set = tokio::task::JoinSet::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             if u.known_offers().is_none() {
                 let u = u.clone();
                 let names = self.gw.names.clone();
@@ -65,7 +65,8 @@ impl Session {
     /// `cordon://<tool>/<uri>` for each, so neither can shadow the other.
     pub(crate) async fn all_resources(&self, ct: &CancellationToken) -> Vec<Resource> {
         let mut per: Vec<(&Arc<Upstream>, Vec<Resource>)> = Vec::new();
-        for u in &self.upstreams {
+        let servers = self.servers();
+        for u in &servers {
             match u.list_resources(Some(ct)).await {
                 Ok(r) => per.push((u, r)),
                 Err(e) => eprintln!(
@@ -98,7 +99,7 @@ impl Session {
 
     pub(crate) async fn all_templates(&self, ct: &CancellationToken) -> Vec<ResourceTemplate> {
         let mut out = Vec::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.list_templates(Some(ct)).await {
                 Ok(t) => out.extend(
                     t.into_iter()
@@ -116,7 +117,7 @@ impl Session {
 
     pub(crate) async fn all_prompts(&self, ct: &CancellationToken) -> Vec<Prompt> {
         let mut out = Vec::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.list_prompts(Some(ct)).await {
                 Ok(p) => out.extend(
                     p.into_iter()
@@ -132,9 +133,9 @@ impl Session {
         out
     }
 
-    fn offering(&self, resources: bool) -> Vec<&Arc<Upstream>> {
-        self.upstreams
-            .iter()
+    fn offering(&self, resources: bool) -> Vec<Arc<Upstream>> {
+        self.servers()
+            .into_iter()
             .filter(|u| {
                 u.known_offers()
                     .is_none_or(|o| if resources { o.resources } else { o.prompts })
@@ -151,12 +152,12 @@ impl Session {
         if let Some(parsed) = parse_cordon_uri(uri) {
             let (tool, original) =
                 parsed.map_err(|m| refusal(Refusal::UnknownResource, m, json!({"uri": uri})))?;
-            let Some(u) = self.upstreams.iter().find(|u| u.name() == tool) else {
+            let Some(u) = self.servers().into_iter().find(|u| u.name() == tool) else {
                 return Err(refusal(
                     Refusal::UnknownResource,
                     format!(
                         "`{uri}` names `{tool}`, which is not an MCP server of this manifest; servers: {}",
-                        self.upstreams
+                        self.servers()
                             .iter()
                             .map(|u| u.name())
                             .collect::<Vec<_>>()
@@ -165,7 +166,7 @@ impl Session {
                     json!({"uri": uri}),
                 ));
             };
-            return Ok((u.clone(), original));
+            return Ok((u, original));
         }
         let candidates = self.offering(true);
         if candidates.is_empty() {
@@ -293,6 +294,33 @@ impl Session {
             .await
     }
 
+    /// An unknown prompt: the message names the prompts the caller may
+    /// get (under grants, only those granted).
+    async fn unknown_prompt(
+        &self,
+        name: &str,
+        ct: &tokio_util::sync::CancellationToken,
+    ) -> ErrorData {
+        let known: Vec<String> = self
+            .all_prompts(ct)
+            .await
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        refusal(
+            Refusal::UnknownPrompt,
+            format!(
+                "unknown prompt `{name}`; cordon serves: {}",
+                if known.is_empty() {
+                    "no prompts".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ),
+            json!({"prompt": name}),
+        )
+    }
+
     /// `prompts/get` of an exposed prompt name, gated and audited like a call.
     pub(crate) async fn prompt(
         &self,
@@ -309,33 +337,33 @@ impl Session {
         };
         let (audit, r) = match owner {
             Err(e) => (CallAudit::with_input(name, "", "none", input), Err(e)),
-            Ok(Some(u)) => (
-                CallAudit::with_input(name, u.profile(), "mcp", input),
-                u.get_prompt(name, args, Some(&context.ct)).await,
-            ),
-            Ok(None) => {
-                let known: Vec<String> = self
-                    .all_prompts(&context.ct)
-                    .await
-                    .into_iter()
-                    .map(|p| p.name)
-                    .collect();
-                (
-                    CallAudit::with_input(name, "", "none", input),
-                    Err(refusal(
-                        Refusal::UnknownPrompt,
-                        format!(
-                            "unknown prompt `{name}`; cordon serves: {}",
-                            if known.is_empty() {
-                                "no prompts".to_owned()
-                            } else {
-                                known.join(", ")
-                            }
-                        ),
-                        json!({"prompt": name}),
-                    )),
-                )
+            Ok(Some(u)) => {
+                let r = u.get_prompt(name, args, Some(&context.ct)).await;
+                // Under grants, a server's own answer for a name it does
+                // not have (which names all it has) is not passed on.
+                let r = match r {
+                    Err(e)
+                        if self.grants_apply()
+                            && e.data
+                                .as_ref()
+                                .and_then(|d| d.get("cordon/status"))
+                                .and_then(|s| s.as_str())
+                                == Some(Refusal::UnknownPrompt.as_str()) =>
+                    {
+                        Err(self.unknown_prompt(name, &context.ct).await)
+                    }
+                    other => other,
+                };
+                (CallAudit::with_input(name, u.profile(), "mcp", input), r)
             }
+            Ok(None) if !self.granted_literally(Kind::Prompt, name) => (
+                CallAudit::with_input(name, "", "none", input),
+                Err(self.not_granted(Kind::Prompt, name)),
+            ),
+            Ok(None) => (
+                CallAudit::with_input(name, "", "none", input),
+                Err(self.unknown_prompt(name, &context.ct).await),
+            ),
         };
         let outcome = r.as_ref().map(|r| {
             let text = r

@@ -46,6 +46,19 @@ impl Gateway {
     pub fn session(self: &Arc<Self>, transport: &str) -> Session {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{transport}-{}-{n}", std::process::id());
+        self.session_with_id(id)
+    }
+
+    /// A new HTTP session: its id is the `Mcp-Session-Id` it will be
+    /// given (see [`crate::session_ids`]).
+    pub(crate) fn http_session(self: &Arc<Self>) -> Session {
+        match crate::session_ids::new_id() {
+            Some(id) => self.session_with_id(id),
+            None => self.session("http"),
+        }
+    }
+
+    fn session_with_id(self: &Arc<Self>, id: String) -> Session {
         let log_level = LogLevel::default();
         let principal = Who::default();
         let upstreams = self
@@ -109,6 +122,16 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// The session's servers its principal could be granted anything of
+    /// (every one without grants); the others are never started for it.
+    pub(crate) fn servers(&self) -> Vec<Arc<upstream::Upstream>> {
+        self.upstreams
+            .iter()
+            .filter(|u| self.may_use_server(u))
+            .cloned()
+            .collect()
+    }
+
     /// The session id written to the audit log.
     pub fn id(&self) -> &str {
         &self.id
@@ -204,20 +227,35 @@ impl Session {
     /// `name`. Names not claimed yet may belong to a server this session
     /// has not listed: those are listed (all at once), and the claims read
     /// again.
+    ///
+    /// Under grants, a name the caller is granted only by a pattern is
+    /// looked for only in the listings of the servers whose name it could
+    /// be (a server exposed as-is, or the one whose prefix it carries), a
+    /// cached listing is not checked by starting its server, and a name no
+    /// listing has is owned by none (the caller is told it is not
+    /// granted, and no server is asked about it).
     pub(crate) async fn owner(
         &self,
         space: names::Space,
         name: &str,
     ) -> Option<Arc<upstream::Upstream>> {
+        let kind = match space {
+            names::Space::Tools => cordon_policy::access::Kind::Tool,
+            names::Space::Prompts => cordon_policy::access::Kind::Prompt,
+        };
+        let narrow = !self.granted_literally(kind, name);
         let claimed = || match self.gw.names.owner(space, name)? {
-            names::Owner::Server(s) => self.upstreams.iter().find(|u| u.name() == s).cloned(),
+            names::Owner::Server(s) => self.servers().iter().find(|u| u.name() == s).cloned(),
             names::Owner::Command(_) => None,
         };
         if let Some(u) = claimed() {
             return Some(u);
         }
         let mut set = tokio::task::JoinSet::new();
-        for u in &self.upstreams {
+        for u in &self.servers() {
+            if narrow && !u.might_own(name) {
+                continue;
+            }
             let u = u.clone();
             match space {
                 names::Space::Tools if u.listed_tool_names().is_none() => {
@@ -234,11 +272,14 @@ impl Session {
             }
         }
         while set.join_next().await.is_some() {}
+        if narrow {
+            return claimed();
+        }
         if claimed().is_none() && space == names::Space::Tools {
             // Listings from the cache may be out of date: start those
             // servers (all at once) and read the claims again.
             let mut set = tokio::task::JoinSet::new();
-            for u in &self.upstreams {
+            for u in &self.servers() {
                 let u = u.clone();
                 set.spawn(async move { u.verify_cached().await });
             }
@@ -246,13 +287,14 @@ impl Session {
         }
         // Unclaimed but in a server's prefixed form: that server says why
         // it has no such tool or prompt.
-        claimed().or_else(|| self.upstreams.iter().find(|u| u.prefixes(name)).cloned())
+        claimed().or_else(|| self.servers().iter().find(|u| u.prefixes(name)).cloned())
     }
 
     /// An unknown tool: the message names the command tools and each
     /// server's exposed tools (`<tool>: not listed` when this session has
-    /// not listed them).
-    fn unknown(&self, name: &str) -> ErrorData {
+    /// not listed them). Under grants, only the tools the caller is
+    /// granted are named, and no server.
+    pub(crate) fn unknown(&self, name: &str) -> ErrorData {
         let granted = |n: &String| self.granted(cordon_policy::access::Kind::Tool, n);
         let mut served: Vec<String> = self
             .gw
@@ -261,20 +303,42 @@ impl Session {
             .filter(|n| granted(n))
             .cloned()
             .collect();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             match u.listed_tool_names() {
                 Some(names) => served.extend(names.into_iter().filter(granted)),
-                None => served.push(format!("(the tools of {}: not listed)", u.name())),
+                None if !self.grants_apply() => {
+                    served.push(format!("(the tools of {}: not listed)", u.name()))
+                }
+                None => {}
             }
         }
-        refusal(
-            Refusal::UnknownTool,
+        let message = if served.is_empty() {
+            format!("unknown tool `{name}`")
+        } else {
             format!(
                 "unknown tool `{name}`; cordon serves: {}",
                 served.join(", ")
-            ),
-            json!({"tool": name}),
-        )
+            )
+        };
+        refusal(Refusal::UnknownTool, message, json!({"tool": name}))
+    }
+
+    /// A server's answer for a name it does not have names all it has:
+    /// under grants, it is told as [`Session::unknown`] tells it.
+    fn own_unknown<T>(&self, name: &str, r: Result<T, ErrorData>) -> Result<T, ErrorData> {
+        match r {
+            Err(e)
+                if self.grants_apply()
+                    && e.data
+                        .as_ref()
+                        .and_then(|d| d.get("cordon/status"))
+                        .and_then(|s| s.as_str())
+                        == Some(Refusal::UnknownTool.as_str()) =>
+            {
+                Err(self.unknown(name))
+            }
+            other => other,
+        }
     }
 }
 
@@ -282,7 +346,7 @@ impl Session {
     /// What the session's servers offer, as far as the gateway knows.
     fn offered(&self) -> upstream::Offers {
         let mut o = upstream::Offers::default();
-        for u in &self.upstreams {
+        for u in &self.servers() {
             if let Some(k) = u.known_offers() {
                 o.resources |= k.resources;
                 o.prompts |= k.prompts;
@@ -325,7 +389,7 @@ impl ServerHandler for Session {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
         // A server's tools can change (its `tools/list_changed`, a cached
         // listing its start does not confirm): the agent is then told.
-        if !self.upstreams.is_empty()
+        if !self.servers().is_empty()
             && let Some(t) = caps.tools.as_mut()
         {
             t.list_changed = Some(true);
@@ -364,18 +428,26 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::InitializeResult, ErrorData> {
         self.initial_principal(&context)?;
-        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>()
-            && let Some(link) = parts.extensions.get::<Arc<lifetime::SessionLink>>()
-        {
+        let link = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Arc<lifetime::SessionLink>>())
+            .cloned();
+        if let Some(link) = &link {
             link.set(&self.id, &self.principal);
         }
         self.open_slot(false)?;
         context.peer.set_peer_info(request.clone());
-        for u in &self.upstreams {
+        for u in &self.servers() {
             u.set_agent(&context.peer);
         }
         self.learn_offers().await;
-        self.negotiate_initialize(&request)
+        let answer = self.negotiate_initialize(&request)?;
+        // Only now may the HTTP side hand out the session's id.
+        if let Some(link) = &link {
+            link.accept();
+        }
+        Ok(answer)
     }
 
     async fn discover(
@@ -509,7 +581,8 @@ impl ServerHandler for Session {
         // Every server at once, each within its own start-up deadline: a
         // slow or failing one holds no other's tools.
         let mut set = tokio::task::JoinSet::new();
-        for (i, u) in self.upstreams.iter().enumerate() {
+        let servers = self.servers();
+        for (i, u) in servers.iter().enumerate() {
             let u = u.clone();
             set.spawn(async move { (i, u.tools_for_list().await) });
         }
@@ -528,7 +601,7 @@ impl ServerHandler for Session {
                         .map(|e| e.tool),
                 ),
                 Err(e) => {
-                    let msg = not_started(self.upstreams[i].name(), &e);
+                    let msg = not_started(servers[i].name(), &e);
                     self.gw.names.report_once(&msg);
                     self.log(&context.peer, LoggingLevel::Error, json!(msg))
                         .await;
@@ -611,7 +684,7 @@ impl ServerHandler for Session {
                     return r.map(Into::into);
                 }
             };
-            let mut r = u.call(&name, request.arguments, &context).await;
+            let mut r = self.own_unknown(&name, u.call(&name, request.arguments, &context).await);
             audit.warnings = u.warnings();
             // Records of what was already done that could not be written
             // are said to the next call.
@@ -623,9 +696,14 @@ impl ServerHandler for Session {
             audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
             return r.map(Into::into);
         }
-        // A name a listing refused says why.
-        let refused = self.upstreams.iter().find_map(|u| u.refusal_of(&name));
-        let r = Err(refused.unwrap_or_else(|| self.unknown(&name)));
+        // A name a listing refused says why; under grants, a name granted
+        // only by a pattern that no listing has reads as one not granted.
+        let r = if self.granted_literally(cordon_policy::access::Kind::Tool, &name) {
+            let refused = self.servers().iter().find_map(|u| u.refusal_of(&name));
+            Err(refused.unwrap_or_else(|| self.unknown(&name)))
+        } else {
+            Err(self.not_granted(cordon_policy::access::Kind::Tool, &name))
+        };
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
             &self.who(&caller),

@@ -102,7 +102,7 @@ access:
   grants:
     - group: analysts
       tenant: acme
-      tools: [word_count, started, "fx__e*"]
+      tools: [word_count, started, "fx__e*", "s*", fx__gone]
       prompts: ["fx__*"]
       resources: ["fx://note"]
     - tenant: globex
@@ -756,4 +756,310 @@ async fn a_refusal_whose_record_cannot_be_written_is_refused_counted_and_said() 
             && answer.contains(&format!("the audit record of refusal (-, session {id})")),
         "{answer}"
     );
+}
+
+/// Counts the servers started through it (the broker's own sandboxes).
+struct Counting {
+    inner: cordon_mcp::RuntimeServers,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl cordon_mcp::ServerSandbox for Counting {
+    fn start(
+        &self,
+        who: &cordon_broker::Caller,
+        policy: &cordon_policy::policy::ToolPolicy,
+        argv: &[String],
+    ) -> Result<cordon_mcp::ServerProcess, String> {
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.start(who, policy, argv)
+    }
+}
+
+/// [`serve`]'s gateway, counting the servers it starts.
+async fn serve_counting() -> Option<(Served, Arc<std::sync::atomic::AtomicUsize>)> {
+    if !cordon_testkit::is_root() || !Path::new("/usr/bin/python3").exists() {
+        skip::skip_or_fail(
+            "access",
+            "needs root and /usr/bin/python3 (the fixture server)",
+        );
+        return None;
+    }
+    let dir = cordon_testkit::scratch();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let broker = Arc::new(
+        cordon_broker::Broker::new(cordon_broker::BrokerOptions {
+            audit: Some(audit.clone()),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sandbox = Arc::new(Counting {
+        inner: cordon_mcp::servers_for(&broker, &opts),
+        started: started.clone(),
+    });
+    let loaded = cordon_policy::load(&manifest(dir.path())).unwrap();
+    let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
+    Some((
+        Served {
+            url: gateway.url.clone(),
+            audit,
+            _gateway: gateway,
+            _dir: dir,
+        },
+        started,
+    ))
+}
+
+/// The message of a refused request.
+fn message(e: &ServiceError) -> String {
+    match e {
+        ServiceError::McpError(e) => e.message.to_string(),
+        other => panic!("not an MCP error: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_name_granted_only_by_a_pattern_that_does_not_exist_reads_as_not_granted() {
+    let Some((s, started)) = serve_counting().await else {
+        return;
+    };
+    let n = || started.load(std::sync::atomic::Ordering::SeqCst);
+    let alice = client(&s.url, ALICE).await;
+    // (`initialize` starts fx once, to learn what it offers.)
+    let at_start = n();
+
+    // `s*` gives `sx`, which does not exist: the same answer as a name no
+    // grant gives, and nothing is started to find out.
+    for name in ["sx", "zz"] {
+        let e = call(&alice, name, json!({})).await.unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("tool `{name}` is not granted to `alice`"),
+            "{name}"
+        );
+        assert_eq!(status(e), "not_granted", "{name}");
+    }
+    assert_eq!(n(), at_start, "a name no server could own started a server");
+
+    // The positive control: listed, then granted by the pattern and
+    // existing, it is called.
+    assert_eq!(
+        tool_names(&alice).await,
+        ["fx__echo", "started", "word_count"]
+    );
+    let listed = n();
+    let r = call(&alice, "fx__echo", json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains("hi"), "{r:?}");
+
+    // `fx__e*` gives `fx__eX`, which fx does not have: refused as not
+    // granted, naming nothing of fx, with nothing started for it; and
+    // `fx__secret` (fx has it, no grant gives it) reads the same.
+    for name in ["fx__eX", "fx__secret"] {
+        let e = call(&alice, name, json!({"text": "hi"})).await.unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("tool `{name}` is not granted to `alice`"),
+            "{name}"
+        );
+        assert_eq!(status(e), "not_granted", "{name}");
+    }
+    assert_eq!(n(), listed, "a refused name started a server");
+
+    // A name a grant gives literally that does not exist is unknown, and
+    // the answer names only what alice is granted.
+    let e = call(&alice, "fx__gone", json!({})).await.unwrap_err();
+    assert_eq!(
+        message(&e),
+        "unknown tool `fx__gone`; cordon serves: started, word_count, fx__echo"
+    );
+    assert_eq!(status(e), "unknown_tool");
+    alice.cancel().await.unwrap();
+
+    // Prompts likewise: `fx__*` gives `fx__nope`, which fx lacks.
+    let alice = client(&s.url, ALICE).await;
+    let e = alice
+        .peer()
+        .get_prompt(GetPromptRequestParams::new("fx__nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(message(&e), "prompt `fx__nope` is not granted to `alice`");
+    alice
+        .peer()
+        .get_prompt(GetPromptRequestParams::new("fx__greet"))
+        .await
+        .expect("a granted prompt is got");
+    alice.cancel().await.unwrap();
+}
+
+/// A gateway over the manifest `text`, behind the test authenticator.
+async fn serve_text(text: &str) -> Option<Served> {
+    if !cordon_testkit::is_root() {
+        skip::skip_or_fail(
+            "access",
+            "the gateway's sandboxes are set up as root in this suite",
+        );
+        return None;
+    }
+    let dir = cordon_testkit::scratch();
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, text).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let opts = GatewayOptions {
+        audit: Some(audit.clone()),
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::from_manifest(&m, &opts).expect("gateway");
+    let http = HttpOptions {
+        authenticator: Some(Arc::new(TestHeader)),
+        ..HttpOptions::default()
+    };
+    let gateway = cordon_testkit::serve::gateway(gw, http).await;
+    Some(Served {
+        url: gateway.url.clone(),
+        audit,
+        _gateway: gateway,
+        _dir: dir,
+    })
+}
+
+const ONE_SESSION: &str = r#"tools:
+  word_count:
+    profile: P1
+    command: ["/usr/bin/wc", "-w"]
+    input: {stdin: text}
+    input_schema: {type: object, properties: {text: {type: string}}, required: [text]}
+gateway:
+  per_principal: {sessions: 1}
+"#;
+
+fn initialize_body() -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_initialize_hands_out_no_session_and_an_ended_one_says_so() {
+    let Some(s) = serve_text(ONE_SESSION).await else {
+        return;
+    };
+    cordon_mcp::install_crypto_provider();
+    let http = reqwest::Client::new();
+    // The positive control: the first session is opened, with its id.
+    let id = raw_initialize(&http, &s.url, ALICE).await;
+
+    // A second one is over alice's cap: refused, and no id handed out.
+    let r = raw(&http, &s.url, ALICE, None, initialize_body()).await;
+    assert!(
+        r.headers().get("mcp-session-id").is_none(),
+        "a refused initialize handed out a session id: {:?}",
+        r.headers()
+    );
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("alice has 1 sessions open already (`per_principal.sessions`)"),
+        "{body}"
+    );
+
+    // A call in the live session is audited under the id the client has.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "word_count", "arguments": {"text": "a b"}}});
+    let r = raw(&http, &s.url, ALICE, Some(&id), call).await;
+    let body = r.text().await.unwrap();
+    assert!(body.contains("\"result\""), "{body}");
+    let f = cordon_audit::Filter {
+        principal: Some("alice".into()),
+        ..Default::default()
+    };
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &f)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert!(
+        recs.iter().any(|r| r.tool == "word_count"
+            && r.status == cordon_audit::Status::Ok
+            && r.session == id),
+        "{id}: {recs:#?}"
+    );
+
+    // Ended by its client: then its id gets the 404 that says so, to its
+    // own principal; another principal is still refused it.
+    let r = http
+        .delete(&s.url)
+        .header(HEADER, ALICE)
+        .header("mcp-session-id", &id)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    let r = raw(&http, &s.url, ALICE, Some(&id), list.clone()).await;
+    assert_eq!(r.status(), reqwest::StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(&format!(
+            "session expired: session {id} was ended by its client (DELETE); start a new session (initialize)"
+        )),
+        "{body}"
+    );
+    let r = raw(&http, &s.url, BOB, Some(&id), list).await;
+    assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "this session was opened by another principal"
+    );
+    // Its slot is free again: a new session is opened.
+    let again = raw_initialize(&http, &s.url, ALICE).await;
+    assert_ne!(again, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_no_grant_could_give_a_caller_anything_of_is_never_started_for_it() {
+    let Some((s, started)) = serve_counting().await else {
+        return;
+    };
+    let n = || started.load(std::sync::atomic::Ordering::SeqCst);
+    // bob's grants name nothing fx could expose: initialize, listings and
+    // a call of an fx name start nothing (no sandbox, no workspace or
+    // state directory of his tenant).
+    let bob = client(&s.url, BOB).await;
+    assert_eq!(tool_names(&bob).await, ["byte_count", "started"]);
+    match bob.peer().list_all_prompts().await {
+        Ok(p) => assert!(p.is_empty(), "{p:?}"),
+        Err(e) => assert!(e.to_string().contains("no MCP server"), "{e}"),
+    }
+    let e = call(&bob, "fx__echo", json!({"text": "hi"}))
+        .await
+        .unwrap_err();
+    assert_eq!(message(&e), "tool `fx__echo` is not granted to `bob`");
+    let r = call(&bob, "byte_count", json!({"text": "abcd"}))
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains('4'), "{r:?}");
+    assert_eq!(n(), 0, "a server was started for bob");
+    bob.cancel().await.unwrap();
+
+    // The positive control: alice's grants reach fx, which starts.
+    let alice = client(&s.url, ALICE).await;
+    assert_eq!(
+        tool_names(&alice).await,
+        ["fx__echo", "started", "word_count"]
+    );
+    assert!(n() >= 1, "fx was not started for alice");
+    alice.cancel().await.unwrap();
 }

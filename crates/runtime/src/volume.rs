@@ -61,25 +61,10 @@ pub fn mechanism() -> Result<&'static str, String> {
     }
 }
 
-/// A tenant or tool name usable as one path component: 1 to 64 of
-/// letters, digits, `_`, `-` and `.`, not starting with `.`.
-pub fn valid_component(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && !s.starts_with('.')
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
+pub use cordon_config::valid_name_component as valid_component;
 
 fn component<'a>(what: &str, s: &'a str) -> Result<&'a str, String> {
-    if valid_component(s) {
-        Ok(s)
-    } else {
-        Err(format!(
-            "{what} `{}` cannot name a directory (1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.`)",
-            s.escape_debug()
-        ))
-    }
+    cordon_config::check_name_component(what, s)
 }
 
 /// A session id's directory name: a hash, so that no id traverses a path.

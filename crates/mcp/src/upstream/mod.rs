@@ -231,6 +231,35 @@ impl Upstream {
                 .is_some_and(|r| r.starts_with(cordon_policy::policy::NAME_SEPARATOR))
     }
 
+    /// Whether `name` could be one of this server's exposed names: in its
+    /// prefixed form, or any name for a server exposed as-is.
+    pub fn might_own(&self, name: &str) -> bool {
+        self.expose != Expose::Prefixed || self.prefixes(name)
+    }
+
+    /// Whether a grant's name `pattern` could match one of this server's
+    /// exposed tool or prompt names, known without its listing: its
+    /// renamed names, its prefixed form (any name, exposed as-is).
+    pub fn may_expose_match(&self, pattern: &str) -> bool {
+        if self.expose != Expose::Prefixed
+            || self
+                .rename
+                .values()
+                .any(|r| cordon_policy::access::glob_matches(pattern, r))
+        {
+            return true;
+        }
+        let prefix = format!(
+            "{}{}",
+            self.policy.name,
+            cordon_policy::policy::NAME_SEPARATOR
+        );
+        match pattern.split_once('*') {
+            None => pattern.starts_with(&prefix),
+            Some((first, _)) => first.starts_with(&prefix) || prefix.starts_with(first),
+        }
+    }
+
     pub fn profile(&self) -> &'static str {
         cordon_broker::profile_name(self.policy.profile)
     }
