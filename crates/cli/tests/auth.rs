@@ -839,7 +839,7 @@ fn a_tls_key_of_another_owner_or_too_open_is_refused() {
     let m = dir.path().join("cordon.yaml");
     std::fs::write(&m, MANIFEST).unwrap();
     let start = || {
-        Command::new(env!("CARGO_BIN_EXE_cordon"))
+        let child = Command::new(env!("CARGO_BIN_EXE_cordon"))
             .args(["serve", "--http", "127.0.0.1:0", "--no-probe", "-m"])
             .arg(&m)
             .arg("--tls-cert")
@@ -849,13 +849,37 @@ fn a_tls_key_of_another_owner_or_too_open_is_refused() {
             .env("CORDON_AUDIT", dir.path().join("audit.jsonl"))
             .env("CORDON_STATE_DIR", dir.path())
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that starts (the key taken) is stopped and said to
+        // have started, rather than waited for.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut child = Kill(child);
+        let status = loop {
+            if let Some(st) = child.0.try_wait().unwrap() {
+                break Some(st);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.0.kill();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        child
+            .0
+            .stderr
+            .take()
             .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (status.is_some_and(|s| s.success()) || status.is_none(), err)
     };
     let shown = key.display().to_string();
-    let out = start();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (served, err) = start();
+    assert!(!served, "{err}");
     assert!(
         err.contains(&format!(
             "{shown}: the TLS key is readable or writable by group or others (mode 0640)"
@@ -869,9 +893,8 @@ fn a_tls_key_of_another_owner_or_too_open_is_refused() {
     });
     match std::os::unix::fs::chown(&key, Some(65534), None) {
         Ok(()) => {
-            let out = start();
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{err}");
+            let (served, err) = start();
+            assert!(!served, "{err}");
             assert!(
                 err.contains(&format!(
                     "{shown}: the TLS key is owned by uid 65534, neither this user"
