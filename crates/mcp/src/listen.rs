@@ -109,10 +109,9 @@ pub(crate) async fn serve(
             // Said at most once a minute: a flood must not flood the log.
             if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                 last_warned = Some(Instant::now());
-                tracing::warn!(
-                    %peer,
-                    max = limits.max_pending,
-                    "closed a connection: too many connections have no authenticated request yet"
+                eprintln!(
+                    "cordon: warning: closed a connection from {peer}: {} connections have no authenticated request yet (--max-pending-connections); said at most once a minute",
+                    limits.max_pending
                 );
             }
             drop(tcp);
