@@ -78,7 +78,8 @@ impl Pending {
 }
 
 /// Serve `router` on `listener` (HTTPS with `tls`) within `limits`, until
-/// `shutdown`.
+/// `shutdown`; then each connection is shut down gracefully and this
+/// returns once all have ended.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
@@ -91,9 +92,18 @@ pub(crate) async fn serve(
         limits.max_pending.clamp(1, Semaphore::MAX_PERMITS),
     ));
     let mut last_warned: Option<Instant> = None;
+    // Each connection's task holds a sender: once all are dropped, every
+    // connection has ended.
+    let (alive, mut all_ended) = tokio::sync::mpsc::channel::<()>(1);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => {
+                // Let the connections finish gracefully (in-flight answers
+                // are sent, idle ones closed), as they are told to.
+                drop(alive);
+                let _ = all_ended.recv().await;
+                return Ok(());
+            }
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
@@ -124,7 +134,9 @@ pub(crate) async fn serve(
         };
         let acceptor = acceptor.clone();
         let stop = shutdown.clone();
+        let alive = alive.clone();
         tokio::spawn(async move {
+            let _alive = alive;
             match acceptor {
                 None => serve_conn(tcp, svc, limits, stop).await,
                 Some(acceptor) => {
