@@ -30,6 +30,8 @@ fn settings() -> JwtSettings {
         jwks_uri: Some("http://127.0.0.1:9/jwks".into()),
         leeway_seconds: 30,
         refetch_floor: Duration::from_secs(1 << 30),
+        keys_max_age: Duration::from_secs(1 << 30),
+        max_stale: Duration::ZERO,
     }
 }
 

@@ -17,6 +17,9 @@
 //! tenant_claim: tenant        # a token without it is refused
 //! groups_claim: groups
 //! scopes: [mcp]               # every token must carry these
+//! jwks_cache_seconds: 600     # keys are fetched again after this
+//! jwks_max_stale_seconds: 900 # and used at most this long past it while
+//!                             # the issuer cannot be reached
 //! ```
 //!
 //! The file may not be writable by group or others and must be owned by
@@ -60,6 +63,10 @@ struct File_ {
     #[serde(default)]
     jwks_refetch_floor_seconds: Option<Spanned<u64>>,
     #[serde(default)]
+    jwks_cache_seconds: Option<Spanned<u64>>,
+    #[serde(default)]
+    jwks_max_stale_seconds: Option<Spanned<u64>>,
+    #[serde(default)]
     ca_file: Option<Spanned<PathBuf>>,
 }
 
@@ -84,6 +91,9 @@ pub const MAX_LEEWAY: u64 = 300;
 /// `leeway_seconds` when not given.
 pub const DEFAULT_LEEWAY: u64 = 30;
 
+/// The largest `jwks_cache_seconds` and `jwks_max_stale_seconds` (a day).
+pub const MAX_JWKS_SECONDS: u64 = 86_400;
+
 /// A checked authentication file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthConfig {
@@ -102,6 +112,11 @@ pub struct AuthConfig {
     pub scopes: Vec<String>,
     pub leeway_seconds: u64,
     pub jwks_refetch_floor_seconds: u64,
+    /// How long fetched keys are used before they are fetched again.
+    pub jwks_cache_seconds: u64,
+    /// How long past `jwks_cache_seconds` the keys are still used while
+    /// they cannot be fetched again; after that, tokens are refused (503).
+    pub jwks_max_stale_seconds: u64,
     pub ca_file: Option<PathBuf>,
 }
 
@@ -254,6 +269,26 @@ impl AuthConfig {
                     s.value.clone()
                 }
             };
+        let jwks_cache_seconds = match &f.jwks_cache_seconds {
+            None => crate::jwt::DEFAULT_KEYS_MAX_AGE.as_secs(),
+            Some(c) if c.value == 0 => {
+                return Err(at(&c.referenced, "`jwks_cache_seconds` is 0".into()));
+            }
+            Some(c) => c.value,
+        };
+        for (key, v) in [
+            ("jwks_cache_seconds", &f.jwks_cache_seconds),
+            ("jwks_max_stale_seconds", &f.jwks_max_stale_seconds),
+        ] {
+            if let Some(v) = v
+                && v.value > MAX_JWKS_SECONDS
+            {
+                return Err(at(
+                    &v.referenced,
+                    format!("`{key}` {} is above {MAX_JWKS_SECONDS}", v.value),
+                ));
+            }
+        }
         let authorization_servers = match &f.authorization_servers {
             Some(a) => {
                 for u in &a.value {
@@ -283,6 +318,11 @@ impl AuthConfig {
                 .jwks_refetch_floor_seconds
                 .map(|s| s.value)
                 .unwrap_or(crate::jwt::DEFAULT_REFETCH_FLOOR.as_secs()),
+            jwks_cache_seconds,
+            jwks_max_stale_seconds: f
+                .jwks_max_stale_seconds
+                .map(|s| s.value)
+                .unwrap_or(crate::jwt::DEFAULT_MAX_STALE.as_secs()),
             ca_file: f.ca_file.map(|c| c.value),
         })
     }
@@ -308,6 +348,8 @@ mod tests {
         assert_eq!(c.authorization_servers, vec!["https://i.example"]);
         assert_eq!(c.leeway_seconds, DEFAULT_LEEWAY);
         assert_eq!(c.scopes, vec!["mcp"]);
+        assert_eq!(c.jwks_cache_seconds, 600);
+        assert_eq!(c.jwks_max_stale_seconds, 900);
     }
 
     #[test]
@@ -324,6 +366,13 @@ mod tests {
         assert!(e.message.contains("needs `issuer`"), "{e}");
         let e = err("resource: https://m.example/mcp\n");
         assert!(e.message.contains("no way to check a token"), "{e}");
+        let e = err(
+            "resource: https://m.example/mcp\nissuer: https://i\njwks_max_stale_seconds: 90000\n",
+        );
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("is above 86400"), "{e}");
+        let e = err("resource: https://m.example/mcp\nissuer: https://i\njwks_cache_seconds: 0\n");
+        assert_eq!(e.line, 3, "{e}");
         let e = err("resource: https://m.example/mcp\nstatic_tokens: /t\nscopes: [\"a b\"]\n");
         assert_eq!(e.line, 3, "{e}");
     }

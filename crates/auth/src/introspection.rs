@@ -2,9 +2,10 @@
 //! token (opaque or not) is active and what it carries. cordon posts the
 //! token with its own client credentials (HTTP Basic) and then checks what
 //! a JWT would have been checked for: `active`, `exp`, `iss` (when the
-//! configuration names an issuer) and that `aud` names this resource (an
-//! answer without `aud` is refused: a token for another resource of the
-//! same server must not pass here).
+//! configuration names an issuer, an answer without `iss` is refused: the
+//! endpoint may vouch for tokens of other issuers it knows) and that `aud`
+//! names this resource (an answer without `aud` is refused: a token for
+//! another resource of the same server must not pass here).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,7 +22,8 @@ pub struct IntrospectionSettings {
     pub client_secret: Zeroizing<String>,
     /// The `aud` an active token must carry.
     pub audience: String,
-    /// The `iss` it must carry when it says, if set.
+    /// The `iss` an active token must carry, if set (an answer without one
+    /// is refused).
     pub issuer: Option<String>,
     pub leeway_seconds: u64,
 }
@@ -105,12 +107,20 @@ pub fn check_answer(
     {
         return Err(Refusal::Invalid("the token is not valid yet (nbf)".into()));
     }
-    if let (Some(want), Some(iss)) = (&s.issuer, m.get("iss"))
-        && iss.as_str() != Some(want.as_str())
-    {
-        return Err(Refusal::Invalid(format!(
-            "the token was not issued by {want}"
-        )));
+    if let Some(want) = &s.issuer {
+        match m.get("iss") {
+            None => {
+                return Err(Refusal::Invalid(format!(
+                    "the introspection answer names no issuer (`iss`); tokens of {want} only are accepted"
+                )));
+            }
+            Some(iss) if iss.as_str() != Some(want.as_str()) => {
+                return Err(Refusal::Invalid(format!(
+                    "the token was not issued by {want}"
+                )));
+            }
+            Some(_) => {}
+        }
     }
     let for_us = match m.get("aud") {
         Some(Value::String(a)) => *a == s.audience,
@@ -159,6 +169,39 @@ mod tests {
             Err(Refusal::Invalid(why)) => assert_eq!(why, "the token has expired"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn an_answer_without_iss_is_refused_when_an_issuer_is_configured() {
+        let mut s = settings();
+        s.issuer = Some("https://iss.example".into());
+        // Positive control: the configured issuer passes.
+        let a = answer(
+            json!({"active": true, "aud": "https://cordon.test/mcp", "iss": "https://iss.example"}),
+        );
+        assert!(check_answer(&s, a).is_ok());
+        // No `iss`: refused, saying so.
+        let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp"}));
+        match check_answer(&s, a) {
+            Err(Refusal::Invalid(why)) => assert_eq!(
+                why,
+                "the introspection answer names no issuer (`iss`); tokens of https://iss.example only are accepted"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Another issuer, and a non-string `iss`: refused.
+        for iss in [json!("https://evil.example"), json!(7)] {
+            let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp", "iss": iss}));
+            match check_answer(&s, a) {
+                Err(Refusal::Invalid(why)) => {
+                    assert_eq!(why, "the token was not issued by https://iss.example")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Without a configured issuer, an answer without `iss` passes.
+        let a = answer(json!({"active": true, "aud": "https://cordon.test/mcp"}));
+        assert!(check_answer(&settings(), a).is_ok());
     }
 
     #[test]

@@ -5,9 +5,18 @@
 //! The keys come from `jwks_uri`, or from the issuer's metadata (RFC 8414
 //! `/.well-known/oauth-authorization-server`, else OpenID Connect
 //! discovery) whose `issuer` must be the configured one. They are cached
-//! for [`KEYS_MAX_AGE`] and fetched again when a token names a `kid` the
-//! cache lacks (a rotation), at most once per `refetch_floor`, so tokens
-//! with made-up key ids cannot make cordon hammer the issuer.
+//! for `keys_max_age` (default [`DEFAULT_KEYS_MAX_AGE`]) and fetched again
+//! when a token names a `kid` the cache lacks (a rotation), at most once
+//! per `refetch_floor`, so tokens with made-up key ids cannot make cordon
+//! hammer the issuer.
+//!
+//! Keys past their cache lifetime that cannot be fetched again (the issuer
+//! is unreachable, or answers wrongly) are still used for at most
+//! `max_stale` (default [`DEFAULT_MAX_STALE`]) past that lifetime, so a
+//! short outage of the issuer does not stop every caller; after that every
+//! token is refused as unverifiable ([`Refusal::Unavailable`], `503`) until
+//! the keys are fetched again: keys the issuer may have revoked are not
+//! trusted for as long as it stays unreachable.
 //!
 //! The algorithm is pinned to the key: a key's own `alg` when the JWKS
 //! gives one, else the algorithms of its type (RSA: RS*/PS*, EC: the
@@ -26,8 +35,11 @@ use serde_json::{Map, Value};
 
 use crate::Refusal;
 
-/// How long fetched keys are used before they are fetched again.
-pub const KEYS_MAX_AGE: Duration = Duration::from_secs(600);
+/// How long fetched keys are used before they are fetched again, by default.
+pub const DEFAULT_KEYS_MAX_AGE: Duration = Duration::from_secs(600);
+/// How long past their cache lifetime keys are still used while they cannot
+/// be fetched again, by default.
+pub const DEFAULT_MAX_STALE: Duration = Duration::from_secs(900);
 /// The default least time between two fetches of the keys.
 pub const DEFAULT_REFETCH_FLOOR: Duration = Duration::from_secs(30);
 
@@ -42,6 +54,11 @@ pub struct JwtSettings {
     /// Allowed clock skew for `exp` and `nbf`, in seconds.
     pub leeway_seconds: u64,
     pub refetch_floor: Duration,
+    /// How long fetched keys are used before they are fetched again.
+    pub keys_max_age: Duration,
+    /// How long past `keys_max_age` they are still used while they cannot
+    /// be fetched again; after that, tokens are refused as unverifiable.
+    pub max_stale: Duration,
 }
 
 struct Key {
@@ -61,6 +78,8 @@ struct Fetch {
     last_attempt: Option<Instant>,
     jwks_uri: Option<String>,
     fetches: u64,
+    /// Why the last attempt failed, until one succeeds.
+    last_error: Option<String>,
 }
 
 /// Checks JWT access tokens of one issuer for one resource.
@@ -163,7 +182,7 @@ impl JwtValidator {
 
     /// A validator whose keys are the key set `jwks` (a JWKS object with a `keys` list, as
     /// an issuer publishes it), taken as just fetched: nothing is fetched until
-    /// `refetch_floor` and then [`KEYS_MAX_AGE`] have passed. For a fixed key set (tests, the
+    /// `refetch_floor` and then `keys_max_age` have passed. For a fixed key set (tests, the
     /// fuzz targets); keys cordon does not use are skipped as when fetched.
     pub fn with_keys(
         settings: JwtSettings,
@@ -183,6 +202,7 @@ impl JwtValidator {
                 last_attempt: Some(now),
                 jwks_uri: None,
                 fetches: 0,
+                last_error: None,
             }),
         })
     }
@@ -222,15 +242,25 @@ impl JwtValidator {
     }
 
     /// Fetch the keys unless the last attempt was less than the floor ago
-    /// (then the cached keys stay).
+    /// (then the cached keys stay, and the error is the last attempt's, if
+    /// it failed).
     async fn refresh(&self) -> Result<(), String> {
         let mut f = self.fetch.lock().await;
         if f.last_attempt
             .is_some_and(|t| t.elapsed() < self.settings.refetch_floor)
         {
-            return Ok(());
+            return match &f.last_error {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            };
         }
         f.last_attempt = Some(Instant::now());
+        let r = self.fetch_keys(&mut f).await;
+        f.last_error = r.as_ref().err().cloned();
+        r
+    }
+
+    async fn fetch_keys(&self, f: &mut Fetch) -> Result<(), String> {
         let uri = match (&self.settings.jwks_uri, &f.jwks_uri) {
             (Some(u), _) | (None, Some(u)) => u.clone(),
             (None, None) => {
@@ -303,20 +333,37 @@ impl JwtValidator {
         }
         let kid = header.kid.as_deref();
         let mut keys = self.snapshot();
-        let stale = keys.fetched.is_none_or(|t| t.elapsed() >= KEYS_MAX_AGE);
+        let max_age = self.settings.keys_max_age;
+        let stale = keys.fetched.is_none_or(|t| t.elapsed() >= max_age);
         let mut key = if stale {
             None
         } else {
             Self::find(&keys, kid, alg)
         };
         if key.is_none() {
-            if let Err(e) = self.refresh().await {
+            let fetched = self.refresh().await;
+            if let Err(e) = &fetched {
                 tracing::warn!("cannot fetch the issuer's keys: {e}");
-                if keys.keys.is_empty() {
-                    return Err(Refusal::Unavailable(e));
-                }
             }
             keys = self.snapshot();
+            // Keys that could not be fetched again: used for at most
+            // `max_stale` past their lifetime, then none are trusted.
+            let age = keys.fetched.map(|t| t.elapsed());
+            let bound = max_age.saturating_add(self.settings.max_stale);
+            if let Err(e) = fetched {
+                match age {
+                    Some(age) if age >= bound => {
+                        return Err(Refusal::Unavailable(format!(
+                            "the issuer's keys are {} s old, past their {} s lifetime and the {} s they may be used while they cannot be fetched again: {e}",
+                            age.as_secs(),
+                            max_age.as_secs(),
+                            self.settings.max_stale.as_secs(),
+                        )));
+                    }
+                    Some(_) if !keys.keys.is_empty() => {}
+                    _ => return Err(Refusal::Unavailable(e)),
+                }
+            }
             key = Self::find(&keys, kid, alg);
         }
         let Some(key) = key else {
@@ -415,7 +462,7 @@ mod tests {
         use ring::signature::KeyPair;
         use serde_json::json;
         use std::sync::Mutex;
-        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         struct Signer {
@@ -453,8 +500,13 @@ mod tests {
             jsonwebtoken::encode(&h, &c, &s.enc).unwrap()
         }
 
-        /// A JWKS server: what it serves, how often it was asked.
-        async fn jwks_server(keys: Arc<Mutex<Vec<Value>>>, hits: Arc<AtomicU64>) -> String {
+        /// A JWKS server: what it serves, how often it was asked; while `up`
+        /// is false it answers 503.
+        async fn jwks_server(
+            keys: Arc<Mutex<Vec<Value>>>,
+            hits: Arc<AtomicU64>,
+            up: Arc<AtomicBool>,
+        ) -> String {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap();
             tokio::spawn(async move {
@@ -464,6 +516,7 @@ mod tests {
                     };
                     let keys = keys.clone();
                     let hits = hits.clone();
+                    let up = up.clone();
                     tokio::spawn(async move {
                         let mut buf = Vec::new();
                         let mut b = [0u8; 1024];
@@ -474,6 +527,12 @@ mod tests {
                             }
                         }
                         hits.fetch_add(1, Ordering::SeqCst);
+                        if !up.load(Ordering::SeqCst) {
+                            let _ = c
+                                .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                                .await;
+                            return;
+                        }
                         let body = json!({"keys": *keys.lock().unwrap()}).to_string();
                         let resp = format!(
                             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -494,9 +553,58 @@ mod tests {
                     jwks_uri: Some(uri.into()),
                     leeway_seconds: 30,
                     refetch_floor: floor,
+                    keys_max_age: DEFAULT_KEYS_MAX_AGE,
+                    max_stale: DEFAULT_MAX_STALE,
                 },
                 crate::http::client(None).unwrap(),
             )
+        }
+
+        #[tokio::test]
+        async fn stale_keys_serve_an_unreachable_issuer_only_within_the_bound() {
+            let k1 = signer("k1");
+            let keys = Arc::new(Mutex::new(vec![k1.jwk.clone()]));
+            let hits = Arc::new(AtomicU64::new(0));
+            let up = Arc::new(AtomicBool::new(true));
+            let uri = jwks_server(keys, hits.clone(), up.clone()).await;
+            // Keys past their lifetime at once (max age 0), so every token
+            // makes cordon fetch them again.
+            let with_stale = |max_stale: Duration| {
+                let mut v = validator(&uri, Duration::ZERO);
+                v.settings.keys_max_age = Duration::ZERO;
+                v.settings.max_stale = max_stale;
+                v
+            };
+            let within = with_stale(Duration::from_secs(3600));
+            let past = with_stale(Duration::ZERO);
+            // Positive control: both verify while the issuer answers.
+            for v in [&within, &past] {
+                assert_eq!(
+                    v.verify(&token(&k1, "k1", json!({}))).await.unwrap()["sub"],
+                    "ann"
+                );
+            }
+            up.store(false, Ordering::SeqCst);
+            let before = hits.load(Ordering::SeqCst);
+            // The issuer is down: within the bound the stale keys verify
+            // (after trying to fetch them again)...
+            within.verify(&token(&k1, "k1", json!({}))).await.unwrap();
+            assert_eq!(hits.load(Ordering::SeqCst), before + 1);
+            // ...past it the token is refused as unverifiable, saying why.
+            match past.verify(&token(&k1, "k1", json!({}))).await {
+                Err(Refusal::Unavailable(m)) => {
+                    assert!(m.starts_with("the issuer's keys are "), "{m}");
+                    assert!(
+                        m.contains("past their 0 s lifetime and the 0 s they may be used while they cannot be fetched again"),
+                        "{m}"
+                    );
+                    assert!(m.contains("answered 503"), "{m}");
+                }
+                other => panic!("expected an unavailable refusal, got {other:?}"),
+            }
+            // The issuer is back: the keys are fetched and verify again.
+            up.store(true, Ordering::SeqCst);
+            past.verify(&token(&k1, "k1", json!({}))).await.unwrap();
         }
 
         fn invalid(r: Result<Map<String, Value>, Refusal>) -> String {
@@ -511,7 +619,8 @@ mod tests {
             let (k1, k2) = (signer("k1"), signer("k2"));
             let keys = Arc::new(Mutex::new(vec![k1.jwk.clone()]));
             let hits = Arc::new(AtomicU64::new(0));
-            let uri = jwks_server(keys.clone(), hits.clone()).await;
+            let uri =
+                jwks_server(keys.clone(), hits.clone(), Arc::new(AtomicBool::new(true))).await;
 
             // Rotation (no floor): k1 verifies; the issuer moves to k2; a k2
             // token makes cordon fetch again and verifies; k1 is gone.

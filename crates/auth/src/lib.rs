@@ -140,6 +140,8 @@ impl Validator {
                     jwks_uri: c.jwks_uri.clone(),
                     leeway_seconds: c.leeway_seconds,
                     refetch_floor: std::time::Duration::from_secs(c.jwks_refetch_floor_seconds),
+                    keys_max_age: std::time::Duration::from_secs(c.jwks_cache_seconds),
+                    max_stale: std::time::Duration::from_secs(c.jwks_max_stale_seconds),
                 },
                 client.clone(),
             )

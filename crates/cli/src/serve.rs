@@ -56,6 +56,19 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM, mode 0600).
     #[arg(long, value_name = "FILE", requires_all = ["http", "tls_cert"])]
     pub tls_key: Option<PathBuf>,
+    /// Close an HTTP connection whose request head (request line and
+    /// headers) has not all arrived within this many seconds of the
+    /// connection being ready for it (default 30).
+    #[arg(long, value_name = "SECONDS", requires = "http", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: Option<u64>,
+    /// Fail an HTTP request whose body has not all arrived within this many
+    /// seconds of its head, and close its connection (default 30).
+    #[arg(long, value_name = "SECONDS", requires = "http", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout: Option<u64>,
+    /// Close HTTP connections accepted beyond this many open ones that have
+    /// had no request authenticated yet (default 128).
+    #[arg(long, value_name = "N", requires = "http", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_pending_connections: Option<u64>,
     /// Serve a non-loopback --http address even without authentication
     /// or TLS (said on stderr). Without it that is refused.
     #[arg(long, requires = "http")]
@@ -95,6 +108,20 @@ pub fn exposure(
             "refusing to serve MCP on {addr}, which is not a loopback address, without {missing}; \
              give them, bind a loopback address, or pass --insecure-accept-plaintext to accept the exposure"
         ))
+    }
+}
+
+/// The HTTP connection limits the flags ask for, the defaults otherwise.
+fn conn_limits(args: &ServeArgs) -> cordon_mcp::ConnLimits {
+    let d = cordon_mcp::ConnLimits::default();
+    let secs = std::time::Duration::from_secs;
+    cordon_mcp::ConnLimits {
+        header_timeout: args.header_timeout.map_or(d.header_timeout, secs),
+        body_timeout: args.body_timeout.map_or(d.body_timeout, secs),
+        max_pending: args
+            .max_pending_connections
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(d.max_pending),
     }
 }
 
@@ -259,6 +286,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
                         .map(|a| a as Arc<dyn cordon_mcp::http::Authenticator>),
                     tls: tls.clone(),
                     idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
+                    limits: conn_limits(args),
                 },
             }
         }

@@ -749,3 +749,391 @@ async fn tls_on_loopback() {
     let (st, _, _) = init(&s.addr, Some(&format!("Bearer {t}")));
     assert_eq!(st, 0, "plain HTTP got an HTTP answer");
 }
+
+/// The issuer becomes unreachable: its keys, past their cache lifetime, are
+/// used for at most `jwks_max_stale_seconds` more; after that every token
+/// is refused as uncheckable (503), not accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_an_unreachable_issuer_are_used_only_within_the_staleness_bound() {
+    let Some(idp) = start_idp() else { return };
+    let dir = tempdir();
+    let auth = jwt_auth(
+        &dir,
+        &idp,
+        RESOURCE,
+        "jwks_cache_seconds: 1\njwks_max_stale_seconds: 20\njwks_refetch_floor_seconds: 0\n",
+    );
+    let s = serve(&dir, &auth, &[]);
+    let token = format!(
+        "Bearer {}",
+        idp.jwt(json!({"sub": "ann", "aud": RESOURCE, "tenant": "t1", "scope": "mcp"}))
+    );
+    let (st, head, _) = init(&s.addr, Some(&token));
+    assert_eq!(st, 200, "{head}");
+    // The issuer goes away; the keys were last fetched before this.
+    drop(idp);
+    let down = std::time::Instant::now();
+    // Past the keys' 1 s lifetime, within the 20 s after it: a fetch is
+    // tried, fails, and the cached keys still verify.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let (st, head, _) = init(&s.addr, Some(&token));
+    assert_eq!(st, 200, "within the bound: {head}");
+    // Past 1 + 20 s: refused as uncheckable, with no principal.
+    let bound = std::time::Duration::from_secs(1 + 20 + 2);
+    std::thread::sleep(bound.saturating_sub(down.elapsed()));
+    let (st, head, body) = init(&s.addr, Some(&token));
+    assert_eq!(st, 503, "past the bound: {head}");
+    assert_eq!(body, "the token cannot be checked now", "{head}");
+    assert_eq!(
+        header(&head, "www-authenticate"),
+        Some(
+            "Bearer resource_metadata=\"http://127.0.0.1/.well-known/oauth-protected-resource/mcp\""
+        )
+    );
+    assert!(header(&head, "mcp-session-id").is_none(), "{head}");
+}
+
+/// With an issuer configured, an introspection answer that names no `iss`
+/// is refused; one naming the issuer passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn introspection_answers_without_the_issuer_are_refused() {
+    let Some(idp) = start_idp() else { return };
+    let dir = tempdir();
+    let secret = dir.path().join("introspect.secret");
+    write_private(&secret, "introspect-secret\n", 0o600);
+    let auth = dir.path().join("auth.yaml");
+    write_private(
+        &auth,
+        &format!(
+            "resource: {RESOURCE}\nissuer: {}\nintrospection:\n  endpoint: {}/introspect\n  client_id: cordon-rs\n  client_secret_file: {}\n",
+            idp.url(),
+            idp.url(),
+            secret.display()
+        ),
+        0o600,
+    );
+    let s = serve(&dir, &auth, &[]);
+    let with_iss = idp.opaque(json!({"sub": "svc", "aud": RESOURCE, "iss": idp.url()}));
+    let (st, head, _) = init(&s.addr, Some(&format!("Bearer {with_iss}")));
+    assert_eq!(st, 200, "{head}");
+    let without = idp.opaque(json!({"sub": "svc", "aud": RESOURCE}));
+    let (st, head, _) = init(&s.addr, Some(&format!("Bearer {without}")));
+    assert_eq!(st, 401, "{head}");
+    let h = header(&head, "www-authenticate").unwrap();
+    assert!(
+        h.contains("invalid_token") && h.contains("the introspection answer names no issuer"),
+        "{h}"
+    );
+    let other = idp.opaque(json!({"sub": "svc", "aud": RESOURCE, "iss": "https://evil.example"}));
+    let (st, head, _) = init(&s.addr, Some(&format!("Bearer {other}")));
+    assert_eq!(st, 401, "{head}");
+    assert!(
+        header(&head, "www-authenticate")
+            .unwrap()
+            .contains("not issued by"),
+        "{head}"
+    );
+}
+
+/// `cordon serve --tls-key`: the key is refused when group or others may
+/// read it, or when neither this user nor root owns it; owned by this user
+/// with mode 0600 it is served.
+#[test]
+fn a_tls_key_of_another_owner_or_too_open_is_refused() {
+    let dir = tempdir();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    write_private(&cert, &ck.cert.pem(), 0o644);
+    write_private(&key, &ck.signing_key.serialize_pem(), 0o640);
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, MANIFEST).unwrap();
+    let start = || {
+        let child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(["serve", "--http", "127.0.0.1:0", "--no-probe", "-m"])
+            .arg(&m)
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key)
+            .env("CORDON_AUDIT", dir.path().join("audit.jsonl"))
+            .env("CORDON_STATE_DIR", dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that starts (the key taken) is stopped and said to
+        // have started, rather than waited for.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut child = Kill(child);
+        let status = loop {
+            if let Some(st) = child.0.try_wait().unwrap() {
+                break Some(st);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.0.kill();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        child
+            .0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (status.is_some_and(|s| s.success()) || status.is_none(), err)
+    };
+    let shown = key.display().to_string();
+    let (served, err) = start();
+    assert!(!served, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{shown}: the TLS key is readable or writable by group or others (mode 0640)"
+        )),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let me = std::fs::metadata(dir.path()).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    });
+    match std::os::unix::fs::chown(&key, Some(65534), None) {
+        Ok(()) => {
+            let (served, err) = start();
+            assert!(!served, "{err}");
+            assert!(
+                err.contains(&format!(
+                    "{shown}: the TLS key is owned by uid 65534, neither this user"
+                )),
+                "{err}"
+            );
+            std::os::unix::fs::chown(&key, Some(*me.as_ref().unwrap()), None).unwrap();
+        }
+        Err(e) => common::skip_or_fail(
+            &common::this_test(),
+            &format!("the key cannot be given to uid 65534 (not root?): {e}"),
+        ),
+    }
+    // Positive control: owned by this user, mode 0600: served over TLS.
+    let s = Serve::manifest(
+        env!("CARGO_BIN_EXE_cordon"),
+        &m,
+        &dir.path().join("audit.jsonl"),
+    )
+    .arg("--no-probe")
+    .arg("--tls-cert")
+    .arg(&cert)
+    .arg("--tls-key")
+    .arg(&key)
+    .http();
+    assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
+}
+
+/// What a raw connection saw before the server closed it, or `None` when it
+/// was still open at `deadline`. `send` is called every second (a header
+/// line at a time, or nothing) while it waits.
+fn closed_within(
+    mut c: std::net::TcpStream,
+    deadline: std::time::Duration,
+    mut send: impl FnMut(&mut std::net::TcpStream, u32),
+) -> Option<String> {
+    let start = std::time::Instant::now();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut tick = 0;
+    while start.elapsed() < deadline {
+        match c.read(&mut buf) {
+            Ok(0) => return Some(String::from_utf8_lossy(&got).into_owned()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                tick += 1;
+                send(&mut c, tick);
+            }
+            Err(_) => return Some(String::from_utf8_lossy(&got).into_owned()),
+        }
+    }
+    None
+}
+
+/// A static-token setup for the connection tests: the auth file and a token.
+fn static_auth(dir: &TempDir) -> (PathBuf, String) {
+    let tokens = dir.path().join("tokens");
+    let t = cordon_auth::static_tokens::add(&tokens, "ci", None, &[]).unwrap();
+    let auth = dir.path().join("auth.yaml");
+    write_private(
+        &auth,
+        &format!(
+            "resource: {RESOURCE}\nstatic_tokens: {}\n",
+            tokens.display()
+        ),
+        0o600,
+    );
+    (auth, t)
+}
+
+/// What a slow client sends on each tick of [`closed_within`].
+type Sender = Box<dyn FnMut(&mut std::net::TcpStream, u32) + Send>;
+
+/// Connections that send nothing, half a request, a header line every
+/// second, or half a body are closed by the header and body timeouts; a
+/// whole request is still answered.
+#[test]
+fn half_sent_requests_are_closed_by_the_timeouts() {
+    let dir = tempdir();
+    let (auth, t) = static_auth(&dir);
+    let s = serve(
+        &dir,
+        &auth,
+        &["--header-timeout", "3", "--body-timeout", "3"],
+    );
+    let generous = std::time::Duration::from_secs(60);
+    let connect = || std::net::TcpStream::connect(&s.addr).unwrap();
+    let bearer = format!("Bearer {t}");
+    let cases: Vec<(&str, Sender)> = vec![
+        ("nothing sent", Box::new(|_, _| {})),
+        (
+            "half a request head",
+            Box::new(|c, tick| {
+                if tick == 1 {
+                    let _ = c.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+                }
+            }),
+        ),
+        (
+            "a header line every second",
+            Box::new(|c, tick| {
+                let _ = if tick == 1 {
+                    c.write_all(b"POST /mcp HTTP/1.1\r\n")
+                } else {
+                    c.write_all(format!("X-Slow-{tick}: {tick}\r\n").as_bytes())
+                };
+            }),
+        ),
+        (
+            "half a body, with a good token",
+            Box::new(move |c, tick| {
+                if tick == 1 {
+                    let _ = c.write_all(
+                        format!(
+                            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{}",
+                            INIT.len() + 100,
+                            INIT
+                        )
+                        .as_bytes(),
+                    );
+                }
+            }),
+        ),
+        (
+            "idle after a refused request",
+            Box::new(|c, tick| {
+                if tick == 1 {
+                    let _ = c.write_all(
+                        b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",
+                    );
+                }
+            }),
+        ),
+    ];
+    let waits: Vec<_> = cases
+        .into_iter()
+        .map(|(what, send)| {
+            let c = connect();
+            (
+                what,
+                std::thread::spawn(move || closed_within(c, generous, send)),
+            )
+        })
+        .collect();
+    for (what, w) in waits {
+        let seen = w.join().unwrap();
+        let Some(seen) = seen else {
+            panic!("{what}: the connection was still open after {generous:?}");
+        };
+        match what {
+            "idle after a refused request" => {
+                assert!(seen.starts_with("HTTP/1.1 401"), "{what}: {seen}")
+            }
+            "half a body, with a good token" => {}
+            _ => assert!(seen.is_empty(), "{what}: {seen}"),
+        }
+    }
+    // Positive control: a whole request is answered.
+    let (st, head, _) = init(&s.addr, Some(&format!("Bearer {t}")));
+    assert_eq!(st, 200, "{head}");
+}
+
+/// The head of a response read from `c` (after sending `req`).
+fn response_head(c: &mut std::net::TcpStream, req: &str) -> String {
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    c.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// At most `--max-pending-connections` connections may wait without an
+/// authenticated request; one beyond is closed unanswered, and a
+/// connection whose request was authenticated no longer counts.
+#[test]
+fn connections_beyond_the_pending_bound_are_closed() {
+    let dir = tempdir();
+    let (auth, t) = static_auth(&dir);
+    let s = serve(
+        &dir,
+        &auth,
+        &["--max-pending-connections", "2", "--header-timeout", "600"],
+    );
+    let connect = || std::net::TcpStream::connect(&s.addr).unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {t}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{INIT}",
+        INIT.len()
+    );
+    // One idle connection, and one whose request is authenticated and
+    // which stays open: only the first counts, so a third is served.
+    let idle = connect();
+    let mut authed = connect();
+    let head = response_head(&mut authed, &request);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let head = response_head(&mut connect(), &request);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A second idle one: two are pending, so the next is closed
+    // unanswered, whatever it sends.
+    let idle2 = connect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let head = response_head(&mut connect(), &request);
+    assert_eq!(head, "", "a connection beyond the bound was answered");
+    // Once the idle ones are gone, connections are served again.
+    drop((idle, idle2));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let head = response_head(&mut connect(), &request);
+        if head.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still refused after the idle connections closed: {head:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(authed);
+}

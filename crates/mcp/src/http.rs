@@ -1,5 +1,6 @@
 //! The streamable HTTP transport of the gateway: one [`Session`] per MCP
-//! session, at [`HTTP_PATH`], in plain HTTP or TLS ([`tls_config`]).
+//! session, at [`HTTP_PATH`], in plain HTTP or TLS
+//! ([`crate::tls::tls_config`]).
 //!
 //! In front of the MCP endpoint: the [`Authenticator`] (its principal goes
 //! into the request's extensions), then the session-owner check: a request
@@ -10,7 +11,6 @@
 //! `/.well-known/oauth-protected-resource/mcp`.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -55,9 +55,12 @@ pub struct HttpOptions {
     /// The idle timeout of a session, instead of the manifest's
     /// `gateway: {idle_timeout}` (`cordon serve --idle-timeout`).
     pub idle_timeout: Option<std::time::Duration>,
-    /// Serve HTTPS with this configuration ([`tls_config`]) instead of
+    /// Serve HTTPS with this configuration ([`crate::tls::tls_config`]) instead of
     /// plain HTTP.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Header and body timeouts, and how many connections may wait to be
+    /// authenticated ([`crate::listen`]).
+    pub limits: crate::listen::ConnLimits,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -67,6 +70,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("authenticator", &self.authenticator.is_some())
             .field("idle_timeout", &self.idle_timeout)
             .field("tls", &self.tls.is_some())
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -75,7 +79,8 @@ impl std::fmt::Debug for HttpOptions {
 pub const HTTP_PATH: &str = "/mcp";
 
 /// Serve streamable HTTP on `listener` (at [`HTTP_PATH`]) until `shutdown`
-/// is cancelled. Each MCP session gets its own [`Session`]; a session idle
+/// is cancelled, within `opts.limits` ([`crate::listen`]). Each MCP
+/// session gets its own [`Session`]; a session idle
 /// for its timeout, or whose client is gone, is ended (see
 /// [`crate::lifetime`]).
 pub async fn serve_http(
@@ -157,120 +162,7 @@ pub async fn serve_http(
     let router = router
         .merge(mcp)
         .layer(axum::middleware::from_fn(session_delete_ok));
-    if let Some(tls) = opts.tls {
-        return serve_tls(listener, router, tls, shutdown).await;
-    }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
-        .await
-        .map_err(|e| GatewayError::Io {
-            what: "HTTP server".into(),
-            source: e,
-        })
-}
-
-/// How long a client may take to finish its TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// [`serve_http`]'s loop for HTTPS: each connection's TLS handshake, then
-/// HTTP/1.1 on it, until `shutdown`.
-async fn serve_tls(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: CancellationToken,
-) -> Result<(), GatewayError> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (tcp, _peer) = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of descriptors and the like: go on after a pause
-                    // rather than spin.
-                    tracing::warn!("HTTPS accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let stream =
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!("TLS handshake: {e}");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!("HTTPS connection: {e}");
-                    }
-                }
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-    }
-}
-
-/// The TLS configuration of a certificate chain and its private key (PEM
-/// files). The key file may not be readable by group or others.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, GatewayError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use std::os::unix::fs::MetadataExt;
-    let bad = |what: &Path, m: String| GatewayError::Transport(format!("{}: {m}", what.display()));
-    let md = std::fs::metadata(key).map_err(|e| bad(key, format!("cannot be inspected: {e}")))?;
-    if md.mode() & 0o077 != 0 {
-        return Err(bad(
-            key,
-            format!(
-                "the TLS key is readable or writable by group or others (mode {:04o}): `chmod 600 {}`",
-                md.mode() & 0o7777,
-                key.display()
-            ),
-        ));
-    }
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(cert, format!("cannot be read as PEM: {e}")))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(cert, format!("not PEM certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(bad(cert, "holds no certificate".into()));
-    }
-    let k = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| bad(key, format!("not a PEM private key: {e}")))?;
-    crate::client::install_crypto_provider();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| GatewayError::Transport(format!("TLS: {e}")))?
-    .with_no_client_auth()
-    .with_single_cert(certs, k)
-    .map_err(|e| {
-        GatewayError::Transport(format!(
-            "{} and {}: not a usable certificate and key: {e}",
-            cert.display(),
-            key.display()
-        ))
-    })?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await
 }
 
 /// The same caller: subject, client, tenant and how it was established
@@ -367,6 +259,11 @@ async fn authenticate(
         },
         None => cordon_auth::Principal::unauthenticated(),
     };
+    // The connection is past authentication: it no longer counts against
+    // the connections waiting for it.
+    if let Some(p) = parts.extensions.get::<crate::listen::Pending>() {
+        p.release();
+    }
     parts.extensions.insert(principal);
     next.run(axum::extract::Request::from_parts(parts, body))
         .await
