@@ -14,6 +14,7 @@ mod import;
 mod interrupt;
 mod inventory;
 mod probe;
+mod proof;
 mod proxy;
 mod run;
 mod schema;

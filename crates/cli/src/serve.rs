@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// whose probe does not hold, errs or cannot run is not served.
     #[arg(long)]
     pub no_probe: bool,
+    /// Prove every tool again at start, even one whose last proof still
+    /// holds (same policy, binary, programs and host; under a day old).
+    #[arg(long, conflicts_with = "no_probe")]
+    pub reprove: bool,
     /// Go on when an audit record cannot be written (default: the call
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
@@ -138,54 +142,146 @@ fn url_host(url: &str) -> Option<String> {
 }
 
 /// Probe every tool's own sandbox (command tools with or without egress,
-/// and each `mcp:` server's), in parallel, and drop each tool whose probes
-/// do not all hold, that cannot be probed, or whose probe thread failed,
-/// saying which. P0 tools are never served, so never probed. The wall clock
+/// and each `mcp:` server's), at most one per core at once, and drop each
+/// tool whose probes do not all hold, that cannot be probed, or whose probe
+/// thread failed, saying which. A tool whose last proof is in the proof
+/// cache with the same key ([`crate::proof`]) is not proved again unless
+/// `reprove`. Progress goes to stderr: each tool as it is proved, with how
+/// long it took. P0 tools are never served, so never probed. The wall clock
 /// of a probed sandbox is shortened to 3 s so start-up stays quick; the
 /// mechanism under test is the same. A run whose probes ran out of time
 /// is inconclusive and runs again with a longer wall (see
 /// [`crate::probe::probe_tool_at_start`]).
-pub fn probe_and_filter(set: &mut cordon_policy::PolicySet, registry: &Registry) -> Vec<String> {
-    let probed: Vec<_> = set
+pub fn probe_and_filter(
+    set: &mut cordon_policy::PolicySet,
+    registry: &Registry,
+    reprove: bool,
+) -> Vec<String> {
+    use std::sync::Mutex;
+    use std::time::{Instant, SystemTime};
+    let started = Instant::now();
+    let cache = match crate::state::state_dir() {
+        Ok(d) => Some(crate::proof::cache_file(&d)),
+        Err(e) => {
+            eprintln!("cordon: the proof cache is off: {e:#}");
+            None
+        }
+    };
+    let proofs = match (&cache, reprove) {
+        (Some(f), false) => crate::proof::load(f),
+        _ => Default::default(),
+    };
+    let host = crate::proof::Host::detect();
+    let now = SystemTime::now();
+    let mut queue = Vec::new();
+    let mut cached = 0;
+    for p in set
         .tools
         .values()
         .filter(|p| p.profile != cordon_policy::policy::Profile::P0)
-        .cloned()
-        .collect();
-    let results: Vec<(String, anyhow::Result<()>)> = std::thread::scope(|sc| {
-        let handles: Vec<_> = probed
-            .into_iter()
-            .map(|p| {
-                let name = p.name.clone();
-                let h =
-                    sc.spawn(move || crate::probe::probe_tool_at_start(&p, registry).map(|_| ()));
-                (name, h)
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(name, h)| {
-                let r = h.join().unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "no message".into());
-                    Err(anyhow!(
-                        "{name}: refusing to start: its probe run failed ({what})"
-                    ))
-                });
-                (name, r)
-            })
-            .collect()
+    {
+        let key = host.key(p);
+        if let Some(age) = key
+            .as_deref()
+            .and_then(|k| crate::proof::fresh(&proofs, &p.name, k, now))
+        {
+            cached += 1;
+            eprintln!(
+                "cordon: {}: held (proved {} ago; policy, programs, binary and host unchanged)",
+                p.name,
+                crate::proof::age(age)
+            );
+            continue;
+        }
+        queue.push((p.clone(), key));
+    }
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(queue.len().max(1));
+    if !queue.is_empty() {
+        eprintln!(
+            "cordon: proving {} tool{}, {workers} at a time{}",
+            queue.len(),
+            if queue.len() == 1 { "" } else { "s" },
+            if cached > 0 {
+                format!(" ({cached} more proved before)")
+            } else {
+                String::new()
+            }
+        );
+    }
+    queue.reverse();
+    let queue = Mutex::new(queue);
+    let results: Mutex<Vec<(String, Option<String>, anyhow::Result<()>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..workers {
+            sc.spawn(|| {
+                loop {
+                    let next = match queue.lock() {
+                        Ok(mut q) => q.pop(),
+                        Err(_) => None,
+                    };
+                    let Some((p, key)) = next else { break };
+                    let name = p.name.clone();
+                    let t = Instant::now();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        crate::probe::probe_tool_at_start(&p, registry).map(|_| ())
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "no message".into());
+                        Err(anyhow!(
+                            "{name}: refusing to start: its probe run failed ({what})"
+                        ))
+                    });
+                    let took = t.elapsed().as_secs_f64();
+                    match &r {
+                        Ok(()) => eprintln!("cordon: {name}: held ({took:.1} s)"),
+                        Err(_) => eprintln!("cordon: {name}: not proved ({took:.1} s)"),
+                    }
+                    if let Ok(mut all) = results.lock() {
+                        all.push((name, key, r));
+                    }
+                }
+            });
+        }
     });
+    let results = results.into_inner().unwrap_or_default();
     let mut refused = Vec::new();
-    for (name, r) in results {
-        if let Err(e) = r {
-            set.tools.remove(&name);
-            refused.push(format!("{e:#}"));
+    let mut proved = Vec::new();
+    let mut dropped = Vec::new();
+    let mut held = 0;
+    for (name, key, r) in results {
+        match r {
+            Ok(()) => {
+                held += 1;
+                if let Some(k) = key {
+                    proved.push((name, k));
+                }
+            }
+            Err(e) => {
+                set.tools.remove(&name);
+                refused.push(format!("{e:#}"));
+                dropped.push(name);
+            }
         }
     }
+    if let Some(f) = &cache
+        && (!proved.is_empty() || !dropped.is_empty())
+        && let Err(e) = crate::proof::store(f, &proved, &dropped, now)
+    {
+        eprintln!("cordon: the proof cache was not written: {e:#}");
+    }
+    eprintln!(
+        "cordon: {} of {} tools proved in {:.1} s",
+        held + cached,
+        held + cached + dropped.len(),
+        started.elapsed().as_secs_f64()
+    );
     refused
 }
 
@@ -235,7 +331,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             "cordon: warning: --no-probe: tools are served without checking that their sandboxes hold here"
         );
     } else {
-        for refusal in probe_and_filter(&mut loaded.policy, &registry) {
+        for refusal in probe_and_filter(&mut loaded.policy, &registry, args.reprove) {
             eprintln!("cordon: {refusal}");
         }
     }

@@ -821,6 +821,64 @@ fn serve_does_not_serve_a_tool_whose_boundary_leaks() {
     );
 }
 
+/// `cordon serve` proves each tool at start and remembers a proof that
+/// held: the next start with nothing changed serves it without proving it
+/// again, saying so; a refusal is never remembered; a change to the tool's
+/// policy, or `--reprove`, proves it again.
+#[test]
+fn serve_remembers_a_proof_until_what_it_depended_on_changes() {
+    if !Path::new("/home").is_dir() {
+        skip_or_fail(
+            "serve_remembers_a_proof_until_what_it_depended_on_changes",
+            "no /home on this host",
+        );
+        return;
+    }
+    let m = manifest("proofs", LEAKY);
+    let state = m.parent().unwrap().join("state");
+    let st = state.to_str().unwrap();
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "-m", m.to_str().unwrap()];
+        args.extend(extra);
+        let o = cordon(As::Caller, &args, b"", &[("CORDON_STATE_DIR", st)]);
+        text(&o.stderr)
+    };
+    let e = serve(&[]);
+    assert!(e.contains("proving 2 tools, "), "{e}");
+    assert!(e.contains("cordon: tidy: held ("), "{e}");
+    assert!(e.contains("leaky: refusing to start"), "{e}");
+    assert!(state.join("proofs.json").is_file(), "{e}");
+    // Nothing changed: tidy's proof is remembered, leaky proved again.
+    let e = serve(&[]);
+    assert!(
+        e.contains("cordon: tidy: held (proved ") && e.contains("unchanged)"),
+        "{e}"
+    );
+    assert!(e.contains("proving 1 tool, "), "{e}");
+    assert!(e.contains("leaky: refusing to start"), "{e}");
+    assert!(e.contains("1 of 2 tools proved"), "{e}");
+    // --reprove proves every tool.
+    let e = serve(&["--reprove"]);
+    assert!(e.contains("proving 2 tools, "), "{e}");
+    assert!(!e.contains("held (proved "), "{e}");
+    // A changed limit is another policy: proved again.
+    std::fs::write(&m, LEAKY.replacen("wall_seconds: 2", "wall_seconds: 3", 1)).unwrap();
+    let e = serve(&[]);
+    assert!(e.contains("proving 2 tools, "), "{e}");
+    assert!(!e.contains("held (proved "), "{e}");
+    // A changed CORDON_* setting is another host: proved again.
+    let e = serve(&[]);
+    assert!(e.contains("tidy: held (proved "), "{e}");
+    let o = cordon(
+        As::Caller,
+        &["serve", "-m", m.to_str().unwrap()],
+        b"",
+        &[("CORDON_STATE_DIR", st), ("CORDON_UNPACK_MAX_ENTRIES", "999")],
+    );
+    let e = text(&o.stderr);
+    assert!(e.contains("proving 2 tools, "), "{e}");
+}
+
 /// `cordon probe` runs the catalogue inside a tool's own sandbox with its
 /// egress doors: the doors lead only to the broker, so the outside,
 /// metadata and private targets stay unreachable. Run in a network
