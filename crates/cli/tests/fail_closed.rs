@@ -198,7 +198,7 @@ fn a_required_mechanism_missing_refuses_and_an_accepted_one_is_named() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(
-        err.contains("would not start here: count: refused: required mechanism not enforced on this host: cgroup: partial"),
+        err.contains(&format!("{s}:3:5: tool `count`: would not start here: refused: required mechanism not enforced on this host: cgroup: partial")),
         "{err}"
     );
     assert!(err.contains("`accept: [cgroup]`"), "{err}");
@@ -269,20 +269,27 @@ fn check_refuses_what_would_not_start_here() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(out.contains("3 would not start on this host"), "{out}{err}");
+    // Each reason once, as a diagnostic at the manifest's line (the
+    // tool's, or the mount's), with what to do.
+    let b = bad.display();
     assert!(
-        err.contains("nocmd: would not start on this host: ")
-            && err.contains("/usr/bin/no-such-program"),
+        err.contains(&format!(
+            "{b}:3:5: tool `nocmd`: would not start here: program /usr/bin/no-such-program "
+        )),
         "{err}"
     );
     assert!(
-        err.contains("venv: would not start on this host: ")
+        err.contains(&format!("{b}:6:5: tool `venv`: would not start here: "))
             && err.contains("/home/nobody-here/.pyenv/bin/python3"),
         "{err}"
     );
     assert!(
-        err.contains("nosrc: would not start on this host: ") && err.contains("/no/such/dir"),
+        err.contains(&format!(
+            "{b}:12:14: tool `nosrc`: would not start here: bind source /no/such/dir (for /opt/x) does not exist on the host\n  hint: create /no/such/dir on this host"
+        )),
         "{err}"
     );
+    assert_eq!(err.matches("/no/such/dir (for").count(), 1, "{err}");
     // The same manifest without host checks is valid.
     let o = cordon(
         false,
