@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use cordon_policy::policy::{Network, ToolPolicy};
 use cordon_policy::units::format_size;
 
-use crate::exit;
+use crate::{exit, shims};
 
 pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     let loaded = match cordon_policy::load(path) {
@@ -129,7 +129,7 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
                 }
                 continue;
             }
-            let mut diags = Vec::new();
+            let mut diags = shims::refusals(&loaded, t);
             match registry.admit_each(t, cordon_runtime::Use::of(t)) {
                 Ok(a) => {
                     for w in &a.warnings {

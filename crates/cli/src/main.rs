@@ -18,6 +18,7 @@ mod proxy;
 mod run;
 mod schema;
 mod serve;
+mod shims;
 mod state;
 mod token;
 mod tool_state;
