@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use cordon_policy::policy::{Network, ToolPolicy};
 use cordon_policy::units::format_size;
 
-use crate::exit;
+use crate::{exit, shims};
 
 pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
     let loaded = match cordon_policy::load(path) {
@@ -40,6 +40,7 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
     let credentials = if with_secrets {
         match cordon_secrets::CredentialBroker::discover(providers) {
             Ok(Some(cb)) => Some(std::sync::Arc::new(cb)),
+            Ok(None) if host => None,
             Ok(None) => {
                 eprintln!(
                     "warning: no provider file ({} or --providers/$CORDON_PROVIDERS): tools that declare secrets would be refused",
@@ -118,15 +119,29 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
             if t.profile == cordon_policy::policy::Profile::P0 {
                 continue;
             }
-            match registry.admit(t, cordon_runtime::Use::of(t)) {
+            // Without a provider file, serve refuses every tool that
+            // declares secrets: said at each secret's line, with the
+            // stanza that would let it start.
+            if !t.secrets.is_empty() && credentials.is_none() {
+                refused += 1;
+                for d in no_provider_file(&loaded, t) {
+                    eprintln!("{d}");
+                }
+                continue;
+            }
+            let mut diags = shims::refusals(&loaded, t);
+            match registry.admit_each(t, cordon_runtime::Use::of(t)) {
                 Ok(a) => {
                     for w in &a.warnings {
                         eprintln!("warning: {}: {w}", t.name);
                     }
                 }
-                Err(why) => {
-                    refused += 1;
-                    eprintln!("would not start here: {why}");
+                Err(r) => diags.extend(admission(&loaded, t, &r)),
+            }
+            if !diags.is_empty() {
+                refused += 1;
+                for d in diags {
+                    eprintln!("{d}");
                 }
             }
         }
@@ -149,6 +164,138 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
     } else {
         exit::OK
     }))
+}
+
+/// Where `t` is declared in `loaded`'s file.
+fn tool_line(loaded: &cordon_policy::Loaded, t: &ToolPolicy) -> (u64, u64) {
+    loaded.tool_at.get(&t.name).copied().unwrap_or((1, 1))
+}
+
+/// A diagnostic about `t` at `at` in `loaded`'s file.
+pub(crate) fn diag(
+    loaded: &cordon_policy::Loaded,
+    t: &ToolPolicy,
+    at: (u64, u64),
+    message: String,
+    hint: Option<String>,
+) -> cordon_policy::Diagnostic {
+    cordon_policy::Diagnostic {
+        file: loaded.path.clone(),
+        line: at.0,
+        column: at.1,
+        tool: Some(t.name.clone()),
+        message,
+        hint,
+    }
+}
+
+/// `t` declares secrets and no provider file is configured: one
+/// diagnostic per secret, at its line, with a provider stanza to write.
+fn no_provider_file(
+    loaded: &cordon_policy::Loaded,
+    t: &ToolPolicy,
+) -> Vec<cordon_policy::Diagnostic> {
+    t.secrets
+        .iter()
+        .map(|s| {
+            let at = loaded
+                .secret_at
+                .get(&(t.name.clone(), s.name.clone()))
+                .copied()
+                .unwrap_or_else(|| tool_line(loaded, t));
+            let (provider, default) = match &s.provider {
+                Some(p) => (p.clone(), String::new()),
+                None => ("mint".to_string(), "default: mint\n    ".to_string()),
+            };
+            diag(
+                loaded,
+                t,
+                at,
+                format!(
+                    "would not start here: secret `{}` needs a credential broker, and there is no provider file ({}, --providers FILE or $CORDON_PROVIDERS); `cordon serve` and `run` refuse this tool",
+                    s.name,
+                    cordon_secrets::config::DEFAULT_PATH
+                ),
+                Some(format!(
+                    "write a provider file (mode 0600, docs/secrets.md) at {} or give it with --providers FILE / $CORDON_PROVIDERS, defining the provider `{provider}`{}, e.g.:\n    {default}providers:\n      {provider}:\n        type: exec\n        command: [\"/usr/local/bin/mint-token\", \"--scope\", {}]",
+                    cordon_secrets::config::DEFAULT_PATH,
+                    if s.provider.is_none() {
+                        " as its `default` (the secret names no provider)"
+                    } else {
+                        ""
+                    },
+                    crate::import::emit::q(&s.scope),
+                )),
+            )
+        })
+        .collect()
+}
+
+/// Each reason admission gave for refusing `t`, at the line it concerns
+/// (a mount's source: that mount; anything else: the tool), with what to
+/// do where cordon can say.
+fn admission(
+    loaded: &cordon_policy::Loaded,
+    t: &ToolPolicy,
+    r: &cordon_runtime::Refusal,
+) -> Vec<cordon_policy::Diagnostic> {
+    r.reasons()
+        .into_iter()
+        .map(|why| {
+            let mount = t
+                .mounts
+                .iter()
+                .find(|m| why.starts_with(&format!("bind source {} ", m.src)));
+            let at = mount
+                .and_then(|m| loaded.mount_at.get(&(t.name.clone(), m.src.clone())))
+                .copied()
+                .unwrap_or_else(|| tool_line(loaded, t));
+            let hint = hint_for(&why, mount);
+            diag(loaded, t, at, format!("would not start here: {why}"), hint)
+        })
+        .collect()
+}
+
+/// What to write instead, for a reason admission gave.
+fn hint_for(why: &str, mount: Option<&cordon_policy::policy::Mount>) -> Option<String> {
+    if let Some(m) = mount {
+        return Some(if why.contains("does not exist on the host") {
+            format!(
+                "create {} on this host, or change this mount's source to a path that exists (or remove the mount)",
+                m.src
+            )
+        } else if why.contains("cannot be reached by the sandbox's uid") {
+            format!(
+                "make the directories above {} searchable by that uid, move it somewhere it can reach, or run cordon as root (a root broker mounts a clone of the tree)",
+                m.src
+            )
+        } else {
+            format!("fix this mount's source, {}, or remove the mount", m.src)
+        });
+    }
+    if why.starts_with("bind source ") {
+        return Some(
+            "a path cordon binds for the tool (its image, package or volume) is missing: reinstall it (`cordon add`, `cordon import`) or fix the path".into(),
+        );
+    }
+    let program = why.starts_with("program ");
+    let interpreter = why.contains("interpreter ") || why.contains("dynamic loader ");
+    if program && why.contains("is not found in PATH") {
+        return Some(
+            "the program is missing inside the sandbox: write its absolute path in `command`, and mount its directory under `mounts:` when it is not in /usr, /bin or /lib".into(),
+        );
+    }
+    if interpreter {
+        return Some(
+            "the program's interpreter is missing inside the sandbox: write the real interpreter (not a version manager's shim or a symlink into a home) in `command`, or mount the directory it is in under `mounts:`".into(),
+        );
+    }
+    if program && (why.contains("symlink") || why.contains("does not exist")) {
+        return Some(
+            "the program is missing inside the sandbox: install it, or write a path that exists in `command` and mount its directory under `mounts:` when it is not in /usr, /bin or /lib".into(),
+        );
+    }
+    None
 }
 
 pub fn network_summary(n: &Network) -> String {

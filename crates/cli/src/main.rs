@@ -19,6 +19,7 @@ mod proxy;
 mod run;
 mod schema;
 mod serve;
+mod shims;
 mod state;
 mod token;
 mod tool_state;

@@ -105,19 +105,38 @@ fn profile_label(p: &ToolPolicy) -> String {
     format!("{} ({})", p.name, cordon_broker::profile_name(p.profile))
 }
 
-/// The probes that did not hold, one line each.
-fn not_held(report: &Report) -> Vec<String> {
-    report
-        .results
-        .iter()
-        .filter(|r| {
-            !matches!(
-                r.verdict,
-                cordon_probes::Verdict::Held | cordon_probes::Verdict::Skipped
-            )
+/// The probes that did not hold, one line per cause: probes that failed
+/// the same way (a sandbox that cannot start fails every probe alike) are
+/// said once, with how many and which. The number of probes, and the lines.
+fn not_held_once(report: &Report) -> (usize, Vec<String>) {
+    let mut causes: Vec<((cordon_probes::Verdict, &str), Vec<&str>)> = Vec::new();
+    let mut n = 0;
+    for r in &report.results {
+        if matches!(
+            r.verdict,
+            cordon_probes::Verdict::Held | cordon_probes::Verdict::Skipped
+        ) {
+            continue;
+        }
+        n += 1;
+        let key = (r.verdict, r.evidence.as_str());
+        match causes.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, probes)) => probes.push(&r.probe),
+            None => causes.push((key, vec![&r.probe])),
+        }
+    }
+    let lines = causes
+        .into_iter()
+        .map(|((verdict, evidence), probes)| match probes.as_slice() {
+            [one] => format!("{one} {verdict:?}: {evidence}"),
+            many => format!(
+                "{} probes {verdict:?} ({}): {evidence}",
+                many.len(),
+                many.join(", ")
+            ),
         })
-        .map(|r| format!("{} {:?}: {}", r.probe, r.verdict, r.evidence))
-        .collect()
+        .collect();
+    (n, lines)
 }
 
 /// Run the default catalogue in one tool's own sandbox.
@@ -141,12 +160,11 @@ fn run_tool_suite(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report>
 
 /// `Err` naming the tool and every probe of `report` that did not hold.
 fn held_or_refused(p: &ToolPolicy, report: Report) -> anyhow::Result<Report> {
-    let failed = not_held(&report);
-    if !failed.is_empty() {
+    let (n, failed) = not_held_once(&report);
+    if n > 0 {
         return Err(anyhow!(
-            "{}: refusing to start: {} probe(s) of its sandbox do not hold on this host: {}",
+            "{}: refusing to start: {n} probe(s) of its sandbox do not hold on this host: {}",
             p.name,
-            failed.len(),
             failed.join("; ")
         ));
     }
@@ -262,7 +280,7 @@ pub fn probe_tool_at_start(p: &ToolPolicy, registry: &Registry) -> anyhow::Resul
     })?;
     if found == Finding::Inconclusive {
         let walls: Vec<String> = walls.iter().map(|w| format!("{w} s")).collect();
-        let failed = not_held(&report);
+        let (_, failed) = not_held_once(&report);
         return Err(anyhow!(
             "{}: refusing to start: its probes timed out, inconclusive with a wall clock of {} (is the host overloaded?): {}",
             p.name,
@@ -500,6 +518,44 @@ mod tests {
     }
 
     #[test]
+    fn a_cause_shared_by_many_probes_is_said_once_with_the_count() {
+        let mut r = report(&[
+            ("control", Verdict::Held),
+            ("host_fs", Verdict::Error),
+            ("mount", Verdict::Error),
+            ("network", Verdict::Error),
+            ("uid", Verdict::Escaped),
+            ("dns", Verdict::Skipped),
+        ]);
+        let cause = "the agent did not start: the sandbox failed (bind source /gone (for /gone) does not exist on the host)";
+        for res in &mut r.results {
+            res.evidence = match res.probe.as_str() {
+                "uid" => "ran as uid 0".into(),
+                _ => cause.into(),
+            };
+        }
+        let (n, lines) = not_held_once(&r);
+        assert_eq!(n, 4);
+        assert_eq!(
+            lines,
+            vec![
+                format!("3 probes Error (host_fs, mount, network): {cause}"),
+                "uid Escaped: ran as uid 0".to_string(),
+            ]
+        );
+        let loaded = cordon_policy::load_str(
+            std::path::Path::new("m.yaml"),
+            "tools:\n  t:\n    profile: P1\n    command: [/bin/true]\n",
+        )
+        .unwrap();
+        let e = held_or_refused(&loaded.policy.tools["t"], r)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("does not exist on the host").count(), 1, "{e}");
+        assert!(e.contains("4 probe(s)"), "{e}");
+    }
+
+    #[test]
     fn an_escape_wins_over_everything_else() {
         let held = report(&[("control", Verdict::Held), ("mount", Verdict::Held)]);
         let escaped = report(&[("control", Verdict::Held), ("mount", Verdict::Escaped)]);
@@ -613,9 +669,9 @@ mod tests {
             with_retries(3, script(vec![slow.clone(), slow.clone(), escaped.clone()])).unwrap();
         assert_eq!((f, walls), (Finding::Refused, vec![3, 6, 12]));
         assert!(
-            not_held(&r)[0].starts_with("net Escaped"),
+            not_held_once(&r).1[0].starts_with("net Escaped"),
             "{:?}",
-            not_held(&r)
+            not_held_once(&r)
         );
         // Still inconclusive at the longest wall: stops there, inconclusive.
         let (_, f, walls) = with_retries(3, script(vec![slow.clone(); 4])).unwrap();

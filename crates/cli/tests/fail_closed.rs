@@ -198,7 +198,7 @@ fn a_required_mechanism_missing_refuses_and_an_accepted_one_is_named() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(
-        err.contains("would not start here: count: refused: required mechanism not enforced on this host: cgroup: partial"),
+        err.contains(&format!("{s}:3:5: tool `count`: would not start here: refused: required mechanism not enforced on this host: cgroup: partial")),
         "{err}"
     );
     assert!(err.contains("`accept: [cgroup]`"), "{err}");
@@ -269,20 +269,27 @@ fn check_refuses_what_would_not_start_here() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(out.contains("3 would not start on this host"), "{out}{err}");
+    // Each reason once, as a diagnostic at the manifest's line (the
+    // tool's, or the mount's), with what to do.
+    let b = bad.display();
     assert!(
-        err.contains("nocmd: would not start on this host: ")
-            && err.contains("/usr/bin/no-such-program"),
+        err.contains(&format!(
+            "{b}:3:5: tool `nocmd`: would not start here: program /usr/bin/no-such-program "
+        )),
         "{err}"
     );
     assert!(
-        err.contains("venv: would not start on this host: ")
+        err.contains(&format!("{b}:6:5: tool `venv`: would not start here: "))
             && err.contains("/home/nobody-here/.pyenv/bin/python3"),
         "{err}"
     );
     assert!(
-        err.contains("nosrc: would not start on this host: ") && err.contains("/no/such/dir"),
+        err.contains(&format!(
+            "{b}:12:14: tool `nosrc`: would not start here: bind source /no/such/dir (for /opt/x) does not exist on the host\n  hint: create /no/such/dir on this host"
+        )),
         "{err}"
     );
+    assert_eq!(err.matches("/no/such/dir (for").count(), 1, "{err}");
     // The same manifest without host checks is valid.
     let o = cordon(
         false,
@@ -309,6 +316,71 @@ fn check_refuses_what_would_not_start_here() {
         err.contains(":7:") && err.contains("`xx` is not a mode (write `ro` or `rw`)"),
         "{err}"
     );
+}
+
+/// A version manager's shim as the program (or a script's `#!`
+/// interpreter) runs the manager, which needs the whole home: `cordon
+/// check` refuses it at the tool's line, naming the real interpreter to
+/// write, even when its directory is mounted (the sandbox could exec the
+/// shim). The real interpreter passes (the positive control).
+#[test]
+fn check_refuses_a_version_manager_shim() {
+    let d = dir("shim");
+    let audit = d.join("audit.jsonl");
+    let root = d.join("home/.pyenv");
+    std::fs::create_dir_all(root.join("shims")).unwrap();
+    let shim = write(
+        &root.join("shims"),
+        "python3",
+        "#!/usr/bin/env bash\nexec \"$PYENV_ROOT/libexec/pyenv\" exec python3 \"$@\"\n",
+    );
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = root.join("versions/3.12.1/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", bin.join("python3")).unwrap();
+    write(&root, "version", "3.12.1\n");
+    let script = write(
+        &d,
+        "server.py",
+        &format!("#!{}\nprint('hi')\n", shim.display()),
+    );
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = write(
+        &d,
+        "m.yaml",
+        &format!(
+            "tools:\n  shim:\n    profile: P1\n    command: [{s}]\n    mounts: [\"{r}\"]\n  script:\n    profile: P1\n    command: [{p}]\n    mounts: [\"{r}\", \"{p}\"]\n  real:\n    profile: P1\n    command: [/usr/bin/python3, -c, pass]\n",
+            s = shim.display(),
+            r = root.display(),
+            p = script.display()
+        ),
+    );
+    let o = cordon(false, &["check", "-m", m.to_str().unwrap()], b"", &audit);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("2 would not start on this host"), "{out}{err}");
+    let real = std::fs::canonicalize("/usr/bin/python3").unwrap();
+    assert!(
+        err.contains(&format!(
+            "{}:3:5: tool `shim`: would not start here: program {} is a pyenv shim",
+            m.display(),
+            shim.display()
+        )) && err.contains(&format!(
+            "hint: write the real program in its place: {}",
+            real.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{}:7:5: tool `script`: would not start here: the #! interpreter of {}: {} is a pyenv shim",
+            m.display(),
+            script.display(),
+            shim.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("tool `real`"), "{err}");
 }
 
 /// The audit log is fail-closed: a log that cannot be opened, or a record

@@ -1204,3 +1204,98 @@ fn wrap_passes_the_provider_file_and_keeps_a_private_backup() {
     let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "backup mode {mode:o}");
 }
+
+/// A fake pyenv in a home of its own: `shims/python3` is a shell script
+/// (as pyenv's are), `versions/3.12.1/bin/python3` a symlink to the
+/// system's. `python3` found on PATH is the shim: import writes the real
+/// interpreter, with a comment saying what it was resolved from, and
+/// mounts nothing of the home. A version that is not installed is
+/// refused naming the shim and the version; the first import is the
+/// positive control of that refusal.
+#[test]
+fn a_pyenv_shim_is_resolved_to_the_real_interpreter_or_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir();
+    let home = d.path().join("home");
+    let root = home.join(".pyenv");
+    let shim = write(
+        &root.join("shims/python3"),
+        "#!/usr/bin/env bash\nset -e\nexport PYENV_ROOT=\"$HOME/.pyenv\"\nexec \"$PYENV_ROOT/libexec/pyenv\" exec \"python3\" \"$@\"\n",
+    );
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = root.join("versions/3.12.1/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", bin.join("python3")).unwrap();
+    write(&root.join("version"), "3.12.1\n");
+    let cfg = write(
+        &d.path().join("claude_desktop_config.json"),
+        r#"{"mcpServers": {"py": {"command": "python3", "args": ["-m", "http.server"]}}}"#,
+    );
+    let m = d.path().join("cordon.yaml");
+    let path = format!("{}:/usr/bin:/bin", root.join("shims").display());
+    let env = [("HOME", home.to_str().unwrap()), ("PATH", path.as_str())];
+    let o = cordon(
+        d.path(),
+        &[
+            "import",
+            "--yes",
+            "-o",
+            m.to_str().unwrap(),
+            cfg.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    let real = std::fs::canonicalize("/usr/bin/python3").unwrap();
+    let t = tools(&m);
+    assert_eq!(
+        argv(&t["py"]),
+        [
+            real.display().to_string(),
+            "-m".into(),
+            "http.server".into()
+        ]
+    );
+    assert!(
+        !t["py"]
+            .mounts
+            .iter()
+            .any(|m| m.src.starts_with(home.to_str().unwrap())),
+        "{:?}",
+        t["py"].mounts
+    );
+    let text = std::fs::read_to_string(&m).unwrap();
+    assert!(
+        text.contains(&format!(
+            "      # {}: resolved from the pyenv shim {} (version 3.12.1, from {})",
+            real.display(),
+            shim.display(),
+            root.join("version").display()
+        )),
+        "{text}"
+    );
+
+    // A version that is not installed: refused, saying why and what to do.
+    write(&root.join("version"), "3.9.9\n");
+    let o = cordon(
+        d.path(),
+        &[
+            "import",
+            "--yes",
+            "--force",
+            "-o",
+            m.to_str().unwrap(),
+            cfg.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("server `py`: `command`:")
+            && err.contains(&format!("{} is a pyenv shim", shim.display()))
+            && err.contains("version 3.9.9")
+            && err.contains("`pyenv which python3` prints it"),
+        "{err}"
+    );
+}

@@ -120,6 +120,88 @@ fn check_refuses_an_unknown_provider_at_its_line_and_flags_weak_secrets() {
     assert_eq!(v["secrets"][1]["deliver"], "env");
 }
 
+/// Without a provider file `serve` refuses every tool that declares
+/// secrets, so `check` does too: at each secret's line, with the stanza
+/// to write; `--no-host` (the manifest alone) only warns. A tool without
+/// secrets beside it passes (positive control).
+#[test]
+fn check_refuses_secrets_without_a_provider_file_at_their_line() {
+    let dir = tempdir();
+    let m = dir.path().join("m.yaml");
+    std::fs::write(
+        &m,
+        "tools:\n  plain:\n    profile: P1\n    command: [/bin/true]\n  a:\n    profile: P2\n    command: [/bin/true]\n    network: none\n    secrets:\n      - {name: A, scope: repo, ttl: 60, deliver: env}\n      - {name: B, scope: r, ttl: 60, provider: vault, deliver: env}\n",
+    )
+    .unwrap();
+    let check = |args: &[&str]| {
+        Command::new(CORDON)
+            .args(args)
+            .arg("-m")
+            .arg(&m)
+            .env_remove("CORDON_PROVIDERS")
+            .output()
+            .unwrap()
+    };
+    if std::path::Path::new(cordon_secrets::config::DEFAULT_PATH).exists() {
+        panic!(
+            "{} exists on this host: this test needs no provider file",
+            cordon_secrets::config::DEFAULT_PATH
+        );
+    }
+    let out = check(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{err}");
+    assert!(
+        stdout.contains("1 would not start on this host"),
+        "{stdout}{err}"
+    );
+    let md = m.display();
+    assert!(
+        err.contains(&format!(
+            "{md}:10:9: tool `a`: would not start here: secret `A` needs a credential broker, and there is no provider file"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("defining the provider `mint` as its `default`")
+            && err.contains("default: mint\n    providers:\n      mint:\n        type: exec"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{md}:11:9: tool `a`: would not start here: secret `B`"
+        )) && err.contains("providers:\n      vault:\n"),
+        "{err}"
+    );
+    assert!(!err.contains("tool `plain`"), "{err}");
+    // The manifest alone: valid, with the warning.
+    let out = check(&["check", "--no-host"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("warning: no provider file"), "{err}");
+    // Positive control: with a provider file, it would start.
+    let providers = exec_providers(dir.path());
+    std::fs::write(
+        &m,
+        "tools:\n  plain:\n    profile: P1\n    command: [/bin/true]\n  a:\n    profile: P2\n    command: [/bin/true]\n    network: none\n    secrets:\n      - {name: A, scope: repo, ttl: 60, deliver: env}\n",
+    )
+    .unwrap();
+    let out = Command::new(CORDON)
+        .args(["check", "--providers"])
+        .arg(&providers)
+        .arg("-m")
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("every tool would start on this host"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_provider_file_others_can_read_is_refused() {
     let dir = tempdir();

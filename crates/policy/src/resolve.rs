@@ -25,6 +25,13 @@ pub struct Loaded {
     /// Where each secret is declared, by (tool, secret name): line and
     /// column, for diagnostics made after resolution (an unknown provider).
     pub secret_at: BTreeMap<(String, String), (u64, u64)>,
+    /// Where each tool is declared (its key under `tools:`): line and
+    /// column, for diagnostics made after resolution (`cordon check`'s
+    /// admission on this host).
+    pub tool_at: BTreeMap<String, (u64, u64)>,
+    /// Where each mount is written, by (tool, host source path): line and
+    /// column.
+    pub mount_at: BTreeMap<(String, String), (u64, u64)>,
 }
 
 /// Profile defaults for every limit. P0 has none: nothing enforces them.
@@ -1265,6 +1272,8 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
     let mut warns = Vec::new();
     let mut tools = BTreeMap::new();
     let mut secret_at = BTreeMap::new();
+    let mut tool_at = BTreeMap::new();
+    let mut mount_at = BTreeMap::new();
     if let Some(v) = m.version
         && v != 1
     {
@@ -1285,6 +1294,19 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
             tool: &spanned.value,
             at: spanned.referenced,
         };
+        tool_at.insert(name.clone(), (c.at.line(), c.at.column()));
+        for sm in &c.tool.mounts {
+            if let Ok(pm) = parse_mount(&sm.value) {
+                let at = if sm.referenced == Location::UNKNOWN {
+                    c.at
+                } else {
+                    sm.referenced
+                };
+                mount_at
+                    .entry((name.clone(), pm.src))
+                    .or_insert((at.line(), at.column()));
+            }
+        }
         for s in c.secrets() {
             let at = if s.referenced == Location::UNKNOWN {
                 c.at
@@ -1331,6 +1353,8 @@ fn resolve(file: &Path, m: &Manifest) -> Result<Loaded, ManifestError> {
             },
             warnings: warns,
             secret_at,
+            tool_at,
+            mount_at,
         })
     } else {
         errors.sort_by_key(|d| (d.line, d.column));

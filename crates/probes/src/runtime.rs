@@ -85,6 +85,7 @@ impl RuntimeSandbox {
                 fds: Some(l.nofile),
             },
             egress_allow: Vec::new(),
+            mounts: self.base.mounts.iter().map(|m| m.dst.clone()).collect(),
         }
     }
 

@@ -196,6 +196,10 @@ pub struct Profile {
     pub limits: Limits,
     /// Addresses the profile grants egress to (P2); empty: none.
     pub egress_allow: Vec<SocketAddr>,
+    /// Paths inside the sandbox its configuration mounts on purpose (a
+    /// manifest's `mounts`): `host_fs` reports a listing of one, or of the
+    /// way to one, as the user's own mount rather than an escape.
+    pub mounts: Vec<std::path::PathBuf>,
 }
 
 impl Profile {
@@ -205,6 +209,7 @@ impl Profile {
             name: name.into(),
             limits: Limits::default(),
             egress_allow: Vec::new(),
+            mounts: Vec::new(),
         }
     }
 }
@@ -714,10 +719,21 @@ fn args_for(
                 .join(","),
         ),
         "dns" => kv("target", t.dns.to_string()),
-        "host_fs" => t
-            .home
-            .as_ref()
-            .map_or_else(Vec::new, |h| kv("home", h.display().to_string())),
+        "host_fs" => {
+            let mut v = t
+                .home
+                .as_ref()
+                .map_or_else(Vec::new, |h| kv("home", h.display().to_string()));
+            if !profile.mounts.is_empty() {
+                let each: Vec<String> = profile
+                    .mounts
+                    .iter()
+                    .map(|m| m.display().to_string())
+                    .collect();
+                v.extend(kv("mounts", each.join("\n")));
+            }
+            v
+        }
         "memory" => kv(
             "mb",
             l.memory_bytes

@@ -115,6 +115,7 @@ fn memory_under_rlimit_as(claim_mib: u64) -> (Verdict, String) {
             ..Limits::default()
         },
         egress_allow: Vec::new(),
+        mounts: Vec::new(),
     };
     let report = run_suite(
         &sb,

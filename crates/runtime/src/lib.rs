@@ -457,21 +457,33 @@ impl Registry {
     /// Admit `policy` for `use_` on this host, or refuse it with every
     /// reason: nothing this build or host cannot enforce ever runs weaker.
     pub fn admit(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, String> {
-        admit_secrets(policy, self.credentials.as_deref())?;
+        self.admit_each(policy, use_).map_err(|r| r.to_string())
+    }
+
+    /// [`Registry::admit`], with every reason the tool would not start
+    /// here kept apart (for `cordon check`, which says each at its line).
+    pub fn admit_each(&self, policy: &ToolPolicy, use_: Use) -> Result<Admitted, Refusal> {
+        let one = |why: String| Refusal {
+            tool: policy.name.clone(),
+            why,
+            problems: Vec::new(),
+        };
+        admit_secrets(policy, self.credentials.as_deref()).map_err(one)?;
         let spec = spec::lower(
             policy,
             use_,
             self.images.as_deref(),
             self.credentials.as_deref(),
             &self.upstream_dns,
-        )?;
+        )
+        .map_err(one)?;
         let runtime = self.get(policy.runtime, use_).map_err(|why| {
-            format!(
+            one(format!(
                 "{}: {why}; refusing to run the tool under a weaker boundary",
                 policy.name
-            )
+            ))
         })?;
-        self.admit_spec(policy, runtime, spec)
+        self.admit_spec_each(policy, runtime, spec)
     }
 
     /// [`Registry::admit`] for a spec already lowered (and perhaps changed,
@@ -482,13 +494,24 @@ impl Registry {
         runtime: Arc<dyn Runtime>,
         spec: SandboxSpec,
     ) -> Result<Admitted, String> {
+        self.admit_spec_each(policy, runtime, spec)
+            .map_err(|r| r.to_string())
+    }
+
+    /// [`Registry::admit_spec`], each reason apart (see [`Refusal`]).
+    pub fn admit_spec_each(
+        &self,
+        policy: &ToolPolicy,
+        runtime: Arc<dyn Runtime>,
+        spec: SandboxSpec,
+    ) -> Result<Admitted, Refusal> {
         let check = runtime.check(&spec);
         if !check.problems.is_empty() {
-            return Err(format!(
-                "{}: would not start on this host: {}",
-                policy.name,
-                check.problems.join("; ")
-            ));
+            return Err(Refusal {
+                tool: policy.name.clone(),
+                why: format!("{}: would not start on this host", policy.name),
+                problems: check.problems,
+            });
         }
         let warnings = mechanism::hold(
             &policy.name,
@@ -496,13 +519,60 @@ impl Registry {
             &policy.require,
             &policy.accept,
             &check.mechanisms,
-        )?;
+        )
+        .map_err(|why| Refusal {
+            tool: policy.name.clone(),
+            why,
+            problems: Vec::new(),
+        })?;
         Ok(Admitted {
             runtime,
             spec,
             mechanisms: check.mechanisms,
             warnings,
         })
+    }
+}
+
+/// Why admission refused a tool: `why`, and, when the host could not
+/// start its sandbox, each reason found (a missing program, interpreter
+/// or mount source...), each as the runtime says it (`{tool}: ...`).
+/// Displayed as [`Registry::admit`]'s message: `why`, then `: ` and the
+/// problems joined by `; `.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub tool: String,
+    pub why: String,
+    pub problems: Vec<String>,
+}
+
+impl Refusal {
+    /// Each reason on its own, without the tool's name in front: the
+    /// problems, or `why` when there are none.
+    pub fn reasons(&self) -> Vec<String> {
+        let prefix = format!("{}: ", self.tool);
+        if self.problems.is_empty() {
+            return vec![
+                self.why
+                    .strip_prefix(&prefix)
+                    .unwrap_or(&self.why)
+                    .to_string(),
+            ];
+        }
+        self.problems
+            .iter()
+            .map(|p| p.strip_prefix(&prefix).unwrap_or(p).to_string())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)?;
+        if !self.problems.is_empty() {
+            write!(f, ": {}", self.problems.join("; "))?;
+        }
+        Ok(())
     }
 }
 

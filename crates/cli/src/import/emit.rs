@@ -26,6 +26,8 @@ pub struct Entry {
     pub secrets: Vec<SecretEntry>,
     /// The server's argv as seen inside the sandbox.
     pub command: Vec<String>,
+    /// A comment above `command:` (what its program was resolved from).
+    pub command_note: Option<String>,
     /// `mcp: {startup_seconds}` (a known server's); `None`: the default.
     pub startup: Option<u32>,
 }
@@ -179,6 +181,9 @@ pub fn manifest_entry(e: &Entry) -> String {
     if let Some(t) = e.startup {
         let _ = writeln!(o, "      startup_seconds: {t}");
     }
+    if let Some(n) = &e.command_note {
+        comment(&mut o, 6, n);
+    }
     let _ = writeln!(o, "      command: [{}]", argv.join(", "));
     o
 }
@@ -239,6 +244,7 @@ mod tests {
                 reason: "its name".into(),
             }],
             command: vec!["/usr/bin/node".into(), "# not a comment".into()],
+            command_note: None,
             startup: Some(45),
         }
     }

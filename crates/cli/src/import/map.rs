@@ -450,6 +450,7 @@ pub fn map(s: &ClientServer, cx: &mut Ctx<'_>) -> Result<Entry, Refusal> {
         name,
         notes: got.notes,
         command: argv,
+        command_note: got.command_note,
         mounts: dedup(got.mounts),
         env: got.env,
         ..Entry::default()
@@ -473,6 +474,8 @@ struct Gathered {
     hosts: Vec<(String, String)>,
     /// Local hosts named, not allowed.
     skipped_hosts: Vec<String>,
+    /// What the program was resolved from (a version manager's shim).
+    command_note: Option<String>,
 }
 
 /// A server's environment, as its client gives it.
@@ -703,6 +706,7 @@ fn host_program(
             format!("`{}` does not exist on this host", path.display()),
         ));
     }
+    let path = real_program(s, cx, &path, base, prog, got)?;
     let p = path.display().to_string();
     if let Some(d) = in_reserved_dir(&p) {
         return Err(refuse(
@@ -734,6 +738,116 @@ fn host_program(
         _ => None,
     };
     Ok((vec![p], interpreter))
+}
+
+/// The program a sandbox can run in place of `path`: a version manager's
+/// shim resolved to the program it would run (or refused, saying why); a
+/// virtualenv's interpreter that is a symlink into a home, the real
+/// interpreter, with the virtualenv's site-packages mounted and on
+/// `PYTHONPATH`. Anything else is `path` itself.
+fn real_program(
+    s: &ClientServer,
+    cx: &Ctx<'_>,
+    path: &Path,
+    base: &Path,
+    prog: &str,
+    got: &mut Gathered,
+) -> Result<PathBuf, Refusal> {
+    if let Some(shim) = crate::shims::detect(path) {
+        let r = crate::shims::resolve(&shim, prog, base, cx.env).map_err(|e| {
+            refuse(
+                s,
+                "command",
+                format!(
+                    "{}; it cannot be resolved to the real program: {e}. Write the real program's path in `command` (`{} which {prog}` prints it), or install the version it names",
+                    crate::shims::why_not(&shim),
+                    shim.manager
+                ),
+            )
+        })?;
+        got.command_note = Some(format!(
+            "{}: resolved from {}. The shim is a script that runs {}, which would need the whole home inside the sandbox.",
+            r.path.display(),
+            r.how,
+            shim.manager
+        ));
+        return Ok(r.path);
+    }
+    if !prog.starts_with("python") {
+        return Ok(path.to_path_buf());
+    }
+    // A virtualenv: <venv>/bin/python, with <venv>/pyvenv.cfg.
+    let Some(venv) = path
+        .parent()
+        .filter(|b| b.file_name().and_then(|f| f.to_str()) == Some("bin"))
+        .and_then(Path::parent)
+        .filter(|v| v.join("pyvenv.cfg").is_file())
+    else {
+        return Ok(path.to_path_buf());
+    };
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return Ok(path.to_path_buf());
+    };
+    let shown = real.display().to_string();
+    if in_system_dir(&shown) || real.starts_with(venv) {
+        // The link is followed inside the sandbox as well: nothing to do.
+        return Ok(path.to_path_buf());
+    }
+    let real = match crate::shims::detect(&real) {
+        Some(shim) => {
+            let name = real.file_name().and_then(|f| f.to_str()).unwrap_or(prog);
+            crate::shims::resolve(&shim, name, base, cx.env)
+                .map_err(|e| {
+                    refuse(
+                        s,
+                        "command",
+                        format!(
+                            "the virtualenv's {} is a symlink to {}; it cannot be resolved to the real interpreter: {e}",
+                            path.display(),
+                            crate::shims::why_not(&shim)
+                        ),
+                    )
+                })?
+                .path
+        }
+        None => real,
+    };
+    let site: Vec<PathBuf> = ["lib", "lib64"]
+        .iter()
+        .filter_map(|l| std::fs::read_dir(venv.join(l)).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect();
+    for p in &site {
+        got.mounts.push(MountEntry {
+            src: p.display().to_string(),
+            dst: None,
+            rw: false,
+            reason: format!(
+                "the virtualenv's packages ({}), read-only: the real interpreter runs in its place",
+                venv.display()
+            ),
+        });
+    }
+    if !site.is_empty() {
+        let joined: Vec<String> = site.iter().map(|p| p.display().to_string()).collect();
+        got.env.push((
+            "PYTHONPATH".into(),
+            joined.join(":"),
+            Some(format!(
+                "the virtualenv's packages: {} is not run as the virtualenv's own interpreter",
+                real.display()
+            )),
+        ));
+    }
+    got.command_note = Some(format!(
+        "{}: resolved from the virtualenv's {}, a symlink into a directory the sandbox does not have; its site-packages are mounted and on PYTHONPATH.",
+        real.display(),
+        path.display()
+    ));
+    Ok(real)
 }
 
 /// Paths and URLs in the arguments: a relative path made absolute, a host

@@ -71,18 +71,84 @@ fn preview(v: &[String]) -> String {
     s
 }
 
-/// A directory the sandbox should not show: escaped if it lists entries.
-fn dir_check(dir: &Path) -> Finding {
+/// A directory the sandbox should not show: escaped if it lists entries,
+/// but for what the manifest mounts on purpose (`mounts`, paths inside
+/// the sandbox): a directory below one is the user's own, and in an
+/// ancestor of one, the entries leading to it are. A mount at the very
+/// directory the probe guards (`/home`, `/root`) still puts host files
+/// where the boundary promises none: escaped, the mount named.
+fn dir_check(dir: &Path, mounts: &[PathBuf]) -> Finding {
     match list(dir) {
-        Ok(v) if v.is_empty() => Finding::held(format!("{} is empty", dir.display())),
-        Ok(v) => Finding::escaped(format!(
-            "listed {}: {} entries ({})",
-            dir.display(),
-            v.len(),
-            preview(&v)
-        )),
+        Ok(v) => judge_listing(dir, v, mounts),
         Err(e) => Finding::held(format!("list {}: {}", dir.display(), errname(&e))),
     }
+}
+
+/// [`dir_check`] of what listing `dir` gave.
+fn judge_listing(dir: &Path, v: Vec<String>, mounts: &[PathBuf]) -> Finding {
+    if v.is_empty() {
+        return Finding::held(format!("{} is empty", dir.display()));
+    }
+    if let Some(m) = mounts.iter().find(|m| m.as_path() == dir) {
+        return Finding::escaped(format!(
+            "listed {}: {} entries ({}): the manifest mounts a host directory at {} itself",
+            dir.display(),
+            v.len(),
+            preview(&v),
+            m.display()
+        ));
+    }
+    if let Some(m) = mounts.iter().find(|m| dir.starts_with(m)) {
+        return Finding::held(format!(
+            "listed {}: {} entries ({}): inside the manifest's own mount {}, readable on purpose (not an escape)",
+            dir.display(),
+            v.len(),
+            preview(&v),
+            m.display()
+        ));
+    }
+    let (own, other): (Vec<String>, Vec<String>) = v
+        .into_iter()
+        .partition(|e| mounts.iter().any(|m| m.starts_with(dir.join(e))));
+    let named: Vec<String> = mounts
+        .iter()
+        .filter(|m| m.starts_with(dir))
+        .map(|m| m.display().to_string())
+        .collect();
+    if other.is_empty() {
+        return Finding::held(format!(
+            "listed {}: {} entries ({}): the way to the manifest's own mount {}, readable on purpose (not an escape)",
+            dir.display(),
+            own.len(),
+            preview(&own),
+            named.join(", ")
+        ));
+    }
+    let also = if own.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; besides the way to the manifest's own mount {}",
+            named.join(", ")
+        )
+    };
+    Finding::escaped(format!(
+        "listed {}: {} entries ({}){also}",
+        dir.display(),
+        other.len(),
+        preview(&other)
+    ))
+}
+
+/// The paths inside the sandbox the manifest mounts (`--mounts`, one per
+/// line).
+fn own_mounts(opts: &Opts) -> Vec<PathBuf> {
+    opts.get("mounts")
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.starts_with('/'))
+        .map(PathBuf::from)
+        .collect()
 }
 
 /// Host files: /etc/shadow, /root, /home, the invoking user's home
@@ -94,12 +160,13 @@ pub(super) fn host_fs(opts: &Opts) -> Verdict {
         Ok(b) => Finding::escaped(format!("read {} bytes of /etc/shadow", b.len())),
         Err(e) => Finding::held(format!("read /etc/shadow: {}", errname(&e))),
     });
-    f.push(dir_check(Path::new("/root")));
-    f.push(dir_check(Path::new("/home")));
+    let mounts = own_mounts(opts);
+    f.push(dir_check(Path::new("/root"), &mounts));
+    f.push(dir_check(Path::new("/home"), &mounts));
     if let Some(h) = opts.get("home").filter(|h| !h.is_empty()) {
         let h = Path::new(h);
         if h != Path::new("/root") && h != Path::new("/") {
-            f.push(dir_check(h));
+            f.push(dir_check(h, &mounts));
         }
     }
     // /proc/1/root: pid 1's root. On the host it is our own root (not an
@@ -657,6 +724,65 @@ pub(super) fn fds(opts: &Opts) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_of_the_manifests_own_mount_is_not_an_escape() {
+        use crate::agent::Kind;
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let root = Path::new("/root");
+        // Nothing mounted: any entry is an escape.
+        let f = judge_listing(root, names(&[".pyenv"]), &[]);
+        assert_eq!(f.kind, Kind::Escaped);
+        assert_eq!(f.text, "listed /root: 1 entries (.pyenv)");
+        // /root is the way to a mount: the user's own, named.
+        let mounts = vec![PathBuf::from("/root/.pyenv/versions/3.12.1")];
+        let f = judge_listing(root, names(&[".pyenv"]), &mounts);
+        assert_eq!(f.kind, Kind::Held, "{}", f.text);
+        assert!(
+            f.text
+                .contains("the manifest's own mount /root/.pyenv/versions/3.12.1")
+                && f.text.contains("not an escape"),
+            "{}",
+            f.text
+        );
+        // Inside a mount: the user's own.
+        let home = vec![PathBuf::from("/home/me/project")];
+        let f = judge_listing(Path::new("/home/me/project/src"), names(&["a.py"]), &home);
+        assert_eq!(f.kind, Kind::Held, "{}", f.text);
+        assert!(
+            f.text
+                .contains("inside the manifest's own mount /home/me/project")
+        );
+        // Something else beside the way to a mount: still an escape, and
+        // only what is not the mount's is reported as one.
+        let f = judge_listing(root, names(&[".pyenv", ".ssh"]), &mounts);
+        assert_eq!(f.kind, Kind::Escaped);
+        assert!(
+            f.text
+                .starts_with("listed /root: 1 entries (.ssh); besides the way to"),
+            "{}",
+            f.text
+        );
+        // A prefix that is not an ancestor is no excuse.
+        let f = judge_listing(root, names(&[".py"]), &mounts);
+        assert_eq!(f.kind, Kind::Escaped);
+        // A mount at the guarded directory itself: still an escape, named.
+        let f = judge_listing(
+            Path::new("/home"),
+            names(&["notes.txt"]),
+            &[PathBuf::from("/home")],
+        );
+        assert_eq!(f.kind, Kind::Escaped);
+        assert!(
+            f.text.starts_with(
+                "listed /home: 1 entries (notes.txt): the manifest mounts a host directory at /home"
+            ),
+            "{}",
+            f.text
+        );
+        // An empty directory holds.
+        assert_eq!(judge_listing(root, Vec::new(), &mounts).kind, Kind::Held);
+    }
 
     #[test]
     fn uid_map_lookup() {
