@@ -1008,6 +1008,7 @@ impl Child for VmChild<'_> {
             argv: helper_argv(init, dir),
             cleanup: Vec::new(),
             limits: Some(vmm_limits(spec, &job.vm)),
+            on_end: None,
         })
     }
 
