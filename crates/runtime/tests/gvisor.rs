@@ -112,26 +112,115 @@ fn a_memory_bomb_is_a_memory_limit() {
     assert_eq!(o.reason, "gv: memory limit 384M exceeded (OOM kill)");
 }
 
-gvisor_root_test!(a_fork_bomb_is_a_task_limit);
-fn a_fork_bomb_is_a_task_limit() {
+/// Start processes (`fork`) or threads until one is refused, print how many
+/// were started and the refusal, then fail.
+const BOMB: &str = "
+import os, sys, threading, time
+n = 0
+try:
+    while n < 1000:
+        if sys.argv[1] == 'fork':
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        else:
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        n += 1
+except (OSError, RuntimeError) as e:
+    print(n, type(e).__name__, getattr(e, 'errno', None), flush=True)
+    os._exit(1)
+print(n, 'none', flush=True)
+";
+
+// As root and as uid 65534, which has no cgroup here: the limit is the
+// Sentry's, counting the tool's own tasks whatever gVisor's host threads
+// number, and the outcome is the task limit's either way.
+gvisor_test!(tasks_are_the_tools_own_and_a_fork_bomb_is_a_task_limit);
+fn tasks_are_the_tools_own_and_a_fork_bomb_is_a_task_limit() {
     let Some(g) = gvisor() else { return };
-    let sleepers = |n: u32, secs: u32| {
-        format!(
-            "i=0; while [ $i -lt {n} ]; do sleep {secs} & i=$((i+1)); done; echo started; wait; echo waited"
-        )
-    };
-    // Positive control: a few processes under the limit.
-    let mut s = sh(&sleepers(4, 1));
-    s.limits.tasks = 128;
+    // Positive control: python3 under `tasks: 32` (gVisor's own host
+    // threads alone are about as many).
+    let mut s = spec(&["/usr/bin/python3", "-c", "print(1)"]);
+    s.limits.tasks = 32;
+    let o = run(&g, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "1
+"
+    );
+    // A few processes under the limit.
+    let mut s = sh(
+        "i=0; while [ $i -lt 4 ]; do sleep 1 & i=$((i+1)); done; echo started; wait; echo waited",
+    );
+    s.limits.tasks = 32;
     let o = run(&g, &s, b"");
     assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "started\nwaited\n");
-    let mut s = sh(&sleepers(400, 30));
-    s.limits.wall = Duration::from_secs(20);
-    s.limits.tasks = 128;
+    // Processes: python3 and 31 children are 32; the 32nd child is
+    // refused (EAGAIN) and the call ends at the task limit.
+    for (kind, refusal) in [
+        ("fork", "31 BlockingIOError 11\n"),
+        ("thread", "31 RuntimeError None\n"),
+    ] {
+        let mut s = spec(&["/usr/bin/python3", "-c", BOMB, kind]);
+        s.limits.tasks = 32;
+        let o = run(&g, &s, b"");
+        assert_eq!(
+            text(&o.stdout),
+            refusal,
+            "{kind}: {o:?} {}",
+            text(&o.stderr)
+        );
+        assert_eq!(
+            o.status,
+            Status::TaskLimit,
+            "{kind}: {o:?} {}",
+            text(&o.stderr)
+        );
+        assert_eq!(o.reason, "gv: task limit 32 reached", "{kind}");
+    }
+    // A shell's fork bomb: far more sleepers than the limit.
+    let mut s = sh("i=0; while [ $i -lt 400 ]; do sleep 30 & i=$((i+1)); done; echo started; wait");
+    s.limits.tasks = 32;
     let o = run(&g, &s, b"");
     assert_eq!(o.status, Status::TaskLimit, "{o:?} {}", text(&o.stderr));
-    assert_eq!(o.reason, "gv: task limit 128 reached");
+    assert_eq!(o.reason, "gv: task limit 32 reached");
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+}
+
+// gVisor's own /dev/fuse and /dev/net/tun (there without network) do not
+// open, and no device node can be made to reach them.
+gvisor_test!(fuse_and_tun_do_not_open);
+fn fuse_and_tun_do_not_open() {
+    let Some(g) = gvisor() else { return };
+    let probe = "
+import errno, os
+def open_(p):
+    try:
+        os.close(os.open(p, os.O_RDWR))
+        return 'opened'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def mknod(p, kind):
+    try:
+        os.mknod(p, kind | 0o666, os.makedev(10, 229))
+        return 'made'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+for p in ['/dev/null', '/dev/fuse', '/dev/net/tun']:
+    print(p, open_(p))
+print('fifo', mknod('/tmp/fifo', 0o010000))
+print('chr', mknod('/tmp/fuse', 0o020000), open_('/tmp/fuse'))
+print('blk', mknod('/tmp/blk', 0o060000))
+";
+    let o = run(&g, &spec(&["/usr/bin/python3", "-c", probe]), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    // Positive controls: /dev/null opens, a FIFO is made.
+    assert_eq!(
+        text(&o.stdout),
+        "/dev/null opened\n/dev/fuse EACCES\n/dev/net/tun ENOENT\nfifo made\nchr EPERM ENOENT\nblk EPERM\n"
+    );
 }
 
 /// Processes whose command line names one of this process's bundles, and
