@@ -157,36 +157,53 @@ impl TaskWatch {
 /// Read the Sentry's log to its end, setting `refused` on a task refused.
 fn read_log(log: &mut fs::File, refused: &AtomicBool) {
     let mut buf = vec![0u8; 64 << 10];
-    let mut line: Vec<u8> = Vec::new();
-    let mut overlong = false;
+    let mut lines = Lines::default();
     loop {
-        let n = match log.read(&mut buf) {
+        match log.read(&mut buf) {
             Ok(0) => return,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(n) => {
+                if lines.feed(&buf[..n]) {
+                    refused.store(true, Ordering::SeqCst);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return,
-        };
-        for chunk in buf[..n].split_inclusive(|&b| b == b'\n') {
+        }
+    }
+}
+
+/// The Sentry's log cut into lines as it arrives, each looked at once
+/// whole ([`task_refused`]); a line over [`MAX_LOG_LINE`] is skipped.
+#[derive(Default)]
+struct Lines {
+    line: Vec<u8>,
+    overlong: bool,
+}
+
+impl Lines {
+    /// Whether a line that `data` completes is a task refused.
+    fn feed(&mut self, data: &[u8]) -> bool {
+        let mut refused = false;
+        for chunk in data.split_inclusive(|&b| b == b'\n') {
             let (part, end) = match chunk.split_last() {
                 Some((b'\n', rest)) => (rest, true),
                 _ => (chunk, false),
             };
-            if !overlong {
-                if line.len() + part.len() > MAX_LOG_LINE {
-                    overlong = true;
-                    line.clear();
+            if !self.overlong {
+                if self.line.len() + part.len() > MAX_LOG_LINE {
+                    self.overlong = true;
+                    self.line.clear();
                 } else {
-                    line.extend_from_slice(part);
+                    self.line.extend_from_slice(part);
                 }
             }
             if end {
-                if !overlong && task_refused(&line) {
-                    refused.store(true, Ordering::SeqCst);
-                }
-                line.clear();
-                overlong = false;
+                refused |= !self.overlong && task_refused(&self.line);
+                self.line.clear();
+                self.overlong = false;
             }
         }
+        refused
     }
 }
 
@@ -848,5 +865,104 @@ mod tests {
             Some(20221219)
         );
         assert_eq!(parse_version("something else"), None);
+    }
+
+    #[test]
+    fn a_refused_task_is_read_from_the_sentrys_log() {
+        let refused = "I1203 07:39:59.131355   32285 strace.go:611] [   2:   2] python3 X clone(CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|0x11, 0x0, 0x0, 0x7ec80502f310, 0x0) = 0 (0x0) errno=11 (try again) (612.049\u{b5}s)";
+        assert!(task_refused(refused.as_bytes()));
+        for call in ["clone3(0x7ffd1000, 0x58)", "vfork()", "fork()"] {
+            let l = format!(
+                "I1203 strace.go:611] [   1:   1] sh X {call} = 0 (0x0) errno=11 (try again) (1\u{b5}s)"
+            );
+            assert!(task_refused(l.as_bytes()), "{l}");
+        }
+        // Positive controls for what is not a refusal: a task made, the
+        // entry line, another errno, another call.
+        for l in [
+            "I1203 strace.go:611] [   2:   2] python3 X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 7 (0x7) (90\u{b5}s)",
+            "I1203 strace.go:559] [   2:   2] python3 E clone(0x1200011, 0x0, 0x0, 0x7e, 0x0)",
+            "I1203 strace.go:611] [   2:   2] python3 X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 0 (0x0) errno=12 (cannot allocate memory) (9\u{b5}s)",
+            "I1203 strace.go:611] [   2:   2] python3 X read(0x3, 0x7f, 0x10) = 0 (0x0) errno=11 (try again) (9\u{b5}s)",
+            // The task's name is the tool's: it cannot make a task made
+            // look refused.
+            "I1203 strace.go:611] [   2:   2] errno=11 ( X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 7 (0x7) (90\u{b5}s)",
+            "",
+        ] {
+            assert!(!task_refused(l.as_bytes()), "{l}");
+        }
+    }
+
+    #[test]
+    fn the_log_is_read_to_its_end_line_by_line() {
+        let refusal = "I1 strace.go:611] [ 1: 1] sh X vfork() = 0 (0x0) errno=11 (try again) (1s)";
+        let mut lines = Lines::default();
+        // An overlong line that ends like a refusal is skipped.
+        let long = format!("{}{refusal}\n", "x".repeat(MAX_LOG_LINE));
+        assert!(!lines.feed(long.as_bytes()));
+        // A refusal split across reads counts once it is whole.
+        let (a, b) = refusal.split_at(60);
+        assert!(!lines.feed(format!("I1 other line\n{a}").as_bytes()));
+        assert!(lines.feed(format!("{b}\nI1 next").as_bytes()));
+        assert!(!lines.feed(b" line\n"));
+        // Read from a pipe to its end.
+        let (r, mut w) = std::io::pipe().unwrap();
+        let refused = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| read_log(&mut fs::File::from(OwnedFd::from(r)), &refused));
+            w.write_all(long.as_bytes()).unwrap();
+            w.write_all(a.as_bytes()).unwrap();
+            w.write_all(format!("{b}\n").as_bytes()).unwrap();
+            drop(w);
+            h.join().unwrap();
+        });
+        assert!(refused.load(Ordering::SeqCst));
+    }
+
+    fn ended(status: Status, exit_code: Option<i32>) -> Outcome {
+        Outcome {
+            status,
+            exit_code,
+            signal: None,
+            duration: Duration::ZERO,
+            peak_memory_bytes: None,
+            stdout: Vec::new(),
+            output_bytes: 0,
+            stderr: Vec::new(),
+            stderr_total: 0,
+            reason: "gv: something".into(),
+            warnings: Vec::new(),
+            landlock: crate::outcome::LandlockStatus::Disabled,
+        }
+    }
+
+    #[test]
+    fn a_refusal_makes_a_failed_call_a_task_limit() {
+        // Refused and failed: the task limit, named as the tool's.
+        let mut o = ended(Status::Exited, Some(2));
+        task_outcome(&mut o, "gv", 32, host_tasks(32), true);
+        assert_eq!(
+            (o.status, o.reason.as_str()),
+            (Status::TaskLimit, "gv: task limit 32 reached")
+        );
+        // Refused but the tool coped, or nothing refused: as it was.
+        for (status, code, refused) in [
+            (Status::Ok, Some(0), true),
+            (Status::Exited, Some(2), false),
+            (Status::TimedOut, None, true),
+        ] {
+            let mut o = ended(status, code);
+            task_outcome(&mut o, "gv", 32, host_tasks(32), refused);
+            assert_eq!((o.status, o.reason.as_str()), (status, "gv: something"));
+        }
+        // The host backstop (the jail's outcome names its own figure).
+        let mut o = ended(Status::TaskLimit, Some(1));
+        task_outcome(&mut o, "gv", 32, host_tasks(32), false);
+        assert_eq!(
+            o.reason,
+            "gv: task limit 32 reached (at the sandbox's host bound of 256 tasks, gVisor's own included)"
+        );
+        assert_eq!(host_tasks(512), 2176);
+        assert_eq!(host_tasks(u64::MAX), u64::MAX);
     }
 }

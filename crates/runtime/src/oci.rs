@@ -630,4 +630,102 @@ mod tests {
             Path::new("/etc/pki/tls/certs/ca-bundle.crt")
         ));
     }
+
+    #[test]
+    fn tasks_are_the_processs_rlimit_and_devices_are_covered() {
+        let mut spec = SandboxSpec::new("t", ["/bin/true"]);
+        spec.limits.tasks = 32;
+        let c = config(
+            &spec,
+            &[],
+            &[("/b/no-device".into(), "/dev/fuse".into())],
+            Net::Own,
+        )
+        .unwrap();
+        let rl = c.process().as_ref().unwrap().rlimits().clone().unwrap();
+        let nproc: Vec<_> = rl
+            .iter()
+            .filter(|r| r.typ() == PosixRlimitType::RlimitNproc)
+            .map(|r| (r.soft(), r.hard()))
+            .collect();
+        assert_eq!(nproc, [(32, 32)]);
+        // No pids resource: runsc would make it the host cgroup's limit.
+        let res = c.linux().as_ref().unwrap().resources().clone().unwrap();
+        assert!(res.pids().is_none(), "{res:?}");
+        assert!(res.memory().is_some());
+        let mounts = c.mounts().clone().unwrap();
+        let net = mounts
+            .iter()
+            .find(|m| m.destination() == Path::new("/dev/net"))
+            .unwrap();
+        assert_eq!(net.typ().as_deref(), Some("tmpfs"));
+        assert!(net.options().as_ref().unwrap().contains(&"ro".to_string()));
+        let fuse = mounts
+            .iter()
+            .find(|m| m.destination() == Path::new("/dev/fuse"))
+            .unwrap();
+        assert_eq!(fuse.source().as_deref(), Some(Path::new("/b/no-device")));
+        assert!(fuse.options().as_ref().unwrap().contains(&"ro".to_string()));
+        // The bundle's own file: empty, mode 0000, bound there.
+        let d = tempfile::tempdir().unwrap();
+        write_bundle(d.path(), &spec, &[], None, &[], Net::Own).unwrap();
+        let m = fs::metadata(d.path().join(NO_DEVICE)).unwrap();
+        assert_eq!((m.len(), m.permissions().mode() & 0o7777), (0, 0));
+        let c = Spec::load(d.path().join("config.json")).unwrap();
+        assert!(c.mounts().as_ref().unwrap().iter().any(|m| {
+            m.destination() == Path::new("/dev/fuse")
+                && m.source().as_deref() == Some(d.path().join(NO_DEVICE).as_path())
+        }));
+    }
+
+    #[test]
+    fn device_nodes_and_namespaces_are_refused_before_any_allow_rule() {
+        for s in [Seccomp::DenyList, Seccomp::AllowList { extra: Vec::new() }] {
+            let f = seccomp(&s).unwrap();
+            let calls = f.syscalls().clone().unwrap();
+            let n = 4 + cordon_jail::seccomp::CLONE_NAMESPACE_FLAGS.len();
+            assert_eq!(calls.len(), n + 1, "{s:?}");
+            for c in &calls[..n] {
+                assert_eq!(c.action(), LinuxSeccompAction::ScmpActErrno);
+                assert_eq!(c.errno_ret(), Some(1));
+                let args = c.args().clone().unwrap();
+                assert_eq!(args.len(), 1);
+                assert_eq!(args[0].op(), LinuxSeccompOperator::ScmpCmpMaskedEq);
+            }
+            let what: Vec<(String, usize, u64, Option<u64>)> = calls[..n]
+                .iter()
+                .map(|c| {
+                    let a = &c.args().as_ref().unwrap()[0];
+                    (c.names()[0].clone(), a.index(), a.value(), a.value_two())
+                })
+                .collect();
+            assert_eq!(
+                what[..4],
+                [
+                    ("mknod".into(), 1, S_IFMT, Some(S_IFCHR)),
+                    ("mknod".into(), 1, S_IFMT, Some(S_IFBLK)),
+                    ("mknodat".into(), 2, S_IFMT, Some(S_IFCHR)),
+                    ("mknodat".into(), 2, S_IFMT, Some(S_IFBLK)),
+                ]
+            );
+            let user = 0x1000_0000; // CLONE_NEWUSER
+            assert!(
+                what[4..].contains(&("clone".into(), 0, user, Some(user))),
+                "{what:?}"
+            );
+            // Positive control: the filter's own rule comes last, and the
+            // allow list keeps mknod for FIFOs and files.
+            let last = &calls[n];
+            match s {
+                Seccomp::DenyList => {
+                    assert_eq!(last.action(), LinuxSeccompAction::ScmpActErrno);
+                    assert!(last.names().contains(&"mount".to_string()));
+                }
+                Seccomp::AllowList { .. } => {
+                    assert_eq!(last.action(), LinuxSeccompAction::ScmpActAllow);
+                    assert!(last.names().contains(&"mknod".to_string()));
+                }
+            }
+        }
+    }
 }

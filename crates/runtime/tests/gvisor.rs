@@ -214,13 +214,27 @@ print('fifo', mknod('/tmp/fifo', 0o010000))
 print('chr', mknod('/tmp/fuse', 0o020000), open_('/tmp/fuse'))
 print('blk', mknod('/tmp/blk', 0o060000))
 ";
-    let o = run(&g, &spec(&["/usr/bin/python3", "-c", probe]), b"");
-    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
-    // Positive controls: /dev/null opens, a FIFO is made.
-    assert_eq!(
-        text(&o.stdout),
-        "/dev/null opened\n/dev/fuse EACCES\n/dev/net/tun ENOENT\nfifo made\nchr EPERM ENOENT\nblk EPERM\n"
-    );
+    // With the deny table and with the allow list (which allows mknod).
+    for filter in [
+        cordon_runtime::Seccomp::DenyList,
+        cordon_runtime::Seccomp::AllowList { extra: Vec::new() },
+    ] {
+        let mut s = spec(&["/usr/bin/python3", "-c", probe]);
+        s.seccomp = filter.clone();
+        let o = run(&g, &s, b"");
+        assert_eq!(
+            o.status,
+            Status::Ok,
+            "{filter:?}: {o:?} {}",
+            text(&o.stderr)
+        );
+        // Positive controls: /dev/null opens, a FIFO is made.
+        assert_eq!(
+            text(&o.stdout),
+            "/dev/null opened\n/dev/fuse EACCES\n/dev/net/tun ENOENT\nfifo made\nchr EPERM ENOENT\nblk EPERM\n",
+            "{filter:?}"
+        );
+    }
 }
 
 /// Processes whose command line names one of this process's bundles, and
