@@ -548,10 +548,11 @@ impl Gvisor {
                 "not applied inside gVisor: the application kernel serves the tool's file system from read-only binds through its gofer",
             ),
         ];
-        out.push(
-            self.sup
-                .cgroup(spec, "the gVisor sandbox (Sentry included)"),
-        );
+        out.push(self.sup.cgroup(
+            spec,
+            "the gVisor sandbox (Sentry included)",
+            "memory or CPU",
+        ));
         out
     }
 

@@ -644,12 +644,13 @@ impl Supervisor {
     }
 
     /// The cgroup mechanism for a sandbox of `spec` whose whole (`what`:
-    /// the child and its guest) is in one cgroup slot.
-    pub(crate) fn cgroup(&self, spec: &SandboxSpec, what: &str) -> MechanismState {
+    /// the child and its guest) is in one cgroup slot; without cgroups it
+    /// would have no `lost` limit (`memory, task or CPU`).
+    pub(crate) fn cgroup(&self, spec: &SandboxSpec, what: &str, lost: &str) -> MechanismState {
         match self.jail.cgroup_fallback_reason() {
             Some(why) => MechanismState::missing(
                 Mechanism::Cgroup,
-                format!("{why}: {what} would have no memory, task or CPU limit"),
+                format!("{why}: {what} would have no {lost} limit"),
             ),
             None => {
                 let absent = absent_controllers(&self.jail, spec);

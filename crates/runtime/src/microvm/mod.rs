@@ -855,10 +855,11 @@ impl Microvm {
                 ),
             ),
         });
-        out.push(
-            self.sup
-                .cgroup(spec, "QEMU (the guest's memory and QEMU's own)"),
-        );
+        out.push(self.sup.cgroup(
+            spec,
+            "QEMU (the guest's memory and QEMU's own)",
+            "memory, task or CPU",
+        ));
         out
     }
 }
