@@ -183,6 +183,42 @@ fn a_p3_tool_runs_with_the_proxy_door_and_the_metadata_address_refused() {
     assert!(rec.contains("\"runtime\":\"gvisor\""), "{rec}");
 }
 
+/// `--tasks 32` counts the tool's own tasks: python3 runs (gVisor's own
+/// host threads alone are about as many), a fork bomb ends at 32 with the
+/// task limit's exit code and reason.
+#[test]
+fn exec_tasks_are_the_tools_own() {
+    if !is_root() {
+        skip_or_fail(&this_test(), "needs root (P3 cgroup limits)");
+        return;
+    }
+    if !have_runsc() {
+        return;
+    }
+    let d = dir("tasks");
+    let exec = |argv: &[&str]| {
+        let mut args = vec!["exec", "--runtime", "gvisor", "--tasks", "32", "--"];
+        args.extend_from_slice(argv);
+        cordon(false, &args, b"", &d.join("audit.jsonl"))
+    };
+    // Positive control.
+    let o = exec(&["/usr/bin/python3", "-c", "print(1)"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "1\n");
+    let o = exec(&[
+        "/bin/sh",
+        "-c",
+        "i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo started; wait",
+    ]);
+    assert_eq!(o.status.code(), Some(13), "{}", text(&o.stderr));
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("cordon: exec: task limit 32 reached\n"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn doctor_names_the_gvisor_platforms() {
     if !have_runsc() {
@@ -426,7 +462,7 @@ fn the_browse_example_fetches_through_the_proxy_and_keeps_no_cookie() {
             "--memory",
             "2G",
             "--tasks",
-            "512",
+            "256",
             "--wall",
             "90",
             "--",

@@ -20,6 +20,18 @@
 //! platforms, its flags, and the bundle ([`crate::oci`]) written from the
 //! supervisor's [`Guest`] (environment, trust bundle, network).
 //!
+//! **Tasks.** `tasks: N` is the tool's own tasks (processes and threads),
+//! as on every runtime: the bundle makes N the tool's `RLIMIT_NPROC`,
+//! which the Sentry enforces on each task it creates (see [`crate::oci`]).
+//! The cgroup slot's `pids.max` is a host-side backstop, [`host_tasks`]
+//! of N, sized for gVisor's own host threads besides the tool's. The
+//! Sentry refuses a task silently (`EAGAIN`), so to report the limit
+//! `runsc` traces the calls that create tasks (`--strace` of `clone`,
+//! `clone3`, `fork`, `vfork` only) into its log, a FIFO in the sandbox's
+//! directory that the broker reads and discards ([`TaskWatch`]); a tool
+//! that failed after such a call was refused ended at its task limit, the
+//! outcome the jail reports from `pids.events`.
+//!
 //! **Network.** With egress doors, `runsc` runs with `--network=host` in
 //! the supervisor's network namespace: only `lo`, the doors' addresses on
 //! it, and the doors' listening sockets, which the broker serves (and
@@ -30,11 +42,13 @@
 //! loopback only, in an empty namespace.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use cordon_jail::{Jail, JailOptions};
@@ -42,9 +56,9 @@ use serde::Serialize;
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::oci::{self, Net};
-use crate::outcome::{Outcome, RunError};
+use crate::outcome::{Outcome, RunError, Status};
 use crate::spec::SandboxSpec;
-use crate::supervisor::{Child, Guest, Launch, Supervisor, WorkDir};
+use crate::supervisor::{Child, Guest, Launch, OnEnd, Supervisor, WorkDir};
 use crate::{Check, Context, Facts, Runtime, Spawned};
 
 /// What a gVisor sandbox's directory is called in notes and errors.
@@ -52,6 +66,186 @@ const BUNDLE: &str = "gVisor bundle";
 
 /// The oldest `runsc` release cordon runs (its systrap platform).
 pub const MIN_RUNSC: u32 = 20240101;
+
+/// The FIFO in a sandbox's directory that `runsc --debug-log` writes the
+/// Sentry's log into; the broker reads it as it comes and keeps nothing.
+const SENTRY_LOG: &str = "sentry-log";
+
+/// The calls that create tasks, traced into the Sentry's log.
+const TASK_CALLS: [&str; 4] = ["clone", "clone3", "fork", "vfork"];
+
+/// The host tasks of a gVisor sandbox besides its tool's: `runsc`, the
+/// gofer and the Sentry's Go runtime (measured: about 30 with systrap and
+/// one guest process, `runsc` 20240729), with room for the Go runtime to
+/// add threads while host calls block.
+pub const HOST_TASKS_BASE: u64 = 128;
+
+/// Host tasks per task of the tool: with systrap each guest process adds
+/// about 3 (its address space's stub process and threads; measured up to
+/// 100 busy processes), a guest thread fewer.
+pub const HOST_TASKS_PER_TASK: u64 = 4;
+
+/// The host pids bound (the cgroup slot's `pids.max`) of a gVisor sandbox
+/// whose tool may have `tasks` tasks: a backstop behind the Sentry's own
+/// limit, for gVisor's threads plus the tool's.
+pub fn host_tasks(tasks: u64) -> u64 {
+    HOST_TASKS_BASE.saturating_add(tasks.saturating_mul(HOST_TASKS_PER_TASK))
+}
+
+/// Reads the Sentry's log for the task limit: whether a traced call that
+/// creates a task failed with `EAGAIN` (the tool's `RLIMIT_NPROC`; the
+/// Sentry has no other cause of it within the limits cordon sets).
+struct TaskWatch {
+    /// The broker's own write end: the reader sees the log's end only once
+    /// this is dropped and the sandbox is gone.
+    writer: OwnedFd,
+    refused: Arc<AtomicBool>,
+    ended: mpsc::Receiver<()>,
+}
+
+/// The longest log line looked at; longer ones (none that matters) are
+/// skipped.
+const MAX_LOG_LINE: usize = 4096;
+
+impl TaskWatch {
+    /// The FIFO `SENTRY_LOG` in `dir`, and a thread reading it.
+    fn start(dir: &Path) -> Result<TaskWatch, String> {
+        let err = |what: &str, e: cordon_sys::Errno| format!("the Sentry's log: {what}: {e}");
+        let d =
+            cordon_sys::io::open_dir(dir).map_err(|e| err("open the sandbox's directory", e))?;
+        let name = cordon_sys::fsat::Name::new(SENTRY_LOG.as_bytes())
+            .ok_or_else(|| format!("the Sentry's log: bad name {SENTRY_LOG:?}"))?;
+        cordon_sys::fsat::mkfifo_at(d.as_fd(), &name).map_err(|e| err("mkfifo", e))?;
+        let mut reader =
+            cordon_sys::fsat::open_fifo_at(d.as_fd(), &name).map_err(|e| err("open", e))?;
+        let writer = cordon_sys::io::open_at(d.as_fd(), SENTRY_LOG, true)
+            .map_err(|e| err("open for writing", e))?;
+        cordon_sys::io::set_nonblocking(reader.as_fd(), false)
+            .map_err(|e| err("make blocking", e))?;
+        let refused = Arc::new(AtomicBool::new(false));
+        let (tx, ended) = mpsc::channel();
+        let r = refused.clone();
+        std::thread::Builder::new()
+            .name("gvisor-log".into())
+            .spawn(move || {
+                read_log(&mut reader, &r);
+                let _ = tx.send(());
+            })
+            .map_err(|e| format!("the Sentry's log: start its reader: {e}"))?;
+        Ok(TaskWatch {
+            writer,
+            refused,
+            ended,
+        })
+    }
+
+    /// Whether the Sentry refused the tool a task, once the sandbox has
+    /// ended: after the rest of the log is read (waiting a few seconds at
+    /// most for the last of the sandbox's processes to let go of it).
+    fn refused(self) -> bool {
+        let TaskWatch {
+            writer,
+            refused,
+            ended,
+        } = self;
+        drop(writer);
+        let _ = ended.recv_timeout(Duration::from_secs(5));
+        refused.load(Ordering::SeqCst)
+    }
+}
+
+/// Read the Sentry's log to its end, setting `refused` on a task refused.
+fn read_log(log: &mut fs::File, refused: &AtomicBool) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut lines = Lines::default();
+    loop {
+        match log.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if lines.feed(&buf[..n]) {
+                    refused.store(true, Ordering::SeqCst);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The Sentry's log cut into lines as it arrives, each looked at once
+/// whole ([`task_refused`]); a line over [`MAX_LOG_LINE`] is skipped.
+#[derive(Default)]
+struct Lines {
+    line: Vec<u8>,
+    overlong: bool,
+}
+
+impl Lines {
+    /// Whether a line that `data` completes is a task refused.
+    fn feed(&mut self, data: &[u8]) -> bool {
+        let mut refused = false;
+        for chunk in data.split_inclusive(|&b| b == b'\n') {
+            let (part, end) = match chunk.split_last() {
+                Some((b'\n', rest)) => (rest, true),
+                _ => (chunk, false),
+            };
+            if !self.overlong {
+                if self.line.len() + part.len() > MAX_LOG_LINE {
+                    self.overlong = true;
+                    self.line.clear();
+                } else {
+                    self.line.extend_from_slice(part);
+                }
+            }
+            if end {
+                refused |= !self.overlong && task_refused(&self.line);
+                self.line.clear();
+                self.overlong = false;
+            }
+        }
+        refused
+    }
+}
+
+/// Whether one line of the Sentry's log is a traced call that creates a
+/// task ending in `EAGAIN`: `... X clone(ARGS) = 0 (0x0) errno=11 (try
+/// again) (12µs)`. The task's name (the tool's to choose) comes before the
+/// call, the return value after the last `) = `.
+fn task_refused(line: &[u8]) -> bool {
+    let line = String::from_utf8_lossy(line);
+    let Some(at) = line.rfind(") = ") else {
+        return false;
+    };
+    let (call, rval) = (&line[..at], &line[at + 4..]);
+    let traced = TASK_CALLS
+        .iter()
+        .any(|n| call.contains(&format!(" X {n}(")));
+    let mut words = rval.splitn(3, ' ');
+    let (_, _, rest) = (words.next(), words.next(), words.next().unwrap_or(""));
+    traced && rest.starts_with("errno=11 (")
+}
+
+/// How a gVisor sandbox ended, from the jail's outcome and whether the
+/// Sentry refused the tool a task: a tool that failed after a refusal hit
+/// its task limit (as the jail reads `pids.events`); one stopped by the
+/// host backstop says so.
+fn task_outcome(out: &mut Outcome, tool: &str, tasks: u64, host: u64, refused: bool) {
+    match out.status {
+        Status::Exited if refused => {
+            out.status = Status::TaskLimit;
+            out.reason = format!("{tool}: task limit {tasks} reached");
+        }
+        Status::TaskLimit if refused => {
+            out.reason = format!("{tool}: task limit {tasks} reached");
+        }
+        Status::TaskLimit => {
+            out.reason = format!(
+                "{tool}: task limit {tasks} reached (at the sandbox's host bound of {host} tasks, gVisor's own included)"
+            );
+        }
+        _ => {}
+    }
+}
 
 /// Options of the gVisor runtime.
 #[derive(Debug, Clone, Default)]
@@ -354,10 +548,11 @@ impl Gvisor {
                 "not applied inside gVisor: the application kernel serves the tool's file system from read-only binds through its gofer",
             ),
         ];
-        out.push(
-            self.sup
-                .cgroup(spec, "the gVisor sandbox (Sentry included)"),
-        );
+        out.push(self.sup.cgroup(
+            spec,
+            "the gVisor sandbox (Sentry included)",
+            "memory or CPU",
+        ));
         out
     }
 
@@ -521,6 +716,8 @@ impl Child for Gvisor {
             net,
         )
         .map_err(|e| RunError::Refused(format!("{}: {e}", spec.tool)))?;
+        let watch = TaskWatch::start(dir.path())
+            .map_err(|e| RunError::Setup(format!("{}: {e}", spec.tool)))?;
         let mut argv: Vec<String> = vec![
             runsc.path.to_string_lossy().into_owned(),
             "--root".into(),
@@ -533,6 +730,15 @@ impl Child for Gvisor {
             "--ignore-cgroups".into(),
             "--overlay2=none".into(),
             "--oci-seccomp".into(),
+            // The Sentry's log (only the sandbox's, not each runsc
+            // command's), with the calls that create tasks traced.
+            format!(
+                "--debug-log={}",
+                dir.path().join(SENTRY_LOG).to_string_lossy()
+            ),
+            "--debug-command=boot".into(),
+            "--strace".into(),
+            format!("--strace-syscalls={}", TASK_CALLS.join(",")),
         ];
         if self.rootless {
             argv.push("--rootless".into());
@@ -543,10 +749,16 @@ impl Child for Gvisor {
             dir.path().to_string_lossy().into_owned(),
             dir.id().to_string(),
         ]);
+        let mut limits = spec.limits;
+        limits.tasks = host_tasks(spec.limits.tasks);
+        let (tool, tasks, host) = (spec.tool.clone(), spec.limits.tasks, limits.tasks);
         Ok(Launch {
             argv,
             cleanup: Vec::new(),
-            limits: None,
+            limits: Some(limits),
+            on_end: Some(OnEnd(Box::new(move |out| {
+                task_outcome(out, &tool, tasks, host, watch.refused());
+            }))),
         })
     }
 }
@@ -622,6 +834,10 @@ impl Runtime for Gvisor {
             notes.push(format!("refused: state directory: {e}"));
         }
         notes.push("network: egress doors in a network namespace of the sandbox's own, reached with --network=host (gVisor's network stack unused); without network, --network=none".into());
+        notes.push(format!(
+            "tasks: the tool's own, its RLIMIT_NPROC in the Sentry (refusals read from the Sentry's log of the calls that create tasks); the host pids bound is {HOST_TASKS_BASE} + {HOST_TASKS_PER_TASK} per task, for gVisor's own threads"
+        ));
+        notes.push("devices: no /dev/fuse or /dev/net/tun (covered in the bundle; device nodes cannot be made)".into());
         notes.extend(found.notes.iter().cloned());
         Facts {
             runtime: "gvisor",
@@ -650,5 +866,104 @@ mod tests {
             Some(20221219)
         );
         assert_eq!(parse_version("something else"), None);
+    }
+
+    #[test]
+    fn a_refused_task_is_read_from_the_sentrys_log() {
+        let refused = "I1203 07:39:59.131355   32285 strace.go:611] [   2:   2] python3 X clone(CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|0x11, 0x0, 0x0, 0x7ec80502f310, 0x0) = 0 (0x0) errno=11 (try again) (612.049\u{b5}s)";
+        assert!(task_refused(refused.as_bytes()));
+        for call in ["clone3(0x7ffd1000, 0x58)", "vfork()", "fork()"] {
+            let l = format!(
+                "I1203 strace.go:611] [   1:   1] sh X {call} = 0 (0x0) errno=11 (try again) (1\u{b5}s)"
+            );
+            assert!(task_refused(l.as_bytes()), "{l}");
+        }
+        // Positive controls for what is not a refusal: a task made, the
+        // entry line, another errno, another call.
+        for l in [
+            "I1203 strace.go:611] [   2:   2] python3 X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 7 (0x7) (90\u{b5}s)",
+            "I1203 strace.go:559] [   2:   2] python3 E clone(0x1200011, 0x0, 0x0, 0x7e, 0x0)",
+            "I1203 strace.go:611] [   2:   2] python3 X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 0 (0x0) errno=12 (cannot allocate memory) (9\u{b5}s)",
+            "I1203 strace.go:611] [   2:   2] python3 X read(0x3, 0x7f, 0x10) = 0 (0x0) errno=11 (try again) (9\u{b5}s)",
+            // The task's name is the tool's: it cannot make a task made
+            // look refused.
+            "I1203 strace.go:611] [   2:   2] errno=11 ( X clone(0x1200011, 0x0, 0x0, 0x7e, 0x0) = 7 (0x7) (90\u{b5}s)",
+            "",
+        ] {
+            assert!(!task_refused(l.as_bytes()), "{l}");
+        }
+    }
+
+    #[test]
+    fn the_log_is_read_to_its_end_line_by_line() {
+        let refusal = "I1 strace.go:611] [ 1: 1] sh X vfork() = 0 (0x0) errno=11 (try again) (1s)";
+        let mut lines = Lines::default();
+        // An overlong line that ends like a refusal is skipped.
+        let long = format!("{}{refusal}\n", "x".repeat(MAX_LOG_LINE));
+        assert!(!lines.feed(long.as_bytes()));
+        // A refusal split across reads counts once it is whole.
+        let (a, b) = refusal.split_at(60);
+        assert!(!lines.feed(format!("I1 other line\n{a}").as_bytes()));
+        assert!(lines.feed(format!("{b}\nI1 next").as_bytes()));
+        assert!(!lines.feed(b" line\n"));
+        // Read from a pipe to its end.
+        let (r, mut w) = std::io::pipe().unwrap();
+        let refused = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| read_log(&mut fs::File::from(OwnedFd::from(r)), &refused));
+            w.write_all(long.as_bytes()).unwrap();
+            w.write_all(a.as_bytes()).unwrap();
+            w.write_all(format!("{b}\n").as_bytes()).unwrap();
+            drop(w);
+            h.join().unwrap();
+        });
+        assert!(refused.load(Ordering::SeqCst));
+    }
+
+    fn ended(status: Status, exit_code: Option<i32>) -> Outcome {
+        Outcome {
+            status,
+            exit_code,
+            signal: None,
+            duration: Duration::ZERO,
+            peak_memory_bytes: None,
+            stdout: Vec::new(),
+            output_bytes: 0,
+            stderr: Vec::new(),
+            stderr_total: 0,
+            reason: "gv: something".into(),
+            warnings: Vec::new(),
+            landlock: crate::outcome::LandlockStatus::Disabled,
+        }
+    }
+
+    #[test]
+    fn a_refusal_makes_a_failed_call_a_task_limit() {
+        // Refused and failed: the task limit, named as the tool's.
+        let mut o = ended(Status::Exited, Some(2));
+        task_outcome(&mut o, "gv", 32, host_tasks(32), true);
+        assert_eq!(
+            (o.status, o.reason.as_str()),
+            (Status::TaskLimit, "gv: task limit 32 reached")
+        );
+        // Refused but the tool coped, or nothing refused: as it was.
+        for (status, code, refused) in [
+            (Status::Ok, Some(0), true),
+            (Status::Exited, Some(2), false),
+            (Status::TimedOut, None, true),
+        ] {
+            let mut o = ended(status, code);
+            task_outcome(&mut o, "gv", 32, host_tasks(32), refused);
+            assert_eq!((o.status, o.reason.as_str()), (status, "gv: something"));
+        }
+        // The host backstop (the jail's outcome names its own figure).
+        let mut o = ended(Status::TaskLimit, Some(1));
+        task_outcome(&mut o, "gv", 32, host_tasks(32), false);
+        assert_eq!(
+            o.reason,
+            "gv: task limit 32 reached (at the sandbox's host bound of 256 tasks, gVisor's own included)"
+        );
+        assert_eq!(host_tasks(512), 2176);
+        assert_eq!(host_tasks(u64::MAX), u64::MAX);
     }
 }

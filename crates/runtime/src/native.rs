@@ -284,6 +284,7 @@ impl Runtime for Native {
                 egress: egress.map(|e| (e, icpt)),
                 supervisor: false,
                 name: "sandbox",
+                on_end: None,
             },
             ctx,
             (),

@@ -11,6 +11,30 @@
 //! tmpfs of `disk_bytes` each. The process gets
 //! the spec's environment, user (1000:1000 by default), working directory
 //! (`/tmp` by default) and rlimits, no capabilities and no new privileges.
+//!
+//! **Tasks.** The spec's `tasks` is the process's `RLIMIT_NPROC`, which
+//! gVisor's Sentry enforces on every task it creates for the tool (threads
+//! included, counted per uid across the application kernel, where only the
+//! tool runs): the tool's own tasks, whatever gVisor's own host threads
+//! number. `linux.resources.pids` is not written: with `--ignore-cgroups`
+//! `runsc` ignores it, and without it `runsc` would make it the host pids
+//! cgroup of the whole sandbox, gVisor's threads included. The host-side
+//! bound is the supervisor's cgroup slot (see `crate::gvisor`). The Sentry
+//! exempts a task with `CAP_SYS_ADMIN` or `CAP_SYS_RESOURCE` in its own
+//! user namespace, so the filter refuses `clone(2)` with namespace flags
+//! as the jail's does; `clone3(2)`, whose flags the filter cannot see and
+//! which glibc needs for threads, stays: a tool that makes a user
+//! namespace with it escapes `RLIMIT_NPROC` and meets the host bound.
+//!
+//! **Devices.** gVisor's `/dev` always carries its own `/dev/fuse`, and
+//! `/dev/net/tun` when its network stack is used (`--network=none`), which
+//! no `runsc` flag of the releases cordon runs removes. The bundle puts an
+//! empty read-only tmpfs over `/dev/net` and an empty mode-0000 file of its
+//! own, bound read-only, over `/dev/fuse` (the tool has no capability to
+//! override its mode); the filter refuses `mknod(2)`/`mknodat(2)` of
+//! character and block devices, since the Sentry of these releases checks
+//! no `CAP_MKNOD` and ignores `nodev` (a node made in `/tmp` would open the
+//! device); and `mount(2)` (a fresh `devtmpfs`) is refused already.
 
 use std::collections::HashSet;
 use std::fs;
@@ -22,15 +46,19 @@ use cordon_sandbox::layout::{
 };
 use oci_spec::runtime::{
     Linux, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
-    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
-    LinuxSeccompBuilder, LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder,
-    PosixRlimitType, Process, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
+    LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscall,
+    LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, Process,
+    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use crate::spec::{Limits, Root, SandboxSpec, Seccomp};
 
 /// Default uid and gid of the sandbox's process.
 pub use cordon_sandbox::layout::DEFAULT_USER;
+
+/// The bundle's empty mode-0000 file bound over `/dev/fuse`.
+const NO_DEVICE: &str = "no-device";
 
 /// How the bundle's network is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +166,12 @@ pub fn write_bundle(
             }
         }
     }
+    // Over gVisor's own /dev/fuse: a file nobody in the sandbox may open.
+    let nodev = dir.join(NO_DEVICE);
+    fs::write(&nodev, b"").map_err(|e| io("write", &nodev, e))?;
+    fs::set_permissions(&nodev, fs::Permissions::from_mode(0o000))
+        .map_err(|e| io("chmod", &nodev, e))?;
+    binds.push((nodev, "/dev/fuse".into()));
     for m in &spec.mounts {
         check_dst(&m.dst)?;
         if m.writable {
@@ -338,6 +372,8 @@ fn process(spec: &SandboxSpec, env: &[(String, String)]) -> Result<Process, Stri
                 l.disk_bytes.saturating_add(4096),
             )?,
             rlimit(PosixRlimitType::RlimitCore, 0)?,
+            // The tool's own tasks, counted and refused by the Sentry.
+            rlimit(PosixRlimitType::RlimitNproc, l.tasks)?,
         ])
         .no_new_privileges(true)
         .build()
@@ -345,7 +381,7 @@ fn process(spec: &SandboxSpec, env: &[(String, String)]) -> Result<Process, Stri
 }
 
 /// The mounts: a fresh `/proc`, `/tmp` and `/dev/shm` as tmpfs of `disk_bytes`, an empty
-/// read-only `/sys`, then the read-only binds `(host, sandbox)`.
+/// read-only `/sys` and `/dev/net`, then the read-only binds `(host, sandbox)`.
 fn mounts(l: &Limits, binds: &[(PathBuf, PathBuf)]) -> Result<Vec<Mount>, String> {
     let mut mounts = vec![
         MountBuilder::default()
@@ -393,6 +429,18 @@ fn mounts(l: &Limits, binds: &[(PathBuf, PathBuf)]) -> Result<Vec<Mount>, String
             ])
             .build()
             .map_err(oci_err("mount /dev/shm"))?,
+        // No /dev/net/tun: an empty read-only directory over gVisor's.
+        MountBuilder::default()
+            .destination("/dev/net")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .options(
+                ["ro", "nosuid", "nodev", "noexec", "mode=0755", "size=4k"]
+                    .map(String::from)
+                    .to_vec(),
+            )
+            .build()
+            .map_err(oci_err("mount /dev/net"))?,
     ];
     for (src, dst) in binds {
         mounts.push(bind(src, dst)?);
@@ -400,8 +448,9 @@ fn mounts(l: &Limits, binds: &[(PathBuf, PathBuf)]) -> Result<Vec<Mount>, String
     Ok(mounts)
 }
 
-/// The Linux part: the namespaces (a network one for [`Net::Own`]), the memory and task
-/// limits, and cordon's system-call filter.
+/// The Linux part: the namespaces (a network one for [`Net::Own`]), the memory limit
+/// (the task limit is the process's `RLIMIT_NPROC`, see the module's notes), and cordon's
+/// system-call filter.
 fn linux(spec: &SandboxSpec, net: Net) -> Result<Linux, String> {
     let l = &spec.limits;
     let mut namespaces = vec![
@@ -429,12 +478,6 @@ fn linux(spec: &SandboxSpec, net: Net) -> Result<Linux, String> {
                         .build()
                         .map_err(oci_err("memory"))?,
                 )
-                .pids(
-                    LinuxPidsBuilder::default()
-                        .limit(i64::try_from(l.tasks).unwrap_or(i64::MAX))
-                        .build()
-                        .map_err(oci_err("pids"))?,
-                )
                 .build()
                 .map_err(oci_err("resources"))?,
         )
@@ -443,9 +486,51 @@ fn linux(spec: &SandboxSpec, net: Net) -> Result<Linux, String> {
         .map_err(oci_err("linux"))
 }
 
+/// `S_IFMT` and the device types of a `mknod(2)` mode.
+const S_IFMT: u64 = 0o170000;
+const S_IFCHR: u64 = 0o020000;
+const S_IFBLK: u64 = 0o060000;
+
+/// What the filter refuses (`EPERM`) by argument, in either mode, before
+/// its allow rules: `mknod`/`mknodat` of a character or block device
+/// (the mode is argument 1 of one, 2 of the other), and `clone` with any
+/// namespace flag (as the jail's filter does).
+fn refused_by_argument() -> Result<Vec<LinuxSyscall>, String> {
+    let e = |err: oci_spec::OciSpecError| format!("OCI seccomp: {err}");
+    let masked = |index: usize, mask: u64, value: u64| {
+        LinuxSeccompArgBuilder::default()
+            .index(index)
+            .value(mask)
+            .value_two(value)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()
+            .map_err(e)
+    };
+    let refuse = |name: &str, arg| {
+        LinuxSyscallBuilder::default()
+            .names(vec![name.to_string()])
+            .action(LinuxSeccompAction::ScmpActErrno)
+            .errno_ret(1u32)
+            .args(vec![arg])
+            .build()
+            .map_err(e)
+    };
+    let mut out = Vec::new();
+    for (name, index) in [("mknod", 1), ("mknodat", 2)] {
+        for kind in [S_IFCHR, S_IFBLK] {
+            out.push(refuse(name, masked(index, S_IFMT, kind)?)?);
+        }
+    }
+    for &(_, bit) in cordon_jail::seccomp::CLONE_NAMESPACE_FLAGS {
+        out.push(refuse("clone", masked(0, bit, bit)?)?);
+    }
+    Ok(out)
+}
+
 /// cordon's filter in OCI form (applied by the OCI runtime to the tool):
 /// the deny table with `EPERM`, or the allow list with `EPERM` for the
-/// rest.
+/// rest, and in both the rules of [`refused_by_argument`] first (`runsc`
+/// checks a call's rules in order, the first match deciding).
 fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
     let e = |err: oci_spec::OciSpecError| format!("OCI seccomp: {err}");
     // EPERM.
@@ -473,9 +558,11 @@ fn seccomp(s: &Seccomp) -> Result<LinuxSeccomp, String> {
     if action == LinuxSeccompAction::ScmpActErrno {
         rule = rule.errno_ret(eperm);
     }
+    let mut syscalls = refused_by_argument()?;
+    syscalls.push(rule.build().map_err(e)?);
     let mut b = LinuxSeccompBuilder::default()
         .default_action(default)
-        .syscalls(vec![rule.build().map_err(e)?]);
+        .syscalls(syscalls);
     if default == LinuxSeccompAction::ScmpActErrno {
         b = b.default_errno_ret(eperm);
     }
@@ -542,5 +629,103 @@ mod tests {
             &img,
             Path::new("/etc/pki/tls/certs/ca-bundle.crt")
         ));
+    }
+
+    #[test]
+    fn tasks_are_the_processs_rlimit_and_devices_are_covered() {
+        let mut spec = SandboxSpec::new("t", ["/bin/true"]);
+        spec.limits.tasks = 32;
+        let c = config(
+            &spec,
+            &[],
+            &[("/b/no-device".into(), "/dev/fuse".into())],
+            Net::Own,
+        )
+        .unwrap();
+        let rl = c.process().as_ref().unwrap().rlimits().clone().unwrap();
+        let nproc: Vec<_> = rl
+            .iter()
+            .filter(|r| r.typ() == PosixRlimitType::RlimitNproc)
+            .map(|r| (r.soft(), r.hard()))
+            .collect();
+        assert_eq!(nproc, [(32, 32)]);
+        // No pids resource: runsc would make it the host cgroup's limit.
+        let res = c.linux().as_ref().unwrap().resources().clone().unwrap();
+        assert!(res.pids().is_none(), "{res:?}");
+        assert!(res.memory().is_some());
+        let mounts = c.mounts().clone().unwrap();
+        let net = mounts
+            .iter()
+            .find(|m| m.destination() == Path::new("/dev/net"))
+            .unwrap();
+        assert_eq!(net.typ().as_deref(), Some("tmpfs"));
+        assert!(net.options().as_ref().unwrap().contains(&"ro".to_string()));
+        let fuse = mounts
+            .iter()
+            .find(|m| m.destination() == Path::new("/dev/fuse"))
+            .unwrap();
+        assert_eq!(fuse.source().as_deref(), Some(Path::new("/b/no-device")));
+        assert!(fuse.options().as_ref().unwrap().contains(&"ro".to_string()));
+        // The bundle's own file: empty, mode 0000, bound there.
+        let d = tempfile::tempdir().unwrap();
+        write_bundle(d.path(), &spec, &[], None, &[], Net::Own).unwrap();
+        let m = fs::metadata(d.path().join(NO_DEVICE)).unwrap();
+        assert_eq!((m.len(), m.permissions().mode() & 0o7777), (0, 0));
+        let c = Spec::load(d.path().join("config.json")).unwrap();
+        assert!(c.mounts().as_ref().unwrap().iter().any(|m| {
+            m.destination() == Path::new("/dev/fuse")
+                && m.source().as_deref() == Some(d.path().join(NO_DEVICE).as_path())
+        }));
+    }
+
+    #[test]
+    fn device_nodes_and_namespaces_are_refused_before_any_allow_rule() {
+        for s in [Seccomp::DenyList, Seccomp::AllowList { extra: Vec::new() }] {
+            let f = seccomp(&s).unwrap();
+            let calls = f.syscalls().clone().unwrap();
+            let n = 4 + cordon_jail::seccomp::CLONE_NAMESPACE_FLAGS.len();
+            assert_eq!(calls.len(), n + 1, "{s:?}");
+            for c in &calls[..n] {
+                assert_eq!(c.action(), LinuxSeccompAction::ScmpActErrno);
+                assert_eq!(c.errno_ret(), Some(1));
+                let args = c.args().clone().unwrap();
+                assert_eq!(args.len(), 1);
+                assert_eq!(args[0].op(), LinuxSeccompOperator::ScmpCmpMaskedEq);
+            }
+            let what: Vec<(String, usize, u64, Option<u64>)> = calls[..n]
+                .iter()
+                .map(|c| {
+                    let a = &c.args().as_ref().unwrap()[0];
+                    (c.names()[0].clone(), a.index(), a.value(), a.value_two())
+                })
+                .collect();
+            assert_eq!(
+                what[..4],
+                [
+                    ("mknod".into(), 1, S_IFMT, Some(S_IFCHR)),
+                    ("mknod".into(), 1, S_IFMT, Some(S_IFBLK)),
+                    ("mknodat".into(), 2, S_IFMT, Some(S_IFCHR)),
+                    ("mknodat".into(), 2, S_IFMT, Some(S_IFBLK)),
+                ]
+            );
+            let user = 0x1000_0000; // CLONE_NEWUSER
+            assert!(
+                what[4..].contains(&("clone".into(), 0, user, Some(user))),
+                "{what:?}"
+            );
+            // Positive control: the filter's own rule comes last, and the
+            // allow list keeps mknod for FIFOs and files.
+            let last = &calls[n];
+            match s {
+                Seccomp::DenyList => {
+                    assert_eq!(last.action(), LinuxSeccompAction::ScmpActErrno);
+                    assert!(last.names().contains(&"mount".to_string()));
+                }
+                Seccomp::AllowList { .. } => {
+                    assert_eq!(last.action(), LinuxSeccompAction::ScmpActAllow);
+                    assert!(last.names().contains(&"mknod".to_string()));
+                }
+            }
+        }
     }
 }

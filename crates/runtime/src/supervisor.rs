@@ -72,6 +72,18 @@ pub(crate) trait Child {
     fn finish(&self, _dir: &WorkDir, _out: &mut Outcome) {}
 }
 
+/// What a [`Launch`] does once its sandbox has ended, a call's or a
+/// spawned sandbox's alike, to how it ended (gVisor's task limit, seen in
+/// the Sentry's log). Dropped without being called when the sandbox could
+/// not run.
+pub(crate) struct OnEnd(pub Box<dyn FnOnce(&mut Outcome) + Send>);
+
+impl std::fmt::Debug for OnEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnEnd")
+    }
+}
+
 /// What the supervisor decided a sandbox gets, for the child to render.
 #[derive(Debug)]
 pub(crate) struct Guest {
@@ -108,6 +120,8 @@ pub(crate) struct Launch {
     /// The supervisor's limits when they are not the tool's (a VMM holds
     /// the guest's memory and its own); `None`: the tool's.
     pub limits: Option<cordon_sandbox::Limits>,
+    /// Applied to the outcome once the sandbox has ended.
+    pub on_end: Option<OnEnd>,
 }
 
 /// Numbers this process's sandbox directories (every runtime of it may
@@ -489,6 +503,8 @@ pub(crate) struct Thread {
     pub supervisor: bool,
     /// The thread's name: this, a dash and the tool's.
     pub name: &'static str,
+    /// Applied to the outcome once the sandbox has ended.
+    pub on_end: Option<OnEnd>,
 }
 
 /// Start a long-lived sandbox on a thread of its own, with one byte stream
@@ -507,6 +523,7 @@ pub(crate) fn spawn_jail<K: Send + 'static>(
         egress,
         supervisor,
         name,
+        on_end,
     } = t;
     spec.limits.output_bytes = crate::spec::message_cap(spec.limits.output_bytes);
     let tool = spec.tool.clone();
@@ -523,7 +540,7 @@ pub(crate) fn spawn_jail<K: Send + 'static>(
     std::thread::Builder::new()
         .name(format!("{name}-{tool}"))
         .spawn(move || {
-            let r = run_jail(
+            let mut r = run_jail(
                 &jail,
                 net.as_ref(),
                 &spec,
@@ -532,6 +549,9 @@ pub(crate) fn spawn_jail<K: Send + 'static>(
                 &ctx,
                 supervisor,
             );
+            if let (Ok(o), Some(f)) = (r.as_mut(), on_end) {
+                (f.0)(o);
+            }
             drop(keep);
             h.finish(r);
         })
@@ -606,6 +626,7 @@ struct Prepared {
     spec: JailSpec,
     egress: Option<(EgressPolicy, Option<Interception>)>,
     leftovers: Leftovers,
+    on_end: Option<OnEnd>,
 }
 
 impl Supervisor {
@@ -623,12 +644,13 @@ impl Supervisor {
     }
 
     /// The cgroup mechanism for a sandbox of `spec` whose whole (`what`:
-    /// the child and its guest) is in one cgroup slot.
-    pub(crate) fn cgroup(&self, spec: &SandboxSpec, what: &str) -> MechanismState {
+    /// the child and its guest) is in one cgroup slot; without cgroups it
+    /// would have no `lost` limit (`memory, task or CPU`).
+    pub(crate) fn cgroup(&self, spec: &SandboxSpec, what: &str, lost: &str) -> MechanismState {
         match self.jail.cgroup_fallback_reason() {
             Some(why) => MechanismState::missing(
                 Mechanism::Cgroup,
-                format!("{why}: {what} would have no memory, task or CPU limit"),
+                format!("{why}: {what} would have no {lost} limit"),
             ),
             None => {
                 let absent = absent_controllers(&self.jail, spec);
@@ -716,6 +738,7 @@ impl Supervisor {
                 _dir: dir,
                 paths: launch.cleanup,
             },
+            on_end: launch.on_end,
         })
     }
 
@@ -740,6 +763,9 @@ impl Supervisor {
         );
         if let Ok(o) = r.as_mut() {
             child.finish(&p.leftovers._dir, o);
+            if let Some(f) = p.on_end {
+                (f.0)(o);
+            }
         }
         drop(p.leftovers);
         r
@@ -762,6 +788,7 @@ impl Supervisor {
                 egress: p.egress,
                 supervisor: true,
                 name: child.name(),
+                on_end: p.on_end,
             },
             ctx,
             p.leftovers,

@@ -26,8 +26,9 @@ pub struct Limits {
     /// Memory, no swap (cgroup; the native jail without a memory cgroup
     /// falls back to RLIMIT_DATA per process and a far looser RLIMIT_AS).
     pub memory_bytes: u64,
-    /// Processes and threads (pids.max; RLIMIT_NPROC in the sandbox's
-    /// user namespace without cgroups).
+    /// The tool's own processes and threads (pids.max; RLIMIT_NPROC in the
+    /// sandbox's user namespace without cgroups; under gVisor the Sentry's
+    /// RLIMIT_NPROC, the host pids.max a backstop for gVisor's threads).
     pub tasks: u64,
     /// CPU quota in percent of one core (100 = one core); `None`: no quota.
     pub cpu_percent: Option<u32>,

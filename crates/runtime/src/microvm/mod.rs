@@ -855,10 +855,11 @@ impl Microvm {
                 ),
             ),
         });
-        out.push(
-            self.sup
-                .cgroup(spec, "QEMU (the guest's memory and QEMU's own)"),
-        );
+        out.push(self.sup.cgroup(
+            spec,
+            "QEMU (the guest's memory and QEMU's own)",
+            "memory, task or CPU",
+        ));
         out
     }
 }
@@ -1008,6 +1009,7 @@ impl Child for VmChild<'_> {
             argv: helper_argv(init, dir),
             cleanup: Vec::new(),
             limits: Some(vmm_limits(spec, &job.vm)),
+            on_end: None,
         })
     }
 
