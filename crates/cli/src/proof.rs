@@ -275,7 +275,7 @@ mod tests {
     use super::*;
 
     fn tool(yaml: &str) -> ToolPolicy {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = cordon_testkit::scratch::scratch();
         let m = dir.path().join("m.yaml");
         std::fs::write(&m, yaml).unwrap();
         let loaded = cordon_policy::load(&m).unwrap();
@@ -289,7 +289,11 @@ mod tests {
         let host = Host::detect();
         let a = tool(WC);
         let k = host.key(&a).unwrap();
-        assert_eq!(host.key(&a).unwrap(), k, "the same inputs give the same key");
+        assert_eq!(
+            host.key(&a).unwrap(),
+            k,
+            "the same inputs give the same key"
+        );
         let b = tool(&WC.replace("memory: 64M", "memory: 128M"));
         assert_ne!(host.key(&b).unwrap(), k, "a changed limit is another key");
         let c = tool(&WC.replace("/usr/bin/wc", "/usr/bin/head"));
@@ -310,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_program_replaced_on_disk_is_another_key() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = cordon_testkit::scratch::scratch();
         let prog = dir.path().join("tool");
         std::fs::write(&prog, "#!/bin/sh\necho one\n").unwrap();
         let p = tool(&WC.replace("/usr/bin/wc", prog.to_str().unwrap()));
@@ -322,7 +326,7 @@ mod tests {
 
     #[test]
     fn proofs_are_fresh_only_for_their_key_and_age() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = cordon_testkit::scratch::scratch();
         let file = cache_file(dir.path());
         let now = SystemTime::now();
         assert!(load(&file).is_empty());
@@ -345,7 +349,10 @@ mod tests {
         );
         store(&file, &[], &["a".into()], now).unwrap();
         let proofs = load(&file);
-        assert!(fresh(&proofs, "a", "k1", now).is_none(), "a refusal drops it");
+        assert!(
+            fresh(&proofs, "a", "k1", now).is_none(),
+            "a refusal drops it"
+        );
         assert!(fresh(&proofs, "b", "k2", now).is_some(), "others kept");
         std::fs::write(&file, "not json").unwrap();
         assert!(load(&file).is_empty(), "an unreadable cache is empty");

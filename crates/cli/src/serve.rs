@@ -141,6 +141,10 @@ fn url_host(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_string())
 }
 
+/// One tool's start proof: its name, the key of what it depended on (none
+/// when nothing can be cached), and whether it held.
+type Proved = (String, Option<String>, anyhow::Result<()>);
+
 /// Probe every tool's own sandbox (command tools with or without egress,
 /// and each `mcp:` server's), at most one per core at once, and drop each
 /// tool whose probes do not all hold, that cannot be probed, or whose probe
@@ -213,7 +217,7 @@ pub fn probe_and_filter(
     }
     queue.reverse();
     let queue = Mutex::new(queue);
-    let results: Mutex<Vec<(String, Option<String>, anyhow::Result<()>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<Proved>> = Mutex::new(Vec::new());
     std::thread::scope(|sc| {
         for _ in 0..workers {
             sc.spawn(|| {
