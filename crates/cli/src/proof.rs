@@ -289,7 +289,11 @@ mod tests {
         let host = Host::detect();
         let a = tool(WC);
         let k = host.key(&a).unwrap();
-        assert_eq!(host.key(&a).unwrap(), k, "the same inputs give the same key");
+        assert_eq!(
+            host.key(&a).unwrap(),
+            k,
+            "the same inputs give the same key"
+        );
         let b = tool(&WC.replace("memory: 64M", "memory: 128M"));
         assert_ne!(host.key(&b).unwrap(), k, "a changed limit is another key");
         let c = tool(&WC.replace("/usr/bin/wc", "/usr/bin/head"));
@@ -345,7 +349,10 @@ mod tests {
         );
         store(&file, &[], &["a".into()], now).unwrap();
         let proofs = load(&file);
-        assert!(fresh(&proofs, "a", "k1", now).is_none(), "a refusal drops it");
+        assert!(
+            fresh(&proofs, "a", "k1", now).is_none(),
+            "a refusal drops it"
+        );
         assert!(fresh(&proofs, "b", "k2", now).is_some(), "others kept");
         std::fs::write(&file, "not json").unwrap();
         assert!(load(&file).is_empty(), "an unreadable cache is empty");

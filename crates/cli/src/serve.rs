@@ -213,7 +213,9 @@ pub fn probe_and_filter(
     }
     queue.reverse();
     let queue = Mutex::new(queue);
-    let results: Mutex<Vec<(String, Option<String>, anyhow::Result<()>)>> = Mutex::new(Vec::new());
+    // Per tool: its name, its proof's key, and how its proof went.
+    type Proved = (String, Option<String>, anyhow::Result<()>);
+    let results: Mutex<Vec<Proved>> = Mutex::new(Vec::new());
     std::thread::scope(|sc| {
         for _ in 0..workers {
             sc.spawn(|| {

@@ -873,7 +873,10 @@ fn serve_remembers_a_proof_until_what_it_depended_on_changes() {
         As::Caller,
         &["serve", "-m", m.to_str().unwrap()],
         b"",
-        &[("CORDON_STATE_DIR", st), ("CORDON_UNPACK_MAX_ENTRIES", "999")],
+        &[
+            ("CORDON_STATE_DIR", st),
+            ("CORDON_UNPACK_MAX_ENTRIES", "999"),
+        ],
     );
     let e = text(&o.stderr);
     assert!(e.contains("proving 2 tools, "), "{e}");
