@@ -1299,3 +1299,102 @@ fn a_pyenv_shim_is_resolved_to_the_real_interpreter_or_refused() {
         "{err}"
     );
 }
+
+/// `--only NAME` into an existing manifest replaces that tool's block and
+/// leaves every other byte as it was (hand edits in other tools, their
+/// comments), adds a tool the manifest lacks, and refuses a name the
+/// configuration does not have (listing the ones it has) or a layout whose
+/// blocks cannot be located, the manifest untouched.
+#[test]
+fn only_replaces_one_block_and_keeps_every_other_byte() {
+    let d = dir();
+    let cfg = d.path().join("claude_desktop_config.json");
+    write(
+        &cfg,
+        r#"{"mcpServers": {"a": {"command": "/bin/cat"}, "b": {"command": "/bin/echo", "args": ["hi"]}, "c": {"command": "/bin/true"}}}"#,
+    );
+    let m = d.path().join("cordon.yaml");
+    let o = import(d.path(), &[&cfg], &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    // Hand edits in `b`: a comment and a limit.
+    let text = std::fs::read_to_string(&m).unwrap();
+    let hand = text.replacen(
+        "      command: [\"/bin/echo\", \"hi\"]\n",
+        "      command: [\"/bin/echo\", \"hi\"]\n    # mine: 2G, measured by hand\n    limits: {memory: \"2G\"}\n",
+        1,
+    );
+    assert_ne!(hand, text);
+    std::fs::write(&m, &hand).unwrap();
+    // The configuration changes `a` and `b`, and gains `d`.
+    write(
+        &cfg,
+        r#"{"mcpServers": {"a": {"command": "/bin/cat", "args": ["-u"]}, "b": {"command": "/bin/echo", "args": ["bye"]}, "c": {"command": "/bin/true"}, "d": {"command": "/bin/false"}}}"#,
+    );
+
+    let o = import(d.path(), &[&cfg], &["--only", "a"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("updated") && stderr(&o).contains("replaced `a`"),
+        "{}",
+        out(&o)
+    );
+    let after = std::fs::read_to_string(&m).unwrap();
+    // Everything before `a`'s block and from `b`'s on is byte-identical.
+    let a_at = hand.find("  # From ").unwrap();
+    let b_at = hand.find("\n\n  # From ").unwrap();
+    assert!(after.starts_with(&hand[..a_at]), "{after}");
+    assert!(after.ends_with(&hand[b_at..]), "{after}");
+    let new_a = &after[a_at..after.len() - (hand.len() - b_at)];
+    assert!(
+        new_a.contains("command: [\"/bin/cat\", \"-u\"]") && new_a.contains("`mcpServers.a`"),
+        "{new_a}"
+    );
+    let t = tools(&m);
+    assert_eq!(argv(&t["a"]), ["/bin/cat", "-u"]);
+    assert_eq!(argv(&t["b"]), ["/bin/echo", "hi"]);
+    assert_eq!(t["b"].limits.unwrap().memory_bytes, 2 << 30);
+    assert!(
+        after.contains("    # mine: 2G, measured by hand\n"),
+        "{after}"
+    );
+
+    // A server the manifest lacks is added at the end of `tools:`.
+    let o = import(d.path(), &[&cfg], &["--only", "d"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(stderr(&o).contains("added `d`"), "{}", out(&o));
+    let added = std::fs::read_to_string(&m).unwrap();
+    assert!(added.starts_with(&after), "{added}");
+    assert!(added[after.len()..].starts_with("\n  # From "), "{added}");
+    assert_eq!(argv(&tools(&m)["d"]), ["/bin/false"]);
+
+    // An unknown name: refused, naming the servers there are.
+    let o = import(d.path(), &[&cfg], &["--only", "a", "--only", "nope"]);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("no server `nope`")
+            && stderr(&o).contains("its servers are: a, b, c, d"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&m).unwrap(), added);
+
+    // A flow-style `tools:` cannot be edited a block at a time: refused.
+    let flow =
+        "version: 1\ntools: {a: {profile: P2, network: none, mcp: {command: [\"/bin/cat\"]}}}\n";
+    std::fs::write(&m, flow).unwrap();
+    let o = import(d.path(), &[&cfg], &["--only", "a"]);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("`tools:` is not a block mapping")
+            && stderr(&o).contains("nothing was changed"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&m).unwrap(), flow);
+
+    // Without a manifest, --only writes one with just those servers.
+    std::fs::remove_file(&m).unwrap();
+    let o = import(d.path(), &[&cfg], &["--only", "b", "--only", "c"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(tools(&m).keys().collect::<Vec<_>>(), ["b", "c"]);
+}
