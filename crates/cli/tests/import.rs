@@ -1398,3 +1398,97 @@ fn only_replaces_one_block_and_keeps_every_other_byte() {
     assert!(o.status.success(), "{}", out(&o));
     assert_eq!(tools(&m).keys().collect::<Vec<_>>(), ["b", "c"]);
 }
+
+/// A second import with nothing changed reuses the stored resolution of an
+/// `npx` package (said on stderr, kept in the state directory) while its
+/// install verifies; `--refresh` resolves again, and so does an import
+/// whose stored install is gone.
+#[test]
+fn a_stored_package_resolution_is_reused_until_refreshed() {
+    let cache = std::env::var_os("CORDON_E2E_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e"))
+        .join("add");
+    if !cache.join("npm.done").is_file() {
+        skip_or_fail(
+            &this_test(),
+            "cordon add's npm cache is missing; run scripts/setup.sh",
+        );
+        return;
+    }
+    let d = dir();
+    let cfg = write(
+        &d.path().join("claude_desktop_config.json"),
+        r#"{"mcpServers": {"memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]}}}"#,
+    );
+    let store = d.path().join("store");
+    let npm_cache = cache.join("npm-cache");
+    let args = |extra: &'static [&'static str]| {
+        let mut v = vec![
+            "--force",
+            "--offline",
+            "--npm-cache",
+            npm_cache.to_str().unwrap(),
+            "--package-store",
+            store.to_str().unwrap(),
+        ];
+        v.extend(extra);
+        v
+    };
+    let state = d.path().join("state/import-resolutions.json");
+    let resolved = "`memory`: resolved npm:@modelcontextprotocol/server-memory (npx, offline:";
+    let reused = "`memory`: reused the stored resolution of npm:@modelcontextprotocol/server-memory (npx, offline:";
+
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(resolved) && !stderr(&o).contains(reused),
+        "{}",
+        out(&o)
+    );
+    let first = std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap();
+    let stored: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let list = stored.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{stored}");
+    assert_eq!(list[0]["key"]["runner"], "npx", "{stored}");
+    assert_eq!(list[0]["key"]["version"], Value::Null, "{stored}");
+    let install = PathBuf::from(list[0]["install"].as_str().unwrap());
+    assert!(install.starts_with(&store) && install.is_dir(), "{stored}");
+
+    // Nothing changed: reused, the same manifest.
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(reused) && !stderr(&o).contains(resolved),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap(),
+        first
+    );
+
+    // --refresh: resolved again.
+    let o = import(d.path(), &[&cfg], &args(&["--refresh"]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(resolved) && !stderr(&o).contains(reused),
+        "{}",
+        out(&o)
+    );
+
+    // The stored install is gone: it no longer verifies, so resolved again.
+    std::fs::remove_dir_all(&install).unwrap();
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the stored resolution of npm:@modelcontextprotocol/server-memory")
+            && err.contains("no longer holds")
+            && err.contains(resolved)
+            && !err.contains(reused),
+        "{}",
+        out(&o)
+    );
+    assert!(install.is_dir());
+}

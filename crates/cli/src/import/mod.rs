@@ -8,6 +8,7 @@ pub mod emit;
 pub mod formats;
 pub mod known;
 pub mod map;
+pub mod resolutions;
 pub mod splice;
 pub mod wrap;
 
@@ -62,6 +63,10 @@ pub struct ImportArgs {
     /// packages; PyPI installs offline need it).
     #[arg(long, value_name = "DIR")]
     pub wheels: Option<PathBuf>,
+    /// Resolve `npx`/`uvx` packages again, not reusing the resolutions an
+    /// earlier import stored in cordon's state directory.
+    #[arg(long)]
+    pub refresh: bool,
 }
 
 /// Questions on the terminal (stderr), answers from stdin.
@@ -132,11 +137,14 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     } else {
         &mut defaults
     };
+    let mut resolutions = resolutions::Resolutions::load(crate::state::state_dir().ok());
     let mut cx = map::Ctx {
         store: &store,
         pypi_store: &pypi_store,
         env: &env,
         ask,
+        resolutions: &mut resolutions,
+        refresh: a.refresh,
     };
     let mut entries = Vec::new();
     for (s, also) in &servers {
@@ -149,6 +157,9 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
             }
             Err(r) => refused.push(r),
         }
+    }
+    if let Err(e) = resolutions.save() {
+        eprintln!("cordon import: warning: the package resolutions were not stored: {e:#}");
     }
     if !refused.is_empty() {
         for r in &refused {
