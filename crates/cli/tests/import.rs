@@ -1299,3 +1299,196 @@ fn a_pyenv_shim_is_resolved_to_the_real_interpreter_or_refused() {
         "{err}"
     );
 }
+
+/// `--only NAME` into an existing manifest replaces that tool's block and
+/// leaves every other byte as it was (hand edits in other tools, their
+/// comments), adds a tool the manifest lacks, and refuses a name the
+/// configuration does not have (listing the ones it has) or a layout whose
+/// blocks cannot be located, the manifest untouched.
+#[test]
+fn only_replaces_one_block_and_keeps_every_other_byte() {
+    let d = dir();
+    let cfg = d.path().join("claude_desktop_config.json");
+    write(
+        &cfg,
+        r#"{"mcpServers": {"a": {"command": "/bin/cat"}, "b": {"command": "/bin/echo", "args": ["hi"]}, "c": {"command": "/bin/true"}}}"#,
+    );
+    let m = d.path().join("cordon.yaml");
+    let o = import(d.path(), &[&cfg], &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    // Hand edits in `b`: a comment and a limit.
+    let text = std::fs::read_to_string(&m).unwrap();
+    let hand = text.replacen(
+        "      command: [\"/bin/echo\", \"hi\"]\n",
+        "      command: [\"/bin/echo\", \"hi\"]\n    # mine: 2G, measured by hand\n    limits: {memory: \"2G\"}\n",
+        1,
+    );
+    assert_ne!(hand, text);
+    std::fs::write(&m, &hand).unwrap();
+    // The configuration changes `a` and `b`, and gains `d`.
+    write(
+        &cfg,
+        r#"{"mcpServers": {"a": {"command": "/bin/cat", "args": ["-u"]}, "b": {"command": "/bin/echo", "args": ["bye"]}, "c": {"command": "/bin/true"}, "d": {"command": "/bin/false"}}}"#,
+    );
+
+    let o = import(d.path(), &[&cfg], &["--only", "a"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("updated") && stderr(&o).contains("replaced `a`"),
+        "{}",
+        out(&o)
+    );
+    let after = std::fs::read_to_string(&m).unwrap();
+    // Everything before `a`'s block and from `b`'s on is byte-identical.
+    let a_at = hand.find("  # From ").unwrap();
+    let b_at = hand.find("\n\n  # From ").unwrap();
+    assert!(after.starts_with(&hand[..a_at]), "{after}");
+    assert!(after.ends_with(&hand[b_at..]), "{after}");
+    let new_a = &after[a_at..after.len() - (hand.len() - b_at)];
+    assert!(
+        new_a.contains("command: [\"/bin/cat\", \"-u\"]") && new_a.contains("`mcpServers.a`"),
+        "{new_a}"
+    );
+    let t = tools(&m);
+    assert_eq!(argv(&t["a"]), ["/bin/cat", "-u"]);
+    assert_eq!(argv(&t["b"]), ["/bin/echo", "hi"]);
+    assert_eq!(t["b"].limits.unwrap().memory_bytes, 2 << 30);
+    assert!(
+        after.contains("    # mine: 2G, measured by hand\n"),
+        "{after}"
+    );
+
+    // A server the manifest lacks is added at the end of `tools:`.
+    let o = import(d.path(), &[&cfg], &["--only", "d"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(stderr(&o).contains("added `d`"), "{}", out(&o));
+    let added = std::fs::read_to_string(&m).unwrap();
+    assert!(added.starts_with(&after), "{added}");
+    assert!(added[after.len()..].starts_with("\n  # From "), "{added}");
+    assert_eq!(argv(&tools(&m)["d"]), ["/bin/false"]);
+
+    // An unknown name: refused, naming the servers there are.
+    let o = import(d.path(), &[&cfg], &["--only", "a", "--only", "nope"]);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("no server `nope`")
+            && stderr(&o).contains("its servers are: a, b, c, d"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&m).unwrap(), added);
+
+    // A flow-style `tools:` cannot be edited a block at a time: refused.
+    let flow =
+        "version: 1\ntools: {a: {profile: P2, network: none, mcp: {command: [\"/bin/cat\"]}}}\n";
+    std::fs::write(&m, flow).unwrap();
+    let o = import(d.path(), &[&cfg], &["--only", "a"]);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains("`tools:` is not a block mapping")
+            && stderr(&o).contains("nothing was changed"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&m).unwrap(), flow);
+
+    // Without a manifest, --only writes one with just those servers.
+    std::fs::remove_file(&m).unwrap();
+    let o = import(d.path(), &[&cfg], &["--only", "b", "--only", "c"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(tools(&m).keys().collect::<Vec<_>>(), ["b", "c"]);
+}
+
+/// A second import with nothing changed reuses the stored resolution of an
+/// `npx` package (said on stderr, kept in the state directory) while its
+/// install verifies; `--refresh` resolves again, and so does an import
+/// whose stored install is gone.
+#[test]
+fn a_stored_package_resolution_is_reused_until_refreshed() {
+    let cache = std::env::var_os("CORDON_E2E_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon-e2e"))
+        .join("add");
+    if !cache.join("npm.done").is_file() {
+        skip_or_fail(
+            &this_test(),
+            "cordon add's npm cache is missing; run scripts/setup.sh",
+        );
+        return;
+    }
+    let d = dir();
+    let cfg = write(
+        &d.path().join("claude_desktop_config.json"),
+        r#"{"mcpServers": {"memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]}}}"#,
+    );
+    let store = d.path().join("store");
+    let npm_cache = cache.join("npm-cache");
+    let args = |extra: &'static [&'static str]| {
+        let mut v = vec![
+            "--force",
+            "--offline",
+            "--npm-cache",
+            npm_cache.to_str().unwrap(),
+            "--package-store",
+            store.to_str().unwrap(),
+        ];
+        v.extend(extra);
+        v
+    };
+    let state = d.path().join("state/import-resolutions.json");
+    let resolved = "`memory`: resolved npm:@modelcontextprotocol/server-memory (npx, offline:";
+    let reused = "`memory`: reused the stored resolution of npm:@modelcontextprotocol/server-memory (npx, offline:";
+
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(resolved) && !stderr(&o).contains(reused),
+        "{}",
+        out(&o)
+    );
+    let first = std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap();
+    let stored: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let list = stored.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{stored}");
+    assert_eq!(list[0]["key"]["runner"], "npx", "{stored}");
+    assert_eq!(list[0]["key"]["version"], Value::Null, "{stored}");
+    let install = PathBuf::from(list[0]["install"].as_str().unwrap());
+    assert!(install.starts_with(&store) && install.is_dir(), "{stored}");
+
+    // Nothing changed: reused, the same manifest.
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(reused) && !stderr(&o).contains(resolved),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("cordon.yaml")).unwrap(),
+        first
+    );
+
+    // --refresh: resolved again.
+    let o = import(d.path(), &[&cfg], &args(&["--refresh"]));
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        stderr(&o).contains(resolved) && !stderr(&o).contains(reused),
+        "{}",
+        out(&o)
+    );
+
+    // The stored install is gone: it no longer verifies, so resolved again.
+    std::fs::remove_dir_all(&install).unwrap();
+    let o = import(d.path(), &[&cfg], &args(&[]));
+    assert!(o.status.success(), "{}", out(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the stored resolution of npm:@modelcontextprotocol/server-memory")
+            && err.contains("no longer holds")
+            && err.contains(resolved)
+            && !err.contains(reused),
+        "{}",
+        out(&o)
+    );
+    assert!(install.is_dir());
+}

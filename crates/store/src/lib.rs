@@ -270,6 +270,30 @@ impl Store {
         store.install_absolute(pkg)
     }
 
+    /// The install of `pkg` at `dir`, a directory of this store that an
+    /// earlier [`Store::install`] returned (`Installed::root`), checked as
+    /// an install found in the store is: its record names `pkg` (and its
+    /// version, when `pkg` has one) and its lock still has the digest it is
+    /// stored under. Nothing is fetched.
+    pub fn verify(&self, pkg: &PackageRef, dir: &Path) -> Result<Installed, StoreError> {
+        let root = std::path::absolute(&self.root)
+            .map_err(io(format!("the directory {}", self.root.display())))?;
+        if dir.parent() != Some(root.join(pkg.ecosystem.name()).as_path()) {
+            return Err(StoreError::Refused(format!(
+                "{pkg}: {} is not an install of the store {}",
+                dir.display(),
+                root.display()
+            )));
+        }
+        if !dir.is_dir() {
+            return Err(StoreError::Refused(format!(
+                "{pkg}: the store's install {} is gone",
+                dir.display()
+            )));
+        }
+        self.open(pkg, dir)
+    }
+
     fn install_absolute(&self, pkg: &PackageRef) -> Result<Installed, StoreError> {
         let eco_dir = self.root.join(pkg.ecosystem.name());
         if let Some(v) = &pkg.version
@@ -644,6 +668,26 @@ mod tests {
             let e = PackageRef::parse(s).unwrap_err().to_string();
             assert!(e.starts_with(&format!("`{s}`: ")), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn verify_takes_only_an_intact_install_of_this_store() {
+        let root = std::env::temp_dir().join(format!("cordon-store-verify-{}", std::process::id()));
+        let store = Store::at(root.clone());
+        let pkg = PackageRef::parse("pypi:mcp-server-time").unwrap();
+        let e = store
+            .verify(&pkg, Path::new("/usr/lib"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not an install of the store"), "{e}");
+        let dir = root.join("pypi/mcp-server-time@1.0-0123456789abcdef");
+        let e = store.verify(&pkg, &dir).unwrap_err().to_string();
+        assert!(e.contains("is gone"), "{e}");
+        // There, but with no record: not intact.
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = store.verify(&pkg, &dir).unwrap_err().to_string();
+        assert!(e.contains("is not intact"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

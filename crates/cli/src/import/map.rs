@@ -56,6 +56,9 @@ pub struct Ctx<'a> {
     /// The process environment (for `${VAR}` expansions).
     pub env: &'a BTreeMap<String, String>,
     pub ask: &'a mut dyn Ask,
+    /// The package resolutions of earlier imports, reused unless `refresh`.
+    pub resolutions: &'a mut super::resolutions::Resolutions,
+    pub refresh: bool,
 }
 
 /// A manifest tool name for a server name: letters, digits, `_` and `-`
@@ -616,7 +619,7 @@ fn expand_field(
 /// interpreter.
 fn installed(
     s: &ClientServer,
-    cx: &Ctx<'_>,
+    cx: &mut Ctx<'_>,
     command: &str,
     args: &[String],
     l: &Launch,
@@ -630,18 +633,62 @@ fn installed(
         Ecosystem::Npm => cx.store,
         Ecosystem::Pypi => cx.pypi_store,
     };
-    let inst = store.install(&l.pkg).map_err(|e| {
-        refuse(
-            s,
-            "command",
-            format!(
-                "`{command} {}` would download {what}:{} at every start; cordon installs it once into its store ({}) and that failed: {e}",
-                args.join(" "),
-                l.pkg.name,
-                store.root.display()
-            ),
-        )
-    })?;
+    let runner = Path::new(command)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or(command);
+    let key = super::resolutions::Key::new(runner, &l.pkg, store);
+    // A stored resolution whose install still verifies: no resolving.
+    let stored = match cx.resolutions.find(&key) {
+        Some(r) if !cx.refresh => match store.verify(&l.pkg, &r.install) {
+            Ok(inst) => {
+                eprintln!(
+                    "cordon import: `{}`: reused the stored resolution of {} from {}: {} in {} (its install verified; --refresh resolves again)",
+                    s.name,
+                    key.shown(),
+                    r.at,
+                    inst.version,
+                    inst.root.display()
+                );
+                Some(inst)
+            }
+            Err(e) => {
+                eprintln!(
+                    "cordon import: `{}`: the stored resolution of {} no longer holds ({e}); resolving again",
+                    s.name,
+                    key.shown()
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    let inst = match stored {
+        Some(inst) => inst,
+        None => {
+            let inst = store.install(&l.pkg).map_err(|e| {
+                refuse(
+                    s,
+                    "command",
+                    format!(
+                        "`{command} {}` would download {what}:{} at every start; cordon installs it once into its store ({}) and that failed: {e}",
+                        args.join(" "),
+                        l.pkg.name,
+                        store.root.display()
+                    ),
+                )
+            })?;
+            eprintln!(
+                "cordon import: `{}`: resolved {} to {} in {}",
+                s.name,
+                key.shown(),
+                inst.version,
+                inst.root.display()
+            );
+            cx.resolutions.record(key, &inst);
+            inst
+        }
+    };
     got.notes.push(format!(
         "{what}:{}@{} from cordon's store ({}; lock {}), in place of `{command}` fetching it at every start.",
         l.pkg.name,

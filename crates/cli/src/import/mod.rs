@@ -8,6 +8,8 @@ pub mod emit;
 pub mod formats;
 pub mod known;
 pub mod map;
+pub mod resolutions;
+pub mod splice;
 pub mod wrap;
 
 use std::collections::BTreeMap;
@@ -39,6 +41,12 @@ pub struct ImportArgs {
     /// Leave this server out (by its name in the client configuration). Repeatable.
     #[arg(long = "skip", value_name = "NAME")]
     pub skip: Vec<String>,
+    /// Import only this server (by its name in the client configuration,
+    /// or its tool name). Repeatable. When the output exists, each named
+    /// tool's block in it is replaced, or added, and every other byte is
+    /// kept (no --force needed).
+    #[arg(long = "only", value_name = "NAME")]
+    pub only: Vec<String>,
     /// cordon's package store, where `npx` and `uvx` servers are installed
     /// once (the store of `cordon add`). Default: $CORDON_STORE/store, else
     /// /var/lib/cordon/store as root, else ~/.local/share/cordon/store.
@@ -55,6 +63,10 @@ pub struct ImportArgs {
     /// packages; PyPI installs offline need it).
     #[arg(long, value_name = "DIR")]
     pub wheels: Option<PathBuf>,
+    /// Resolve `npx`/`uvx` packages again, not reusing the resolutions an
+    /// earlier import stored in cordon's state directory.
+    #[arg(long)]
+    pub refresh: bool,
 }
 
 /// Questions on the terminal (stderr), answers from stdin.
@@ -75,7 +87,9 @@ impl map::Ask for Terminal {
 
 pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     let to_stdout = a.output == Path::new("-");
-    if !to_stdout && a.output.exists() && !a.force {
+    // --only into an existing manifest: its named blocks are replaced.
+    let update = !a.only.is_empty() && !to_stdout && a.output.exists();
+    if !to_stdout && !update && a.output.exists() && !a.force {
         return Err(anyhow!(
             "{} exists; pass --force to overwrite it, or -o another file",
             a.output.display()
@@ -84,6 +98,9 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     let mut servers = Vec::new();
     for f in &a.files {
         servers.extend(formats::read(f, a.format)?);
+    }
+    if !a.only.is_empty() {
+        only(a, &mut servers)?;
     }
     let mut skipped: Vec<String> = Vec::new();
     servers.retain(|s| {
@@ -120,11 +137,14 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     } else {
         &mut defaults
     };
+    let mut resolutions = resolutions::Resolutions::load(crate::state::state_dir().ok());
     let mut cx = map::Ctx {
         store: &store,
         pypi_store: &pypi_store,
         env: &env,
         ask,
+        resolutions: &mut resolutions,
+        refresh: a.refresh,
     };
     let mut entries = Vec::new();
     for (s, also) in &servers {
@@ -138,6 +158,9 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
             Err(r) => refused.push(r),
         }
     }
+    if let Err(e) = resolutions.save() {
+        eprintln!("cordon import: warning: the package resolutions were not stored: {e:#}");
+    }
     if !refused.is_empty() {
         for r in &refused {
             eprintln!("cordon import: {r}");
@@ -147,6 +170,9 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
             refused.len()
         );
         return Ok(ExitCode::from(exit::FINDING));
+    }
+    if update {
+        return update_manifest(&a.output, &entries);
     }
     let mut header = vec![
         "Written by `cordon import` from:".to_string(),
@@ -159,6 +185,9 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
     ];
     if !skipped.is_empty() {
         header.push(format!("Not imported: {}.", skipped.join(", ")));
+    }
+    if !a.only.is_empty() {
+        header.push(format!("Only {} (--only).", a.only.join(", ")));
     }
     let text = emit::manifest(&header, &entries);
     // What is written must load: the writer and the schema agree.
@@ -178,6 +207,90 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<ExitCode> {
             a.output.display()
         );
     }
+    Ok(ExitCode::from(exit::OK))
+}
+
+/// Keep only the servers `--only` names (by their name in the client
+/// configuration or their tool name); a name no configuration has, or one
+/// that is disabled or also `--skip`ped, is an error naming the servers
+/// there are.
+fn only(a: &ImportArgs, servers: &mut Vec<formats::ClientServer>) -> anyhow::Result<()> {
+    let named = |s: &formats::ClientServer, n: &str| s.name == n || map::tool_name(&s.name) == n;
+    for n in &a.only {
+        let Some(s) = servers.iter().find(|s| named(s, n)) else {
+            let mut have: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+            have.sort_unstable();
+            have.dedup();
+            let files: Vec<String> = a.files.iter().map(|f| f.display().to_string()).collect();
+            return Err(anyhow!(
+                "--only {n}: no server `{n}` in {}; {}",
+                files.join(", "),
+                if have.is_empty() {
+                    "it has no server".to_string()
+                } else {
+                    format!("its servers are: {}", have.join(", "))
+                }
+            ));
+        };
+        if a.skip.iter().any(|k| named(s, k)) {
+            return Err(anyhow!("--only {n} and --skip {n}: name it once"));
+        }
+        if s.disabled {
+            return Err(anyhow!(
+                "--only {n}: `{}` is disabled in {}; enable it there first",
+                s.name,
+                s.file.display()
+            ));
+        }
+    }
+    servers.retain(|s| a.only.iter().any(|n| named(s, n)));
+    Ok(())
+}
+
+/// `--only` into an existing manifest: the entries' blocks replaced or
+/// added (see [`splice`]), the file replaced in one rename with its mode
+/// kept, or left as it was when that cannot be done.
+fn update_manifest(path: &Path, entries: &[emit::Entry]) -> anyhow::Result<ExitCode> {
+    // A symlinked manifest: the file it points to is updated.
+    let real =
+        std::fs::canonicalize(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&real).with_context(|| format!("reading {}", path.display()))?;
+    let (new, changes) = splice::splice(path, &text, entries)?;
+    let dir = real.parent().unwrap_or(Path::new("."));
+    let name = real
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.import-{}", std::process::id()));
+    let mode = std::fs::metadata(&real)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions();
+    let written = write_new(&tmp, &new, true)
+        .and_then(|()| {
+            std::fs::set_permissions(&tmp, mode)
+                .with_context(|| format!("writing {}", tmp.display()))
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, &real).with_context(|| format!("replacing {}", path.display()))
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("{} is left as it was", path.display())));
+    }
+    let said: Vec<String> = changes
+        .iter()
+        .map(|(n, c)| match c {
+            splice::Change::Replaced => format!("replaced `{n}`"),
+            splice::Change::Added => format!("added `{n}`"),
+        })
+        .collect();
+    eprintln!(
+        "cordon import: updated {}: {}; the rest is as it was; review it, then `cordon check -m {}`",
+        path.display(),
+        said.join(", "),
+        path.display()
+    );
     Ok(ExitCode::from(exit::OK))
 }
 
