@@ -33,6 +33,7 @@ pub mod listen;
 mod logging;
 mod names;
 mod offers;
+pub mod refusals;
 pub mod render;
 pub mod resources;
 pub mod sandbox;

@@ -36,6 +36,11 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
     fn live_tokens(&self) -> cordon_gate::LiveTokens {
         cordon_gate::LiveTokens::default()
     }
+    /// The egress its sandbox was refused ([`crate::refusals`]), when the
+    /// runtime reports it.
+    fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+        None
+    }
 }
 
 /// Starts MCP servers in a sandbox.
@@ -78,6 +83,7 @@ impl RuntimeServers {
 struct Handle {
     tool: String,
     inner: Arc<cordon_broker::ServerControl>,
+    refused: Arc<crate::refusals::Refusals>,
 }
 
 impl ServerHandle for Handle {
@@ -107,6 +113,10 @@ impl ServerHandle for Handle {
     fn live_tokens(&self) -> cordon_gate::LiveTokens {
         self.inner.live_tokens()
     }
+
+    fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+        Some(&self.refused)
+    }
 }
 
 impl ServerSandbox for RuntimeServers {
@@ -124,11 +134,18 @@ impl ServerSandbox for RuntimeServers {
         }
         let tool = policy.name.clone();
         let t = tool.clone();
+        let refused = Arc::new(crate::refusals::Refusals::default());
+        let r = refused.clone();
         let started = self.broker.start_server(
             who,
             &p,
             self.max_lifetime,
-            Some(Arc::new(move |e| log_egress(&t, e))),
+            Some(Arc::new(move |e| {
+                log_egress(&t, e);
+                if e.decision == cordon_broker::Decision::Refused {
+                    r.push(&format!("{}:{}", e.name, e.port), &e.reason);
+                }
+            })),
         )?;
         started
             .stream
@@ -143,6 +160,7 @@ impl ServerSandbox for RuntimeServers {
             handle: Arc::new(Handle {
                 tool,
                 inner: started.control,
+                refused,
             }),
             warnings: started.warnings,
         })

@@ -277,14 +277,30 @@ impl Upstream {
             Err(e) => return self.start_refused(name, e),
         };
         self.still_listed(name).await?;
+        let mark = conn.handle.refusals().map(|r| r.mark());
         let handle = self
             .send_call(name, &conn, exposed.server_name.clone(), args)
             .await?;
         let outcome = self.answer(handle, ctx).await;
         let result = self.call_result(name, &conn, outcome).await?;
         self.after_call(conn.generation).await;
-        gate::tool_result(&self.policy, name, result, &conn.handle.live_tokens())
-            .map(|r| crate::render::with_warnings(r, &self.warnings()))
+        let refused = match (conn.handle.refusals(), mark) {
+            (Some(r), Some(m)) => r.since(m),
+            _ => Vec::new(),
+        };
+        let mut warnings = self.warnings();
+        warnings.extend(refused.iter().map(|r| format!("egress refused: {r}")));
+        gate::tool_result(&self.policy, name, result, &conn.handle.live_tokens()).map(|mut r| {
+            // A failure gets the reason in its content too: a client shows
+            // that, and the server's own message rarely names the cause.
+            if !refused.is_empty() && r.is_error == Some(true) {
+                r.content
+                    .push(rmcp::model::ContentBlock::text(crate::refusals::note(
+                        &refused,
+                    )));
+            }
+            crate::render::with_warnings(r, &warnings)
+        })
     }
 
     /// The listing a call to `name` is checked against: asked of the server again when a
