@@ -5,6 +5,12 @@ per call) and the third-party MCP server `scratch` (server-filesystem in its
 P2 sandbox for this session), and print the results.
 
     scripts/mcp-demo.py [--cordon PATH] [--text TEXT]
+    scripts/mcp-demo.py --manifest M --providers FILE --jql QUERY
+
+With a manifest that serves `jira_search` (examples/jira.yaml, as
+scripts/demo.sh writes it), calls `jira_search__search` with the JQL query
+instead: a session of the image's MCP server, its token minted by the
+provider file's provider and substituted at the egress door.
 
 Speaks newline-delimited JSON-RPC on cordon's stdin/stdout (standard library
 only, no MCP SDK needed). An MCP client configuration would say:
@@ -37,10 +43,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cordon")
     ap.add_argument("--text", default="The quick brown fox\njumps over the lazy dog.\n")
+    ap.add_argument("--manifest", default=str(REPO / "examples/cordon.yaml"))
+    ap.add_argument("--providers", help="the provider file (cordon serve --providers)")
+    ap.add_argument("--jql", default="project = OPS ORDER BY created DESC")
     ap.add_argument("--verbose", action="store_true", help="show cordon's stderr")
     a = ap.parse_args()
+    argv = [find_cordon(a.cordon), "serve", "-m", a.manifest]
+    if a.providers:
+        argv += ["--providers", a.providers]
     proc = subprocess.Popen(
-        [find_cordon(a.cordon), "serve", "-m", str(REPO / "examples/cordon.yaml")],
+        argv,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=None if a.verbose else subprocess.DEVNULL, text=True)
     next_id = iter(range(1, 1000))
@@ -87,15 +99,20 @@ def main():
               f" isError={r.get('isError')}")
         return not r.get("isError")
 
-    ok = call("word_count", {"text": a.text})
-    if any(t["name"] == "scratch__write_file" for t in tools):
-        ok &= call("scratch__write_file", {"path": "/tmp/note.txt", "content": "kept for this session only\n"})
-        ok &= call("scratch__read_text_file", {"path": "/tmp/note.txt"})
-        # The server refuses paths outside /tmp itself; were it taken over,
-        # its sandbox has no host /etc to read (cordon probe shows that).
-        call("scratch__read_text_file", {"path": "/etc/shadow"})
+    names = {t["name"] for t in tools}
+    if "jira_search__search" in names:
+        # The image's server says which JIRA_TOKEN it held: the placeholder.
+        ok = call("jira_search__search", {"jql": a.jql})
     else:
-        print("\n(scratch: server-filesystem is not installed; run scripts/setup.sh)")
+        ok = call("word_count", {"text": a.text})
+        if "scratch__write_file" in names:
+            ok &= call("scratch__write_file", {"path": "/tmp/note.txt", "content": "kept for this session only\n"})
+            ok &= call("scratch__read_text_file", {"path": "/tmp/note.txt"})
+            # The server refuses paths outside /tmp itself; were it taken over,
+            # its sandbox has no host /etc to read (cordon probe shows that).
+            call("scratch__read_text_file", {"path": "/etc/shadow"})
+        else:
+            print("\n(scratch: server-filesystem is not installed; run scripts/setup.sh)")
     proc.stdin.close()
     proc.wait(10)
     if not ok:

@@ -10,6 +10,9 @@
 #       server server-everything from NPM_DIR; entrypoint runs it on stdio.
 #       Also /app/fetch-server.js (tests/images/files), a server with one
 #       tool that fetches through the egress proxy door.
+#   tests/images/build.sh jira-mcp OUT_LAYOUT
+#       node (with its libraries) and /app/jira-server.js (tests/images/files),
+#       a Jira-shaped MCP server on stdio; entrypoint runs it. No npm needed.
 #
 # The layout's only image is tagged `t`; `cordon image load OUT_LAYOUT
 # --name NAME` prints its pinned reference.
@@ -46,6 +49,13 @@ case $kind in
            --config.cmd /app/node_modules/@modelcontextprotocol/server-everything/dist/index.js
            --config.cmd stdio --config.workingdir /app --config.user 1000:1000
            --config.env NODE_ENV=production)
+    ;;
+  jira-mcp)
+    copy_with_libs "$(command -v node)"
+    mkdir -p "$tree/app"
+    cp "$(dirname "$0")/files/jira-server.js" "$tree/app/"
+    entry=(--config.entrypoint "$(command -v node)" --config.cmd /app/jira-server.js
+           --config.workingdir /app --config.user 1000:1000 --config.env NODE_ENV=production)
     ;;
   *) echo "build.sh: unknown image kind $kind" >&2; exit 2 ;;
 esac

@@ -407,6 +407,29 @@ pub fn render_line(r: &AuditRecord) -> String {
             Decision::Deny => "deny",
         };
         let _ = write!(s, " egress={d}:\"{}\":{}", q(&e.name), e.port);
+        if !e.injected.is_empty() {
+            let names: Vec<String> = e.injected.iter().map(|n| q(n)).collect();
+            let _ = write!(s, " injected=\"{}\"", names.join(","));
+        }
+        if let Some(n) = &e.exfiltration {
+            let _ = write!(s, " exfiltration=\"{}\"", q(n));
+        }
+        if !e.reflected.is_empty() {
+            let names: Vec<String> = e.reflected.iter().map(|n| q(n)).collect();
+            let _ = write!(s, " reflected=\"{}\"", names.join(","));
+        }
+    }
+    if let Some(c) = &r.credential {
+        let _ = write!(
+            s,
+            " credential={}:\"{}\" provider=\"{}\" scope=\"{}\" ttl={}s deliver={}",
+            q(&c.event),
+            q(&c.secret),
+            q(&c.provider),
+            q(&c.scope),
+            c.ttl_seconds,
+            q(&c.deliver)
+        );
     }
     if let Some(reason) = &r.reason {
         let _ = write!(s, " reason=\"{}\"", q(reason));

@@ -511,3 +511,59 @@ fn query_filters_by_principal_and_tenant_and_the_line_shows_them() {
         "{line}"
     );
 }
+
+#[test]
+fn the_line_shows_credential_events_and_what_the_door_did_with_a_secret() {
+    let mut r = rec("jira_search", 1);
+    r.credential = Some(CredentialEvent {
+        event: "mint".into(),
+        secret: "JIRA_TOKEN".into(),
+        provider: "idp".into(),
+        scope: "read:issues".into(),
+        ttl_seconds: 900,
+        audience: None,
+        deliver: "proxy".into(),
+        expires_at: None,
+    });
+    let line = render_line(&r);
+    assert!(
+        line.contains(
+            " credential=mint:\"JIRA_TOKEN\" provider=\"idp\" scope=\"read:issues\" ttl=900s deliver=proxy"
+        ),
+        "{line}"
+    );
+    let mut r = rec("jira_search", 2);
+    let door =
+        |injected: Vec<String>, exfiltration: Option<String>, reflected: Vec<String>| EgressEvent {
+            name: "jira.example".into(),
+            port: 443,
+            address: None,
+            decision: Decision::Allow,
+            reason: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            injected,
+            exfiltration,
+            reflected,
+        };
+    r.egress.push(door(
+        vec!["JIRA_TOKEN".into()],
+        None,
+        vec!["JIRA_TOKEN".into()],
+    ));
+    r.egress
+        .push(door(Vec::new(), Some("A\"B".into()), Vec::new()));
+    // The control: an entry with none of them adds nothing.
+    r.egress.push(door(Vec::new(), None, Vec::new()));
+    let line = render_line(&r);
+    assert!(
+        line.ends_with(
+            " egress=allow:\"jira.example\":443 injected=\"JIRA_TOKEN\" reflected=\"JIRA_TOKEN\" egress=allow:\"jira.example\":443 exfiltration=\"A\\\"B\" egress=allow:\"jira.example\":443"
+        ),
+        "{line}"
+    );
+    assert_eq!(line.matches("injected=").count(), 1, "{line}");
+    assert_eq!(line.matches("exfiltration=").count(), 1, "{line}");
+    assert!(!line.contains("credential="), "{line}");
+}
