@@ -19,7 +19,6 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
@@ -30,8 +29,10 @@ pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// The file of recorded proofs, in cordon's state directory.
 pub fn cache_file(state: &Path) -> PathBuf {
-    state.join("proofs.json")
+    state.join(FILE)
 }
+
+const FILE: &str = "proofs.json";
 
 /// One tool's last proof that held.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,13 +85,6 @@ fn file_id(p: &Path) -> Option<FileId> {
     })
 }
 
-fn in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 impl Host {
     /// This host, as the broker about to prove tools sees it.
     pub fn detect() -> Host {
@@ -104,9 +98,15 @@ impl Host {
             )
         };
         let layout = &facts.cgroup_layout;
+        let path: BTreeMap<String, String> = std::env::var("PATH")
+            .map(|p| BTreeMap::from([("PATH".to_string(), p)]))
+            .unwrap_or_default();
         let runtimes = ["runsc", "qemu-system-x86_64"]
             .into_iter()
-            .map(|n| (n.to_string(), in_path(n).and_then(|p| file_id(&p))))
+            .map(|n| {
+                let found = crate::shims::which_outside(n, &path, &[]);
+                (n.to_string(), found.and_then(|p| file_id(&p)))
+            })
             .collect();
         Host {
             boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -223,16 +223,16 @@ pub fn fresh(
     (age < MAX_AGE).then_some(age)
 }
 
-/// Record `proved` (tool name, key) as held now, keeping the other tools'
-/// proofs and dropping those of `refused`; written whole to a temporary
-/// file (mode 0600) and renamed over the cache.
+/// Record `proved` (tool name, key) as held now in the cache of the state
+/// directory `state`, keeping the other tools' proofs and dropping those of
+/// `refused`.
 pub fn store(
-    file: &Path,
+    state: &Path,
     proved: &[(String, String)],
     refused: &[String],
     now: SystemTime,
 ) -> anyhow::Result<()> {
-    let mut proofs = load(file);
+    let mut proofs = load(&cache_file(state));
     let at = now
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -249,25 +249,7 @@ pub fn store(
     for tool in refused {
         proofs.remove(tool);
     }
-    let dir = file.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".proofs.{}.tmp", std::process::id()));
-    let body = serde_json::to_vec_pretty(&proofs).context("encoding the proof cache")?;
-    {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(&body)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, file).with_context(|| format!("replacing {}", file.display()))?;
-    Ok(())
+    crate::state::replace_file(state, FILE, &proofs)
 }
 
 #[cfg(test)]
@@ -331,7 +313,7 @@ mod tests {
         let now = SystemTime::now();
         assert!(load(&file).is_empty());
         store(
-            &file,
+            dir.path(),
             &[("a".into(), "k1".into()), ("b".into(), "k2".into())],
             &[],
             now,
@@ -347,7 +329,7 @@ mod tests {
             fresh(&proofs, "a", "k1", now + MAX_AGE).is_none(),
             "too old"
         );
-        store(&file, &[], &["a".into()], now).unwrap();
+        store(dir.path(), &[], &["a".into()], now).unwrap();
         let proofs = load(&file);
         assert!(
             fresh(&proofs, "a", "k1", now).is_none(),

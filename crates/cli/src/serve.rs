@@ -164,15 +164,15 @@ pub fn probe_and_filter(
     use std::sync::Mutex;
     use std::time::{Instant, SystemTime};
     let started = Instant::now();
-    let cache = match crate::state::state_dir() {
-        Ok(d) => Some(crate::proof::cache_file(&d)),
+    let state = match crate::state::state_dir() {
+        Ok(d) => Some(d),
         Err(e) => {
             eprintln!("cordon: the proof cache is off: {e:#}");
             None
         }
     };
-    let proofs = match (&cache, reprove) {
-        (Some(f), false) => crate::proof::load(f),
+    let proofs = match (&state, reprove) {
+        (Some(d), false) => crate::proof::load(&crate::proof::cache_file(d)),
         _ => Default::default(),
     };
     let host = crate::proof::Host::detect();
@@ -274,9 +274,9 @@ pub fn probe_and_filter(
             }
         }
     }
-    if let Some(f) = &cache
+    if let Some(d) = &state
         && (!proved.is_empty() || !dropped.is_empty())
-        && let Err(e) = crate::proof::store(f, &proved, &dropped, now)
+        && let Err(e) = crate::proof::store(d, &proved, &dropped, now)
     {
         eprintln!("cordon: the proof cache was not written: {e:#}");
     }

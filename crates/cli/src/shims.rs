@@ -109,8 +109,9 @@ fn find_up(dir: &Path, name: &str) -> Option<PathBuf> {
     dir.ancestors().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// `cmd` on `PATH` (from `env`), leaving out the directories in `skip`.
-fn which_outside(cmd: &str, env: &BTreeMap<String, String>, skip: &[&Path]) -> Option<PathBuf> {
+/// `cmd` on `PATH` (from `env`; `/usr/bin:/bin` without one), leaving
+/// out the directories in `skip`.
+pub fn which_outside(cmd: &str, env: &BTreeMap<String, String>, skip: &[&Path]) -> Option<PathBuf> {
     let path = env
         .get("PATH")
         .map(String::as_str)

@@ -86,8 +86,6 @@ pub fn record_of(p: &ToolPolicy, report: &Report, now: String) -> ProbeRecord {
 /// Merge `new` into the records in `dir` (made if missing), keeping each
 /// tool's last passing run, and replace the file in one rename.
 pub fn save_probe_records(dir: &Path, new: Vec<ProbeRecord>) -> anyhow::Result<()> {
-    cordon_dirs::ensure_private(dir, cordon_sys::io::geteuid())
-        .with_context(|| format!("creating {}", dir.display()))?;
     let mut all = probe_records(dir).unwrap_or_default();
     for mut r in new {
         if r.last_passed.is_none()
@@ -98,10 +96,29 @@ pub fn save_probe_records(dir: &Path, new: Vec<ProbeRecord>) -> anyhow::Result<(
         }
         all.insert(r.tool.clone(), r);
     }
-    let path = probes_file(dir);
-    let tmp = dir.join(format!(".probes.json.{}", std::process::id()));
-    let text = serde_json::to_string_pretty(&all)?;
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    replace_file(dir, "probes.json", &all)
+}
+
+/// Write `value` as JSON to `dir/name` (the directory made private if
+/// missing): whole, to a temporary file of mode 0600 renamed over it, so a
+/// reader never sees half of it.
+pub fn replace_file(dir: &Path, name: &str, value: &impl Serialize) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    cordon_dirs::ensure_private(dir, cordon_sys::io::geteuid())
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let text = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {name}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(&text)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
 }
 

@@ -265,17 +265,6 @@ fn script_root(p: &Path) -> PathBuf {
         .unwrap_or_else(|| p.to_path_buf())
 }
 
-fn which(cmd: &str, env: &BTreeMap<String, String>) -> Option<PathBuf> {
-    let path = env
-        .get("PATH")
-        .map(String::as_str)
-        .unwrap_or("/usr/bin:/bin");
-    path.split(':')
-        .filter(|d| d.starts_with('/'))
-        .map(|d| Path::new(d).join(cmd))
-        .find(|p| p.is_file())
-}
-
 /// Host:port of a URL (`scheme://[user@]host[:port]/...`).
 fn url_host(u: &str) -> Option<(String, u16)> {
     let (scheme, rest) = u.split_once("://")?;
@@ -738,7 +727,7 @@ fn host_program(
             base.join(p)
         }
     } else {
-        which(command, cx.env).ok_or_else(|| {
+        crate::shims::which_outside(command, cx.env, &[]).ok_or_else(|| {
             refuse(
                 s,
                 "command",

@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use cordon_store::{Installed, PackageRef, Source, Store};
@@ -118,12 +117,6 @@ impl Resolutions {
         if !self.changed {
             return Ok(());
         }
-        cordon_dirs::ensure_private(dir, cordon_sys::io::geteuid())
-            .with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join(FILE);
-        let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
-        let text = serde_json::to_string_pretty(&self.list)?;
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+        crate::state::replace_file(dir, FILE, &self.list)
     }
 }

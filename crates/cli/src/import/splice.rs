@@ -402,15 +402,15 @@ pub fn splice(
     }
     // The result loads, has the new tools, and everything else resolves
     // as before.
+    let named = changes
+        .iter()
+        .map(|(n, _)| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let new = cordon_policy::load_str(path, &out).map_err(|e| {
         anyhow!(
-            "{} with {} replaced would not load, so it is left as it was:\n{e}",
+            "{} with {named} replaced would not load, so it is left as it was:\n{e}",
             path.display(),
-            changes
-                .iter()
-                .map(|(n, _)| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
         )
     })?;
     let strip = |mut p: cordon_policy::policy::PolicySet| {
@@ -433,13 +433,8 @@ pub fn splice(
     }
     if strip(old.policy) != strip(new.policy) {
         return Err(anyhow!(
-            "{}: replacing {} would change other tools or settings (its layout misled cordon import); it is left as it was",
+            "{}: replacing {named} would change other tools or settings (its layout misled cordon import); it is left as it was",
             path.display(),
-            changes
-                .iter()
-                .map(|(n, _)| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
         ));
     }
     Ok((out, changes))
