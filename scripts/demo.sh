@@ -65,7 +65,7 @@ echo "== an agent's MCP session through cordon serve (tools/list, tools/call)"
 python3 scripts/mcp-demo.py --cordon $cordon
 echo "== P2 jira_search (examples/jira.yaml): an MCP server image pinned by digest, one API, a token minted per session"
 if [ "$(id -u)" -eq 0 ]; then
-  jd=$(mktemp -d /tmp/cordon-jira.XXXXXX)
+  jd=$(mktemp -d -t cordon-jira.XXXXXX)
   api=
   trap '[ -z "$api" ] || kill "$api" 2>/dev/null; rm -rf "$jd"' EXIT
   # The image: node and a small Jira MCP server (tests/images/files/jira-server.js).
@@ -82,7 +82,14 @@ if [ "$(id -u)" -eq 0 ]; then
   { [ -r /etc/ssl/certs/ca-certificates.crt ] && cat /etc/ssl/certs/ca-certificates.crt; cat "$jd/ca.pem"; } > "$jd/roots.pem"
   scripts/jira-standin.py serve "$jd" 127.0.0.81:443 &
   api=$!
-  for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.81/443) 2>/dev/null && break; sleep 0.1; done
+  # Listening, or gone: waited for as long as a loaded host needs (60 s at most).
+  up=
+  for _ in $(seq 600); do
+    if (exec 3<>/dev/tcp/127.0.0.81/443) 2>/dev/null; then up=1; break; fi
+    kill -0 "$api" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$up" ] || { echo "demo: the jira stand-in did not listen on 127.0.0.81:443" >&2; exit 1; }
   # The provider file (mode 0600): an `exec` provider standing in for an IdP.
   (umask 077; cat > "$jd/providers.yaml" <<EOF
 default: mint

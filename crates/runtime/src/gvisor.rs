@@ -103,6 +103,10 @@ struct TaskWatch {
     ended: mpsc::Receiver<()>,
 }
 
+/// How long a finished sandbox's log is waited for at most
+/// ([`TaskWatch::refused`]).
+const LOG_END_WAIT: Duration = Duration::from_secs(30);
+
 /// The longest log line looked at; longer ones (none that matters) are
 /// skipped.
 const MAX_LOG_LINE: usize = 4096;
@@ -140,8 +144,11 @@ impl TaskWatch {
     }
 
     /// Whether the Sentry refused the tool a task, once the sandbox has
-    /// ended: after the rest of the log is read (waiting a few seconds at
-    /// most for the last of the sandbox's processes to let go of it).
+    /// ended: after the rest of the log is read. The end comes as soon as
+    /// the last of the sandbox's processes lets go of the log; the wait is
+    /// bounded ([`LOG_END_WAIT`]) only so that a process that keeps it open
+    /// cannot hang the call, and long enough for a reader that lags on a
+    /// loaded host.
     fn refused(self) -> bool {
         let TaskWatch {
             writer,
@@ -149,7 +156,7 @@ impl TaskWatch {
             ended,
         } = self;
         drop(writer);
-        let _ = ended.recv_timeout(Duration::from_secs(5));
+        let _ = ended.recv_timeout(LOG_END_WAIT);
         refused.load(Ordering::SeqCst)
     }
 }

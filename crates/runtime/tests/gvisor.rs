@@ -623,8 +623,9 @@ fn gvisor_starts_hold_their_slots_while_another_broker_churns() {
     let held = g
         .spawn(&sh("sleep 60"), &Context::discard("t"))
         .expect("spawn");
+    // Polled until seen, for at most a minute (a loaded host starts slowly).
     let mut seen = Vec::new();
-    for _ in 0..200 {
+    for _ in 0..2400 {
         seen = sandbox_slots(&g);
         if !seen.is_empty() {
             break;
