@@ -377,23 +377,23 @@ impl Volumes {
         }
     }
 
-    /// Destroy every workspace whose `retain` has passed.
+    /// Destroy every workspace whose `retain` has passed. Each is unmounted
+    /// before it leaves the table (under its lock): while it is counted it
+    /// may still be mounted, never the other way round.
     pub fn reap(&self) {
         let now = Instant::now();
-        let gone: Vec<Workspace> = {
-            let mut inner = self.lock();
-            let keys: Vec<_> = inner
-                .workspaces
-                .iter()
-                .filter(|(_, w)| w.expires.is_some_and(|e| e <= now))
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.iter()
-                .filter_map(|k| inner.workspaces.remove(k))
-                .collect()
-        };
-        for w in gone {
-            destroy(&w.dir);
+        let mut inner = self.lock();
+        let keys: Vec<_> = inner
+            .workspaces
+            .iter()
+            .filter(|(_, w)| w.expires.is_some_and(|e| e <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            if let Some(w) = inner.workspaces.get(&k) {
+                destroy(&w.dir);
+            }
+            inner.workspaces.remove(&k);
         }
     }
 
