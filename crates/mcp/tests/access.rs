@@ -1017,6 +1017,19 @@ async fn a_refused_initialize_hands_out_no_session_and_an_ended_one_says_so() {
         )),
         "{body}"
     );
+    // The end is audited like any other: once, under its id and principal.
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &f)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let ended: Vec<_> = recs
+        .iter()
+        .filter(|r| r.status == cordon_audit::Status::SessionEnded && r.session == id)
+        .collect();
+    assert_eq!(ended.len(), 1, "{id}: {recs:#?}");
+    assert_eq!(
+        ended[0].reason.as_deref(),
+        Some("session was ended by its client (DELETE); every sandbox of it was stopped")
+    );
     let r = raw(&http, &s.url, BOB, Some(&id), list).await;
     assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
     assert_eq!(
