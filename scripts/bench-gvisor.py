@@ -231,7 +231,12 @@ def bench_browser(rounds, calls):
             for _ in range(rounds):  # interleaved
                 await conversation(cordon_streams, "http://news.example/", via)
                 await conversation(direct_streams, "http://127.0.0.80/", direct)
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except BaseException:
+            err.seek(0)
+            sys.stderr.write("cordon serve's stderr:\n" + err.read()[-4000:])
+            raise
         med = statistics.median
         return {k: (med(via[k]), med(direct[k])) for k in via}
     finally:
