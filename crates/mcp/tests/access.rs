@@ -628,8 +628,13 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
+    // Every call's record (the sessions' ends, at the clients' DELETE,
+    // name no sandbox).
+    let calls: Vec<_> = recs.iter().filter(|r| r.tool == "mark").collect();
+    assert_eq!(calls.len(), 2, "{recs:#?}");
     assert!(
-        recs.iter()
+        calls
+            .iter()
             .all(|r| r.tenant_uid.is_none() && r.shared_uid.as_deref() == Some("no range (test)")),
         "{recs:#?}"
     );
@@ -658,7 +663,9 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    for r in &recs {
+    let calls: Vec<_> = recs.iter().filter(|r| r.tool == "mark").collect();
+    assert_eq!(calls.len(), 4, "{recs:#?}");
+    for r in calls {
         let want = if r.tenant.as_deref() == Some("acme") {
             a
         } else {
