@@ -89,6 +89,38 @@ fn a_browser_conversation_through_cordon_under_gvisor() {
         ),
     )
     .unwrap();
+    // `cordon check` admits it on this host; `cordon explain` prints the
+    // policy it runs under.
+    let cordon = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(args)
+            .arg("-m")
+            .arg(&manifest)
+            .env_remove("CORDON_MANIFEST")
+            .output()
+            .expect("run cordon");
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{args:?}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    };
+    let checked = cordon(&["check"]);
+    assert!(
+        checked.contains("1 tools valid")
+            && checked.contains("every tool would start on this host"),
+        "{checked}"
+    );
+    let policy: serde_json::Value =
+        serde_json::from_str(&cordon(&["explain", "browser", "--json"])).expect("explain --json");
+    assert_eq!(policy["profile"], "P3", "{policy}");
+    assert_eq!(policy["runtime"], "gvisor", "{policy}");
+    assert_eq!(policy["lifetime"], "session", "{policy}");
+    assert_eq!(policy["network"]["mode"], "proxy", "{policy}");
+    assert_eq!(policy["exec"]["mcp"]["expose"], "as-is", "{policy}");
+    assert_eq!(policy["secrets"], serde_json::json!([]), "{policy}");
     let out = Command::new("python3")
         .arg(repo().join("tests/e2e/browser_conversation.py"))
         .args(["--cordon", env!("CARGO_BIN_EXE_cordon")])
