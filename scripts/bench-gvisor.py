@@ -7,11 +7,17 @@
    program runs, against a cold start (crates/runtime/examples/pool-bench.rs);
 3. memory (PSS) of an idle pooled sandbox;
 4. a Chromium page fetch through cordon P3 (examples/browse.yaml) against
-   the same Chromium run directly on the host.
+   the same Chromium run directly on the host;
+5. a browser MCP conversation (examples/playwright-mcp.yaml: @playwright/mcp
+   and Chromium in a gVisor sandbox per session, through `cordon serve
+   --http` and the proxy door) against the same server and Chromium run
+   directly on the host over stdio, with the Python MCP SDK client: from
+   `initialize` to the first `browser_navigate` result, then each
+   `browser_navigate` and `browser_snapshot` of the same conversation.
 
 Run as root on a release build: `cargo build --release --bin cordon &&
-python3 scripts/bench-gvisor.py [--rounds N]` (`CORDON_BIN` for another
-binary). Nothing leaves the machine:
+python3 scripts/bench-gvisor.py [--rounds N] [--only browser]` (`CORDON_BIN`
+for another binary). Nothing leaves the machine:
 the page comes from a loopback upstream, and no public name resolves.
 """
 
@@ -148,17 +154,117 @@ def bench_chromium(rounds):
         srv.shutdown()
 
 
+PLAYWRIGHT_MCP = os.path.join(os.environ.get("CORDON_E2E_CACHE", "/var/cache/cordon-e2e"),
+                              "playwright-mcp/node_modules/@playwright/mcp/cli.js")
+
+
+def bench_browser(rounds, calls):
+    """Part 5: medians in ms of one conversation's first navigate (from
+    `initialize`) and of its later navigates and snapshots, through cordon
+    and directly."""
+    import asyncio
+    import re
+    import httpx2
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    web = os.path.join(ROOT, "examples/data/web")
+    srv = HTTPServer(("127.0.0.80", 80), lambda *a: Quiet(*a, directory=web))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    tmp = tempfile.mkdtemp(prefix="cordon-bench-browser-")
+
+    async def conversation(open_streams, url, figures):
+        t0 = time.perf_counter()
+        async with open_streams() as streams:
+            async with ClientSession(streams[0], streams[1], read_timeout_seconds=600) as s:
+                await s.initialize()
+                r = await s.call_tool("browser_navigate", {"url": url})
+                figures["first"].append((time.perf_counter() - t0) * 1e3)
+                text = "\n".join(c.text for c in r.content if getattr(c, "type", "") == "text")
+                assert "Page Title:" in text and not getattr(r, "is_error", False), text[:400]
+                for _ in range(calls):
+                    t = time.perf_counter()
+                    r = await s.call_tool("browser_navigate", {"url": url})
+                    figures["navigate"].append((time.perf_counter() - t) * 1e3)
+                    assert not getattr(r, "is_error", False)
+                    t = time.perf_counter()
+                    r = await s.call_tool("browser_snapshot", {})
+                    figures["snapshot"].append((time.perf_counter() - t) * 1e3)
+                    assert not getattr(r, "is_error", False)
+
+    def direct_streams():
+        return stdio_client(StdioServerParameters(
+            command="/usr/bin/node",
+            args=[PLAYWRIGHT_MCP, "--headless", "--isolated", "--no-sandbox", "--executable-path", CHROMIUM,
+                  "--output-dir", os.path.join(tmp, "direct-out")],
+            cwd=tmp))
+
+    env = dict(ENV, CORDON_STATE_DIR=os.path.join(tmp, "state"))
+    err = open(os.path.join(tmp, "serve.stderr"), "w+")
+    serve = subprocess.Popen([CORDON, "serve", "--http", "127.0.0.1:0", "-m",
+                              os.path.join(ROOT, "examples/playwright-mcp.yaml")],
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        url = None
+        for _ in range(1200):
+            m = re.search(r"serving MCP on (\S+)", open(err.name).read())
+            if m:
+                url = m.group(1)
+                break
+            if serve.poll() is not None:
+                break
+            time.sleep(0.5)
+        if not url:
+            sys.exit("cordon serve did not start: " + open(err.name).read()[-2000:])
+
+        def cordon_streams():
+            return streamable_http_client(url, http_client=httpx2.AsyncClient(timeout=httpx2.Timeout(60, read=600)))
+
+        via = {"first": [], "navigate": [], "snapshot": []}
+        direct = {"first": [], "navigate": [], "snapshot": []}
+
+        async def run():
+            # Warm both (page cache; the gateway's listing of the server).
+            await conversation(cordon_streams, "http://news.example/", {"first": [], "navigate": [], "snapshot": []})
+            await conversation(direct_streams, "http://127.0.0.80/", {"first": [], "navigate": [], "snapshot": []})
+            for _ in range(rounds):  # interleaved
+                await conversation(cordon_streams, "http://news.example/", via)
+                await conversation(direct_streams, "http://127.0.0.80/", direct)
+        try:
+            asyncio.run(run())
+        except BaseException:
+            err.seek(0)
+            sys.stderr.write("cordon serve's stderr:\n" + err.read()[-4000:])
+            raise
+        med = statistics.median
+        return {k: (med(via[k]), med(direct[k])) for k in via}
+    finally:
+        serve.terminate()
+        serve.wait(60)
+        srv.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--chromium-rounds", type=int, default=5)
     ap.add_argument("--pool-profile", choices=["release", "debug"], default="release",
                     help="build of the pool benchmark (the pool's own code is not on a hot path)")
+    ap.add_argument("--browser-rounds", type=int, default=5,
+                    help="conversations of part 5, each side")
+    ap.add_argument("--browser-calls", type=int, default=5,
+                    help="navigate+snapshot pairs per conversation of part 5")
+    ap.add_argument("--only", choices=["browser"], help="run only that part")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (P3 needs cgroup limits; the page's upstream binds port 80)")
     if not os.path.exists(CORDON):
         sys.exit(f"{CORDON} missing: cargo build --release --bin cordon")
+    if a.only == "browser":
+        report_browser(bench_browser(a.browser_rounds, a.browser_calls))
+        return
     c, b = bench_cold(a.rounds)
     print(f"cold P3 /bin/true: cordon run {c:.1f} ms, bare runsc run {b:.1f} ms: {c / b:.2f}x")
     p = bench_pool(a.rounds, a.pool_profile)
@@ -167,8 +273,20 @@ def main():
           f"(cold {p['cold_total_ms']:.1f} ms); idle pooled sandbox PSS {p['idle_pooled_pss_mib']:.1f} MiB")
     cc, cd = bench_chromium(a.chromium_rounds)
     print(f"chromium page fetch: cordon P3 {cc:.0f} ms, directly {cd:.0f} ms: {cc / cd:.2f}x")
+    br = bench_browser(a.browser_rounds, a.browser_calls)
+    report_browser(br)
     print(json.dumps({"cold_cordon_ms": c, "cold_runsc_ms": b, "ratio": c / b, "pool": p,
-                      "chromium_cordon_ms": cc, "chromium_direct_ms": cd}))
+                      "chromium_cordon_ms": cc, "chromium_direct_ms": cd, "browser_mcp_ms": br}))
+
+
+def report_browser(br):
+    for k, what in (("first", "initialize to the first browser_navigate result"),
+                    ("navigate", "browser_navigate, later in the conversation"),
+                    ("snapshot", "browser_snapshot")):
+        v, d = br[k]
+        print(f"browser MCP, {what}: cordon P3 {v:.0f} ms, directly {d:.0f} ms: {v / d:.2f}x")
+    if len(sys.argv) > 1 and "--only" in sys.argv:
+        print(json.dumps({"browser_mcp_ms": br}))
 
 
 if __name__ == "__main__":

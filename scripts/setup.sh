@@ -208,6 +208,28 @@ if command -v npm >/dev/null 2>&1; then
 else
   missing "npm not found: the conformance suite cannot be installed; the conformance run will fail"
 fi
+# The browser MCP server of examples/playwright-mcp.yaml and its test
+# (crates/cli/tests/browser.rs): @playwright/mcp, pinned, driving Debian's
+# Chromium (installed above; no Playwright browser download).
+playwright_mcp_version=0.0.86
+pw_dir=$cache/playwright-mcp
+pw_installed() {
+  [ "$(node -p "require('$pw_dir/node_modules/@playwright/mcp/package.json').version" 2>/dev/null)" = \
+    "$playwright_mcp_version" ]
+}
+if ! pw_installed; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "setup: npm install @playwright/mcp@$playwright_mcp_version into $pw_dir"
+    mkdir -p "$pw_dir"
+    (cd "$pw_dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-audit --no-fund --silent \
+        --save-exact "@playwright/mcp@$playwright_mcp_version" >/dev/null) || true
+    pw_installed ||
+      missing "npm install of @playwright/mcp@$playwright_mcp_version failed; the browser MCP test will fail"
+  else
+    missing "npm not found: @playwright/mcp cannot be installed; the browser MCP test will fail"
+  fi
+fi
+[ -d "$pw_dir" ] && chmod -R a+rX "$pw_dir" || true
 # `cordon add`'s tests (crates/cli/tests/add.rs) install MCP servers from
 # these, offline (`cordon add --from`): an npm cache holding two reference
 # servers and every dependency of theirs, and a wheelhouse (wheels only:

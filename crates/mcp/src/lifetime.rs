@@ -387,23 +387,30 @@ impl HttpSessions {
         why: String,
     ) {
         self.remember(id, why.clone(), owner);
-        if let Some((session, who)) = link.who.get() {
-            let c = crate::caller::caller_of(session, "mcp:http", who);
-            let mut rec = cordon_audit::AuditRecord::new("(session)", "");
-            rec.runtime = "none".into();
-            rec.session = c.session;
-            rec.caller = c.client;
-            rec.principal = c.principal;
-            rec.tenant = Some(c.tenant);
-            rec.status = cordon_audit::Status::SessionEnded;
-            rec.reason = Some(format!("session {why}; every sandbox of it was stopped"));
-            // The session has ended: a record that cannot be written is
-            // counted and said (`cordon doctor`, the next call's warnings).
-            self.broker.record_after(&rec);
-        }
+        self.record_end(link, &why);
         if let Err(e) = self.manager.close_session(&Arc::from(id)).await {
             tracing::error!("session {id}: close: {e}");
         }
+    }
+
+    /// The session-level audit record of a session's end (status
+    /// `session_ended`, `why` in its reason), however it ended.
+    fn record_end(&self, link: &SessionLink, why: &str) {
+        let Some((session, who)) = link.who.get() else {
+            return;
+        };
+        let c = crate::caller::caller_of(session, "mcp:http", who);
+        let mut rec = cordon_audit::AuditRecord::new("(session)", "");
+        rec.runtime = "none".into();
+        rec.session = c.session;
+        rec.caller = c.client;
+        rec.principal = c.principal;
+        rec.tenant = Some(c.tenant);
+        rec.status = cordon_audit::Status::SessionEnded;
+        rec.reason = Some(format!("session {why}; every sandbox of it was stopped"));
+        // The session has ended: a record that cannot be written is
+        // counted and said (`cordon doctor`, the next call's warnings).
+        self.broker.record_after(&rec);
     }
 
     /// End due sessions until `stop`; forget those rmcp closed itself.
@@ -562,12 +569,12 @@ pub(crate) async fn track(
     if method == axum::http::Method::DELETE {
         sessions.response_done(&id, post, false, false);
         if resp.status().is_success() {
-            let owner = sessions.with_live(|l| l.remove(&id)).flatten();
-            sessions.remember(
-                &id,
-                "was ended by its client (DELETE)".into(),
-                owner.and_then(|e| e.owner),
-            );
+            let why = "was ended by its client (DELETE)";
+            let entry = sessions.with_live(|l| l.remove(&id)).flatten();
+            if let Some(e) = &entry {
+                sessions.record_end(&e.link, why);
+            }
+            sessions.remember(&id, why.into(), entry.and_then(|e| e.owner));
         }
         return resp;
     }

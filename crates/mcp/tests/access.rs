@@ -628,8 +628,13 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
+    // Every call's record (the sessions' ends, at the clients' DELETE,
+    // name no sandbox).
+    let calls: Vec<_> = recs.iter().filter(|r| r.tool == "mark").collect();
+    assert_eq!(calls.len(), 2, "{recs:#?}");
     assert!(
-        recs.iter()
+        calls
+            .iter()
             .all(|r| r.tenant_uid.is_none() && r.shared_uid.as_deref() == Some("no range (test)")),
         "{recs:#?}"
     );
@@ -658,7 +663,9 @@ async fn each_tenant_runs_under_a_host_uid_of_its_own() {
     let recs: Vec<_> = cordon_audit::query(&s.audit, &Default::default())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    for r in &recs {
+    let calls: Vec<_> = recs.iter().filter(|r| r.tool == "mark").collect();
+    assert_eq!(calls.len(), 4, "{recs:#?}");
+    for r in calls {
         let want = if r.tenant.as_deref() == Some("acme") {
             a
         } else {
@@ -1016,6 +1023,19 @@ async fn a_refused_initialize_hands_out_no_session_and_an_ended_one_says_so() {
             "session expired: session {id} was ended by its client (DELETE); start a new session (initialize)"
         )),
         "{body}"
+    );
+    // The end is audited like any other: once, under its id and principal.
+    let recs: Vec<_> = cordon_audit::query(&s.audit, &f)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let ended: Vec<_> = recs
+        .iter()
+        .filter(|r| r.status == cordon_audit::Status::SessionEnded && r.session == id)
+        .collect();
+    assert_eq!(ended.len(), 1, "{id}: {recs:#?}");
+    assert_eq!(
+        ended[0].reason.as_deref(),
+        Some("session was ended by its client (DELETE); every sandbox of it was stopped")
     );
     let r = raw(&http, &s.url, BOB, Some(&id), list).await;
     assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
