@@ -71,14 +71,19 @@ pub fn bind_file_readonly(file: &fs::File, dst: &Path) -> Result<(), String> {
     for (vfs, m) in [
         (rustix::fs::StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
         (rustix::fs::StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
-        (rustix::fs::StatVfsMountFlags::NODIRATIME, MountFlags::NODIRATIME),
-        (rustix::fs::StatVfsMountFlags::RELATIME, MountFlags::RELATIME),
+        (
+            rustix::fs::StatVfsMountFlags::NODIRATIME,
+            MountFlags::NODIRATIME,
+        ),
+        (
+            rustix::fs::StatVfsMountFlags::RELATIME,
+            MountFlags::RELATIME,
+        ),
     ] {
         if had.contains(vfs) {
             flags |= m;
         }
     }
-    mount_remount(dst, flags, c"")
-    .map_err(|e| err("read-only", e))?;
+    mount_remount(dst, flags, c"").map_err(|e| err("read-only", e))?;
     Ok(())
 }

@@ -193,12 +193,9 @@ fn run(dir: &Path) -> Result<Status, String> {
     }
     let vm = match &job.start {
         Start::Cold => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
-        Start::Template => Vm::boot_template(
-            &job.vm,
-            &vm_dir,
-            &vm_dir.join(TEMPLATE_RAM),
-            job.qemu_ids,
-        ),
+        Start::Template => {
+            Vm::boot_template(&job.vm, &vm_dir, &vm_dir.join(TEMPLATE_RAM), job.qemu_ids)
+        }
         Start::Restore {
             snapshot,
             state_sha256,

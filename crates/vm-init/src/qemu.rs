@@ -969,7 +969,9 @@ mod tests {
             .args(&paths, Memory::Template(Path::new("/run/x/t.ram")))
             .join(" ");
         assert!(t.starts_with("-M microvm,memory-backend=ram -accel tcg"));
-        assert!(t.contains("-object memory-backend-file,id=ram,size=256M,mem-path=/run/x/t.ram,share=on"));
+        assert!(t.contains(
+            "-object memory-backend-file,id=ram,size=256M,mem-path=/run/x/t.ram,share=on"
+        ));
         assert!(!t.contains("-incoming"));
         let r = cfg
             .args(&paths, Memory::Restore(Path::new("/run/x/ram")))

@@ -10,7 +10,8 @@
 //!   which restores map privately), `.json` ([`SnapRecord`]) and `.lock`:
 //!   one template per (snapshot format, disk, initramfs, kernel, QEMU,
 //!   memory, vCPUs, accelerator). Both files are read-only (0444) and the
-//!   store's own.
+//!   store's own; `.verified` ([`Verified`]) names the version of the RAM
+//!   file last hashed in full.
 //!
 //! [`gc`] keeps what the kept images need and removes the rest.
 
@@ -34,6 +35,16 @@ pub struct SnapRecord {
     pub image: String,
     /// The initramfs's file name in `initramfs/`.
     pub initramfs: String,
+}
+
+/// `<key>.verified`: the version of a template's RAM file last hashed in
+/// full, and the digest it had. A broker reads the file again only when
+/// its device, inode, size, modification or change time differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verified {
+    pub sha256: String,
+    pub file: cordon_vm_init::image::FileId,
 }
 
 /// What [`gc`] removed.
@@ -124,7 +135,7 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
             }
             _ if busy => {}
             _ => {
-                for ext in ["snap", "ram", "json", "lock"] {
+                for ext in ["snap", "ram", "verified", "json", "lock"] {
                     remove(&snaps.join(format!("{key}.{ext}")), &mut out);
                 }
                 out.snapshots += 1;
@@ -134,7 +145,9 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
     for n in names(&snaps) {
         let p = snaps.join(&n);
         let key = n.split('.').next().unwrap_or("");
-        let orphan = (n.ends_with(".snap") || n.ends_with(".ram"))
+        let orphan = [".snap", ".ram", ".verified"]
+            .iter()
+            .any(|e| n.ends_with(e))
             && !snaps.join(format!("{key}.json")).exists();
         if (n.starts_with('.') && old_enough(&p)) || orphan {
             remove(&p, &mut out);
@@ -208,9 +221,14 @@ mod tests {
         w("snapshots/k2.json", &rec("disk-b", "i2.cpio"));
         w("snapshots/k3.snap", "orphan");
         w("snapshots/k3.ram", "orphan");
+        w("snapshots/k3.verified", "orphan");
+        w("snapshots/k2.verified", "{}");
         // A template of an older format (no RAM file in its record).
         w("snapshots/k5.snap", "x");
-        w("snapshots/k5.json", r#"{"sha256":"s","image":"disk-a","initramfs":"i1.cpio"}"#);
+        w(
+            "snapshots/k5.json",
+            r#"{"sha256":"s","image":"disk-a","initramfs":"i1.cpio"}"#,
+        );
         w("initramfs/i1.cpio", "x");
         w("initramfs/i2.cpio", "x");
         w("initramfs/old.cpio", "x");

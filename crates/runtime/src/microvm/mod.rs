@@ -303,6 +303,22 @@ fn hashed(path: &Path, sparse: bool) -> Result<(String, FileId), String> {
     Ok((sha, id))
 }
 
+/// Writes `v` to `stamp` (atomically; a stamp that cannot be written
+/// only costs the next process a full hash).
+fn write_stamp(stamp: &Path, v: &artifacts::Verified) {
+    let Ok(text) = serde_json::to_vec(v) else {
+        return;
+    };
+    let name = stamp
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = stamp.with_file_name(format!(".{name}.tmp{}", std::process::id()));
+    if fs::write(&tmp, text).is_ok() && fs::rename(&tmp, stamp).is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+}
+
 fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -686,6 +702,34 @@ impl Microvm {
         Ok(id)
     }
 
+    /// [`Microvm::verify`] for a large file whose last full hash is
+    /// recorded in `stamp` (the store's own, beside the record): a version
+    /// of the file the stamp names with the same digest is not read again,
+    /// in this process or a later one; any other is hashed in full and
+    /// the stamp rewritten.
+    fn verify_stamped(&self, path: &Path, sha256: &str, stamp: &Path) -> Result<FileId, String> {
+        let id = file_id(path).ok_or_else(|| format!("{} is missing", path.display()))?;
+        let stamped = fs::read(stamp)
+            .ok()
+            .and_then(|t| serde_json::from_slice::<artifacts::Verified>(&t).ok());
+        if let Some(v) = stamped
+            && v.file == id
+            && v.sha256 == sha256
+        {
+            self.remember_as(path, id);
+            return Ok(id);
+        }
+        let id = self.verify(path, sha256, true)?;
+        write_stamp(
+            stamp,
+            &artifacts::Verified {
+                sha256: sha256.to_owned(),
+                file: id,
+            },
+        );
+        Ok(id)
+    }
+
     fn vm_config(
         &self,
         image: BlockImage,
@@ -774,6 +818,7 @@ impl Microvm {
         let snap = dir.join(format!("{key}.snap"));
         let ram = dir.join(format!("{key}.ram"));
         let record = dir.join(format!("{key}.json"));
+        let stamp = dir.join(format!("{key}.verified"));
         let check = || -> Result<Option<Template>, RunError> {
             match fs::read(&record) {
                 Ok(text) => {
@@ -782,7 +827,9 @@ impl Microvm {
                     // The helper checks the state again on the copy QEMU
                     // reads; the RAM file is hashed once per version of it.
                     self.verify(&snap, &r.sha256, false).map_err(fail)?;
-                    let ram_id = self.verify(&ram, &r.ram_sha256, true).map_err(fail)?;
+                    let ram_id = self
+                        .verify_stamped(&ram, &r.ram_sha256, &stamp)
+                        .map_err(fail)?;
                     Ok(Some(Template {
                         state: snap.clone(),
                         state_sha256: r.sha256,
@@ -835,6 +882,7 @@ impl Microvm {
             // Hashed where they stay, and remembered as they were hashed.
             let (sha256, _) = hashed(&snap, false).map_err(fail)?;
             let (ram_sha256, ram_id) = hashed(&ram, true).map_err(fail)?;
+            let ram_sha_for_stamp = ram_sha256.clone();
             let rec = artifacts::SnapRecord {
                 sha256: sha256.clone(),
                 ram_sha256,
@@ -852,6 +900,13 @@ impl Microvm {
                 .map_err(|e| fail(format!("{}: {e}", record.display())))?;
             self.remember(&snap);
             self.remember_as(&ram, ram_id);
+            write_stamp(
+                &stamp,
+                &artifacts::Verified {
+                    sha256: ram_sha_for_stamp,
+                    file: ram_id,
+                },
+            );
             Ok(Template {
                 state: snap.clone(),
                 state_sha256: sha256,
