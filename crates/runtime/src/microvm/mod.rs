@@ -15,8 +15,13 @@
 //!   initramfs per init and kernel, the read-only block image per image
 //!   (EROFS, verified by sha256 before use), and one template snapshot per
 //!   (block image, initramfs, kernel, QEMU, memory, vCPUs, accelerator),
-//!   made on first use under a lock by booting a template guest to its
-//!   init's `ready` line, verified by sha256 before each restore.
+//!   made on first use under a lock by booting a template guest, its RAM
+//!   in a file, to its init's `ready` line and migrating its device state
+//!   alone. Each restore maps that RAM file privately (copy-on-write: the
+//!   guests share its pages, the file is never written); the device state
+//!   is checked by sha256 before each restore, the RAM file whenever its
+//!   version differs from the one last hashed (docs/microvm.md,
+//!   "Snapshots").
 //! - **The child of the supervisor** ([`Child`]): the sandbox's command
 //!   line is `cordon-vm-init host DIR`, which runs as pid 1 of the
 //!   supervisor's namespaces (no network at all), starts QEMU as the
@@ -58,7 +63,8 @@ use crate::{Check, Context, Facts, Runtime, Spawned};
 /// What a microVM sandbox's directory is called in notes and errors.
 const LEFTOVER: &str = "microVM sandbox";
 
-/// The oldest QEMU cordon runs (`mapped-ram` migration).
+/// The oldest QEMU cordon runs (tested with 10.0; the snapshots need
+/// 8.2's `file:` migration and `rom=` of a memory backend).
 pub const MIN_QEMU: (u32, u32) = (9, 0);
 
 /// Guest memory beyond the tool's limit: the guest kernel and the init.
@@ -178,7 +184,7 @@ fn find_qemu(opt: Option<&Path>) -> Result<Qemu, String> {
         .ok_or_else(|| format!("{} --version: no version in {text:?}", path.display()))?;
     if v < MIN_QEMU {
         return Err(format!(
-            "QEMU {} is {}.{}, older than {}.{} (no mapped-ram snapshots); install QEMU 10 from bookworm-backports",
+            "QEMU {} is {}.{}, older than {}.{} (no copy-on-write snapshots); install QEMU 10 from bookworm-backports",
             path.display(),
             v.0,
             v.1,
