@@ -82,6 +82,24 @@ def rss_pss(pid):
             vals.get("Private_Clean", 0) + vals.get("Private_Dirty", 0))
 
 
+def ram_mapping(pid):
+    """RSS, PSS and private-dirty (the pages the guest wrote, copied) of
+    the guest RAM file's mapping in QEMU `pid`, MiB; None without one."""
+    cur, vals = None, {}
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = re.match(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$", line)
+            if head:
+                cur = head.group(1).strip().endswith("/vm/ram")
+                continue
+            m = re.match(r"(Rss|Pss|Private_Dirty):\s+(\d+) kB", line)
+            if cur and m:
+                vals[m.group(1)] = vals.get(m.group(1), 0) + int(m.group(2)) / 1024
+    if not vals:
+        return None
+    return vals.get("Rss", 0), vals.get("Pss", 0), vals.get("Private_Dirty", 0)
+
+
 def allocated(path):
     st = os.stat(path)
     return st.st_size, st.st_blocks * 512
@@ -142,7 +160,7 @@ def main():
         pool = json.loads(out.strip().splitlines()[-1])
         print("pool:", pool, flush=True)
         # 3. memory per restored guest, 1, 4 and 16 at once.
-        mem = {}
+        mem, ram = {}, {}
         needle = os.path.join(store, "vm")
         for n in (1, 4, 16):
             procs = [subprocess.Popen(exe + ["/bin/sleep", "30"], env=env,
@@ -159,6 +177,12 @@ def main():
             print(f"{n} guests: {len(pids)} QEMU, mean RSS {mem[n][1]:.1f} MiB, "
                   f"mean PSS {mem[n][2]:.1f} MiB, mean private {mem[n][3]:.1f} MiB, "
                   f"PSS of all {mem[n][4]:.1f} MiB", flush=True)
+            maps = [m for m in (ram_mapping(p) for p in pids) if m]
+            if maps:
+                ram[n] = tuple(statistics.mean(m[i] for m in maps) for i in range(3))
+                print(f"{n} guests: the guest RAM file's mapping, mean RSS {ram[n][0]:.1f} MiB, "
+                      f"PSS {ram[n][1]:.1f} MiB, copied (private dirty) {ram[n][2]:.1f} MiB",
+                      flush=True)
             for p in procs:
                 p.kill()
             for p in procs:
@@ -186,6 +210,8 @@ def main():
         print(f"| warm `cordon exec` of `busybox sha256sum` of 1 MiB | {m(warm_tool):.0f} ms | | | not measured |")
         for n, (k, rss, pss, priv, total) in mem.items():
             print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS / private per QEMU; PSS of all | {rss:.1f} / {pss:.1f} / {priv:.1f} MiB; {total:.0f} MiB | | | not measured |")
+        for n, (rss, pss, dirty) in ram.items():
+            print(f"| {n} guests: the guest RAM file's mapping per QEMU: RSS / PSS / copied on write | {rss:.1f} / {pss:.1f} / {dirty:.1f} MiB | | | not measured |")
         if "ram" in files and "snap" in files:
             print(f"| the template's files: device state; RAM file apparent / allocated | {files['snap'][0] / 1e3:.0f} KB; {files['ram'][0] / 2**20:.0f} / {files['ram'][1] / 2**20:.0f} MiB | | | not measured |")
         print(f"| a whole pooled task vs a whole restored one (runtime API, debug build) | {pool['pool_total_ms']:.0f} ms | {pool['cold_total_ms']:.0f} ms | {pool['pool_total_ms'] / pool['cold_total_ms']:.2f}x | not measured |")

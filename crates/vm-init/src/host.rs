@@ -258,6 +258,28 @@ fn checked_snapshot(
     ram: &Path,
     ram_id: &FileId,
 ) -> Result<Snapshot, String> {
+    let (bytes, file) = check_snapshot(state, state_sha256, ram, ram_id)?;
+    let copy = vm_dir.join("state");
+    fs::write(&copy, &bytes).map_err(|e| format!("write {}: {e}", copy.display()))?;
+    // QEMU (the sandbox's ids) only reads it.
+    fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o444))
+        .map_err(|e| format!("chmod {}: {e}", copy.display()))?;
+    let bound = vm_dir.join("ram");
+    crate::devices::bind_file_readonly(&file, &bound)?;
+    Ok(Snapshot {
+        state: copy,
+        ram: bound,
+    })
+}
+
+/// The device state's bytes, if their sha256 is `state_sha256`, and the
+/// RAM file open, if it is the version `ram_id` names.
+fn check_snapshot(
+    state: &Path,
+    state_sha256: &str,
+    ram: &Path,
+    ram_id: &FileId,
+) -> Result<(Vec<u8>, fs::File), String> {
     let bytes = fs::read(state).map_err(|e| format!("read {}: {e}", state.display()))?;
     let sha = {
         use sha2::Digest;
@@ -269,11 +291,6 @@ fn checked_snapshot(
             state.display()
         ));
     }
-    let copy = vm_dir.join("state");
-    fs::write(&copy, &bytes).map_err(|e| format!("write {}: {e}", copy.display()))?;
-    // QEMU (the sandbox's ids) only reads it.
-    fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o444))
-        .map_err(|e| format!("chmod {}: {e}", copy.display()))?;
     let file = fs::File::open(ram).map_err(|e| format!("open {}: {e}", ram.display()))?;
     let now = file
         .metadata()
@@ -285,12 +302,7 @@ fn checked_snapshot(
             ram.display()
         ));
     }
-    let bound = vm_dir.join("ram");
-    crate::devices::bind_file_readonly(&file, &bound)?;
-    Ok(Snapshot {
-        state: copy,
-        ram: bound,
-    })
+    Ok((bytes, file))
 }
 
 #[cfg(test)]
@@ -333,6 +345,39 @@ mod tests {
         let back: Status = serde_json::from_str(&text).unwrap();
         assert_eq!(back.exit_code(), 137);
         assert_eq!(back.net_error, None);
+    }
+
+    #[test]
+    fn a_snapshot_is_checked_before_qemu_gets_it() {
+        use sha2::Digest;
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("t.snap");
+        let ram = d.path().join("t.ram");
+        fs::write(&state, b"device state").unwrap();
+        fs::write(&ram, vec![7u8; 8192]).unwrap();
+        let sha = hex::encode(sha2::Sha256::digest(b"device state"));
+        let id = FileId::path(&ram).unwrap();
+        // Positive control: what was verified passes.
+        let (bytes, _) = check_snapshot(&state, &sha, &ram, &id).unwrap();
+        assert_eq!(bytes, b"device state");
+        // Another device state.
+        let e = check_snapshot(&state, &"0".repeat(64), &ram, &id).unwrap_err();
+        assert!(e.contains("is corrupt"), "{e}");
+        // The RAM file written since it was verified (its times move), and
+        // one replaced by another file.
+        std::thread::sleep(Duration::from_millis(20));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&ram)
+            .and_then(|mut f| f.write_all(&[8]))
+            .unwrap();
+        let e = check_snapshot(&state, &sha, &ram, &id).unwrap_err();
+        assert!(e.contains("changed since its digest was verified"), "{e}");
+        let other = d.path().join("other");
+        fs::write(&other, vec![7u8; 8192]).unwrap();
+        fs::rename(&other, &ram).unwrap();
+        let e = check_snapshot(&state, &sha, &ram, &id).unwrap_err();
+        assert!(e.contains("changed since its digest was verified"), "{e}");
     }
 
     #[test]

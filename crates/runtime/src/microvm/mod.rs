@@ -5,7 +5,7 @@
 //! The guest side and the QEMU launcher are `cordon-vm-init`'s (see
 //! `docs/microvm.md`); this module holds what is the runtime's:
 //!
-//! - **Finding the parts**: QEMU (at least 9.0, for `mapped-ram`), the
+//! - **Finding the parts**: QEMU (at least 9.0; the snapshots need 8.2), the
 //!   guest kernel and its modules, the static `cordon-vm-init` binary.
 //! - **The accelerator**: KVM when a tiny guest boots under it here
 //!   (checked once per kernel, QEMU and host kernel, and cached), else
