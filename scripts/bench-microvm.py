@@ -83,8 +83,10 @@ def rss_pss(pid):
 
 
 def ram_mapping(pid):
-    """RSS, PSS and private-dirty (the pages the guest wrote, copied) of
-    the guest RAM file's mapping in QEMU `pid`, MiB; None without one."""
+    """RSS, PSS and anonymous pages (the pages the guest wrote, copied on
+    write) of the guest RAM file's mapping in QEMU `pid`, MiB; None
+    without one. (Private_Dirty would count the file's own pages too
+    while the template's writes are not yet written back.)"""
     cur, vals = None, {}
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
@@ -92,12 +94,12 @@ def ram_mapping(pid):
             if head:
                 cur = head.group(1).strip().endswith("/vm/ram")
                 continue
-            m = re.match(r"(Rss|Pss|Private_Dirty):\s+(\d+) kB", line)
+            m = re.match(r"(Rss|Pss|Anonymous):\s+(\d+) kB", line)
             if cur and m:
                 vals[m.group(1)] = vals.get(m.group(1), 0) + int(m.group(2)) / 1024
     if not vals:
         return None
-    return vals.get("Rss", 0), vals.get("Pss", 0), vals.get("Private_Dirty", 0)
+    return vals.get("Rss", 0), vals.get("Pss", 0), vals.get("Anonymous", 0)
 
 
 def allocated(path):
@@ -181,7 +183,7 @@ def main():
             if maps:
                 ram[n] = tuple(statistics.mean(m[i] for m in maps) for i in range(3))
                 print(f"{n} guests: the guest RAM file's mapping, mean RSS {ram[n][0]:.1f} MiB, "
-                      f"PSS {ram[n][1]:.1f} MiB, copied (private dirty) {ram[n][2]:.1f} MiB",
+                      f"PSS {ram[n][1]:.1f} MiB, copied on write {ram[n][2]:.1f} MiB",
                       flush=True)
             for p in procs:
                 p.kill()
