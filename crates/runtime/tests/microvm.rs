@@ -495,7 +495,10 @@ fn qemu_sees_only_the_device_nodes_it_needs() {
             let found = std::fs::read_dir("/proc").unwrap().flatten().find(|p| {
                 std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
                     let c = String::from_utf8_lossy(&c);
-                    c.starts_with("/usr/bin/qemu-system") && c.contains(&needle)
+                    // The restored guest's QEMU (not a template's).
+                    c.starts_with("/usr/bin/qemu-system")
+                        && c.contains(&needle)
+                        && c.contains("incoming")
                 })
             });
             if let Some(p) = found {
@@ -510,6 +513,31 @@ fn qemu_sees_only_the_device_nodes_it_needs() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
+        // The template's RAM file: mounted read-only in QEMU's view and
+        // mapped privately (copy-on-write).
+        let mountinfo = std::fs::read_to_string(qemu.join("mountinfo")).unwrap();
+        let ram_mount = mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4).is_some_and(|m| m.ends_with("/vm/ram")))
+            .unwrap_or_else(|| panic!("no RAM file mount in QEMU's view: {mountinfo}"));
+        let opts = ram_mount.split(' ').nth(5).unwrap();
+        assert!(opts.split(',').any(|o| o == "ro"), "{ram_mount}");
+        // QEMU maps it while it starts up.
+        let maps = loop {
+            let maps = std::fs::read_to_string(qemu.join("maps")).unwrap();
+            if maps.lines().any(|l| l.ends_with("/vm/ram")) {
+                break maps;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the RAM file is not mapped: {maps}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let ram_maps: Vec<&str> = maps.lines().filter(|l| l.ends_with("/vm/ram")).collect();
+        for l in &ram_maps {
+            assert_eq!(l.split(' ').nth(1), Some("rw-p"), "{l}");
+        }
         // Positive control: the host's /dev has far more.
         let host = std::fs::read_dir("/dev").unwrap().count();
         assert!(host > 10, "{host}");
