@@ -13,8 +13,11 @@
    hand-over-to-first-act figure reads the guest's clock, which drifts
    from the host's under TCG once the guest has waited in the pool, so it
    is not reported here);
-4. QEMU's RSS and PSS per restored guest with 1, 4 and 16 guests of one
-   template running at once.
+4. QEMU's RSS, PSS and private memory per restored guest with 1, 4 and
+   16 guests of one template running at once (a restore maps the
+   template's RAM file privately: the pages a guest only reads are shared
+   with every other guest of the template, in the page cache; the pages it
+   writes are its own), and the template's files.
 
 Run as root: `python3 scripts/bench-microvm.py [--rounds N] [--kvm]`
 (`CORDON_BIN` for another cordon binary; default target/debug/cordon).
@@ -68,13 +71,40 @@ def qemu_pids(needle):
 
 
 def rss_pss(pid):
+    """RSS, PSS and private (clean + dirty) memory of `pid`, MiB."""
     vals = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            m = re.match(r"(Rss|Pss):\s+(\d+) kB", line)
+            m = re.match(r"(Rss|Pss|Private_Clean|Private_Dirty):\s+(\d+) kB", line)
             if m:
                 vals[m.group(1)] = int(m.group(2)) / 1024
-    return vals.get("Rss", 0), vals.get("Pss", 0)
+    return (vals.get("Rss", 0), vals.get("Pss", 0),
+            vals.get("Private_Clean", 0) + vals.get("Private_Dirty", 0))
+
+
+def ram_mapping(pid):
+    """RSS, PSS and anonymous pages (the pages the guest wrote, copied on
+    write) of the guest RAM file's mapping in QEMU `pid`, MiB; None
+    without one. (Private_Dirty would count the file's own pages too
+    while the template's writes are not yet written back.)"""
+    cur, vals = None, {}
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = re.match(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$", line)
+            if head:
+                cur = head.group(1).strip().endswith("/vm/ram")
+                continue
+            m = re.match(r"(Rss|Pss|Anonymous):\s+(\d+) kB", line)
+            if cur and m:
+                vals[m.group(1)] = vals.get(m.group(1), 0) + int(m.group(2)) / 1024
+    if not vals:
+        return None
+    return vals.get("Rss", 0), vals.get("Pss", 0), vals.get("Anonymous", 0)
+
+
+def allocated(path):
+    st = os.stat(path)
+    return st.st_size, st.st_blocks * 512
 
 
 def main():
@@ -132,7 +162,7 @@ def main():
         pool = json.loads(out.strip().splitlines()[-1])
         print("pool:", pool, flush=True)
         # 3. memory per restored guest, 1, 4 and 16 at once.
-        mem = {}
+        mem, ram = {}, {}
         needle = os.path.join(store, "vm")
         for n in (1, 4, 16):
             procs = [subprocess.Popen(exe + ["/bin/sleep", "30"], env=env,
@@ -144,16 +174,31 @@ def main():
             time.sleep(5)  # every guest restored and running its task
             pids = qemu_pids(needle)
             vals = [rss_pss(p) for p in pids]
-            mem[n] = (len(pids), statistics.mean(v[0] for v in vals) if vals else 0,
-                      statistics.mean(v[1] for v in vals) if vals else 0)
+            mean = lambda i: statistics.mean(v[i] for v in vals) if vals else 0
+            mem[n] = (len(pids), mean(0), mean(1), mean(2), sum(v[1] for v in vals))
             print(f"{n} guests: {len(pids)} QEMU, mean RSS {mem[n][1]:.1f} MiB, "
-                  f"mean PSS {mem[n][2]:.1f} MiB", flush=True)
+                  f"mean PSS {mem[n][2]:.1f} MiB, mean private {mem[n][3]:.1f} MiB, "
+                  f"PSS of all {mem[n][4]:.1f} MiB", flush=True)
+            maps = [m for m in (ram_mapping(p) for p in pids) if m]
+            if maps:
+                ram[n] = tuple(statistics.mean(m[i] for m in maps) for i in range(3))
+                print(f"{n} guests: the guest RAM file's mapping, mean RSS {ram[n][0]:.1f} MiB, "
+                      f"PSS {ram[n][1]:.1f} MiB, copied on write {ram[n][2]:.1f} MiB",
+                      flush=True)
             for p in procs:
                 p.kill()
             for p in procs:
                 p.wait()
             while qemu_pids(needle):
                 time.sleep(0.2)
+
+        snaps = os.path.join(store, "vm", "snapshots")
+        files = {}
+        for name in sorted(os.listdir(snaps)):
+            ext = name.rsplit(".", 1)[-1]
+            if ext in ("snap", "ram", "verified", "json") and not name.startswith("."):
+                files[ext] = allocated(os.path.join(snaps, name))
+        print("template files (apparent, allocated bytes):", files, flush=True)
 
         accel = "KVM" if a.kvm else "TCG"
         other = "TCG" if a.kvm else "KVM"
@@ -165,8 +210,12 @@ def main():
         print(f"| restore to result vs cold boot to result, through cordon | {m(warm_true):.0f} ms | {bare_cold:.0f} ms (bare cold) | **{m(warm_true) / bare_cold:.3f}x** (target 0.1x) | not measured |")
         print(f"| restore to result vs cold boot to result, bare QEMU | {bare_restore:.0f} ms | {bare_cold:.0f} ms | {bare_restore / bare_cold:.3f}x | not measured |")
         print(f"| warm `cordon exec` of `busybox sha256sum` of 1 MiB | {m(warm_tool):.0f} ms | | | not measured |")
-        for n, (k, rss, pss) in mem.items():
-            print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS per QEMU | {rss:.1f} / {pss:.1f} MiB | | | not measured |")
+        for n, (k, rss, pss, priv, total) in mem.items():
+            print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS / private per QEMU; PSS of all | {rss:.1f} / {pss:.1f} / {priv:.1f} MiB; {total:.0f} MiB | | | not measured |")
+        for n, (rss, pss, dirty) in ram.items():
+            print(f"| {n} guests: the guest RAM file's mapping per QEMU: RSS / PSS / copied on write | {rss:.1f} / {pss:.1f} / {dirty:.1f} MiB | | | not measured |")
+        if "ram" in files and "snap" in files:
+            print(f"| the template's files: device state; RAM file apparent / allocated | {files['snap'][0] / 1e3:.0f} KB; {files['ram'][0] / 2**20:.0f} / {files['ram'][1] / 2**20:.0f} MiB | | | not measured |")
         print(f"| a whole pooled task vs a whole restored one (runtime API, debug build) | {pool['pool_total_ms']:.0f} ms | {pool['cold_total_ms']:.0f} ms | {pool['pool_total_ms'] / pool['cold_total_ms']:.2f}x | not measured |")
         print(f"| an idle pooled guest: PSS of QEMU and the helper | {pool['idle_pooled_pss_mib']:.1f} MiB | | | not measured |")
     finally:

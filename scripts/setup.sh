@@ -66,8 +66,9 @@ if [ -z "$have_runsc" ] || [ "$have_runsc" -lt "$runsc_min" ] ||
 fi
 
 # microVMs (crates/vm-init, docs/microvm.md): QEMU 10 from bookworm-backports
-# (`-M microvm` with `mapped-ram` snapshots; bookworm's 7.2 has no
-# mapped-ram), Debian's cloud kernel as the guest kernel (its virtio drivers
+# (`-M microvm` with copy-on-write snapshots: `file:` migration and a
+# read-only `memory-backend-file` with `rom=off`, which bookworm's 7.2
+# lacks), Debian's cloud kernel as the guest kernel (its virtio drivers
 # and EROFS are modules: the guest initramfs carries them), erofs-utils for
 # the tools' read-only block images, cpio to inspect an initramfs.
 qemu_min=10

@@ -276,6 +276,38 @@ fn a_spawned_guest_streams_both_ways() {
     assert_eq!(o.status, Status::Ok, "{o:?}");
 }
 
+/// Flips the byte at `at` of a (read-only) store file.
+fn flip(path: &Path, at: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).unwrap().permissions();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&[b[0] ^ 0x5a]).unwrap();
+    drop(f);
+    std::fs::set_permissions(path, mode).unwrap();
+}
+
+/// The one template's files in `store`.
+fn template_files(store: &Path, ext: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(store.join("snapshots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found[0].clone()
+}
+
 #[test]
 fn a_corrupted_snapshot_is_refused_and_never_restored() {
     // A store of its own: its template is corrupted on purpose.
@@ -286,38 +318,71 @@ fn a_corrupted_snapshot_is_refused_and_never_restored() {
     // Positive control: the template is made and a task runs.
     let o = run(&m, &sh("echo ok"), b"");
     assert_eq!(o.status, Status::Ok, "{o:?}");
-    let snaps = dir.path().join("store/snapshots");
-    let snap = std::fs::read_dir(&snaps)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "snap"))
-        .expect("a snapshot");
-    // Flip one byte of guest memory (a data extent of the sparse file).
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&snap)
-        .unwrap();
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let mut b = [0u8; 1];
-    f.seek(SeekFrom::Start(4096)).unwrap();
-    f.read_exact(&mut b).unwrap();
-    f.seek(SeekFrom::Start(4096)).unwrap();
-    f.write_all(&[b[0] ^ 0x5a]).unwrap();
-    drop(f);
-    // A new broker (nothing verified yet) and this one (which verified the
-    // file before it changed) both refuse it.
-    for m in [Microvm::new(opts.clone(), Default::default()).unwrap(), m] {
-        let e = {
-            let _slot = slot();
-            m.run(&sh("echo never"), Vec::new(), &Context::discard("t"))
-                .expect_err("a corrupted snapshot was restored")
+    let store = dir.path().join("store");
+    // The device state, then (the state put right) one byte of the
+    // guest's RAM file.
+    for ext in ["snap", "ram"] {
+        let file = template_files(&store, ext);
+        // A byte of data (not a hole of the sparse RAM file, which a
+        // write would turn into data for good).
+        let at = {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open(&file).unwrap();
+            let from: u64 = if ext == "ram" { 16 << 20 } else { 4096 };
+            f.seek(SeekFrom::Start(from)).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let n = f.read(&mut buf).unwrap();
+            from + buf[..n].iter().position(|&b| b != 0).expect("data") as u64
         };
-        assert!(e.to_string().contains("is corrupt"), "{e}");
+        flip(&file, at);
+        // A new broker (nothing verified yet) and this one (which verified
+        // the file before it changed) both refuse it.
+        let fresh = Microvm::new(opts.clone(), Default::default()).unwrap();
+        for m in [&fresh, &m] {
+            let e = {
+                let _slot = slot();
+                m.run(&sh("echo never"), Vec::new(), &Context::discard("t"))
+                    .expect_err("a corrupted snapshot was restored")
+            };
+            assert!(e.to_string().contains("is corrupt"), "{ext}: {e}");
+        }
+        flip(&file, at);
     }
+    // Put right, it verifies again.
+    let o = run(&m, &sh("echo ok"), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
     let left = processes_naming(&dir.path().display().to_string());
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A restored guest writing 96 MiB of its memory leaves the template's RAM
+/// file as its record says, and a broker that hashes it afresh restores it.
+#[test]
+fn a_guests_writes_never_reach_the_templates_ram_file() {
+    let dir = cordon_testkit::scratch::named("cordon-microvm-cow-");
+    let mut opts = env().opts.clone();
+    opts.store = Some(dir.path().join("store"));
+    let m = Microvm::new(opts.clone(), Default::default()).unwrap();
+    let mut s = sh("yes 0123456789abcdef | head -c 100663296 > /tmp/fill; wc -c < /tmp/fill");
+    s.limits.disk_bytes = 128 << 20;
+    s.limits.wall = Duration::from_secs(300);
+    let o = run(&m, &s, b"");
+    // Positive control: the guest wrote them.
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), "100663296");
+    let store = dir.path().join("store");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(template_files(&store, "json")).unwrap()).unwrap();
+    let ram = template_files(&store, "ram");
+    assert_eq!(
+        cordon_vm_init::image::sha256_sparse(&ram).unwrap(),
+        record["ram_sha256"].as_str().unwrap(),
+        "a guest's writes reached the template's RAM file"
+    );
+    let fresh = Microvm::new(opts, Default::default()).unwrap();
+    let o = run(&fresh, &sh("echo again"), b"");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(text(&o.stdout), "again\n");
 }
 
 #[test]
@@ -430,7 +495,10 @@ fn qemu_sees_only_the_device_nodes_it_needs() {
             let found = std::fs::read_dir("/proc").unwrap().flatten().find(|p| {
                 std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
                     let c = String::from_utf8_lossy(&c);
-                    c.starts_with("/usr/bin/qemu-system") && c.contains(&needle)
+                    // The restored guest's QEMU (not a template's).
+                    c.starts_with("/usr/bin/qemu-system")
+                        && c.contains(&needle)
+                        && c.contains("incoming")
                 })
             });
             if let Some(p) = found {
@@ -445,6 +513,31 @@ fn qemu_sees_only_the_device_nodes_it_needs() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
+        // The template's RAM file: mounted read-only in QEMU's view and
+        // mapped privately (copy-on-write).
+        let mountinfo = std::fs::read_to_string(qemu.join("mountinfo")).unwrap();
+        let ram_mount = mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4).is_some_and(|m| m.ends_with("/vm/ram")))
+            .unwrap_or_else(|| panic!("no RAM file mount in QEMU's view: {mountinfo}"));
+        let opts = ram_mount.split(' ').nth(5).unwrap();
+        assert!(opts.split(',').any(|o| o == "ro"), "{ram_mount}");
+        // QEMU maps it while it starts up.
+        let maps = loop {
+            let maps = std::fs::read_to_string(qemu.join("maps")).unwrap();
+            if maps.lines().any(|l| l.ends_with("/vm/ram")) {
+                break maps;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the RAM file is not mapped: {maps}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let ram_maps: Vec<&str> = maps.lines().filter(|l| l.ends_with("/vm/ram")).collect();
+        for l in &ram_maps {
+            assert_eq!(l.split(' ').nth(1), Some("rw-p"), "{l}");
+        }
         // Positive control: the host's /dev has far more.
         let host = std::fs::read_dir("/dev").unwrap().count();
         assert!(host > 10, "{host}");

@@ -129,17 +129,20 @@ fn main() -> Res<()> {
         cold_result.push(r.since_start);
         cold_cpu.push(cpu);
     }
-    let snap = dir.path().join("template.snap");
-    let vm = Vm::boot(&cfg, &run_dir)?;
+    let vm = Vm::boot_template(&cfg, &run_dir, &dir.path().join("template.ram"), None)?;
     let t = Instant::now();
-    vm.snapshot(&snap)?;
+    let snap = vm.snapshot(&dir.path().join("template.snap"))?;
     let snap_time = t.elapsed();
-    let md = std::fs::metadata(&snap)?;
+    let (md, ram) = (
+        std::fs::metadata(&snap.state)?,
+        std::fs::metadata(&snap.ram)?,
+    );
     println!(
-        "snapshot: {}, {} bytes apparent, {} bytes allocated",
+        "snapshot: {}, device state {} bytes, RAM file {} bytes apparent, {} bytes allocated",
         ms(snap_time),
         md.len(),
-        std::os::unix::fs::MetadataExt::blocks(&md) * 512
+        ram.len(),
+        std::os::unix::fs::MetadataExt::blocks(&ram) * 512
     );
     let (mut rs_running, mut rs_result, mut rs_cpu) = (vec![], vec![], vec![]);
     for i in 0..runs {

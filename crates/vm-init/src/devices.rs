@@ -14,6 +14,7 @@ use std::path::Path;
 
 use rustix::mount::{
     MountFlags, MountPropagationFlags, mount, mount_bind, mount_bind_recursive, mount_change,
+    mount_remount,
 };
 
 /// The nodes QEMU gets (`kvm` only with KVM).
@@ -44,5 +45,45 @@ pub fn confine(scratch: &Path, kvm: bool) -> Result<(), String> {
         mount_bind(Path::new("/dev").join(n), &dst).map_err(|e| err(n, e))?;
     }
     mount_bind_recursive(scratch, "/dev").map_err(|e| err("bind over /dev", e))?;
+    Ok(())
+}
+
+/// Binds the file open as `file` (that very inode, whatever its path
+/// names now) at `dst`, read-only, in this mount namespace (its mounts
+/// made private first, so nothing reaches the host's).
+pub fn bind_file_readonly(file: &fs::File, dst: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let err = |what: &str, e: rustix::io::Errno| format!("bind {}: {what}: {e}", dst.display());
+    mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(|e| err("make the mounts private", e))?;
+    fs::File::create(dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
+    let src = format!("/proc/self/fd/{}", file.as_raw_fd());
+    mount_bind(src.as_str(), dst).map_err(|e| err("bind", e))?;
+    // A remount keeps the flags the source's mount has (a user
+    // namespace may not clear them) and adds read-only.
+    let had = rustix::fs::fstatvfs(file)
+        .map_err(|e| err("statvfs", e))?
+        .f_flag;
+    let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
+    for (vfs, m) in [
+        (rustix::fs::StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
+        (rustix::fs::StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
+        (
+            rustix::fs::StatVfsMountFlags::NODIRATIME,
+            MountFlags::NODIRATIME,
+        ),
+        (
+            rustix::fs::StatVfsMountFlags::RELATIME,
+            MountFlags::RELATIME,
+        ),
+    ] {
+        if had.contains(vfs) {
+            flags |= m;
+        }
+    }
+    mount_remount(dst, flags, c"").map_err(|e| err("read-only", e))?;
     Ok(())
 }

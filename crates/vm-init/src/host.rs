@@ -20,9 +20,19 @@
 //! network namespace, where cordon's egress doors listen; a refused
 //! connect is a reset of the guest's connection.
 //!
-//! A template job boots the guest to its init's `ready` line, snapshots it
-//! into `DIR/vm/template.snap` (the runtime moves it into its store) and
+//! A template job boots the guest with its RAM in `DIR/vm/template.ram`,
+//! to its init's `ready` line, snapshots its device state into
+//! `DIR/vm/template.snap` (the runtime moves both into its store) and
 //! exits 0; it runs no task.
+//!
+//! A restore job names the template's two files as the runtime verified
+//! them, and the helper checks that what QEMU gets is what was verified:
+//! it copies the (small) device state into `DIR/vm/` and checks its
+//! sha256 on the copy QEMU reads; it opens the RAM file, checks that the
+//! descriptor's file is the one the runtime hashed (device, inode, size,
+//! modification and change time), and binds that very file read-only at
+//! `DIR/vm/ram`, the path QEMU maps (privately: the guest's writes never
+//! reach it).
 
 use std::fs;
 use std::io::Write;
@@ -31,8 +41,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::image::FileId;
 use crate::protocol::Task;
-use crate::qemu::{Outcome, Vm, VmConfig};
+use crate::qemu::{Outcome, Snapshot, Vm, VmConfig};
 
 /// The job file's name in the sandbox's directory.
 pub const JOB: &str = "job.json";
@@ -41,8 +52,10 @@ pub const STATUS: &str = "status.json";
 /// The subdirectory QEMU's sockets, console and snapshot go in (owned by
 /// QEMU's ids).
 pub const VM_DIR: &str = "vm";
-/// Where a template job leaves its snapshot, in [`VM_DIR`].
+/// Where a template job leaves its device state, in [`VM_DIR`].
 pub const TEMPLATE_SNAPSHOT: &str = "template.snap";
+/// Where a template job leaves its RAM file, in [`VM_DIR`].
+pub const TEMPLATE_RAM: &str = "template.ram";
 
 /// The exit code when the host side failed (nothing of the tool ran, or
 /// its end is unknown); `DIR/status.json` says why.
@@ -55,7 +68,16 @@ pub enum Start {
     /// A cold boot.
     Cold,
     /// A restore of a template's snapshot.
-    Restore { snapshot: PathBuf },
+    Restore {
+        /// The device state.
+        snapshot: PathBuf,
+        /// Its sha256 (checked on the helper's own copy).
+        state_sha256: String,
+        /// The template's RAM file.
+        ram: PathBuf,
+        /// The RAM file as the runtime verified its digest.
+        ram_id: FileId,
+    },
     /// Boot, snapshot at `ready`, end: no task.
     Template,
 }
@@ -170,8 +192,19 @@ fn run(dir: &Path) -> Result<Status, String> {
         crate::devices::confine(&dir.join("dev"), job.vm.accel == crate::qemu::Accel::Kvm)?;
     }
     let vm = match &job.start {
-        Start::Cold | Start::Template => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
-        Start::Restore { snapshot } => Vm::restore_as(&job.vm, snapshot, &vm_dir, job.qemu_ids),
+        Start::Cold => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
+        Start::Template => {
+            Vm::boot_template(&job.vm, &vm_dir, &vm_dir.join(TEMPLATE_RAM), job.qemu_ids)
+        }
+        Start::Restore {
+            snapshot,
+            state_sha256,
+            ram,
+            ram_id,
+        } => {
+            let snap = checked_snapshot(&vm_dir, snapshot, state_sha256, ram, ram_id)?;
+            Vm::restore_as(&job.vm, &snap, &vm_dir, job.qemu_ids)
+        }
     }
     .map_err(|e| format!("start the guest: {e}"))?;
     let ready_ms = ms(vm.ready_after);
@@ -215,6 +248,63 @@ fn run(dir: &Path) -> Result<Status, String> {
     })
 }
 
+/// The snapshot QEMU gets, in `vm_dir`: a copy of the device state
+/// whose sha256 is `state_sha256`, and the RAM file `ram`, if it is still
+/// the file `ram_id` names, bound read-only at `vm_dir/ram`.
+fn checked_snapshot(
+    vm_dir: &Path,
+    state: &Path,
+    state_sha256: &str,
+    ram: &Path,
+    ram_id: &FileId,
+) -> Result<Snapshot, String> {
+    let (bytes, file) = check_snapshot(state, state_sha256, ram, ram_id)?;
+    let copy = vm_dir.join("state");
+    fs::write(&copy, &bytes).map_err(|e| format!("write {}: {e}", copy.display()))?;
+    // QEMU (the sandbox's ids) only reads it.
+    fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o444))
+        .map_err(|e| format!("chmod {}: {e}", copy.display()))?;
+    let bound = vm_dir.join("ram");
+    crate::devices::bind_file_readonly(&file, &bound)?;
+    Ok(Snapshot {
+        state: copy,
+        ram: bound,
+    })
+}
+
+/// The device state's bytes, if their sha256 is `state_sha256`, and the
+/// RAM file open, if it is the version `ram_id` names.
+fn check_snapshot(
+    state: &Path,
+    state_sha256: &str,
+    ram: &Path,
+    ram_id: &FileId,
+) -> Result<(Vec<u8>, fs::File), String> {
+    let bytes = fs::read(state).map_err(|e| format!("read {}: {e}", state.display()))?;
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&bytes))
+    };
+    if sha != state_sha256 {
+        return Err(format!(
+            "{} is corrupt: its sha256 is {sha}, its record says {state_sha256}; refusing to restore it",
+            state.display()
+        ));
+    }
+    let file = fs::File::open(ram).map_err(|e| format!("open {}: {e}", ram.display()))?;
+    let now = file
+        .metadata()
+        .map(|m| FileId::of(&m))
+        .map_err(|e| format!("stat {}: {e}", ram.display()))?;
+    if now != *ram_id {
+        return Err(format!(
+            "{} changed since its digest was verified ({now:?}, verified as {ram_id:?}); refusing to restore it",
+            ram.display()
+        ));
+    }
+    Ok((bytes, file))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +345,39 @@ mod tests {
         let back: Status = serde_json::from_str(&text).unwrap();
         assert_eq!(back.exit_code(), 137);
         assert_eq!(back.net_error, None);
+    }
+
+    #[test]
+    fn a_snapshot_is_checked_before_qemu_gets_it() {
+        use sha2::Digest;
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("t.snap");
+        let ram = d.path().join("t.ram");
+        fs::write(&state, b"device state").unwrap();
+        fs::write(&ram, vec![7u8; 8192]).unwrap();
+        let sha = hex::encode(sha2::Sha256::digest(b"device state"));
+        let id = FileId::path(&ram).unwrap();
+        // Positive control: what was verified passes.
+        let (bytes, _) = check_snapshot(&state, &sha, &ram, &id).unwrap();
+        assert_eq!(bytes, b"device state");
+        // Another device state.
+        let e = check_snapshot(&state, &"0".repeat(64), &ram, &id).unwrap_err();
+        assert!(e.contains("is corrupt"), "{e}");
+        // The RAM file written since it was verified (its times move), and
+        // one replaced by another file.
+        std::thread::sleep(Duration::from_millis(20));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&ram)
+            .and_then(|mut f| f.write_all(&[8]))
+            .unwrap();
+        let e = check_snapshot(&state, &sha, &ram, &id).unwrap_err();
+        assert!(e.contains("changed since its digest was verified"), "{e}");
+        let other = d.path().join("other");
+        fs::write(&other, vec![7u8; 8192]).unwrap();
+        fs::rename(&other, &ram).unwrap();
+        let e = check_snapshot(&state, &sha, &ram, &id).unwrap_err();
+        assert!(e.contains("changed since its digest was verified"), "{e}");
     }
 
     #[test]

@@ -143,6 +143,39 @@ pub fn sha256_sparse(path: &Path) -> Result<String, ImageError> {
     Ok(hex::encode(h.finalize()))
 }
 
+/// A file as it was when it was verified: its identity, size and times.
+/// A file written, truncated, replaced or renamed over since differs in
+/// one of them (a write updates the modification and change times, a
+/// replacement has another inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl FileId {
+    pub fn of(m: &fs::Metadata) -> FileId {
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
+
+    /// `path`'s, following symbolic links.
+    pub fn path(path: &Path) -> Option<FileId> {
+        fs::metadata(path).ok().map(|m| FileId::of(&m))
+    }
+}
+
 /// The sha256 of a file's content, hex.
 pub fn sha256_file(path: &Path) -> Result<String, ImageError> {
     let mut f = fs::File::open(path).map_err(io(path))?;

@@ -14,9 +14,16 @@
 //! `net` ports.
 //!
 //! A guest either boots cold ([`Vm::boot`]: the init mounts the tool's
-//! root and says `ready`) or is restored from a template's snapshot
-//! ([`Vm::restore`]: QEMU started with `-incoming defer`, then
-//! `migrate-incoming` from a `mapped-ram` file). Either way [`Vm::run`]
+//! root and says `ready`) or is restored from a template's [`Snapshot`]
+//! ([`Vm::restore`]). A template ([`Vm::boot_template`]) keeps its RAM in
+//! a file (`memory-backend-file`, `share=on`); its snapshot is that file
+//! plus the device state, migrated with `x-ignore-shared` (the RAM stays
+//! in the file, complete once the template has stopped). A restore maps
+//! the same file privately (`share=off,readonly=on,rom=off`: opened
+//! read-only, the guest's writes copy-on-write into QEMU's own memory, never
+//! the file), starts QEMU with `-incoming defer`, then `migrate-incoming`
+//! reads the device state. Restored guests share the file's pages in the
+//! page cache and pay only for what they write. Either way [`Vm::run`]
 //! sends one task (with fresh host entropy and the clock), carries stdin,
 //! stdout and stderr, and returns the typed [`Outcome`]; the guest powers
 //! itself off, and a guest that outlives the wall clock is killed.
@@ -161,6 +168,32 @@ impl Paths {
 
 const SOCKETS: [&str; 6] = ["qmp", "ctl", "stdin", "stdout", "stderr", "net"];
 
+/// A template's snapshot: the device state (a QEMU migration stream
+/// without the RAM) and the file holding the guest's RAM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    pub state: PathBuf,
+    pub ram: PathBuf,
+}
+
+/// Where the guest's RAM lives.
+#[derive(Debug, Clone, Copy)]
+enum Memory<'a> {
+    /// QEMU's anonymous memory (a cold boot).
+    Anonymous,
+    /// A template's: the file, mapped shared (the guest's memory is the
+    /// file's contents).
+    Template(&'a Path),
+    /// A restore's: the template's file mapped privately and read-only
+    /// (the guest's writes are copied on write, the file is never written)
+    /// and QEMU waiting for the device state.
+    Restore(&'a Path),
+}
+
+/// The migration capability that leaves RAM in a shared, named file out
+/// of the stream.
+const IGNORE_SHARED: &str = "x-ignore-shared";
 /// The host's TSC frequency in kHz from `/proc/cpuinfo` (`cpu MHz` of the
 /// first CPU): the guest's TSC under TCG runs at the host's.
 pub fn host_tsc_khz() -> Option<u64> {
@@ -188,7 +221,7 @@ pub fn qemu_has_sandbox(qemu: &Path) -> bool {
 
 impl VmConfig {
     /// QEMU's command line for this configuration, its sockets in `dir`.
-    fn args(&self, paths: &Paths, incoming: bool) -> Vec<String> {
+    fn args(&self, paths: &Paths, memory: Memory<'_>) -> Vec<String> {
         let mut append = vec![
             "console=ttyS0".to_owned(),
             "quiet".to_owned(),
@@ -206,7 +239,10 @@ impl VmConfig {
         let p = |name: &str| paths.sock(name).display().to_string();
         let mut a: Vec<String> = vec![
             "-M".into(),
-            "microvm".into(),
+            match memory {
+                Memory::Anonymous => "microvm".into(),
+                Memory::Template(_) | Memory::Restore(_) => "microvm,memory-backend=ram".into(),
+            },
             "-accel".into(),
             match self.accel {
                 Accel::Kvm => "kvm".into(),
@@ -270,9 +306,27 @@ impl VmConfig {
                 "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
             );
         }
-        if incoming {
-            a.push("-incoming".into());
-            a.push("defer".into());
+        let backend = |path: &Path, how: &str| {
+            format!(
+                "memory-backend-file,id=ram,size={}M,mem-path={},{how}",
+                self.memory_mib,
+                path.display()
+            )
+        };
+        match memory {
+            Memory::Anonymous => {}
+            Memory::Template(ram) => {
+                a.push("-object".into());
+                a.push(backend(ram, "share=on"));
+            }
+            Memory::Restore(ram) => {
+                // Opened read-only, mapped MAP_PRIVATE, and RAM (not ROM)
+                // to the guest: its writes land in QEMU's own pages.
+                a.push("-object".into());
+                a.push(backend(ram, "share=off,readonly=on,rom=off"));
+                a.push("-incoming".into());
+                a.push("defer".into());
+            }
         }
         a
     }
@@ -291,6 +345,8 @@ pub struct Vm {
     /// The network channel's host end.
     net: UnixStream,
     started: Instant,
+    /// A template's RAM file.
+    ram: Option<PathBuf>,
     /// Spawn to ready (cold) or to running (restored).
     pub ready_after: Duration,
 }
@@ -307,7 +363,7 @@ impl Vm {
     fn spawn_as(
         cfg: &VmConfig,
         dir: &Path,
-        incoming: bool,
+        memory: Memory<'_>,
         ids: Option<(u32, u32)>,
     ) -> Result<Vm, VmError> {
         if !cfg.image_verified {
@@ -333,7 +389,7 @@ impl Vm {
         }
         let started = Instant::now();
         let mut cmd = Command::new(&cfg.qemu);
-        cmd.args(cfg.args(&paths, incoming))
+        cmd.args(cfg.args(&paths, memory))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -393,6 +449,10 @@ impl Vm {
             stderr,
             net,
             started,
+            ram: match memory {
+                Memory::Template(p) => Some(p.to_owned()),
+                _ => None,
+            },
             ready_after: Duration::ZERO,
         })
     }
@@ -405,7 +465,28 @@ impl Vm {
 
     /// [`Vm::boot`] with QEMU as `ids` (see [`Vm::restore_as`]).
     pub fn boot_as(cfg: &VmConfig, dir: &Path, ids: Option<(u32, u32)>) -> Result<Vm, VmError> {
-        let mut vm = Vm::spawn_as(cfg, dir, false, ids)?;
+        Vm::boot_in(cfg, dir, Memory::Anonymous, ids)
+    }
+
+    /// Boots a template guest cold, its RAM in the file `ram` (made by
+    /// QEMU, as `ids` when given): [`Vm::snapshot`] it once it is ready.
+    pub fn boot_template(
+        cfg: &VmConfig,
+        dir: &Path,
+        ram: &Path,
+        ids: Option<(u32, u32)>,
+    ) -> Result<Vm, VmError> {
+        let _ = fs::remove_file(ram);
+        Vm::boot_in(cfg, dir, Memory::Template(ram), ids)
+    }
+
+    fn boot_in(
+        cfg: &VmConfig,
+        dir: &Path,
+        memory: Memory<'_>,
+        ids: Option<(u32, u32)>,
+    ) -> Result<Vm, VmError> {
+        let mut vm = Vm::spawn_as(cfg, dir, memory, ids)?;
         let deadline = vm.started + cfg.boot_timeout;
         match vm.read_ctl(deadline) {
             Ok(Some(GuestMessage::Ready { .. })) => {
@@ -429,28 +510,29 @@ impl Vm {
     }
 
     /// Restores a guest from `snapshot` (taken by [`Vm::snapshot`] of a
-    /// guest with the same `cfg`).
-    pub fn restore(cfg: &VmConfig, snapshot: &Path, dir: &Path) -> Result<Vm, VmError> {
+    /// template with the same `cfg`).
+    pub fn restore(cfg: &VmConfig, snapshot: &Snapshot, dir: &Path) -> Result<Vm, VmError> {
         Vm::restore_as(cfg, snapshot, dir, None)
     }
 
     /// [`Vm::restore`] with QEMU running as `ids` (uid, gid): a root caller
-    /// never leaves QEMU root. `dir` must be usable by them.
+    /// never leaves QEMU root. `dir` must be usable by them, the snapshot's
+    /// files readable.
     pub fn restore_as(
         cfg: &VmConfig,
-        snapshot: &Path,
+        snapshot: &Snapshot,
         dir: &Path,
         ids: Option<(u32, u32)>,
     ) -> Result<Vm, VmError> {
-        let mut vm = Vm::spawn_as(cfg, dir, true, ids)?;
+        let mut vm = Vm::spawn_as(cfg, dir, Memory::Restore(&snapshot.ram), ids)?;
         let r = (|| -> Result<(), QmpError> {
             vm.qmp.execute(
                 "migrate-set-capabilities",
-                Some(json!({"capabilities": [{"capability": "mapped-ram", "state": true}]})),
+                Some(json!({"capabilities": [{"capability": IGNORE_SHARED, "state": true}]})),
             )?;
             vm.qmp.execute(
                 "migrate-incoming",
-                Some(json!({"uri": format!("file:{}", snapshot.display())})),
+                Some(json!({"uri": format!("file:{}", snapshot.state.display())})),
             )?;
             vm.qmp.resume_incoming(cfg.boot_timeout)
         })();
@@ -462,26 +544,39 @@ impl Vm {
         Ok(vm)
     }
 
-    /// Stops this (ready, task-less) guest, writes its state to `path`
-    /// (QEMU migration to a file, `mapped-ram`: guest RAM at fixed offsets,
-    /// a sparse file), and ends QEMU.
-    pub fn snapshot(mut self, path: &Path) -> Result<(), VmError> {
-        let _ = fs::remove_file(path);
+    /// Stops this (ready, task-less) template guest, writes its device
+    /// state to `state` (QEMU migration to a file with `x-ignore-shared`:
+    /// the RAM stays in the template's file, which holds all of it once
+    /// QEMU has stopped), and ends QEMU.
+    pub fn snapshot(mut self, state: &Path) -> Result<Snapshot, VmError> {
+        let Some(ram) = self.ram.clone() else {
+            self.kill();
+            return Err(VmError::Protocol(
+                "only a template guest (Vm::boot_template) is snapshotted".to_owned(),
+            ));
+        };
+        let _ = fs::remove_file(state);
         let r = (|| -> Result<(), QmpError> {
             self.qmp.execute("stop", None)?;
             self.qmp.execute(
                 "migrate-set-capabilities",
-                Some(json!({"capabilities": [{"capability": "mapped-ram", "state": true}]})),
+                Some(json!({"capabilities": [{"capability": IGNORE_SHARED, "state": true}]})),
             )?;
             self.qmp.execute(
                 "migrate",
-                Some(json!({"uri": format!("file:{}", path.display())})),
+                Some(json!({"uri": format!("file:{}", state.display())})),
             )?;
             self.qmp.wait_migration(Duration::from_secs(120))?;
+            // QEMU's quit unmaps the file; its pages are in the page cache
+            // (and the file) whether or not they reached the disk yet.
             Ok(())
         })();
         self.kill();
-        r.map_err(VmError::from)
+        r.map_err(VmError::from)?;
+        Ok(Snapshot {
+            state: state.to_owned(),
+            ram,
+        })
     }
 
     /// The guest's console log (kernel messages, the init's last words).
@@ -859,7 +954,7 @@ mod tests {
         let paths = Paths {
             dir: "/run/x".into(),
         };
-        let a = cfg.args(&paths, false).join(" ");
+        let a = cfg.args(&paths, Memory::Anonymous).join(" ");
         assert!(a.starts_with("-M microvm -accel tcg -m 256 -smp 1 -nodefaults -no-user-config"));
         assert!(a.contains("-nic none"));
         assert!(a.contains("file=/store/d.img,format=raw,if=none,read-only=on"));
@@ -869,10 +964,21 @@ mod tests {
         assert!(a.contains("virtserialport,chardev=net,name=cordon.net"));
         assert!(!a.contains("-incoming"));
         assert!(!a.contains("netdev"));
-        assert!(
-            cfg.args(&paths, true)
-                .join(" ")
-                .ends_with("-incoming defer")
-        );
+        assert!(!a.contains("memory-backend"));
+        let t = cfg
+            .args(&paths, Memory::Template(Path::new("/run/x/t.ram")))
+            .join(" ");
+        assert!(t.starts_with("-M microvm,memory-backend=ram -accel tcg"));
+        assert!(t.contains(
+            "-object memory-backend-file,id=ram,size=256M,mem-path=/run/x/t.ram,share=on"
+        ));
+        assert!(!t.contains("-incoming"));
+        let r = cfg
+            .args(&paths, Memory::Restore(Path::new("/run/x/ram")))
+            .join(" ");
+        assert!(r.contains(
+            "memory-backend-file,id=ram,size=256M,mem-path=/run/x/ram,share=off,readonly=on,rom=off"
+        ));
+        assert!(r.ends_with("-incoming defer"));
     }
 }

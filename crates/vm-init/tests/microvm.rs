@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use cordon_vm_init::image::{self, BlockImage, FsKind, ImageError};
+use cordon_vm_init::image::{self, BlockImage, FileId, FsKind, ImageError};
 use cordon_vm_init::protocol::{Limits, Task};
-use cordon_vm_init::qemu::{self, Accel, Outcome, Vm, VmConfig, VmError};
+use cordon_vm_init::qemu::{self, Accel, Outcome, Snapshot, Vm, VmConfig, VmError};
 use cordon_vm_init::{image::find_tool, initramfs};
 
 struct Env {
@@ -300,26 +300,33 @@ fn a_corrupted_image_is_refused_before_qemu_starts() {
     assert!(BlockImage::open(&e.store, &e.cfg.image.digest).is_ok());
 }
 
-/// One template per test run: booted cold, snapshotted while its init
-/// waits for a task.
-fn template() -> &'static PathBuf {
-    static SNAP: OnceLock<PathBuf> = OnceLock::new();
+/// One template per test run: booted cold with its RAM in a file,
+/// snapshotted while its init waits for a task.
+fn template() -> &'static Snapshot {
+    static SNAP: OnceLock<Snapshot> = OnceLock::new();
     SNAP.get_or_init(|| {
         let e = env();
-        let path = e.root.join("template.snap");
         let _slot = slot();
-        let vm = Vm::boot(&e.cfg, &run_dir("template")).unwrap();
+        let vm = Vm::boot_template(
+            &e.cfg,
+            &run_dir("template"),
+            &e.root.join("template.ram"),
+            None,
+        )
+        .unwrap();
         eprintln!("template: cold boot to ready {:?}", vm.ready_after);
         let t = Instant::now();
-        vm.snapshot(&path).unwrap();
-        let md = std::fs::metadata(&path).unwrap();
-        eprintln!(
-            "template: snapshot {:?}, {} bytes apparent, {} bytes on disk",
-            t.elapsed(),
-            md.len(),
-            std::os::unix::fs::MetadataExt::blocks(&md) * 512
-        );
-        path
+        let snap = vm.snapshot(&e.root.join("template.state")).unwrap();
+        for p in [&snap.state, &snap.ram] {
+            let md = std::fs::metadata(p).unwrap();
+            eprintln!(
+                "template: {p:?} after {:?}, {} bytes apparent, {} bytes on disk",
+                t.elapsed(),
+                md.len(),
+                std::os::unix::fs::MetadataExt::blocks(&md) * 512
+            );
+        }
+        snap
     })
 }
 
@@ -377,6 +384,41 @@ fn restored_guests_run_tasks_with_their_own_randomness_and_the_right_time() {
         let t: i64 = l[1].trim().parse().unwrap();
         assert!((now - t).abs() < 120, "guest clock {t}, host {now}");
     }
+}
+
+/// 80 MiB of a task's `/tmp` (guest RAM) written in a restored guest:
+/// the template's RAM file, mapped privately, keeps its digest and its
+/// version, and the next restore of it runs.
+#[test]
+fn a_guests_writes_never_reach_the_templates_ram_file() {
+    let snap = template();
+    let id = FileId::path(&snap.ram).unwrap();
+    let digest = image::sha256_sparse(&snap.ram).unwrap();
+    let mut t = task(&[
+        "sh",
+        "-c",
+        "yes 0123456789abcdef | head -c 83886080 > /tmp/fill; wc -c < /tmp/fill",
+    ]);
+    t.limits.tmp_mib = 96;
+    t.limits.memory_mib = Some(160);
+    let r = restored_for("fill", &t, Duration::from_secs(180));
+    // Positive control: the guest did write them.
+    assert_eq!(
+        r.outcome,
+        Outcome::Exited(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "83886080");
+    assert_eq!(FileId::path(&snap.ram), Some(id), "the RAM file changed");
+    assert_eq!(
+        image::sha256_sparse(&snap.ram).unwrap(),
+        digest,
+        "a guest's writes reached the template's RAM file"
+    );
+    let r = restored("after-fill", &task(&["/bin/echo", "still"]));
+    assert_eq!(r.outcome, Outcome::Exited(0));
+    assert_eq!(r.stdout, b"still\n");
 }
 
 #[test]

@@ -6,9 +6,12 @@
 //! - `images/<digest>.img` and `.json`: an image's read-only EROFS disk
 //!   (`cordon_vm_init::image`), named by the digest of its tree;
 //! - `index/<manifest hex>`: which disk an image of the store became;
-//! - `snapshots/<key>.snap`, `.json` ([`SnapRecord`]) and `.lock`: one
-//!   template per (disk, initramfs, kernel, QEMU, memory, vCPUs,
-//!   accelerator).
+//! - `snapshots/<key>.snap` (the device state), `.ram` (the guest's RAM,
+//!   which restores map privately), `.json` ([`SnapRecord`]) and `.lock`:
+//!   one template per (snapshot format, disk, initramfs, kernel, QEMU,
+//!   memory, vCPUs, accelerator). Both files are read-only (0444) and the
+//!   store's own; `.verified` ([`Verified`]) names the version of the RAM
+//!   file last hashed in full.
 //!
 //! [`gc`] keeps what the kept images need and removes the rest.
 
@@ -23,13 +26,25 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapRecord {
-    /// sha256 over the sparse file's data extents
-    /// (`cordon_vm_init::image::sha256_sparse`).
+    /// sha256 of the device state (`.snap`).
     pub sha256: String,
+    /// sha256 over the RAM file's data extents and their offsets
+    /// (`cordon_vm_init::image::sha256_sparse`).
+    pub ram_sha256: String,
     /// The disk's digest (`images/<digest>.img`).
     pub image: String,
     /// The initramfs's file name in `initramfs/`.
     pub initramfs: String,
+}
+
+/// `<key>.verified`: the version of a template's RAM file last hashed in
+/// full, and the digest it had. A broker reads the file again only when
+/// its device, inode, size, modification or change time differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verified {
+    pub sha256: String,
+    pub file: cordon_vm_init::image::FileId,
 }
 
 /// What [`gc`] removed.
@@ -120,7 +135,7 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
             }
             _ if busy => {}
             _ => {
-                for ext in ["snap", "json", "lock"] {
+                for ext in ["snap", "ram", "verified", "json", "lock"] {
                     remove(&snaps.join(format!("{key}.{ext}")), &mut out);
                 }
                 out.snapshots += 1;
@@ -130,7 +145,10 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
     for n in names(&snaps) {
         let p = snaps.join(&n);
         let key = n.split('.').next().unwrap_or("");
-        let orphan = n.ends_with(".snap") && !snaps.join(format!("{key}.json")).exists();
+        let orphan = [".snap", ".ram", ".verified"]
+            .iter()
+            .any(|e| n.ends_with(e))
+            && !snaps.join(format!("{key}.json")).exists();
         if (n.starts_with('.') && old_enough(&p)) || orphan {
             remove(&p, &mut out);
         }
@@ -189,16 +207,28 @@ mod tests {
         let rec = |img: &str, init: &str| {
             serde_json::to_string(&SnapRecord {
                 sha256: "s".into(),
+                ram_sha256: "r".into(),
                 image: img.into(),
                 initramfs: init.into(),
             })
             .unwrap()
         };
         w("snapshots/k1.snap", "x");
+        w("snapshots/k1.ram", "x");
         w("snapshots/k1.json", &rec("disk-a", "i1.cpio"));
         w("snapshots/k2.snap", "x");
+        w("snapshots/k2.ram", "x");
         w("snapshots/k2.json", &rec("disk-b", "i2.cpio"));
         w("snapshots/k3.snap", "orphan");
+        w("snapshots/k3.ram", "orphan");
+        w("snapshots/k3.verified", "orphan");
+        w("snapshots/k2.verified", "{}");
+        // A template of an older format (no RAM file in its record).
+        w("snapshots/k5.snap", "x");
+        w(
+            "snapshots/k5.json",
+            r#"{"sha256":"s","image":"disk-a","initramfs":"i1.cpio"}"#,
+        );
         w("initramfs/i1.cpio", "x");
         w("initramfs/i2.cpio", "x");
         w("initramfs/old.cpio", "x");
@@ -219,10 +249,10 @@ mod tests {
         assert_eq!(left("images"), ["disk-a.img", "disk-a.json"]);
         assert_eq!(
             left("snapshots"),
-            ["k1.json", "k1.snap", "k4.json", "k4.lock"]
+            ["k1.json", "k1.ram", "k1.snap", "k4.json", "k4.lock"]
         );
         assert_eq!(left("initramfs"), ["i1.cpio", "i4.cpio"]);
-        assert_eq!((r.disks, r.snapshots, r.initramfs), (2, 1, 2));
+        assert_eq!((r.disks, r.snapshots, r.initramfs), (2, 2, 2));
         drop(held);
     }
 }

@@ -5,7 +5,7 @@
 //! The guest side and the QEMU launcher are `cordon-vm-init`'s (see
 //! `docs/microvm.md`); this module holds what is the runtime's:
 //!
-//! - **Finding the parts**: QEMU (at least 9.0, for `mapped-ram`), the
+//! - **Finding the parts**: QEMU (at least 9.0; the snapshots need 8.2), the
 //!   guest kernel and its modules, the static `cordon-vm-init` binary.
 //! - **The accelerator**: KVM when a tiny guest boots under it here
 //!   (checked once per kernel, QEMU and host kernel, and cached), else
@@ -15,8 +15,13 @@
 //!   initramfs per init and kernel, the read-only block image per image
 //!   (EROFS, verified by sha256 before use), and one template snapshot per
 //!   (block image, initramfs, kernel, QEMU, memory, vCPUs, accelerator),
-//!   made on first use under a lock by booting a template guest to its
-//!   init's `ready` line, verified by sha256 before each restore.
+//!   made on first use under a lock by booting a template guest, its RAM
+//!   in a file, to its init's `ready` line and migrating its device state
+//!   alone. Each restore maps that RAM file privately (copy-on-write: the
+//!   guests share its pages, the file is never written); the device state
+//!   is checked by sha256 before each restore, the RAM file whenever its
+//!   version differs from the one last hashed (docs/microvm.md,
+//!   "Snapshots").
 //! - **The child of the supervisor** ([`Child`]): the sandbox's command
 //!   line is `cordon-vm-init host DIR`, which runs as pid 1 of the
 //!   supervisor's namespaces (no network at all), starts QEMU as the
@@ -42,7 +47,7 @@ use std::time::Duration;
 use cordon_jail::{Jail, JailOptions};
 use cordon_sandbox::Status;
 use cordon_vm_init::host::{self, End, Job, Start};
-use cordon_vm_init::image::{self, BlockImage, FsKind};
+use cordon_vm_init::image::{self, BlockImage, FileId, FsKind};
 use cordon_vm_init::protocol::{Limits as TaskLimits, Task};
 use cordon_vm_init::qemu::{self, Accel, VmConfig};
 use sha2::{Digest, Sha256};
@@ -58,7 +63,8 @@ use crate::{Check, Context, Facts, Runtime, Spawned};
 /// What a microVM sandbox's directory is called in notes and errors.
 const LEFTOVER: &str = "microVM sandbox";
 
-/// The oldest QEMU cordon runs (`mapped-ram` migration).
+/// The oldest QEMU cordon runs (tested with 10.0; the snapshots need
+/// 8.2's `file:` migration and `rom=` of a memory backend).
 pub const MIN_QEMU: (u32, u32) = (9, 0);
 
 /// Guest memory beyond the tool's limit: the guest kernel and the init.
@@ -121,13 +127,14 @@ struct Found {
     notes: Vec<String>,
 }
 
-/// A file as last verified: identity and change time.
-type FileId = (u64, u64, u64, i64, i64);
-
 fn file_id(p: &Path) -> Option<FileId> {
-    let m = fs::metadata(p).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.mtime_nsec(), m.ctime_nsec()))
+    FileId::path(p)
 }
+
+/// The format of a template's files: part of its key, so that a store
+/// holding templates of another format makes new ones (and `gc` removes
+/// the old).
+const SNAPSHOT_FORMAT: &str = "cow-ram-file v1";
 
 /// The microVM runtime.
 pub struct Microvm {
@@ -177,7 +184,7 @@ fn find_qemu(opt: Option<&Path>) -> Result<Qemu, String> {
         .ok_or_else(|| format!("{} --version: no version in {text:?}", path.display()))?;
     if v < MIN_QEMU {
         return Err(format!(
-            "QEMU {} is {}.{}, older than {}.{} (no mapped-ram snapshots); install QEMU 10 from bookworm-backports",
+            "QEMU {} is {}.{}, older than {}.{} (no copy-on-write snapshots); install QEMU 10 from bookworm-backports",
             path.display(),
             v.0,
             v.1,
@@ -286,6 +293,38 @@ fn own_dir(dir: &Path, mode: u32, euid: u32) -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
+/// `path`'s sha256 (over its data extents when `sparse`) and the version
+/// of the file it is of (unchanged while it was read).
+fn hashed(path: &Path, sparse: bool) -> Result<(String, FileId), String> {
+    let id = file_id(path).ok_or_else(|| format!("{} is missing", path.display()))?;
+    let sha = if sparse {
+        image::sha256_sparse(path)
+    } else {
+        image::sha256_file(path)
+    }
+    .map_err(|e| e.to_string())?;
+    if file_id(path) != Some(id) {
+        return Err(format!("{} changed while it was hashed", path.display()));
+    }
+    Ok((sha, id))
+}
+
+/// Writes `v` to `stamp` (atomically; a stamp that cannot be written
+/// only costs the next process a full hash).
+fn write_stamp(stamp: &Path, v: &artifacts::Verified) {
+    let Ok(text) = serde_json::to_vec(v) else {
+        return;
+    };
+    let name = stamp
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = stamp.with_file_name(format!(".{name}.tmp{}", std::process::id()));
+    if fs::write(&tmp, text).is_ok() && fs::rename(&tmp, stamp).is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+}
+
 fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -295,11 +334,21 @@ fn sha256_hex(parts: &[&[u8]]) -> String {
     hex::encode(h.finalize())
 }
 
+/// A template as verified: its device state and digest, its RAM file
+/// and the version of it whose digest matched.
+#[derive(Debug, Clone)]
+struct Template {
+    state: PathBuf,
+    state_sha256: String,
+    ram: PathBuf,
+    ram_id: FileId,
+}
+
 /// Everything one task's guest is made of.
 #[derive(Debug, Clone)]
 struct Parts {
     vm: VmConfig,
-    snapshot: PathBuf,
+    snapshot: Template,
     /// QEMU's ids on the host (when the broker is root).
     qemu_ids: Option<(u32, u32)>,
 }
@@ -411,7 +460,10 @@ impl Microvm {
             job: Job {
                 vm: parts.vm,
                 start: Start::Restore {
-                    snapshot: parts.snapshot,
+                    snapshot: parts.snapshot.state,
+                    state_sha256: parts.snapshot.state_sha256,
+                    ram: parts.snapshot.ram,
+                    ram_id: parts.snapshot.ram_id,
                 },
                 task: None,
                 qemu_ids: parts.qemu_ids,
@@ -613,19 +665,25 @@ impl Microvm {
 
     fn remember(&self, path: &Path) {
         if let Some(id) = file_id(path) {
-            let mut v = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            v.insert(path.to_path_buf(), id);
+            self.remember_as(path, id);
         }
     }
 
+    fn remember_as(&self, path: &Path, id: FileId) {
+        let mut v = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        v.insert(path.to_path_buf(), id);
+    }
+
     /// `path`'s sha256 is `sha256`, or an error naming both; a file
-    /// already verified and unchanged since is not read again.
-    fn verify(&self, path: &Path, sha256: &str, sparse: bool) -> Result<(), String> {
-        let id = file_id(path);
+    /// already verified and unchanged since (device, inode, size,
+    /// modification and change time) is not read again. Returns the
+    /// version of the file that matched.
+    fn verify(&self, path: &Path, sha256: &str, sparse: bool) -> Result<FileId, String> {
+        let id = file_id(path).ok_or_else(|| format!("{} is missing", path.display()))?;
         {
             let v = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if id.is_some() && v.get(path) == id.as_ref() {
-                return Ok(());
+            if v.get(path) == Some(&id) {
+                return Ok(id);
             }
         }
         let actual = if sparse {
@@ -640,8 +698,42 @@ impl Microvm {
                 path.display()
             ));
         }
-        self.remember(path);
-        Ok(())
+        if file_id(path) != Some(id) {
+            return Err(format!(
+                "{} changed while it was verified; refusing to boot it",
+                path.display()
+            ));
+        }
+        self.remember_as(path, id);
+        Ok(id)
+    }
+
+    /// [`Microvm::verify`] for a large file whose last full hash is
+    /// recorded in `stamp` (the store's own, beside the record): a version
+    /// of the file the stamp names with the same digest is not read again,
+    /// in this process or a later one; any other is hashed in full and
+    /// the stamp rewritten.
+    fn verify_stamped(&self, path: &Path, sha256: &str, stamp: &Path) -> Result<FileId, String> {
+        let id = file_id(path).ok_or_else(|| format!("{} is missing", path.display()))?;
+        let stamped = fs::read(stamp)
+            .ok()
+            .and_then(|t| serde_json::from_slice::<artifacts::Verified>(&t).ok());
+        if let Some(v) = stamped
+            && v.file == id
+            && v.sha256 == sha256
+        {
+            self.remember_as(path, id);
+            return Ok(id);
+        }
+        let id = self.verify(path, sha256, true)?;
+        write_stamp(
+            stamp,
+            &artifacts::Verified {
+                sha256: sha256.to_owned(),
+                file: id,
+            },
+        );
+        Ok(id)
     }
 
     fn vm_config(
@@ -703,7 +795,7 @@ impl Microvm {
         vm: &VmConfig,
         qemu_ids: Option<(u32, u32)>,
         ctx: &Context,
-    ) -> Result<PathBuf, RunError> {
+    ) -> Result<Template, RunError> {
         let fail = |e: String| RunError::Setup(format!("{}: microvm template: {e}", spec.tool));
         let Ok(store) = &self.found().store else {
             return Err(fail(self.parts_problem().unwrap_or_default()));
@@ -711,6 +803,7 @@ impl Microvm {
         let q = self.found().qemu.as_ref().map_err(|e| fail(e.clone()))?;
         let kmeta = fs::metadata(&vm.kernel).map_err(|e| fail(e.to_string()))?;
         let key = sha256_hex(&[
+            SNAPSHOT_FORMAT.as_bytes(),
             vm.image.sha256.as_bytes(),
             vm.initramfs.as_os_str().as_encoded_bytes(),
             vm.kernel.as_os_str().as_encoded_bytes(),
@@ -729,14 +822,26 @@ impl Microvm {
             .create(&dir)
             .map_err(|e| fail(format!("create {}: {e}", dir.display())))?;
         let snap = dir.join(format!("{key}.snap"));
+        let ram = dir.join(format!("{key}.ram"));
         let record = dir.join(format!("{key}.json"));
-        let check = || -> Result<Option<PathBuf>, RunError> {
+        let stamp = dir.join(format!("{key}.verified"));
+        let check = || -> Result<Option<Template>, RunError> {
             match fs::read(&record) {
                 Ok(text) => {
                     let r: artifacts::SnapRecord = serde_json::from_slice(&text)
                         .map_err(|e| fail(format!("{}: {e}", record.display())))?;
-                    self.verify(&snap, &r.sha256, true).map_err(fail)?;
-                    Ok(Some(snap.clone()))
+                    // The helper checks the state again on the copy QEMU
+                    // reads; the RAM file is hashed once per version of it.
+                    self.verify(&snap, &r.sha256, false).map_err(fail)?;
+                    let ram_id = self
+                        .verify_stamped(&ram, &r.ram_sha256, &stamp)
+                        .map_err(fail)?;
+                    Ok(Some(Template {
+                        state: snap.clone(),
+                        state_sha256: r.sha256,
+                        ram: ram.clone(),
+                        ram_id,
+                    }))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(fail(format!("{}: {e}", record.display()))),
@@ -764,17 +869,29 @@ impl Microvm {
         }
         let made = self.boot_template(spec, vm, qemu_ids, &out, ctx);
         let r = made.and_then(|()| {
-            let taken = out.join(host::TEMPLATE_SNAPSHOT);
-            let sha = image::sha256_sparse(&taken).map_err(|e| fail(e.to_string()))?;
-            // QEMU wrote it as the sandbox's ids; the store keeps it as
-            // its own, read-only to every sandbox.
-            if qemu_ids.is_some() {
-                let me = self.sup.jail().host();
-                std::os::unix::fs::chown(&taken, Some(me.euid), Some(me.egid))
-                    .map_err(|e| fail(format!("chown {}: {e}", taken.display())))?;
+            // QEMU wrote them as the sandbox's ids; the store keeps them
+            // as its own, read-only to everyone (QEMU maps the RAM file
+            // as the sandbox's ids, privately).
+            for (taken, to) in [
+                (out.join(host::TEMPLATE_SNAPSHOT), &snap),
+                (out.join(host::TEMPLATE_RAM), &ram),
+            ] {
+                if qemu_ids.is_some() {
+                    let me = self.sup.jail().host();
+                    std::os::unix::fs::chown(&taken, Some(me.euid), Some(me.egid))
+                        .map_err(|e| fail(format!("chown {}: {e}", taken.display())))?;
+                }
+                fs::set_permissions(&taken, fs::Permissions::from_mode(0o444))
+                    .and_then(|()| fs::rename(&taken, to))
+                    .map_err(|e| fail(format!("{}: {e}", to.display())))?;
             }
+            // Hashed where they stay, and remembered as they were hashed.
+            let (sha256, _) = hashed(&snap, false).map_err(fail)?;
+            let (ram_sha256, ram_id) = hashed(&ram, true).map_err(fail)?;
+            let ram_sha_for_stamp = ram_sha256.clone();
             let rec = artifacts::SnapRecord {
-                sha256: sha,
+                sha256: sha256.clone(),
+                ram_sha256,
                 image: vm.image.digest.clone(),
                 initramfs: vm
                     .initramfs
@@ -783,12 +900,25 @@ impl Microvm {
                     .unwrap_or_default(),
             };
             let rec = serde_json::to_vec(&rec).map_err(|e| fail(e.to_string()))?;
-            fs::set_permissions(&taken, fs::Permissions::from_mode(0o644))
-                .and_then(|()| fs::rename(&taken, &snap))
-                .and_then(|()| fs::write(&record, rec))
-                .map_err(|e| fail(format!("{}: {e}", snap.display())))?;
+            let tmp = out.join("record.json");
+            fs::write(&tmp, rec)
+                .and_then(|()| fs::rename(&tmp, &record))
+                .map_err(|e| fail(format!("{}: {e}", record.display())))?;
             self.remember(&snap);
-            Ok(snap.clone())
+            self.remember_as(&ram, ram_id);
+            write_stamp(
+                &stamp,
+                &artifacts::Verified {
+                    sha256: ram_sha_for_stamp,
+                    file: ram_id,
+                },
+            );
+            Ok(Template {
+                state: snap.clone(),
+                state_sha256: sha256,
+                ram: ram.clone(),
+                ram_id,
+            })
         });
         let _ = fs::remove_dir_all(&out);
         drop(lock);
