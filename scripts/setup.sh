@@ -208,12 +208,14 @@ if command -v npm >/dev/null 2>&1; then
 else
   missing "npm not found: the conformance suite cannot be installed; the conformance run will fail"
 fi
-# `cordon add`'s tests (crates/cli/tests/add.rs) install MCP servers from
-# these, offline (`cordon add --from`): an npm cache holding two reference
-# servers and every dependency of theirs, and a wheelhouse (wheels only:
-# cordon add never builds an sdist) for three PyPI servers.
-add_npm="@modelcontextprotocol/server-memory@2026.8.31 @modelcontextprotocol/server-sequential-thinking@2026.8.31"
-add_pypi="mcp-server-time==2026.10.19 mcp-server-git==2026.10.19 markitdown-mcp==0.0.1a8"
+# `cordon add`'s and `cordon import`'s tests (crates/cli/tests/add.rs,
+# import.rs, newcomer.rs) install MCP servers from these, offline (`cordon
+# add --from`, `cordon import --offline`): an npm cache holding the
+# reference servers a Claude Desktop config names and every dependency of
+# theirs, and a wheelhouse (wheels only: cordon never builds an sdist) for
+# the PyPI servers.
+add_npm="@modelcontextprotocol/server-memory@2026.8.31 @modelcontextprotocol/server-sequential-thinking@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-github@2025.4.8"
+add_pypi="mcp-server-time==2026.10.19 mcp-server-git==2026.10.19 mcp-server-fetch==2026.10.19 markitdown-mcp==0.0.1a8"
 add_npm_cache=$cache/add/npm-cache
 add_wheels=$cache/add/wheels
 if [ ! -f "$cache/add/npm.done" ] || [ "$(cat "$cache/add/npm.done")" != "$add_npm" ]; then
