@@ -7,9 +7,11 @@ need=()
 # tests' loopback registry, pushes and image builds; busybox-static: the
 # small image roots the tests build; python3-requests: the credential
 # injection tests' Python client inside the jail; e2fsprogs: mkfs.ext4 for
-# the state images of the workspace tests (mount(8) is util-linux's).
+# the state images of the workspace tests (mount(8) is util-linux's, as is
+# unshare(1) of the gVisor slot test); git: mcp-server-git's tests (the
+# server runs it) and the newcomer test's project.
 for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl \
-    busybox-static docker-registry skopeo umoci apache2-utils python3-requests e2fsprogs; do
+    busybox-static docker-registry skopeo umoci apache2-utils python3-requests e2fsprogs git; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
