@@ -498,7 +498,9 @@ impl Slot {
         }
         for d in self.dirs() {
             if let Ok(t) = self.read(d, "cgroup.procs") {
-                for pid in t.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // 0: a process of another pid namespace (see
+                // `kill_pid`), which this one cannot name.
+                for pid in procs(&t).filter(|p| *p > 0) {
                     let _ = cordon_sys::io::kill_pid(pid);
                 }
             }
@@ -575,6 +577,11 @@ impl Slot {
         }
         result
     }
+}
+
+/// The pids of a `cgroup.procs` file.
+fn procs(text: &str) -> impl Iterator<Item = i32> + '_ {
+    text.lines().filter_map(|l| l.trim().parse::<i32>().ok())
 }
 
 fn rmdir_retry(d: &Path, limit: Duration) -> io::Result<()> {
@@ -1037,6 +1044,15 @@ fn clean_stale(base: &Path) -> io::Result<Vec<String>> {
                 continue;
             }
         }
+        // Processes of another pid namespace are listed as 0: a broker
+        // there (from before the locks) is using it.
+        if fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|t| procs(&t).any(|p| p == 0)) {
+            notes.push(format!(
+                "stale cgroup {} kept: it holds processes of another pid namespace",
+                d.display()
+            ));
+            continue;
+        }
         let slot = Slot::from_dirs(None, Some((Version::V1, d.clone())), None, None);
         slot.kill();
         let _ = slot.wait_empty(Duration::from_millis(500));
@@ -1162,6 +1178,26 @@ mod tests {
         drop(live);
         clean_stale(t.path()).unwrap();
         assert!(!dir.exists());
+    }
+
+    /// A slot nobody holds whose processes this pid namespace cannot see
+    /// (listed as 0) is a broker's of another namespace: kept, and nothing
+    /// signalled (a kill of pid 0 would be this process's own group).
+    #[test]
+    fn a_slot_with_processes_of_another_pid_namespace_is_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join(format!("{NOBODY}-2-0"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("cgroup.procs"), "0\n0\n").unwrap();
+        let notes = clean_stale(t.path()).unwrap();
+        assert_eq!(
+            notes,
+            vec![format!(
+                "stale cgroup {} kept: it holds processes of another pid namespace",
+                d.display()
+            )]
+        );
+        assert!(d.is_dir());
     }
 
     /// Two brokers of different pid namespaces with the same pid make
