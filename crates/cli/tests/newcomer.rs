@@ -467,6 +467,13 @@ fn a_newcomer_imports_checks_and_serves_a_claude_desktop_config() {
         (ready, answered)
     });
 
+    // What each start probe took (printed, for a slow host's record).
+    for l in std::fs::read_to_string(&log1).unwrap_or_default().lines() {
+        if l.contains(": held (") || l.contains("proved in") || l.contains("not proved") {
+            eprintln!("newcomer: first start: {l}");
+        }
+    }
+
     // 4. Again, nothing changed: every proof is reused.
     let log2 = h.home.join("serve-2.log");
     let again = rt.block_on(async {
