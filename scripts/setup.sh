@@ -7,9 +7,11 @@ need=()
 # tests' loopback registry, pushes and image builds; busybox-static: the
 # small image roots the tests build; python3-requests: the credential
 # injection tests' Python client inside the jail; e2fsprogs: mkfs.ext4 for
-# the state images of the workspace tests (mount(8) is util-linux's).
+# the state images of the workspace tests (mount(8) is util-linux's, as is
+# unshare(1) of the gVisor slot test); git: mcp-server-git's tests (the
+# server runs it) and the newcomer test's project.
 for pkg in poppler-utils imagemagick bubblewrap curl iproute2 nftables util-linux procps python3 file openssl \
-    busybox-static docker-registry skopeo umoci apache2-utils python3-requests e2fsprogs; do
+    busybox-static docker-registry skopeo umoci apache2-utils python3-requests e2fsprogs git; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -231,12 +233,14 @@ if ! pw_installed; then
   fi
 fi
 [ -d "$pw_dir" ] && chmod -R a+rX "$pw_dir" || true
-# `cordon add`'s tests (crates/cli/tests/add.rs) install MCP servers from
-# these, offline (`cordon add --from`): an npm cache holding two reference
-# servers and every dependency of theirs, and a wheelhouse (wheels only:
-# cordon add never builds an sdist) for three PyPI servers.
-add_npm="@modelcontextprotocol/server-memory@2026.8.31 @modelcontextprotocol/server-sequential-thinking@2026.8.31"
-add_pypi="mcp-server-time==2026.10.19 mcp-server-git==2026.10.19 markitdown-mcp==0.0.1a8"
+# `cordon add`'s and `cordon import`'s tests (crates/cli/tests/add.rs,
+# import.rs, newcomer.rs) install MCP servers from these, offline (`cordon
+# add --from`, `cordon import --offline`): an npm cache holding the
+# reference servers a Claude Desktop config names and every dependency of
+# theirs, and a wheelhouse (wheels only: cordon never builds an sdist) for
+# the PyPI servers.
+add_npm="@modelcontextprotocol/server-memory@2026.8.31 @modelcontextprotocol/server-sequential-thinking@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-github@2025.4.8"
+add_pypi="mcp-server-time==2026.10.19 mcp-server-git==2026.10.19 mcp-server-fetch==2026.10.19 markitdown-mcp==0.0.1a8"
 add_npm_cache=$cache/add/npm-cache
 add_wheels=$cache/add/wheels
 if [ ! -f "$cache/add/npm.done" ] || [ "$(cat "$cache/add/npm.done")" != "$add_npm" ]; then

@@ -242,10 +242,10 @@ fn admission(
     r.reasons()
         .into_iter()
         .map(|why| {
-            let mount = t
-                .mounts
-                .iter()
-                .find(|m| why.starts_with(&format!("bind source {} ", m.src)));
+            let mount = why
+                .bind_source
+                .as_deref()
+                .and_then(|src| t.mounts.iter().find(|m| Path::new(&m.src) == src));
             let at = mount
                 .and_then(|m| loaded.mount_at.get(&(t.name.clone(), m.src.clone())))
                 .copied()
@@ -269,6 +269,10 @@ fn hint_for(why: &str, mount: Option<&cordon_policy::policy::Mount>) -> Option<S
                 "make the directories above {} searchable by that uid, move it somewhere it can reach, or run cordon as root (a root broker mounts a clone of the tree)",
                 m.src
             )
+        } else if why.contains("binds host paths read-only only") {
+            "make this mount read-only (drop `:rw`), or run the tool with `runtime: native`".into()
+        } else if why.contains("shares no host directory") {
+            "remove this mount: put what the tool needs in its image".into()
         } else {
             format!("fix this mount's source, {}, or remove the mount", m.src)
         });

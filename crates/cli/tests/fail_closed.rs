@@ -290,6 +290,30 @@ fn check_refuses_what_would_not_start_here() {
         "{err}"
     );
     assert_eq!(err.matches("/no/such/dir (for").count(), 1, "{err}");
+    // Placed by the mount each reason is about, not by its text: one
+    // source is the start of the other's, each reason at its own line.
+    let spaced = write(
+        &d,
+        "spaced.yaml",
+        "tools:\n  spaced:\n    profile: P1\n    command: [/usr/bin/wc]\n    mounts:\n      - \"/no/such:/opt/x\"\n      - \"/no/such dir:/opt/y\"\n",
+    );
+    let o = cordon(
+        false,
+        &["check", "-m", spaced.to_str().unwrap()],
+        b"",
+        &audit,
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    let s = spaced.display();
+    for (line, src, dst) in [(6, "/no/such", "/opt/x"), (7, "/no/such dir", "/opt/y")] {
+        assert!(
+            err.contains(&format!(
+                "{s}:{line}:9: tool `spaced`: would not start here: bind source {src} (for {dst}) does not exist on the host\n  hint: create {src} on this host"
+            )),
+            "{err}"
+        );
+    }
     // The same manifest without host checks is valid.
     let o = cordon(
         false,

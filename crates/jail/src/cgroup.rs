@@ -6,8 +6,12 @@
 //! from what the slot already has, resets the peak counter, records the
 //! event counters (v1 `oom_kill` cannot be reset, so deltas are used), moves
 //! the child in, and afterwards waits until the slot is empty before
-//! putting it back. A slot left by a broker that died is removed by the next
-//! `Jail::new()` (after killing anything still in it). One-shot brokers use
+//! putting it back. A broker holds an exclusive `flock` on each directory of
+//! its own slots for as long as it has them; a slot left by a broker that
+//! died (no lock held, and its pid gone) is removed by the next
+//! `Jail::new()` (after killing anything still in it). The lock, not the
+//! pid, is what marks a live broker's slot: a broker in another pid
+//! namespace sees another process, or none, at that pid. One-shot brokers use
 //! `<own>/cordon/shared-<key>-<n>` slots instead, kept between processes (see
 //! [`Pool::new`]). The sandbox moves itself into v1 directories (see
 //! `Slot::open_join_files`) and is born in the v2 one.
@@ -110,6 +114,10 @@ pub struct Slot {
     /// are opened relative to them instead of walking the (long) cgroup
     /// path on every read and write.
     fds: Vec<(PathBuf, std::os::fd::OwnedFd)>,
+    /// The directories of a slot this broker made, each opened and held
+    /// with an exclusive `flock` while the slot exists (see
+    /// [`clean_stale`]).
+    held: Vec<fs::File>,
 }
 
 #[derive(Debug)]
@@ -169,6 +177,7 @@ impl Slot {
             killed: std::sync::atomic::AtomicBool::new(false),
             shared: None,
             fds: Vec::new(),
+            held: Vec::new(),
         };
         slot.fds = slot
             .dirs()
@@ -240,6 +249,49 @@ impl Slot {
             .chain(self.mem_v1.iter())
             .chain(self.pids_v1.iter())
             .chain(self.cpu_v1.iter())
+    }
+
+    /// Open each directory and take an exclusive `flock` on it, held
+    /// until the slot is dropped. `WouldBlock` when another process holds
+    /// one, or one was removed meanwhile (see [`Pool::create`]).
+    fn hold(&mut self) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let busy = |d: &Path, why: &str| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("cgroup {}: {why}", d.display()),
+            )
+        };
+        let mut held = Vec::new();
+        let mut seen = Vec::new();
+        for d in self.dirs() {
+            if seen.contains(&d) {
+                continue;
+            }
+            seen.push(d);
+            let f = match fs::File::open(d) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(busy(d, "removed as it was made"));
+                }
+                Err(e) => return Err(ctx("open", d, e)),
+            };
+            match f.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(busy(d, "held by another process"));
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(ctx("flock", d, e)),
+            }
+            let locked = f.metadata().map_err(|e| ctx("fstat", d, e))?;
+            let now = fs::metadata(d).ok().map(|m| (m.dev(), m.ino()));
+            if now != Some((locked.dev(), locked.ino())) {
+                return Err(busy(d, "removed as it was made"));
+            }
+            held.push(f);
+        }
+        self.held = held;
+        Ok(())
     }
 
     /// Whether the slot enforces a memory limit.
@@ -446,7 +498,9 @@ impl Slot {
         }
         for d in self.dirs() {
             if let Ok(t) = self.read(d, "cgroup.procs") {
-                for pid in t.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // 0: a process of another pid namespace (see
+                // `kill_pid`), which this one cannot name.
+                for pid in procs(&t).filter(|p| *p > 0) {
                     let _ = cordon_sys::io::kill_pid(pid);
                 }
             }
@@ -523,6 +577,11 @@ impl Slot {
         }
         result
     }
+}
+
+/// The pids of a `cgroup.procs` file.
+fn procs(text: &str) -> impl Iterator<Item = i32> + '_ {
+    text.lines().filter_map(|l| l.trim().parse::<i32>().ok())
 }
 
 fn rmdir_retry(d: &Path, limit: Duration) -> io::Result<()> {
@@ -733,8 +792,22 @@ impl Pool {
         if let Some(dir) = &self.shared {
             return self.claim_shared(dir);
         }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.create_named(&format!("{}-{n}", self.prefix))
+        // Made, then locked. A directory of that name held by another
+        // process is not ours: a broker of another pid namespace with our
+        // pid (its slots have our names), or another broker's
+        // `clean_stale` that took it between mkdir and flock (it cannot
+        // tell a slot being made from a dead broker's) and removes it.
+        // Either way, the next name.
+        let mut tries = 0;
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            let mut slot = self.create_named(&format!("{}-{n}", self.prefix))?;
+            match slot.hold() {
+                Ok(()) => return Ok(slot),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && tries < 16 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Claim the first shared slot nobody holds (see [`Pool::new`]).
@@ -925,7 +998,14 @@ fn layout_bases(l: &Layout) -> Vec<&PathBuf> {
     v
 }
 
-/// Remove slots `<pid>-*` whose broker pid no longer exists.
+/// Remove slots `<pid>-*` of brokers that are gone: nobody holds the
+/// slot's `flock` (a live broker holds it on each of its slots' directories,
+/// see [`Slot::hold`]) and no process of this pid namespace has that pid (a
+/// broker from before the locks; a pid seen alive may be another process's
+/// in another namespace, and the slot is then kept, never removed wrongly).
+/// The pid alone does not do: a broker in another pid namespace (a test
+/// runner's, a container's) sharing this cgroup tree names its slots by a
+/// pid that here is dead, or someone else's.
 ///
 /// Creates `base` when it cannot be listed (it does not exist yet): on
 /// every start but the first, one open serves both.
@@ -945,6 +1025,32 @@ fn clean_stale(base: &Path) -> io::Result<Vec<String>> {
         }
         let d = ent.path();
         if !d.is_dir() {
+            continue;
+        }
+        // Held while it is killed and removed, so that a broker making a
+        // slot of this name meanwhile waits, and sees it gone.
+        let Ok(lock) = fs::File::open(&d) else {
+            continue;
+        };
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => continue,
+            Err(fs::TryLockError::Error(e)) => {
+                notes.push(format!(
+                    "stale cgroup {} kept: {}",
+                    d.display(),
+                    ctx("flock", &d, e)
+                ));
+                continue;
+            }
+        }
+        // Processes of another pid namespace are listed as 0: a broker
+        // there (from before the locks) is using it.
+        if fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|t| procs(&t).any(|p| p == 0)) {
+            notes.push(format!(
+                "stale cgroup {} kept: it holds processes of another pid namespace",
+                d.display()
+            ));
             continue;
         }
         let slot = Slot::from_dirs(None, Some((Version::V1, d.clone())), None, None);
@@ -1022,6 +1128,89 @@ mod tests {
             cpu_percent: cpu,
             ..Limits::default()
         }
+    }
+
+    /// A pid no process has: pids are below `pid_max`, which is at most
+    /// 2^22.
+    const NOBODY: u32 = 1 << 22;
+
+    /// A pool of v1 memory slots under `base`, named `<prefix>-<n>`.
+    fn v1_pool(base: &Path, prefix: &str) -> Pool {
+        Pool {
+            layout: Layout {
+                memory: Some(Placement {
+                    version: Version::V1,
+                    base: base.to_path_buf(),
+                }),
+                pids: None,
+                cpu: None,
+                v2_base: None,
+            },
+            prefix: prefix.to_string(),
+            next: AtomicU64::new(0),
+            free: Mutex::new(Vec::new()),
+            all: Mutex::new(Vec::new()),
+            shared: None,
+            born_in_v2: false,
+        }
+    }
+
+    /// A live broker's slot is kept whatever its pid says here: it names
+    /// a pid of its own namespace, which here is nobody's (a broker in
+    /// another pid namespace sharing this cgroup tree). A slot nobody
+    /// holds, of a pid nobody has, is removed (the positive control).
+    #[test]
+    fn a_held_slot_of_a_pid_not_seen_here_is_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let live = v1_pool(t.path(), &format!("{NOBODY}-0")).create().unwrap();
+        let dir = live.mem_v1.clone().unwrap();
+        assert_eq!(dir, t.path().join(format!("{NOBODY}-0-0")));
+        let dead = t.path().join(format!("{NOBODY}-1-0"));
+        fs::create_dir(&dead).unwrap();
+        let notes = clean_stale(t.path()).unwrap();
+        assert!(dir.is_dir(), "the live slot was removed: {notes:?}");
+        assert!(!dead.exists(), "{notes:?}");
+        assert_eq!(
+            notes,
+            vec![format!("removed stale cgroup {}", dead.display())]
+        );
+        // Once its broker lets go, it is stale too.
+        drop(live);
+        clean_stale(t.path()).unwrap();
+        assert!(!dir.exists());
+    }
+
+    /// A slot nobody holds whose processes this pid namespace cannot see
+    /// (listed as 0) is a broker's of another namespace: kept, and nothing
+    /// signalled (a kill of pid 0 would be this process's own group).
+    #[test]
+    fn a_slot_with_processes_of_another_pid_namespace_is_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join(format!("{NOBODY}-2-0"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("cgroup.procs"), "0\n0\n").unwrap();
+        let notes = clean_stale(t.path()).unwrap();
+        assert_eq!(
+            notes,
+            vec![format!(
+                "stale cgroup {} kept: it holds processes of another pid namespace",
+                d.display()
+            )]
+        );
+        assert!(d.is_dir());
+    }
+
+    /// Two brokers of different pid namespaces with the same pid make
+    /// slots of the same names: the second takes the next name rather
+    /// than the directory the first holds.
+    #[test]
+    fn a_slot_name_held_by_another_process_is_passed_over() {
+        let t = tempfile::tempdir().unwrap();
+        let prefix = format!("{NOBODY}-0");
+        let first = v1_pool(t.path(), &prefix).create().unwrap();
+        let second = v1_pool(t.path(), &prefix).create().unwrap();
+        assert_eq!(first.mem_v1, Some(t.path().join(format!("{prefix}-0"))));
+        assert_eq!(second.mem_v1, Some(t.path().join(format!("{prefix}-1"))));
     }
 
     fn rd(t: &tempfile::TempDir, f: &str) -> String {

@@ -66,11 +66,82 @@ pub fn preflight(spec: &JailSpec) -> Vec<String> {
 /// [`preflight`] with the host's system directories already detected
 /// (`HostFacts::system_dirs`), as a jail has them.
 pub fn preflight_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<String> {
+    problems_on(spec, system_dirs)
+        .into_iter()
+        .map(|p| p.message)
+        .collect()
+}
+
+/// One reason a spec would not start: the message, and the bind whose
+/// source it is about, when it is about one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// What a user can act on (`{tool}: ...`).
+    pub message: String,
+    /// The host path of the bind that cannot be made (missing, or not
+    /// reachable by the sandbox's uid).
+    pub bind_source: Option<PathBuf>,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Read, joined and compared as its message.
+impl std::ops::Deref for Problem {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::borrow::Borrow<str> for Problem {
+    fn borrow(&self) -> &str {
+        &self.message
+    }
+}
+
+impl PartialEq<&str> for Problem {
+    fn eq(&self, other: &&str) -> bool {
+        self.message == *other
+    }
+}
+
+impl PartialEq<String> for Problem {
+    fn eq(&self, other: &String) -> bool {
+        &self.message == other
+    }
+}
+
+/// Written as its message (what `cordon doctor --json` and the like show).
+impl serde::Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.message)
+    }
+}
+
+impl From<String> for Problem {
+    fn from(message: String) -> Problem {
+        Problem {
+            message,
+            bind_source: None,
+        }
+    }
+}
+
+/// [`preflight_on`], each reason with what it is about.
+pub fn problems_on(spec: &JailSpec, system_dirs: &[host::SystemDir]) -> Vec<Problem> {
     preflight_by(spec, system_dirs, plan::BindBy::for_this_broker())
 }
 
-/// [`preflight_on`] for binds made `by` paths or cloned trees.
-fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::BindBy) -> Vec<String> {
+/// [`problems_on`] for binds made `by` paths or cloned trees.
+fn preflight_by(
+    spec: &JailSpec,
+    system_dirs: &[host::SystemDir],
+    by: plan::BindBy,
+) -> Vec<Problem> {
     let tool = spec.tool.as_str();
     let id = Identity::of_sandbox();
     let mut out = Vec::new();
@@ -78,7 +149,7 @@ fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::Bind
     usable.binds.clear();
     for b in &spec.binds {
         if let Err(e) = plan::check_dst(&b.dst) {
-            out.push(format!("{tool}: {}", spec_message(e)));
+            out.push(format!("{tool}: {}", spec_message(e)).into());
             continue;
         }
         // A root broker binds cloned trees: the directories above the
@@ -89,11 +160,14 @@ fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::Bind
         };
         match reach {
             Ok(()) => usable.binds.push(b.clone()),
-            Err(why) => out.push(format!(
-                "{tool}: bind source {} (for {}) {why}",
-                b.src.display(),
-                b.dst.display()
-            )),
+            Err(why) => out.push(Problem {
+                message: format!(
+                    "{tool}: bind source {} (for {}) {why}",
+                    b.src.display(),
+                    b.dst.display()
+                ),
+                bind_source: Some(b.src.clone()),
+            }),
         }
     }
     let image = match &spec.root {
@@ -102,7 +176,7 @@ fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::Bind
             // Its entries are bound one by one: the rootfs itself must be
             // searchable too.
             if let Err(why) = id.reach(rootfs).and_then(|()| id.search(rootfs)) {
-                out.push(format!("{tool}: image root {} {why}", rootfs.display()));
+                out.push(format!("{tool}: image root {} {why}", rootfs.display()).into());
                 return out;
             }
             true
@@ -113,14 +187,14 @@ fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::Bind
     let program = match plan::program(Path::new(ROOT), system_dirs, &usable, uid, gid) {
         Ok(p) => p,
         Err(e) => {
-            out.push(format!("{tool}: {}", spec_message(e)));
+            out.push(format!("{tool}: {}", spec_message(e)).into());
             return out;
         }
     };
     let cwd = spec.cwd.clone().unwrap_or_else(|| PathBuf::from(CWD));
     let (view, setup) = View::build(&program, id, cwd);
     for (step, why) in setup {
-        out.push(format!("{tool}: sandbox setup would fail: {step}: {why}"));
+        out.push(format!("{tool}: sandbox setup would fail: {step}: {why}").into());
     }
     let checker = Checker {
         view: &view,
@@ -128,7 +202,7 @@ fn preflight_by(spec: &JailSpec, system_dirs: &[host::SystemDir], by: plan::Bind
         search: plan::search_path(spec),
         image,
     };
-    out.extend(checker.argv(spec));
+    out.extend(checker.argv(spec).into_iter().map(Problem::from));
     out
 }
 
@@ -1307,11 +1381,14 @@ mod tests {
         // Bound by path, it would be.
         assert_eq!(
             preflight_by(&spec, &host::system_dirs().0, plan::BindBy::Path),
-            [format!(
-                "t: bind source {0}/inner (for /opt/inner) cannot be reached by the sandbox's \
-                 uid 65534: {0} is not searchable by it (mode 0700)",
-                d.path().display()
-            )]
+            [Problem {
+                message: format!(
+                    "t: bind source {0}/inner (for /opt/inner) cannot be reached by the sandbox's \
+                     uid 65534: {0} is not searchable by it (mode 0700)",
+                    d.path().display()
+                ),
+                bind_source: Some(d.path().join("inner")),
+            }]
         );
     }
 

@@ -776,21 +776,25 @@ impl Runtime for Gvisor {
     }
 
     fn check(&self, spec: &SandboxSpec) -> Check {
-        let mut problems = Child::problems(self);
+        let mut problems: Vec<crate::Problem> =
+            Child::problems(self).into_iter().map(Into::into).collect();
         if spec.workspace.is_some() || spec.state.is_some() {
             problems.push(format!(
                 "{}: the gvisor runtime does not mount a workspace or state yet (use `runtime: native`)",
                 spec.tool
-            ));
+            ).into());
         }
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
-            problems.push(format!(
-                "mount {}:{}:rw: the gvisor runtime binds host paths read-only only",
-                m.src.display(),
-                m.dst.display()
-            ));
+            problems.push(crate::Problem {
+                message: format!(
+                    "mount {}:{}:rw: the gvisor runtime binds host paths read-only only",
+                    m.src.display(),
+                    m.dst.display()
+                ),
+                bind_source: Some(m.src.clone()),
+            });
         }
-        problems.extend(oci::problems(spec));
+        problems.extend(oci::problems(spec).into_iter().map(Into::into));
         Check {
             mechanisms: self.mechanisms(spec),
             problems,

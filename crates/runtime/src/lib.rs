@@ -31,6 +31,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
+pub use cordon_jail::preflight::Problem;
 use cordon_policy::ToolPolicy;
 use cordon_policy::policy::Runtime as RuntimeKind;
 pub use mechanism::{Mechanism, MechanismState, State};
@@ -158,7 +159,7 @@ pub struct Check {
     pub mechanisms: Vec<MechanismState>,
     /// Why it would not start here (a missing program, interpreter or
     /// mount source, an unsupported setting); empty: it would.
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
 }
 
 /// What a runtime can do on this host, for `cordon doctor`.
@@ -543,25 +544,30 @@ impl Registry {
 pub struct Refusal {
     pub tool: String,
     pub why: String,
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
 }
 
 impl Refusal {
     /// Each reason on its own, without the tool's name in front: the
-    /// problems, or `why` when there are none.
-    pub fn reasons(&self) -> Vec<String> {
+    /// problems (each with the mount source it is about, if any), or
+    /// `why` when there are none.
+    pub fn reasons(&self) -> Vec<Problem> {
         let prefix = format!("{}: ", self.tool);
         if self.problems.is_empty() {
             return vec![
                 self.why
                     .strip_prefix(&prefix)
                     .unwrap_or(&self.why)
-                    .to_string(),
+                    .to_string()
+                    .into(),
             ];
         }
         self.problems
             .iter()
-            .map(|p| p.strip_prefix(&prefix).unwrap_or(p).to_string())
+            .map(|p| Problem {
+                message: p.strip_prefix(&prefix).unwrap_or(p).to_string(),
+                bind_source: p.bind_source.clone(),
+            })
             .collect()
     }
 }

@@ -72,8 +72,8 @@ impl Native {
         &self.jail
     }
 
-    fn preflight(&self, js: &JailSpec) -> Vec<String> {
-        cordon_jail::preflight::preflight_on(js, &self.jail.host().system_dirs)
+    fn preflight(&self, js: &JailSpec) -> Vec<crate::Problem> {
+        cordon_jail::preflight::problems_on(js, &self.jail.host().system_dirs)
     }
 
     /// How each mechanism holds for a sandbox of `spec` here.
@@ -232,7 +232,7 @@ impl Runtime for Native {
     fn check(&self, spec: &SandboxSpec) -> Check {
         let mechanisms = self.mechanisms(spec);
         let problems = match Native::jail_spec(spec, &Placement::default()) {
-            Err(e) => vec![e],
+            Err(e) => vec![e.into()],
             Ok(_) if self.preflight_on_failure => Vec::new(),
             Ok((js, _)) => self.preflight(&js),
         };

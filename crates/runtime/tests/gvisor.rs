@@ -615,6 +615,19 @@ fn sandbox_slots(g: &Gvisor) -> Vec<(String, bool)> {
 // each of its processes is in slot directories that exist.
 gvisor_root_test!(gvisor_starts_hold_their_slots_while_another_broker_churns);
 fn gvisor_starts_hold_their_slots_while_another_broker_churns() {
+    starts_while_a_broker_churns(false);
+}
+
+// The same with the other broker in a pid namespace of its own (a test
+// runner's, a container's, sharing this cgroup tree): this broker's pid is
+// nobody's there, and its slots must still not be taken for a dead
+// broker's.
+gvisor_root_test!(gvisor_starts_hold_their_slots_while_a_broker_of_another_pid_namespace_churns);
+fn gvisor_starts_hold_their_slots_while_a_broker_of_another_pid_namespace_churns() {
+    starts_while_a_broker_churns(true);
+}
+
+fn starts_while_a_broker_churns(own_pid_namespace: bool) {
     let Some(g) = gvisor() else { return };
     let g = Arc::new(g);
     let s = sh("read x; echo \"$x\"");
@@ -641,7 +654,14 @@ fn gvisor_starts_hold_their_slots_while_another_broker_churns() {
     let stop = cordon_testkit::scratch();
     let stop_file = stop.path().join("stop");
     let exe = std::env::current_exe().unwrap();
-    let churn = std::process::Command::new(exe)
+    let mut churn = if own_pid_namespace {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", "--"]).arg(exe);
+        c
+    } else {
+        std::process::Command::new(exe)
+    };
+    let churn = churn
         .args([
             "--exact",
             "native_churn",

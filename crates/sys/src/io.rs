@@ -377,8 +377,16 @@ pub fn pid_alive(pid: i32) -> bool {
 }
 
 /// SIGKILL a process by pid (for cleaning leftovers of a dead broker).
+///
+/// Only one process: 0 and negative pids (the caller's process group,
+/// every process, a group) are refused with EINVAL. A cgroup's
+/// `cgroup.procs` read from another pid namespace lists each process not
+/// visible there as 0; killing that would kill the caller's own group.
 pub fn kill_pid(pid: i32) -> Result<(), Errno> {
-    // SAFETY: plain kill(2).
+    if pid <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: plain kill(2) of one process (pid > 0).
     if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
         Err(Errno::last())
     } else {
@@ -389,6 +397,13 @@ pub fn kill_pid(pid: i32) -> Result<(), Errno> {
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
+
+    /// Pid 0 is this process's group (the test runner's): refused, never
+    /// signalled.
+    #[test]
+    fn kill_pid_never_signals_a_group() {
+        assert_eq!(super::kill_pid(0), Err(super::Errno::EINVAL));
+    }
 
     use super::*;
 

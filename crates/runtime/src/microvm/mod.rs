@@ -1218,25 +1218,32 @@ impl Runtime for Microvm {
     }
 
     fn check(&self, spec: &SandboxSpec) -> Check {
-        let mut problems = self.problems();
+        let mut problems: Vec<crate::Problem> =
+            self.problems().into_iter().map(Into::into).collect();
         if !matches!(spec.root, Root::Image { .. }) {
             problems.push(format!(
                 "{}: runtime microvm runs an image (`image: NAME@sha256:...`): the guest's root is a block image made from it, and nothing of the host's file system is shared into the guest",
                 spec.tool
-            ));
+            ).into());
         }
         if let Some(m) = spec.mounts.first() {
-            problems.push(format!(
-                "mount {}:{}: runtime microvm shares no host directory into the guest",
-                m.src.display(),
-                m.dst.display()
-            ));
+            problems.push(crate::Problem {
+                message: format!(
+                    "mount {}:{}: runtime microvm shares no host directory into the guest",
+                    m.src.display(),
+                    m.dst.display()
+                ),
+                bind_source: Some(m.src.clone()),
+            });
         }
         if spec.workspace.is_some() || spec.state.is_some() {
-            problems.push(format!(
-                "{}: runtime microvm has no workspace or state volumes yet",
-                spec.tool
-            ));
+            problems.push(
+                format!(
+                    "{}: runtime microvm has no workspace or state volumes yet",
+                    spec.tool
+                )
+                .into(),
+            );
         }
         Check {
             mechanisms: self.mechanisms(spec),
