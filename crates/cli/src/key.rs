@@ -302,7 +302,7 @@ impl PublicKey {
     }
 
     /// The key as a PEM SubjectPublicKeyInfo.
-    pub fn to_pem(&self) -> String {
+    pub fn to_pem(self) -> String {
         let mut der = SPKI_PREFIX.to_vec();
         der.extend_from_slice(&self.0);
         pem_encode("PUBLIC KEY", &der)
