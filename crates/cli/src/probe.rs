@@ -50,13 +50,9 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
     /// The private key that signs the report (default: report-key.pem in
-    /// cordon's configuration directory, see `cordon key init`).
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "CORDON_REPORT_KEY",
-        requires = "report"
-    )]
+    /// cordon's configuration directory, see `cordon key init`). Unused
+    /// without --report.
+    #[arg(long, value_name = "KEY", env = "CORDON_REPORT_KEY")]
     pub key: Option<PathBuf>,
     /// Target of the outside-network probe (default 1.1.1.1:443).
     #[arg(long, value_name = "ADDR")]

@@ -143,6 +143,16 @@ fn a_report_is_never_written_without_a_key() {
         "{e}"
     );
     assert!(!env.path("r.json").exists());
+    // A key in the environment asks for no report: a plain run is one.
+    let o = Command::new(CORDON)
+        .args(["probe", "-m", &m, "--only", "control"])
+        .current_dir(env.dir.path())
+        .env("CORDON_REPORT_KEY", env.path("absent.pem"))
+        .env("CORDON_STATE_DIR", env.path("state"))
+        .output()
+        .unwrap();
+    assert!([0, 3].contains(&code(&o)), "{}", text(&o.stderr));
+    assert!(!env.path("r.json").exists());
 }
 
 /// The report's file after one byte changed.
