@@ -36,8 +36,10 @@ struct RuntimeReport {
     mechanisms: Vec<MechanismState>,
 }
 
+/// What `doctor` prints (as JSON with `--json`), and what a signed probe
+/// report carries as its host facts.
 #[derive(Serialize)]
-struct Report {
+pub struct Report {
     host: HostFacts,
     checks: Vec<Check>,
     runtimes: Vec<RuntimeReport>,
@@ -150,6 +152,18 @@ fn read_trim(p: &str) -> Option<String> {
 }
 
 pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let (report, registry) = collect(providers);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::from(exit::OK));
+    }
+    print_text(&report, &registry);
+    Ok(ExitCode::from(exit::OK))
+}
+
+/// This host's facts, checks, runtimes and profile verdicts, and the
+/// registry they were read from.
+pub fn collect(providers: Option<&Path>) -> (Report, Registry) {
     // The registry first: the native runtime's jail may move this process
     // into a delegated scope, and the facts are read after that.
     let registry =
@@ -226,12 +240,7 @@ pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
         profiles,
         notes,
     };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(ExitCode::from(exit::OK));
-    }
-    print_text(&report, &registry);
-    Ok(ExitCode::from(exit::OK))
+    (report, registry)
 }
 
 /// User namespaces, for root and for an unprivileged user.

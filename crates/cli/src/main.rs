@@ -13,9 +13,11 @@ mod image;
 mod import;
 mod interrupt;
 mod inventory;
+mod key;
 mod probe;
 mod proof;
 mod proxy;
+mod report;
 mod run;
 mod schema;
 mod serve;
@@ -223,6 +225,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: token::TokenCmd,
     },
+    /// The host key that signs probe reports: init, show.
+    Key {
+        #[command(subcommand)]
+        cmd: key::KeyCmd,
+    },
+    /// Signed probe reports (`cordon probe --report`): verify.
+    Report {
+        #[command(subcommand)]
+        cmd: report::ReportCmd,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -302,6 +314,8 @@ fn main() -> ExitCode {
         Cmd::Audit { cmd } => audit::run(cmd),
         Cmd::State { cmd } => tool_state::run(cmd),
         Cmd::Token { cmd } => token::run(cmd),
+        Cmd::Key { cmd } => key::run(cmd),
+        Cmd::Report { cmd } => report::run(cmd),
         Cmd::ProbeAgent { args } => {
             let code = cordon_probes::agent::main(&args);
             return ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE));

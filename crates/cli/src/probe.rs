@@ -14,7 +14,7 @@ use cordon_policy::policy::{Profile as PolicyProfile, ToolPolicy};
 use cordon_probes::{Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets};
 use cordon_runtime::{Registry, SandboxSpec, Use};
 
-use crate::{exit, state};
+use crate::{exit, report, state};
 
 /// Exit status of a probe run: nothing escaped, but a probe or a tool
 /// could not be judged.
@@ -43,6 +43,17 @@ pub struct ProbeArgs {
     /// Also write a JUnit XML report to FILE.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Also write a signed report to FILE: doctor's host facts, cordon's
+    /// version, start and end times, and per tool its policy hash and
+    /// every probe's verdict and evidence, signed with the host key
+    /// (`cordon key init`). Check it with `cordon report verify`.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// The private key that signs the report (default: report-key.pem in
+    /// cordon's configuration directory, see `cordon key init`). Unused
+    /// without --report.
+    #[arg(long, value_name = "KEY", env = "CORDON_REPORT_KEY")]
+    pub key: Option<PathBuf>,
     /// Target of the outside-network probe (default 1.1.1.1:443).
     #[arg(long, value_name = "ADDR")]
     pub target_outside: Option<SocketAddr>,
@@ -321,7 +332,18 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("unknown probe or category: {}", unknown.join(", ")));
     }
     let targets = targets(&a);
+    // A report is never written unsigned: no key, no run.
+    let signer = match &a.report {
+        Some(_) => Some(report::signing_key(a.key.as_deref())?),
+        None => None,
+    };
+    let started = state::now_rfc3339();
+    let host = signer
+        .as_ref()
+        .map(|_| crate::doctor::collect(a.providers.as_deref()).0);
     let mut reports: Vec<Report> = Vec::new();
+    // What each of `reports` is of, in the same order.
+    let mut subjects: Vec<report::Subject> = Vec::new();
     let mut skipped: Vec<(String, String)> = Vec::new();
 
     if !a.cmd.is_empty() && !a.prefix {
@@ -331,6 +353,11 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         let prefix = &a.cmd;
         let sb = PrefixSandbox::new(prefix.clone()).map_err(|e| anyhow!("{e}"))?;
         let prof = cordon_probes::Profile::unclaimed(format!("prefix: {}", prefix.join(" ")));
+        subjects.push(report::Subject::bare(
+            &format!("prefix: {}", prefix.join(" ")),
+            "unclaimed",
+            "none",
+        ));
         reports.push(cordon_probes::run_suite(
             &sb, &agent, &prof, &targets, &filter,
         ));
@@ -338,6 +365,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         match profile.as_str() {
             "P0" => {
                 let prof = cordon_probes::Profile::unclaimed("P0");
+                subjects.push(report::Subject::bare("P0", "P0", "none"));
                 reports.push(cordon_probes::run_suite(
                     &NoSandbox, &agent, &prof, &targets, &filter,
                 ));
@@ -353,6 +381,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                     SandboxSpec::new("cordon-probe", [cordon_probes::runtime::AGENT_IN_JAIL]),
                 );
                 let prof = sb.profile("P1");
+                subjects.push(report::Subject::bare("P1", "P1", "native"));
                 reports.push(cordon_probes::run_suite(
                     &sb, &agent, &prof, &targets, &filter,
                 ));
@@ -390,6 +419,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         for p in tools {
             if p.profile == PolicyProfile::P0 {
                 let prof = cordon_probes::Profile::unclaimed(format!("{} (P0)", p.name));
+                subjects.push(report::Subject::tool(p));
                 reports.push(cordon_probes::run_suite(
                     &NoSandbox, &agent, &prof, &targets, &filter,
                 ));
@@ -428,6 +458,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                     if filter.only.is_empty() && filter.skip.is_empty() {
                         records.push(state::record_of(p, &report, state::now_rfc3339()));
                     }
+                    subjects.push(report::Subject::tool(p));
                     reports.push(report);
                 }
                 Err(why) => skipped.push((p.name.clone(), why)),
@@ -474,6 +505,34 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(path, xml).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let (Some(path), Some(key), Some(host)) = (&a.report, &signer, &host) {
+        let tools: Vec<(report::Subject, Report)> =
+            subjects.into_iter().zip(reports.clone()).collect();
+        let not_probed: Vec<report::NotProbed> = skipped
+            .iter()
+            .map(|(tool, why)| report::NotProbed {
+                tool: tool.clone(),
+                why: why.clone(),
+            })
+            .collect();
+        let ended = state::now_rfc3339();
+        let bytes = report::sign(
+            &report::Run {
+                started: &started,
+                ended: &ended,
+                host,
+                tools: &tools,
+                not_probed: &not_probed,
+            },
+            key,
+        )?;
+        report::write(path, &bytes)?;
+        eprintln!(
+            "cordon probe: wrote the signed report {} (key {})",
+            path.display(),
+            key.public().fingerprint()
+        );
     }
     if reports.is_empty() && skipped.is_empty() {
         eprintln!("cordon probe: nothing was probed");

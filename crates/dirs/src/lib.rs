@@ -6,6 +6,7 @@
 //! | runtime: workspaces and state mounts, pool status (`pools/`), gVisor bundles (`gvisor/`) | `/run/cordon` | `$XDG_RUNTIME_DIR/cordon` | `CORDON_RUN_DIR` |
 //! | data: the image store, the package store (`store/`) | `/var/lib/cordon` | `$XDG_DATA_HOME/cordon`, else `~/.local/share/cordon` | `CORDON_STORE` |
 //! | the audit log | `/var/log/cordon/audit.jsonl` | `$XDG_STATE_HOME/cordon/audit.jsonl`, else `~/.local/state/cordon/audit.jsonl` | `CORDON_AUDIT` |
+//! | config: the report signing key (`report-key.pem`, outside the state directory) | `/etc/cordon` | `$XDG_CONFIG_HOME/cordon`, else `~/.config/cordon` | `CORDON_CONFIG_DIR` |
 //!
 //! An `XDG_*` variable or `HOME` that is empty or not an absolute path is
 //! ignored. No answer is ever a fixed path under a directory every user
@@ -30,7 +31,9 @@ pub const VARS: &[&str] = &[
     "CORDON_RUN_DIR",
     "CORDON_STORE",
     "CORDON_AUDIT",
+    "CORDON_CONFIG_DIR",
     "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",
     "XDG_RUNTIME_DIR",
     "XDG_DATA_HOME",
     "HOME",
@@ -227,6 +230,34 @@ impl Dirs {
         self.images().map(|d| d.join("store"))
     }
 
+    /// cordon's configuration directory: `$CORDON_CONFIG_DIR`, else
+    /// `/etc/cordon` as root, else `$XDG_CONFIG_HOME/cordon` (or
+    /// `~/.config/cordon`).
+    pub fn config(&self) -> Result<PathBuf, DirError> {
+        if let Some(d) = self.var("CORDON_CONFIG_DIR") {
+            return Ok(d);
+        }
+        if self.root() {
+            return Ok(PathBuf::from("/etc/cordon"));
+        }
+        self.xdg_or_home("XDG_CONFIG_HOME", ".config")
+            .map(|d| d.join("cordon"))
+            .ok_or_else(|| {
+                self.error(
+                    "configuration directory",
+                    "neither XDG_CONFIG_HOME nor HOME is set to an absolute path",
+                    "CORDON_CONFIG_DIR (or XDG_CONFIG_HOME or HOME)",
+                )
+            })
+    }
+
+    /// The private key `cordon probe --report` signs reports with:
+    /// `report-key.pem` in the configuration directory (never in the
+    /// state directory, which holds what the key vouches for).
+    pub fn report_key(&self) -> Result<PathBuf, DirError> {
+        self.config().map(|d| d.join("report-key.pem"))
+    }
+
     /// The audit log: `$CORDON_AUDIT`, else `/var/log/cordon/audit.jsonl`
     /// as root, else `$XDG_STATE_HOME/cordon/audit.jsonl` (or
     /// `~/.local/state/cordon/audit.jsonl`).
@@ -327,6 +358,7 @@ mod tests {
         assert_eq!(d.images().unwrap(), p("/var/lib/cordon"));
         assert_eq!(d.packages().unwrap(), p("/var/lib/cordon/store"));
         assert_eq!(d.audit_log().unwrap(), p("/var/log/cordon/audit.jsonl"));
+        assert_eq!(d.report_key().unwrap(), p("/etc/cordon/report-key.pem"));
         // Nothing at all set: the same.
         let bare = dirs(0, &[]);
         assert_eq!(bare.state().unwrap(), p("/var/lib/cordon"));
@@ -381,6 +413,15 @@ mod tests {
         assert_eq!(xdg.packages().unwrap(), p("/x/data/cordon/store"));
         assert_eq!(xdg.audit_log().unwrap(), p("/x/state/cordon/audit.jsonl"));
         let home = dirs(1000, &[("HOME", "/home/u")]);
+        assert_eq!(
+            home.report_key().unwrap(),
+            p("/home/u/.config/cordon/report-key.pem")
+        );
+        let cfg = dirs(1000, &[("HOME", "/home/u"), ("XDG_CONFIG_HOME", "/x/cfg")]);
+        assert_eq!(cfg.config().unwrap(), p("/x/cfg/cordon"));
+        let over = dirs(0, &[("CORDON_CONFIG_DIR", "/c")]);
+        assert_eq!(over.report_key().unwrap(), p("/c/report-key.pem"));
+        assert!(dirs(1000, &[]).config().is_err());
         assert_eq!(home.state().unwrap(), p("/home/u/.local/state/cordon"));
         assert_eq!(home.images().unwrap(), p("/home/u/.local/share/cordon"));
         assert_eq!(
