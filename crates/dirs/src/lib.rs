@@ -70,6 +70,18 @@ pub struct Dirs {
     vars: Vec<(&'static str, OsString)>,
 }
 
+/// Where one of cordon's directories is, and what to say when it cannot
+/// be placed.
+struct Base {
+    var: &'static str,
+    as_root: &'static str,
+    xdg: &'static str,
+    under_home: &'static str,
+    what: &'static str,
+    why: &'static str,
+    set: &'static str,
+}
+
 impl Dirs {
     /// The answers for `euid` with the variables `vars` (others than
     /// [`VARS`] are ignored).
@@ -126,6 +138,20 @@ impl Dirs {
             .or_else(|| self.absolute("HOME").map(|h| h.join(under_home)))
     }
 
+    /// A directory of cordon's own: `$var`, else `as_root` as root, else
+    /// `$XDG_<xdg>/cordon` (or `~/<under_home>/cordon`).
+    fn base(&self, b: Base) -> Result<PathBuf, DirError> {
+        if let Some(d) = self.var(b.var) {
+            return Ok(d);
+        }
+        if self.root() {
+            return Ok(PathBuf::from(b.as_root));
+        }
+        self.xdg_or_home(b.xdg, b.under_home)
+            .map(|d| d.join("cordon"))
+            .ok_or_else(|| self.error(b.what, b.why, b.set))
+    }
+
     fn error(&self, what: &'static str, why: &'static str, set: &'static str) -> DirError {
         DirError {
             what,
@@ -139,21 +165,15 @@ impl Dirs {
     /// `/var/lib/cordon` as root, else `$XDG_STATE_HOME/cordon` (or
     /// `~/.local/state/cordon`).
     pub fn state(&self) -> Result<PathBuf, DirError> {
-        if let Some(d) = self.var("CORDON_STATE_DIR") {
-            return Ok(d);
-        }
-        if self.root() {
-            return Ok(PathBuf::from("/var/lib/cordon"));
-        }
-        self.xdg_or_home("XDG_STATE_HOME", ".local/state")
-            .map(|d| d.join("cordon"))
-            .ok_or_else(|| {
-                self.error(
-                    "state directory",
-                    "neither XDG_STATE_HOME nor HOME is set to an absolute path",
-                    "CORDON_STATE_DIR (or XDG_STATE_HOME or HOME)",
-                )
-            })
+        self.base(Base {
+            var: "CORDON_STATE_DIR",
+            as_root: "/var/lib/cordon",
+            xdg: "XDG_STATE_HOME",
+            under_home: ".local/state",
+            what: "state directory",
+            why: "neither XDG_STATE_HOME nor HOME is set to an absolute path",
+            set: "CORDON_STATE_DIR (or XDG_STATE_HOME or HOME)",
+        })
     }
 
     /// The MCP listing cache: `mcp` in the state directory.
@@ -207,21 +227,15 @@ impl Dirs {
     /// The image store: `$CORDON_STORE`, else `/var/lib/cordon` as root,
     /// else `$XDG_DATA_HOME/cordon` (or `~/.local/share/cordon`).
     pub fn images(&self) -> Result<PathBuf, DirError> {
-        if let Some(d) = self.var("CORDON_STORE") {
-            return Ok(d);
-        }
-        if self.root() {
-            return Ok(PathBuf::from("/var/lib/cordon"));
-        }
-        self.xdg_or_home("XDG_DATA_HOME", ".local/share")
-            .map(|d| d.join("cordon"))
-            .ok_or_else(|| {
-                self.error(
-                    "image store",
-                    "neither XDG_DATA_HOME nor HOME is set to an absolute path",
-                    "CORDON_STORE (or XDG_DATA_HOME or HOME)",
-                )
-            })
+        self.base(Base {
+            var: "CORDON_STORE",
+            as_root: "/var/lib/cordon",
+            xdg: "XDG_DATA_HOME",
+            under_home: ".local/share",
+            what: "image store",
+            why: "neither XDG_DATA_HOME nor HOME is set to an absolute path",
+            set: "CORDON_STORE (or XDG_DATA_HOME or HOME)",
+        })
     }
 
     /// The package store: `store` in the image store's directory, so that
@@ -234,21 +248,15 @@ impl Dirs {
     /// `/etc/cordon` as root, else `$XDG_CONFIG_HOME/cordon` (or
     /// `~/.config/cordon`).
     pub fn config(&self) -> Result<PathBuf, DirError> {
-        if let Some(d) = self.var("CORDON_CONFIG_DIR") {
-            return Ok(d);
-        }
-        if self.root() {
-            return Ok(PathBuf::from("/etc/cordon"));
-        }
-        self.xdg_or_home("XDG_CONFIG_HOME", ".config")
-            .map(|d| d.join("cordon"))
-            .ok_or_else(|| {
-                self.error(
-                    "configuration directory",
-                    "neither XDG_CONFIG_HOME nor HOME is set to an absolute path",
-                    "CORDON_CONFIG_DIR (or XDG_CONFIG_HOME or HOME)",
-                )
-            })
+        self.base(Base {
+            var: "CORDON_CONFIG_DIR",
+            as_root: "/etc/cordon",
+            xdg: "XDG_CONFIG_HOME",
+            under_home: ".config",
+            what: "configuration directory",
+            why: "neither XDG_CONFIG_HOME nor HOME is set to an absolute path",
+            set: "CORDON_CONFIG_DIR (or XDG_CONFIG_HOME or HOME)",
+        })
     }
 
     /// The private key `cordon probe --report` signs reports with:
