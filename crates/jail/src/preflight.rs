@@ -83,6 +83,16 @@ pub struct Problem {
     pub bind_source: Option<PathBuf>,
 }
 
+impl Problem {
+    /// A reason about the bind of host path `src`.
+    pub fn at_bind(src: &Path, message: String) -> Problem {
+        Problem {
+            message,
+            bind_source: Some(src.to_path_buf()),
+        }
+    }
+}
+
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
@@ -160,14 +170,14 @@ fn preflight_by(
         };
         match reach {
             Ok(()) => usable.binds.push(b.clone()),
-            Err(why) => out.push(Problem {
-                message: format!(
+            Err(why) => out.push(Problem::at_bind(
+                &b.src,
+                format!(
                     "{tool}: bind source {} (for {}) {why}",
                     b.src.display(),
                     b.dst.display()
                 ),
-                bind_source: Some(b.src.clone()),
-            }),
+            )),
         }
     }
     let image = match &spec.root {

@@ -785,14 +785,14 @@ impl Runtime for Gvisor {
             ).into());
         }
         if let Some(m) = spec.mounts.iter().find(|m| m.writable) {
-            problems.push(crate::Problem {
-                message: format!(
+            problems.push(crate::Problem::at_bind(
+                &m.src,
+                format!(
                     "mount {}:{}:rw: the gvisor runtime binds host paths read-only only",
                     m.src.display(),
                     m.dst.display()
                 ),
-                bind_source: Some(m.src.clone()),
-            });
+            ));
         }
         problems.extend(oci::problems(spec).into_iter().map(Into::into));
         Check {

@@ -1227,14 +1227,14 @@ impl Runtime for Microvm {
             ).into());
         }
         if let Some(m) = spec.mounts.first() {
-            problems.push(crate::Problem {
-                message: format!(
+            problems.push(crate::Problem::at_bind(
+                &m.src,
+                format!(
                     "mount {}:{}: runtime microvm shares no host directory into the guest",
                     m.src.display(),
                     m.dst.display()
                 ),
-                bind_source: Some(m.src.clone()),
-            });
+            ));
         }
         if spec.workspace.is_some() || spec.state.is_some() {
             problems.push(
