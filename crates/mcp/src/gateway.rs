@@ -81,6 +81,8 @@ pub struct Gateway {
     pub(crate) seq: AtomicU64,
     /// `max_concurrent`, `max_sandboxes`, per-principal and per-tenant caps.
     pub(crate) caps: Arc<caps::Caps>,
+    /// Counted from the broker's audit records ([`crate::metrics`]).
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Gateway {
@@ -167,6 +169,8 @@ impl Gateway {
                 }
             }
         }
+        let metrics = Arc::new(crate::metrics::Metrics::new(policy.tools.keys().cloned()));
+        broker.auditor().observe(metrics.clone());
         Ok(Gateway {
             broker,
             commands,
@@ -178,7 +182,13 @@ impl Gateway {
             warnings,
             seq: AtomicU64::new(0),
             caps,
+            metrics,
         })
+    }
+
+    /// The gateway's metrics ([`crate::metrics`]).
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     /// Keep each server's listing in `dir` (see [`default_listing_dir`]),
