@@ -29,6 +29,9 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// The path the metrics are served on.
 pub const METRICS_PATH: &str = "/metrics";
 
+/// The tool of the records about a session, not a call.
+const SESSION: &str = "(session)";
+
 /// The label of a tool the manifest does not declare.
 const OTHER: &str = "_other";
 
@@ -131,7 +134,7 @@ impl Metrics {
         let refusals = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "refusals",
-            "Calls and requests refused, by kind: denied (policy, schema, grants, unknown name), refused (output gate), busy (a cap at the door), limit_hit, session_refused",
+            "Calls and requests refused, by the status of their audit record: denied (policy, schema, grants, unknown name, another principal's session), refused (output gate), busy (a cap at the door), limit_hit (a resource limit)",
             refusals.clone(),
         );
         let egress = Family::<EgressLabels, Counter>::default();
@@ -288,13 +291,16 @@ impl RecordObserver for Metrics {
             self.sessions_ended.inc();
             return;
         }
-        if rec.tool.is_empty() {
-            // A request refused before any tool: another principal's session.
-            self.refusals
-                .get_or_create(&RefusalLabels {
-                    reason: "session_refused".into(),
-                })
-                .inc();
+        if rec.tool.is_empty() || rec.tool == SESSION {
+            // Not a call of a tool: a request refused for the session (its
+            // caps, another principal's session, an unknown resource).
+            if let Some(kind) = refusal_kind(rec.status) {
+                self.refusals
+                    .get_or_create(&RefusalLabels {
+                        reason: kind.to_owned(),
+                    })
+                    .inc();
+            }
             return;
         }
         self.calls
