@@ -437,7 +437,11 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let tools = gw.tool_names().join(", ");
     let served = cordon_mcp::run(gw, transport, args.metrics, |ready| {
-        eprintln!("cordon: {ready} (tools: {tools})");
+        if ready.starts_with("serving MCP") {
+            eprintln!("cordon: {ready} (tools: {tools})");
+        } else {
+            eprintln!("cordon: {ready}");
+        }
     });
     // The client went away, or SIGINT/SIGTERM: every session's tokens are
     // revoked before the process exits (the sessions' own ends revoke

@@ -152,7 +152,7 @@ impl Metrics {
         let sessions_ended = Counter::default();
         registry.register(
             "sessions_ended",
-            "Sessions the gateway ended (idle, client gone, shutdown)",
+            "Sessions the gateway ended and audited so (idle for their timeout, client gone, deleted)",
             sessions_ended.clone(),
         );
         let sessions = Gauge::default();

@@ -109,21 +109,32 @@ async fn serve_metrics(
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
 ) {
-    let router = axum::Router::new().route(
-        crate::metrics::METRICS_PATH,
-        axum::routing::get(move || {
-            let body = metrics.render();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        crate::metrics::CONTENT_TYPE,
-                    )],
-                    body,
-                )
-            }
-        }),
-    );
+    let router = axum::Router::new()
+        .route(
+            crate::metrics::METRICS_PATH,
+            axum::routing::get(move || {
+                let body = metrics.render();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            crate::metrics::CONTENT_TYPE,
+                        )],
+                        body,
+                    )
+                }
+            }),
+        )
+        // No authentication here: a connection that sent a request no
+        // longer counts as waiting for one (a scraper's keep-alive).
+        .layer(axum::middleware::from_fn(
+            |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                if let Some(p) = req.extensions().get::<crate::listen::Pending>() {
+                    p.release();
+                }
+                next.run(req).await
+            },
+        ));
     if let Err(e) = crate::listen::serve(
         listener,
         router,
