@@ -249,6 +249,7 @@ async fn metrics_behind_authentication_count_the_calls() {
     assert_eq!(total(&before, "cordon_calls_total"), 0.0, "{body}");
     assert_eq!(total(&before, "cordon_refusals_total"), 0.0, "{body}");
     assert_eq!(value(&before, "cordon_sessions", &[]), 0.0, "{body}");
+    assert_eq!(value(&before, "cordon_sandboxes", &[]), 0.0, "{body}");
     // The start probe's verdict of the tool, and when it was proved.
     let held = value(
         &before,
@@ -326,6 +327,8 @@ async fn metrics_behind_authentication_count_the_calls() {
         "{body}"
     );
     assert_eq!(value(&after, "cordon_sessions", &[]), 1.0, "{body}");
+    // Each command call's sandbox is gone once it answered.
+    assert_eq!(value(&after, "cordon_sandboxes", &[]), 0.0, "{body}");
     c.cancel().await.unwrap();
 }
 

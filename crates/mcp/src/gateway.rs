@@ -121,6 +121,13 @@ impl Gateway {
         } else {
             sandbox
         };
+        let metrics = Arc::new(crate::metrics::Metrics::new(policy.tools.keys().cloned()));
+        broker.auditor().observe(metrics.clone());
+        // Each server started is a live sandbox until it is stopped.
+        let sandbox: Arc<dyn ServerSandbox> = Arc::new(crate::metrics::MeteredServers {
+            inner: sandbox,
+            metrics: metrics.clone(),
+        });
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
@@ -169,8 +176,6 @@ impl Gateway {
                 }
             }
         }
-        let metrics = Arc::new(crate::metrics::Metrics::new(policy.tools.keys().cloned()));
-        broker.auditor().observe(metrics.clone());
         Ok(Gateway {
             broker,
             commands,

@@ -94,6 +94,7 @@ pub struct Metrics {
     credentials: Family<CredentialLabels, Counter>,
     sessions_ended: Counter,
     sessions: Gauge,
+    sandboxes: Gauge,
     probes: Family<ProbeLabels, Gauge>,
     last_proved: Family<ToolLabel, Gauge<f64, AtomicU64>>,
     /// Counts the live sessions when the metrics are rendered (set by the
@@ -157,6 +158,12 @@ impl Metrics {
         );
         let sessions = Gauge::default();
         registry.register("sessions", "Live MCP sessions", sessions.clone());
+        let sandboxes = Gauge::default();
+        registry.register(
+            "sandboxes",
+            "Live sandboxes in use: MCP servers running and command calls running in theirs",
+            sandboxes.clone(),
+        );
         let probes = Family::<ProbeLabels, Gauge>::default();
         registry.register(
             "probe_verdicts",
@@ -179,6 +186,7 @@ impl Metrics {
             credentials,
             sessions_ended,
             sessions,
+            sandboxes,
             probes,
             last_proved,
             live_sessions: std::sync::RwLock::new(None),
@@ -190,6 +198,12 @@ impl Metrics {
         if let Ok(mut s) = self.live_sessions.write() {
             *s = Some(f);
         }
+    }
+
+    /// One live sandbox, counted until the guard is dropped.
+    pub(crate) fn sandbox(&self) -> LiveSandbox {
+        self.sandboxes.inc();
+        LiveSandbox(self.sandboxes.clone())
     }
 
     /// The tool label of `name`: itself when the manifest declares it.
@@ -233,6 +247,76 @@ impl Metrics {
             tracing::warn!("rendering the metrics: {e}");
         }
         out
+    }
+}
+
+/// A live sandbox, counted in `cordon_sandboxes` until dropped.
+#[derive(Debug)]
+pub(crate) struct LiveSandbox(Gauge);
+
+impl Drop for LiveSandbox {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A [`ServerSandbox`](crate::ServerSandbox) whose servers each count as
+/// a live sandbox until stopped or gone.
+pub(crate) struct MeteredServers {
+    pub(crate) inner: std::sync::Arc<dyn crate::ServerSandbox>,
+    pub(crate) metrics: std::sync::Arc<Metrics>,
+}
+
+impl crate::ServerSandbox for MeteredServers {
+    fn start(
+        &self,
+        who: &cordon_broker::Caller,
+        policy: &cordon_policy::ToolPolicy,
+        argv: &[String],
+    ) -> Result<crate::ServerProcess, String> {
+        let mut p = self.inner.start(who, policy, argv)?;
+        p.handle = std::sync::Arc::new(MeteredHandle {
+            inner: p.handle,
+            live: std::sync::Mutex::new(Some(self.metrics.sandbox())),
+        });
+        Ok(p)
+    }
+}
+
+#[derive(Debug)]
+struct MeteredHandle {
+    inner: std::sync::Arc<dyn crate::ServerHandle>,
+    live: std::sync::Mutex<Option<LiveSandbox>>,
+}
+
+impl MeteredHandle {
+    fn gone(&self) {
+        if let Ok(mut l) = self.live.lock() {
+            l.take();
+        }
+    }
+}
+
+impl crate::ServerHandle for MeteredHandle {
+    fn kill(&self) {
+        self.inner.kill();
+        self.gone();
+    }
+
+    fn exited(&self) -> Option<String> {
+        let e = self.inner.exited();
+        if e.is_some() {
+            self.gone();
+        }
+        e
+    }
+
+    fn live_tokens(&self) -> cordon_gate::LiveTokens {
+        self.inner.live_tokens()
+    }
+
+    fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+        self.inner.refusals()
     }
 }
 
@@ -334,6 +418,83 @@ impl RecordObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ServerSandbox;
+
+    #[derive(Debug, Default)]
+    struct Fake(std::sync::atomic::AtomicBool);
+
+    impl crate::ServerHandle for Fake {
+        fn kill(&self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn exited(&self) -> Option<String> {
+            self.0
+                .load(std::sync::atomic::Ordering::SeqCst)
+                .then(|| "killed".to_string())
+        }
+    }
+
+    struct Fakes;
+
+    impl crate::ServerSandbox for Fakes {
+        fn start(
+            &self,
+            _: &cordon_broker::Caller,
+            _: &cordon_policy::ToolPolicy,
+            _: &[String],
+        ) -> Result<crate::ServerProcess, String> {
+            Ok(crate::ServerProcess {
+                reader: Box::new(tokio::io::empty()),
+                writer: Box::new(tokio::io::sink()),
+                handle: std::sync::Arc::new(Fake::default()),
+                warnings: Vec::new(),
+            })
+        }
+    }
+
+    fn live(m: &Metrics) -> String {
+        m.render()
+            .lines()
+            .find(|l| l.starts_with("cordon_sandboxes "))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn a_server_is_a_live_sandbox_until_killed_or_gone() {
+        let m = std::sync::Arc::new(Metrics::new(["srv".to_string()]));
+        let servers = MeteredServers {
+            inner: std::sync::Arc::new(Fakes),
+            metrics: m.clone(),
+        };
+        let l = cordon_policy::load_str(
+            std::path::Path::new("m.yaml"),
+            "version: 1\ntools:\n  srv:\n    profile: P1\n    command: [/bin/true]\n",
+        )
+        .unwrap();
+        let p = &l.policy.tools["srv"];
+        let who = cordon_broker::Caller {
+            session: "s".into(),
+            client: "mcp".into(),
+            principal: None,
+            tenant: "default".into(),
+        };
+        assert_eq!(live(&m), "cordon_sandboxes 0");
+        let a = servers.start(&who, p, &[]).unwrap();
+        let b = servers.start(&who, p, &[]).unwrap();
+        assert_eq!(live(&m), "cordon_sandboxes 2");
+        // Killed twice, and seen gone: counted down once.
+        a.handle.kill();
+        a.handle.kill();
+        assert!(a.handle.exited().is_some());
+        assert_eq!(live(&m), "cordon_sandboxes 1");
+        // A command call's sandbox: counted while held.
+        let call = m.sandbox();
+        assert_eq!(live(&m), "cordon_sandboxes 2");
+        drop(call);
+        b.handle.kill();
+        assert_eq!(live(&m), "cordon_sandboxes 0");
+    }
 
     #[test]
     fn counts_calls_and_bounds_tool_labels() {
