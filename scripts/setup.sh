@@ -122,6 +122,12 @@ if ! python3 -c 'import mcp' 2>/dev/null; then
   python3 -c 'import mcp' 2>/dev/null ||
     missing "pip install mcp failed; the Python client e2e tests will fail"
 fi
+if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+  echo "setup: pip install prometheus_client"
+  python3 -m pip install -q prometheus_client >/dev/null || true
+  python3 -c 'import prometheus_client' 2>/dev/null ||
+    missing "pip install prometheus_client failed; the metrics test will fail"
+fi
 npm_dir=${CORDON_E2E_NPM:-/var/cache/cordon-e2e/npm}
 servers="server-everything server-filesystem"
 servers_installed() {

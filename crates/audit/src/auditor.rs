@@ -41,6 +41,15 @@ pub struct Auditor {
     count: AtomicU64,
     /// Warnings for the next call.
     pending: Mutex<Vec<String>>,
+    /// Shown every record as it is written (metrics).
+    observers: std::sync::RwLock<Vec<std::sync::Arc<dyn RecordObserver>>>,
+}
+
+/// Sees every record the [`Auditor`] writes, whether or not it could be
+/// written (what it records happened either way): the metrics of `cordon
+/// serve` count the same events the log records.
+pub trait RecordObserver: Send + Sync + std::fmt::Debug {
+    fn recorded(&self, rec: &AuditRecord);
 }
 
 /// One record that could not be written, as counted in the unwritten file:
@@ -76,6 +85,22 @@ impl Auditor {
             unwritten: None,
             count: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
+            observers: std::sync::RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Show every record written from now on to `o`.
+    pub fn observe(&self, o: std::sync::Arc<dyn RecordObserver>) {
+        if let Ok(mut v) = self.observers.write() {
+            v.push(o);
+        }
+    }
+
+    fn notify(&self, rec: &AuditRecord) {
+        if let Ok(v) = self.observers.read() {
+            for o in v.iter() {
+                o.recorded(rec);
+            }
         }
     }
 
@@ -106,6 +131,7 @@ impl Auditor {
     /// fail what it records. Fail-open, a record not written is said on
     /// stderr, counted, and `Ok`.
     pub fn record(&self, rec: &AuditRecord) -> Result<(), AuditError> {
+        self.notify(rec);
         match self.log.record(rec) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -124,6 +150,7 @@ impl Auditor {
     /// written is said on stderr, counted, and kept as a warning for the
     /// next call; the error is returned for the caller's own log.
     pub fn record_after(&self, rec: &AuditRecord) -> Result<(), AuditError> {
+        self.notify(rec);
         let Err(e) = self.log.record(rec) else {
             return Ok(());
         };

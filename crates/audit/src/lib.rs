@@ -37,7 +37,7 @@ mod sink;
 
 use std::path::PathBuf;
 
-pub use auditor::{Auditor, Unwritten, UnwrittenRecord, read_unwritten};
+pub use auditor::{Auditor, RecordObserver, Unwritten, UnwrittenRecord, read_unwritten};
 pub use escape::{escape_inline, escape_text};
 pub use read::{Filter, Query, log_files, parse_duration, query, render_line, tail, tail_until};
 pub use record::{

@@ -77,6 +77,27 @@ pub struct ServeArgs {
     /// or TLS (said on stderr). Without it that is refused.
     #[arg(long, requires = "http")]
     pub insecure_accept_plaintext: bool,
+    /// Also serve the Prometheus metrics at /metrics on this address,
+    /// without authentication: a loopback address only (`--http` serves
+    /// them at /metrics behind its authentication too).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// A start probe's verdict for one tool: its name, `held`, `cached` or
+/// `not_proved`, and when it was last proved (Unix time).
+pub type Verdict = (String, &'static str, Option<f64>);
+
+/// `--metrics ADDR` is served without authentication: loopback only.
+pub fn metrics_exposure(addr: SocketAddr) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to serve metrics on {addr}, which is not a loopback address: --metrics has no authentication; \
+             bind a loopback address, or read /metrics on the --http gateway, behind its authentication"
+        ))
+    }
 }
 
 /// Whether `addr` may be served with what protects it: a loopback address
@@ -160,6 +181,7 @@ pub fn probe_and_filter(
     set: &mut cordon_policy::PolicySet,
     registry: &Registry,
     reprove: bool,
+    verdicts: &mut Vec<Verdict>,
 ) -> Vec<String> {
     use std::sync::Mutex;
     use std::time::{Instant, SystemTime};
@@ -190,6 +212,11 @@ pub fn probe_and_filter(
             .and_then(|k| crate::proof::fresh(&proofs, &p.name, k, now))
         {
             cached += 1;
+            verdicts.push((
+                p.name.clone(),
+                "cached",
+                now.checked_sub(age).map(unix_seconds),
+            ));
             eprintln!(
                 "cordon: {}: held (proved {} ago; policy, programs, binary and host unchanged)",
                 p.name,
@@ -263,11 +290,13 @@ pub fn probe_and_filter(
         match r {
             Ok(()) => {
                 held += 1;
+                verdicts.push((name.clone(), "held", Some(unix_seconds(now))));
                 if let Some(k) = key {
                     proved.push((name, k));
                 }
             }
             Err(e) => {
+                verdicts.push((name.clone(), "not_proved", None));
                 set.tools.remove(&name);
                 refused.push(format!("{e:#}"));
                 dropped.push(name);
@@ -289,7 +318,16 @@ pub fn probe_and_filter(
     refused
 }
 
+fn unix_seconds(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(addr) = args.metrics {
+        metrics_exposure(addr).map_err(|e| anyhow!(e))?;
+    }
     // What protects the HTTP door is settled before anything is started.
     let mut authenticator: Option<Arc<cordon_mcp::bearer::BearerAuthenticator>> = None;
     let mut tls = None;
@@ -330,12 +368,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
     }
+    let mut verdicts = Vec::new();
     if args.no_probe {
         eprintln!(
             "cordon: warning: --no-probe: tools are served without checking that their sandboxes hold here"
         );
     } else {
-        for refusal in probe_and_filter(&mut loaded.policy, &registry, args.reprove) {
+        for refusal in probe_and_filter(&mut loaded.policy, &registry, args.reprove, &mut verdicts)
+        {
             eprintln!("cordon: {refusal}");
         }
     }
@@ -360,6 +400,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         });
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
+    }
+    for (tool, verdict, proved_at) in &verdicts {
+        gw.metrics().probed(tool, verdict, *proved_at);
     }
     let transport = match args.http {
         Some(addr) => {
@@ -393,8 +436,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         None => Transport::Stdio,
     };
     let tools = gw.tool_names().join(", ");
-    let served = cordon_mcp::run(gw, transport, |ready| {
-        eprintln!("cordon: {ready} (tools: {tools})");
+    let served = cordon_mcp::run(gw, transport, args.metrics, |ready| {
+        if ready.starts_with("serving MCP") {
+            eprintln!("cordon: {ready} (tools: {tools})");
+        } else {
+            eprintln!("cordon: {ready}");
+        }
     });
     // The client went away, or SIGINT/SIGTERM: every session's tokens are
     // revoked before the process exits (the sessions' own ends revoke

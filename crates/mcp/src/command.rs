@@ -50,6 +50,7 @@ pub(crate) async fn call(
     t: &CommandTool,
     args: Option<&rmcp::model::JsonObject>,
     who: Caller,
+    metrics: &crate::metrics::Metrics,
 ) -> Result<CallToolResult, ErrorData> {
     let prepared = match t.args.prepare(args) {
         Ok(p) => p,
@@ -74,7 +75,9 @@ pub(crate) async fn call(
     admitted.spec.argv.extend(prepared.argv);
     let broker = broker.clone();
     let pol = policy.clone();
+    let live = metrics.sandbox();
     let ran = tokio::task::spawn_blocking(move || {
+        let _live = live;
         broker.call_admitted(&who, &pol, Ok(admitted), prepared.stdin)
     })
     .await

@@ -81,6 +81,8 @@ pub struct Gateway {
     pub(crate) seq: AtomicU64,
     /// `max_concurrent`, `max_sandboxes`, per-principal and per-tenant caps.
     pub(crate) caps: Arc<caps::Caps>,
+    /// Counted from the broker's audit records ([`crate::metrics`]).
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Gateway {
@@ -119,6 +121,13 @@ impl Gateway {
         } else {
             sandbox
         };
+        let metrics = Arc::new(crate::metrics::Metrics::new(policy.tools.keys().cloned()));
+        broker.auditor().observe(metrics.clone());
+        // Each server started is a live sandbox until it is stopped.
+        let sandbox: Arc<dyn ServerSandbox> = Arc::new(crate::metrics::MeteredServers {
+            inner: sandbox,
+            metrics: metrics.clone(),
+        });
         let mut warnings = broker.warnings();
         let mut commands = BTreeMap::new();
         let mut servers = Vec::new();
@@ -178,7 +187,13 @@ impl Gateway {
             warnings,
             seq: AtomicU64::new(0),
             caps,
+            metrics,
         })
+    }
+
+    /// The gateway's metrics ([`crate::metrics`]).
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     /// Keep each server's listing in `dir` (see [`default_listing_dir`]),

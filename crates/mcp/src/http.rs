@@ -9,6 +9,9 @@
 //! resource metadata (RFC 9728) it is served, without authentication, at
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form
 //! `/.well-known/oauth-protected-resource/mcp`.
+//!
+//! The gateway's metrics ([`crate::metrics`]) are at `GET /metrics`,
+//! behind the same authentication as the MCP endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -122,6 +125,31 @@ pub async fn serve_http(
     let auth = opts.authenticator.clone();
     let broker = gw.broker.clone();
     let owners = sessions.clone();
+    let live = sessions.clone();
+    gw.metrics
+        .count_sessions_with(Arc::new(move || live.live()));
+    let metrics = gw.metrics.clone();
+    let metrics_auth = opts.authenticator.clone();
+    // The metrics, behind the same authentication as the MCP endpoint.
+    let metrics_route = axum::Router::new()
+        .route(
+            crate::metrics::METRICS_PATH,
+            axum::routing::get(move || {
+                let body = metrics.render();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            crate::metrics::CONTENT_TYPE,
+                        )],
+                        body,
+                    )
+                }
+            }),
+        )
+        .layer(axum::middleware::from_fn(move |req, next| {
+            authenticate(metrics_auth.clone(), req, next)
+        }));
     let mcp = axum::Router::new()
         .nest_service(HTTP_PATH, service)
         .layer(axum::middleware::from_fn(move |req, next| {
@@ -161,6 +189,7 @@ pub async fn serve_http(
     }
     let router = router
         .merge(mcp)
+        .merge(metrics_route)
         .layer(axum::middleware::from_fn(session_delete_ok));
     crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await
 }

@@ -200,6 +200,11 @@ impl HttpSessions {
         }
     }
 
+    /// How many sessions are live.
+    pub(crate) fn live(&self) -> usize {
+        self.with_live(|l| l.len()).unwrap_or(0)
+    }
+
     /// How many sessions are held: live, and ended ones remembered.
     #[cfg(test)]
     fn held(&self) -> (usize, usize) {

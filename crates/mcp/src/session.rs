@@ -670,6 +670,7 @@ impl ServerHandler for Session {
                 t,
                 request.arguments.as_ref(),
                 self.who(&caller),
+                &self.gw.metrics,
             )
             .await
             .map(Into::into);

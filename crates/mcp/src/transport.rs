@@ -14,6 +14,7 @@ use crate::http::{HTTP_PATH, HttpOptions, bind, serve_http};
 /// Serve one session over stdin/stdout until the client closes it.
 pub async fn serve_stdio(gw: Arc<Gateway>) -> Result<(), GatewayError> {
     let session = gw.session("stdio");
+    gw.metrics.count_sessions_with(Arc::new(|| 1));
     let _ = session.set_principal(cordon_auth::Principal::local(cordon_sys::io::geteuid()));
     let running = session
         .serve(rmcp::transport::stdio())
@@ -39,10 +40,15 @@ pub enum Transport {
 /// / SIGTERM arrives; then every session's sandboxes are stopped.
 /// `on_ready` gets a line for a person once the gateway listens (for HTTP,
 /// the URL with the bound port).
+///
+/// `metrics_addr`: also serve the metrics ([`crate::metrics`]), without
+/// authentication, on this address (the caller decides which addresses
+/// that may be).
 pub fn run(
     gw: Gateway,
     transport: Transport,
-    on_ready: impl FnOnce(&str),
+    metrics_addr: Option<SocketAddr>,
+    mut on_ready: impl FnMut(&str),
 ) -> Result<(), GatewayError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -59,6 +65,18 @@ pub fn run(
             wait_for_signal().await;
             s.cancel();
         });
+        if let Some(addr) = metrics_addr {
+            let listener = bind(addr).await?;
+            let bound = listener.local_addr().map_err(|e| GatewayError::Io {
+                what: "local address".into(),
+                source: e,
+            })?;
+            on_ready(&format!(
+                "serving metrics on http://{bound}{}",
+                crate::metrics::METRICS_PATH
+            ));
+            tokio::spawn(serve_metrics(gw.metrics.clone(), listener, stop.clone()));
+        }
         match transport {
             Transport::Stdio => {
                 on_ready("serving MCP on stdio");
@@ -83,6 +101,52 @@ pub fn run(
     // which stops their sandboxes.
     rt.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// Serve `GET /metrics` on `listener` until `stop`.
+async fn serve_metrics(
+    metrics: Arc<crate::metrics::Metrics>,
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) {
+    let router = axum::Router::new()
+        .route(
+            crate::metrics::METRICS_PATH,
+            axum::routing::get(move || {
+                let body = metrics.render();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            crate::metrics::CONTENT_TYPE,
+                        )],
+                        body,
+                    )
+                }
+            }),
+        )
+        // No authentication here: a connection that sent a request no
+        // longer counts as waiting for one (a scraper's keep-alive).
+        .layer(axum::middleware::from_fn(
+            |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                if let Some(p) = req.extensions().get::<crate::listen::Pending>() {
+                    p.release();
+                }
+                next.run(req).await
+            },
+        ));
+    if let Err(e) = crate::listen::serve(
+        listener,
+        router,
+        None,
+        crate::listen::ConnLimits::default(),
+        stop,
+    )
+    .await
+    {
+        tracing::warn!("the metrics listener stopped: {e}");
+        eprintln!("cordon: warning: the metrics listener stopped: {e}");
+    }
 }
 
 /// Wait for SIGTERM or SIGINT (forever when they cannot be caught).
