@@ -558,11 +558,49 @@ impl crate::ServerHandle for CappedHandle {
     fn live_tokens(&self) -> cordon_gate::LiveTokens {
         self.inner.live_tokens()
     }
+
+    fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+        self.inner.refusals()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, Default)]
+    struct Refused(crate::refusals::Refusals);
+
+    impl crate::ServerHandle for Refused {
+        fn kill(&self) {}
+        fn exited(&self) -> Option<String> {
+            None
+        }
+        fn live_tokens(&self) -> cordon_gate::LiveTokens {
+            cordon_gate::LiveTokens::default()
+        }
+        fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+            Some(&self.0)
+        }
+    }
+
+    /// A server held to the caps still tells its call the egress it was
+    /// refused: the wrapper passes its sandbox's refusals through.
+    #[test]
+    fn a_capped_server_passes_its_refused_egress_through() {
+        let inner = Refused::default();
+        let mark = inner.0.mark();
+        inner.0.push("169.254.169.254:80", "a link-local address");
+        let capped = CappedHandle {
+            inner: Arc::new(inner),
+            permit: Mutex::new(None),
+        };
+        let seen = crate::ServerHandle::refusals(&capped)
+            .map(|r| r.since(mark))
+            .unwrap_or_default();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(seen[0].contains("169.254.169.254:80"), "{seen:?}");
+    }
 
     fn caps(gateway: &str) -> Arc<Caps> {
         let m = format!(

@@ -432,6 +432,12 @@ mod tests {
                 .load(std::sync::atomic::Ordering::SeqCst)
                 .then(|| "killed".to_string())
         }
+        fn live_tokens(&self) -> cordon_gate::LiveTokens {
+            cordon_gate::LiveTokens::default()
+        }
+        fn refusals(&self) -> Option<&crate::refusals::Refusals> {
+            None
+        }
     }
 
     struct Fakes;

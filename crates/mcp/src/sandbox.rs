@@ -33,14 +33,12 @@ pub trait ServerHandle: Send + Sync + std::fmt::Debug {
     fn exited(&self) -> Option<String>;
     /// The live tokens of the server's credential session, for the output
     /// gate (none once it is stopped, or without secrets).
-    fn live_tokens(&self) -> cordon_gate::LiveTokens {
-        cordon_gate::LiveTokens::default()
-    }
+    ///
+    /// No default: a handle that wraps another must pass this through.
+    fn live_tokens(&self) -> cordon_gate::LiveTokens;
     /// The egress its sandbox was refused ([`crate::refusals`]), when the
-    /// runtime reports it.
-    fn refusals(&self) -> Option<&crate::refusals::Refusals> {
-        None
-    }
+    /// runtime reports it. No default, for the same reason.
+    fn refusals(&self) -> Option<&crate::refusals::Refusals>;
 }
 
 /// Starts MCP servers in a sandbox.
