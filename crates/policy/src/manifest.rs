@@ -540,6 +540,13 @@ pub struct McpServer {
     /// and labelled); default false.
     #[serde(default)]
     pub fold_resources: Option<bool>,
+    /// `lifetime: session` only: how many sandboxes whose server has
+    /// already answered `initialize` and `tools/list` are kept ready, each
+    /// handed to one session and never reused; default 0 (each session's
+    /// server starts when first needed).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub warm: Option<Spanned<u32>>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,
