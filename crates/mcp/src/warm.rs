@@ -69,6 +69,46 @@ pub(crate) fn warm_of(policy: &ToolPolicy) -> usize {
     }
 }
 
+/// Make the manifest's warm-up call (`mcp: {warm_up:}`), if any, within
+/// the tool's `wall_seconds`; its result is discarded. A server whose
+/// warm-up fails (an error, an error result, no answer in time) is
+/// stopped, never pooled.
+async fn warm_up(policy: &ToolPolicy, l: Launched) -> Result<Launched, String> {
+    let Exec::Mcp {
+        warm_up: Some(call),
+        ..
+    } = &policy.exec
+    else {
+        return Ok(l);
+    };
+    let wall = policy
+        .limits
+        .map(|x| x.wall)
+        .unwrap_or(Duration::from_secs(30));
+    let mut p = rmcp::model::CallToolRequestParams::new(call.tool.clone());
+    p.arguments = Some(call.arguments.clone());
+    let failed = match tokio::time::timeout(wall, l.service.peer().call_tool(p)).await {
+        Ok(Ok(r)) if r.is_error != Some(true) => None,
+        Ok(Ok(_)) => Some("an error result".to_string()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!(
+            "no answer within {}",
+            cordon_sandbox::units::format_duration(wall)
+        )),
+    };
+    match failed {
+        None => Ok(l),
+        Some(why) => {
+            l.handle.kill();
+            let why = crate::upstream::gate_server_message(policy, &why);
+            Err(format!(
+                "its warm-up call `{}` failed ({why}); it was stopped",
+                call.tool
+            ))
+        }
+    }
+}
+
 /// The warm pools of one gateway.
 pub(crate) struct WarmPools {
     /// Starts servers without holding a sandbox cap (a waiting sandbox is
@@ -160,6 +200,10 @@ impl WarmPools {
             )
             .await
             .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let started = match started {
+            Ok(l) => warm_up(&policy, l).await,
             Err(e) => Err(e),
         };
         let Ok(mut pools) = self.pools.lock() else {

@@ -63,6 +63,10 @@ fn fixtures() -> PathBuf {
 }
 
 async fn serve(warm: u32) -> Option<Served> {
+    serve_with(warm, "").await
+}
+
+async fn serve_with(warm: u32, extra: &str) -> Option<Served> {
     if !cordon_testkit::is_root() || !Path::new("/usr/bin/python3").exists() {
         skip::skip_or_fail(
             "warm",
@@ -84,7 +88,7 @@ async fn serve(warm: u32) -> Option<Served> {
     mcp:
       command: ["/usr/bin/python3", "/fixture/fixture_server.py"]
       warm: {warm}
-"#,
+{extra}"#,
             fixtures().display()
         ),
     )
@@ -328,4 +332,49 @@ async fn a_sessions_pooled_server_ends_with_it_and_is_never_reused() {
         "{recs:?}"
     );
     b.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_is_pooled_only_after_its_warm_up_call_succeeds() {
+    // Positive control: a warm-up that answers; the server is pooled and
+    // handed over.
+    let Some(s) = serve_with(
+        1,
+        "      warm_up: {tool: echo, arguments: {text: warming}}\n",
+    )
+    .await
+    else {
+        return;
+    };
+    until("a warm server ready", || ready(&s).len() == 1).await;
+    let w = ready(&s)[0].clone();
+    let a = client(&s.url).await;
+    instance(&a).await;
+    assert!(
+        pool_records(&s)
+            .iter()
+            .any(|r| r.0 == "handed_over" && r.2 == w),
+        "{:?}",
+        pool_records(&s)
+    );
+    a.cancel().await.unwrap();
+    // A warm-up that kills the server: never pooled (a `failed` record),
+    // and a session starts its own.
+    let Some(s) = serve_with(1, "      warm_up: {tool: crash}\n").await else {
+        return;
+    };
+    until("the warm-up failed", || {
+        pool_records(&s).iter().any(|r| r.0 == "failed")
+    })
+    .await;
+    let a = client(&s.url).await;
+    instance(&a).await;
+    let recs = pool_records(&s);
+    assert!(
+        !recs.iter().any(|r| r.0 == "ready" || r.0 == "handed_over"),
+        "{recs:?}"
+    );
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    assert!(audit.contains("its warm-up call `crash` failed"), "{audit}");
+    a.cancel().await.unwrap();
 }

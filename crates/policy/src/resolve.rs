@@ -1585,6 +1585,45 @@ fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
             allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
             fold_resources: mcp.fold_resources.unwrap_or(false),
             warm: mcp.warm.as_ref().map(|w| w.value).unwrap_or(0),
+            warm_up: match &mcp.warm_up {
+                None => None,
+                Some(w) => {
+                    if mcp.warm.as_ref().is_none_or(|n| n.value == 0) {
+                        return Err(c.diag(
+                            w.referenced,
+                            "`warm_up` needs `warm: N` (1 or more): it is made before a server is pooled".into(),
+                            None,
+                        ));
+                    }
+                    let arguments = match &w.value.arguments {
+                        None => serde_json::Map::new(),
+                        Some(serde_json::Value::Object(o)) => o.clone(),
+                        Some(_) => {
+                            return Err(c.diag(
+                                w.referenced,
+                                "`warm_up: {arguments:}` must be an object".into(),
+                                None,
+                            ));
+                        }
+                    };
+                    if let Some(allow) = mcp.tools.as_ref().and_then(|t| t.allow.as_ref())
+                        && !allow.iter().any(|a| a.value == w.value.tool)
+                    {
+                        return Err(c.diag(
+                            w.referenced,
+                            format!(
+                                "`warm_up` calls `{}`, which `tools: {{allow:}}` does not expose",
+                                w.value.tool
+                            ),
+                            None,
+                        ));
+                    }
+                    Some(policy::WarmUpCall {
+                        tool: w.value.tool.clone(),
+                        arguments,
+                    })
+                }
+            },
             startup_seconds: match &mcp.startup_seconds {
                 None => policy::DEFAULT_STARTUP_SECONDS,
                 Some(s) if s.value == 0 => {

@@ -722,3 +722,44 @@ fn a_warm_pool_of_servers_is_bounded_and_only_for_session_servers() {
     );
     assert_one(&y, 10, "cannot be given a session workspace");
 }
+
+#[test]
+fn a_warm_up_call_needs_a_pool_an_object_and_an_exposed_tool() {
+    let warm_up = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec
+    {
+        Exec::Mcp { warm_up, .. } => warm_up.clone(),
+        e => panic!("{e:?}"),
+    };
+    // Positive control.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav, arguments: {url: \"about:blank\"}}\n"
+        )
+    );
+    let w = warm_up(&y).unwrap();
+    assert_eq!(w.tool, "nav");
+    assert_eq!(w.arguments["url"], "about:blank");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      warm_up: {tool: nav}\n")
+    );
+    assert_one(&y, 10, "`warm_up` needs `warm: N`");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav, arguments: [1]}\n"
+        )
+    );
+    assert_one(&y, 11, "must be an object");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav}\n      tools: {allow: [snap]}\n"
+        )
+    );
+    assert_one(&y, 11, "which `tools: {allow:}` does not expose");
+}
