@@ -158,10 +158,13 @@ PLAYWRIGHT_MCP = os.path.join(os.environ.get("CORDON_E2E_CACHE", "/var/cache/cor
                               "playwright-mcp/node_modules/@playwright/mcp/cli.js")
 
 
-def bench_browser(rounds, calls):
+def bench_browser(rounds, calls, warm=0, warm_up=False):
     """Part 5: medians in ms of one conversation's first navigate (from
     `initialize`) and of its later navigates and snapshots, through cordon
-    and directly."""
+    and directly. With `warm`, the manifest's server gets `mcp: {warm: N}`
+    and each conversation through cordon starts 15 s after the last one
+    ended (the pool refilled; 25 s with `warm_up`); with `warm_up` also `warm_up:
+    {tool: browser_navigate, arguments: {url: "about:blank"}}`."""
     import asyncio
     import re
     import httpx2
@@ -202,8 +205,17 @@ def bench_browser(rounds, calls):
 
     env = dict(ENV, CORDON_STATE_DIR=os.path.join(tmp, "state"))
     err = open(os.path.join(tmp, "serve.stderr"), "w+")
-    serve = subprocess.Popen([CORDON, "serve", "--http", "127.0.0.1:0", "-m",
-                              os.path.join(ROOT, "examples/playwright-mcp.yaml")],
+    manifest = os.path.join(ROOT, "examples/playwright-mcp.yaml")
+    if warm:
+        text = open(manifest).read()
+        assert "      startup_seconds: 60\n" in text
+        manifest = os.path.join(tmp, "playwright-mcp.yaml")
+        with open(manifest, "w") as f:
+            f.write(text.replace("      startup_seconds: 60\n",
+                                 f"      startup_seconds: 60\n      warm: {warm}\n"
+                                 + ('      warm_up: {tool: browser_navigate, arguments: {url: "about:blank"}}\n'
+                                    if warm_up else "")))
+    serve = subprocess.Popen([CORDON, "serve", "--http", "127.0.0.1:0", "-m", manifest],
                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     try:
         url = None
@@ -229,6 +241,8 @@ def bench_browser(rounds, calls):
             await conversation(cordon_streams, "http://news.example/", {"first": [], "navigate": [], "snapshot": []})
             await conversation(direct_streams, "http://127.0.0.80/", {"first": [], "navigate": [], "snapshot": []})
             for _ in range(rounds):  # interleaved
+                if warm:
+                    await asyncio.sleep(25 if warm_up else 15)
                 await conversation(cordon_streams, "http://news.example/", via)
                 await conversation(direct_streams, "http://127.0.0.80/", direct)
         try:
@@ -257,13 +271,17 @@ def main():
     ap.add_argument("--browser-calls", type=int, default=5,
                     help="navigate+snapshot pairs per conversation of part 5")
     ap.add_argument("--only", choices=["browser"], help="run only that part")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="part 5 with `mcp: {warm: N}` (a pool of started servers)")
+    ap.add_argument("--warm-up", action="store_true",
+                    help="with --warm: each pooled server first navigates to about:blank (Chromium launched)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (P3 needs cgroup limits; the page's upstream binds port 80)")
     if not os.path.exists(CORDON):
         sys.exit(f"{CORDON} missing: cargo build --release --bin cordon")
     if a.only == "browser":
-        report_browser(bench_browser(a.browser_rounds, a.browser_calls))
+        report_browser(bench_browser(a.browser_rounds, a.browser_calls, a.warm, a.warm_up))
         return
     c, b = bench_cold(a.rounds)
     print(f"cold P3 /bin/true: cordon run {c:.1f} ms, bare runsc run {b:.1f} ms: {c / b:.2f}x")

@@ -259,6 +259,28 @@ pub struct AuditRecord {
     /// A credential broker's record (then `tool` and `session` are whose).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialEvent>,
+    /// A warm pool's record (`mcp: {warm: N}`): a server ready, handed to
+    /// a session, discarded, or failed to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolEvent>,
+}
+
+/// What a warm pool did with one of its sandboxes (`mcp: {warm: N}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolEvent {
+    /// `ready` (its server answered `initialize` and `tools/list`; the
+    /// record's session is the sandbox's own id), `handed_over` (to the
+    /// record's session), `discarded` (it ended while it waited; the
+    /// record's session is the one that found it) or `failed` (it did not
+    /// start).
+    pub event: String,
+    /// The pooled sandbox's own id (the session it was started under).
+    pub sandbox: String,
+    /// Always true: the server was started before any session asked.
+    pub pooled: bool,
+    /// `handed_over` and `discarded`: how long it waited in the pool,
+    /// ready; `ready`: how long it took to start; in milliseconds.
+    pub waited_ms: u64,
 }
 
 impl AuditRecord {
@@ -288,6 +310,7 @@ impl AuditRecord {
             stderr: None,
             warnings: Vec::new(),
             credential: None,
+            pool: None,
         }
     }
 

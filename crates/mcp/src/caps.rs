@@ -531,6 +531,32 @@ impl crate::ServerSandbox for CappedServers {
     }
 }
 
+impl Caps {
+    /// Count the running server `handle` as a live sandbox of `who` (when
+    /// a cap counts sandboxes), until it is killed or ends: a warm pool's
+    /// server handed to a session. `Err` when a cap is full.
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        who: &cordon_broker::Caller,
+        handle: Arc<dyn crate::ServerHandle>,
+    ) -> Result<Arc<dyn crate::ServerHandle>, String> {
+        if !self.counts_sandboxes() {
+            return Ok(handle);
+        }
+        let subject = who
+            .principal
+            .clone()
+            .unwrap_or_else(|| cordon_auth::Principal::unauthenticated().subject);
+        let slot = self
+            .take_sandbox(&who.tenant, &subject)
+            .map_err(|r| format!("{SANDBOX_REFUSED}{}: {}", r.limit, r.why))?;
+        Ok(Arc::new(CappedHandle {
+            inner: handle,
+            permit: Mutex::new(Some(slot)),
+        }))
+    }
+}
+
 #[derive(Debug)]
 struct CappedHandle {
     inner: Arc<dyn crate::ServerHandle>,

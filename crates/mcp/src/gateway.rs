@@ -83,9 +83,23 @@ pub struct Gateway {
     pub(crate) caps: Arc<caps::Caps>,
     /// Counted from the broker's audit records ([`crate::metrics`]).
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Servers started ahead of their sessions (`mcp: {warm: N}`).
+    pub(crate) warm: Arc<crate::warm::WarmPools>,
 }
 
 impl Gateway {
+    /// Fill the default tenant's warm pools in the background (each
+    /// server with `mcp: {warm: N}`); other tenants' pools fill at their
+    /// first session. Within a tokio runtime.
+    pub(crate) fn start_warm(&self) {
+        self.warm.fill(cordon_auth::DEFAULT_TENANT);
+    }
+
+    /// Stop every warm server still waiting; start no more.
+    pub(crate) fn stop_warm(&self) {
+        self.warm.close();
+    }
+
     /// Load a manifest and set up the broker and the jail for MCP servers.
     pub fn from_manifest(path: &Path, opts: &GatewayOptions) -> Result<Gateway, GatewayError> {
         let loaded =
@@ -112,6 +126,8 @@ impl Gateway {
     ) -> Result<Gateway, GatewayError> {
         let broker: Arc<Broker> = broker.into();
         let caps = Arc::new(caps::Caps::new(policy));
+        // A warm pool's waiting sandboxes are not counted.
+        let uncapped = sandbox.clone();
         // Each server started holds one of the live sandboxes.
         let sandbox: Arc<dyn ServerSandbox> = if caps.counts_sandboxes() {
             Arc::new(caps::CappedServers {
@@ -176,7 +192,14 @@ impl Gateway {
                 }
             }
         }
+        let warm = crate::warm::WarmPools::new(
+            uncapped,
+            caps.clone(),
+            broker.clone(),
+            servers.iter().map(|(p, _)| p.clone()).collect(),
+        );
         Ok(Gateway {
+            warm,
             broker,
             commands,
             servers,

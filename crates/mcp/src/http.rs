@@ -191,7 +191,10 @@ pub async fn serve_http(
         .merge(mcp)
         .merge(metrics_route)
         .layer(axum::middleware::from_fn(session_delete_ok));
-    crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await
+    gw.start_warm();
+    let served = crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await;
+    gw.stop_warm();
+    served
 }
 
 /// The same caller: subject, client, tenant and how it was established

@@ -44,6 +44,7 @@ mod tls;
 mod transport;
 mod upstream;
 mod uri;
+mod warm;
 
 /// The MCP SDK this gateway is built on (its client is what tests and
 /// benchmarks drive `cordon serve` with).

@@ -67,6 +67,12 @@ struct CredentialLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    tool: String,
+    event: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabels {
     tool: String,
     verdict: String,
@@ -92,6 +98,7 @@ pub struct Metrics {
     refusals: Family<RefusalLabels, Counter>,
     egress: Family<EgressLabels, Counter>,
     credentials: Family<CredentialLabels, Counter>,
+    pools: Family<PoolLabels, Counter>,
     sessions_ended: Counter,
     sessions: Gauge,
     sandboxes: Gauge,
@@ -150,6 +157,12 @@ impl Metrics {
             "Credential broker events by tool: mint, remint, mint_failed, revoke, revoke_not_offered, revoke_failed",
             credentials.clone(),
         );
+        let pools = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "pool_events",
+            "Warm servers by tool and event: ready, handed_over, discarded, failed",
+            pools.clone(),
+        );
         let sessions_ended = Counter::default();
         registry.register(
             "sessions_ended",
@@ -184,6 +197,7 @@ impl Metrics {
             refusals,
             egress,
             credentials,
+            pools,
             sessions_ended,
             sessions,
             sandboxes,
@@ -329,6 +343,16 @@ fn refusal_kind(status: Status) -> Option<&'static str> {
 }
 
 /// A credential event's name, when it is one of the broker's.
+fn pool_event(e: &str) -> &'static str {
+    match e {
+        "ready" => "ready",
+        "handed_over" => "handed_over",
+        "discarded" => "discarded",
+        "failed" => "failed",
+        _ => "other",
+    }
+}
+
 fn credential_event(e: &str) -> &'static str {
     match e {
         "mint" => "mint",
@@ -349,6 +373,16 @@ impl RecordObserver for Metrics {
                 .get_or_create(&CredentialLabels {
                     tool,
                     event: credential_event(&c.event).to_owned(),
+                })
+                .inc();
+            return;
+        }
+        if let Some(p) = &rec.pool {
+            // A warm pool's record is not a call of its tool.
+            self.pools
+                .get_or_create(&PoolLabels {
+                    tool,
+                    event: pool_event(&p.event).to_owned(),
                 })
                 .inc();
             return;
@@ -527,5 +561,34 @@ mod tests {
         );
         assert!(out.contains("cordon_sessions 2"), "{out}");
         assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    /// A warm pool's records count as pool events, never as calls.
+    #[test]
+    fn pool_records_are_pool_events_not_calls() {
+        let m = Metrics::new(["browser".to_string()]);
+        let mut handed = AuditRecord::new("browser", "P3");
+        handed.runtime = "gvisor".into();
+        handed.pool = Some(cordon_audit::PoolEvent {
+            event: "handed_over".into(),
+            sandbox: "mcp-warm-1-0".into(),
+            pooled: true,
+            waited_ms: 5,
+        });
+        m.recorded(&handed);
+        let mut call = AuditRecord::new("browser", "P3");
+        call.runtime = "gvisor".into();
+        m.recorded(&call);
+        let out = m.render();
+        assert!(
+            out.contains(r#"cordon_pool_events_total{tool="browser",event="handed_over"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"cordon_calls_total{tool="browser",profile="P3",runtime="gvisor",status="ok"} 1"#
+            ),
+            "{out}"
+        );
     }
 }

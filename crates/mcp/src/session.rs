@@ -73,7 +73,8 @@ impl Gateway {
                                 .with_log_level(log_level.clone())
                                 .with_cache(self.cache.clone())
                                 .with_audit(self.broker.clone(), &id)
-                                .with_principal(principal.clone()),
+                                .with_principal(principal.clone())
+                                .with_warm(self.warm.clone()),
                         )
                     })
             })

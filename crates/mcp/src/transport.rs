@@ -13,6 +13,13 @@ use crate::http::{HTTP_PATH, HttpOptions, bind, serve_http};
 
 /// Serve one session over stdin/stdout until the client closes it.
 pub async fn serve_stdio(gw: Arc<Gateway>) -> Result<(), GatewayError> {
+    gw.start_warm();
+    let served = serve_stdio_session(&gw).await;
+    gw.stop_warm();
+    served
+}
+
+async fn serve_stdio_session(gw: &Arc<Gateway>) -> Result<(), GatewayError> {
     let session = gw.session("stdio");
     gw.metrics.count_sessions_with(Arc::new(|| 1));
     let _ = session.set_principal(cordon_auth::Principal::local(cordon_sys::io::geteuid()));

@@ -498,6 +498,17 @@ impl Default for PoolSettings {
     }
 }
 
+/// The call a warm server gets before it is pooled (`mcp: {warm_up:}`).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmUp {
+    /// The server's own name of the tool.
+    pub tool: String,
+    /// Its arguments (an object).
+    #[serde(default)]
+    pub arguments: Option<serde_json::Value>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Lifetime {
@@ -540,6 +551,20 @@ pub struct McpServer {
     /// and labelled); default false.
     #[serde(default)]
     pub fold_resources: Option<bool>,
+    /// `lifetime: session` only: how many sandboxes whose server has
+    /// already answered `initialize` and `tools/list` are kept ready, each
+    /// handed to one session and never reused; default 0 (each session's
+    /// server starts when first needed).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub warm: Option<Spanned<u32>>,
+    /// With `warm`: a call the server gets before it is pooled (e.g. a
+    /// browser server's `browser_navigate` to `about:blank`, so that the
+    /// browser has launched); its result is discarded, and a server whose
+    /// warm-up fails is never pooled.
+    #[serde(default)]
+    #[schemars(with = "Option<WarmUp>")]
+    pub warm_up: Option<Spanned<WarmUp>>,
     /// Which of the server's tools are exposed.
     #[serde(default)]
     pub tools: Option<McpTools>,

@@ -107,6 +107,13 @@ pub enum Exec {
         /// A result's text resources folded into its wrapped text.
         #[serde(default)]
         fold_resources: bool,
+        /// Sandboxes kept ready with the server started and listed
+        /// (`lifetime: session` only; 0: none).
+        #[serde(default)]
+        warm: u32,
+        /// The call a warm server gets before it is pooled.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warm_up: Option<WarmUpCall>,
         /// The server's tools exposed, by the server's names (`None`: all).
         allow: Option<Vec<String>>,
         /// Full exposed names of server tools (no prefix added).
@@ -309,6 +316,17 @@ impl Output {
 
 /// Seconds an `mcp:` server has to start when the manifest does not say.
 pub const DEFAULT_STARTUP_SECONDS: u64 = 20;
+
+/// The call a warm server gets before it is pooled, its result discarded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WarmUpCall {
+    /// The server's own name of the tool.
+    pub tool: String,
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The most sandboxes `mcp: {warm: N}` keeps ready per tenant.
+pub const MAX_WARM: u32 = 8;
 
 fn default_startup_seconds() -> u64 {
     DEFAULT_STARTUP_SECONDS

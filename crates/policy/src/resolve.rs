@@ -350,6 +350,41 @@ fn rule_pool(c: &Ctx<'_>) -> Vec<Diagnostic> {
             Some("an MCP server's sandbox lives for its session (`lifetime: session`)"),
         ));
     }
+    if let Some(w) = t.mcp.as_ref().and_then(|m| m.warm.as_ref()) {
+        let at = w.referenced;
+        if t.lifetime.is_some_and(|l| l != manifest::Lifetime::Session) {
+            out.push(c.diag(
+                at,
+                "`mcp: {warm: N}` applies only with `lifetime: session`: a warm sandbox is handed to one session".into(),
+                Some("remove `lifetime:` (an MCP server's default is `session`), or remove `warm:`"),
+            ));
+        }
+        if w.value > policy::MAX_WARM {
+            out.push(c.diag(
+                at,
+                format!(
+                    "`mcp: {{warm: {}}}` keeps more than {} sandboxes ready",
+                    w.value,
+                    policy::MAX_WARM
+                ),
+                Some("give at most 8; each is a running server"),
+            ));
+        }
+        if w.value > 0 && t.secrets.as_ref().is_some_and(|s| !s.value.is_empty()) {
+            out.push(c.diag(
+                at,
+                "`mcp: {warm: N}` cannot be given secrets: they are minted for the session, and a warm sandbox is made before it".into(),
+                Some("remove `warm:`, or the secrets"),
+            ));
+        }
+        if w.value > 0 && t.workspace.is_some() {
+            out.push(c.diag(
+                at,
+                "`mcp: {warm: N}` cannot be given a session workspace: a warm sandbox is made before the session".into(),
+                Some("remove `warm:`, or the workspace"),
+            ));
+        }
+    }
     if pooled && t.pool.is_some_and(|p| p.size == 0) {
         out.push(c.diag(
             c.profile_at(),
@@ -1549,6 +1584,46 @@ fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
             allow_sampling: mcp.allow_sampling.unwrap_or(false),
             allow_elicitation: mcp.allow_elicitation.unwrap_or(false),
             fold_resources: mcp.fold_resources.unwrap_or(false),
+            warm: mcp.warm.as_ref().map(|w| w.value).unwrap_or(0),
+            warm_up: match &mcp.warm_up {
+                None => None,
+                Some(w) => {
+                    if mcp.warm.as_ref().is_none_or(|n| n.value == 0) {
+                        return Err(c.diag(
+                            w.referenced,
+                            "`warm_up` needs `warm: N` (1 or more): it is made before a server is pooled".into(),
+                            None,
+                        ));
+                    }
+                    let arguments = match &w.value.arguments {
+                        None => serde_json::Map::new(),
+                        Some(serde_json::Value::Object(o)) => o.clone(),
+                        Some(_) => {
+                            return Err(c.diag(
+                                w.referenced,
+                                "`warm_up: {arguments:}` must be an object".into(),
+                                None,
+                            ));
+                        }
+                    };
+                    if let Some(allow) = mcp.tools.as_ref().and_then(|t| t.allow.as_ref())
+                        && !allow.iter().any(|a| a.value == w.value.tool)
+                    {
+                        return Err(c.diag(
+                            w.referenced,
+                            format!(
+                                "`warm_up` calls `{}`, which `tools: {{allow:}}` does not expose",
+                                w.value.tool
+                            ),
+                            None,
+                        ));
+                    }
+                    Some(policy::WarmUpCall {
+                        tool: w.value.tool.clone(),
+                        arguments,
+                    })
+                }
+            },
             startup_seconds: match &mcp.startup_seconds {
                 None => policy::DEFAULT_STARTUP_SECONDS,
                 Some(s) if s.value == 0 => {

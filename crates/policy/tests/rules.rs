@@ -689,3 +689,77 @@ fn a_pool_has_a_size_and_refill_only_with_lifetime_pool() {
         "keeps nothing ready",
     );
 }
+
+#[test]
+fn a_warm_pool_of_servers_is_bounded_and_only_for_session_servers() {
+    let warm = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec {
+        Exec::Mcp { warm, .. } => *warm,
+        e => panic!("{e:?}"),
+    };
+    // Positive controls: none by default, the manifest's number otherwise.
+    assert_eq!(warm(&format!("{MCP_HEAD}{}", mcp_tool("a", ""))), 0);
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      warm: 2\n"));
+    assert_eq!(warm(&y), 2);
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      warm: 1\n    lifetime: session\n")
+    );
+    assert_eq!(warm(&y), 1);
+    // Refused at the `warm:` line.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      warm: 1\n    lifetime: call\n")
+    );
+    assert_one(&y, 10, "applies only with `lifetime: session`");
+    let y = format!("{MCP_HEAD}{}", mcp_tool("a", "      warm: 9\n"));
+    assert_one(&y, 10, "keeps more than 8 sandboxes ready");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n    workspace: {mount: /work, size: 1M}\n"
+        )
+    );
+    assert_one(&y, 10, "cannot be given a session workspace");
+}
+
+#[test]
+fn a_warm_up_call_needs_a_pool_an_object_and_an_exposed_tool() {
+    let warm_up = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec
+    {
+        Exec::Mcp { warm_up, .. } => warm_up.clone(),
+        e => panic!("{e:?}"),
+    };
+    // Positive control.
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav, arguments: {url: \"about:blank\"}}\n"
+        )
+    );
+    let w = warm_up(&y).unwrap();
+    assert_eq!(w.tool, "nav");
+    assert_eq!(w.arguments["url"], "about:blank");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool("a", "      warm_up: {tool: nav}\n")
+    );
+    assert_one(&y, 10, "`warm_up` needs `warm: N`");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav, arguments: [1]}\n"
+        )
+    );
+    assert_one(&y, 11, "must be an object");
+    let y = format!(
+        "{MCP_HEAD}{}",
+        mcp_tool(
+            "a",
+            "      warm: 1\n      warm_up: {tool: nav}\n      tools: {allow: [snap]}\n"
+        )
+    );
+    assert_one(&y, 11, "which `tools: {allow:}` does not expose");
+}

@@ -41,17 +41,27 @@ pub(crate) struct Subscriptions {
 
 /// The client side of the connection to a sandboxed server.
 #[derive(Clone)]
-pub(super) struct Forwarder {
-    server: String,
-    routes: Arc<ProgressRoutes>,
-    subscriptions: Arc<Mutex<Subscriptions>>,
-    log_level: crate::logging::LogLevel,
+pub(crate) struct Forwarder {
+    pub(super) server: String,
+    /// The server's policy (what cordon declares to it at `initialize`).
+    pub(super) policy: Arc<cordon_policy::policy::ToolPolicy>,
+    /// The session it serves: set as it starts for a session, or when a
+    /// warm pool hands it to one. Until then (a warm server waiting) its
+    /// notifications are dropped and its requests to the client refused.
+    pub(super) bound: Arc<std::sync::OnceLock<Bound>>,
+}
+
+/// What a server's connection passes on to its session.
+pub(crate) struct Bound {
+    pub(super) routes: Arc<ProgressRoutes>,
+    pub(super) subscriptions: Arc<Mutex<Subscriptions>>,
+    pub(super) log_level: crate::logging::LogLevel,
     /// Set when the server says its tools changed: the next listing asks
     /// it again.
-    tools_stale: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) tools_stale: Arc<std::sync::atomic::AtomicBool>,
     /// The server's policy (`allow_sampling`, `allow_elicitation`, the
     /// gate) and where its requests to the client are audited.
-    asks: Arc<Asks>,
+    pub(super) asks: Arc<Asks>,
 }
 
 /// What the server's requests to the client (sampling, elicitation) need.
@@ -62,16 +72,22 @@ pub(crate) struct Asks {
     pub(super) audit: Option<(Arc<cordon_broker::Broker>, String, crate::caller::Who)>,
 }
 
+/// Whether the manifest lets the server ask the client to sample, and
+/// to elicit.
+fn allowed(policy: &cordon_policy::policy::ToolPolicy) -> (bool, bool) {
+    match &policy.exec {
+        cordon_policy::policy::Exec::Mcp {
+            allow_sampling,
+            allow_elicitation,
+            ..
+        } => (*allow_sampling, *allow_elicitation),
+        _ => (false, false),
+    }
+}
+
 impl Asks {
     fn allowed(&self) -> (bool, bool) {
-        match &self.policy.exec {
-            cordon_policy::policy::Exec::Mcp {
-                allow_sampling,
-                allow_elicitation,
-                ..
-            } => (*allow_sampling, *allow_elicitation),
-            _ => (false, false),
-        }
+        allowed(&self.policy)
     }
 
     /// The request with every string through the gate's stripping (it is
@@ -140,7 +156,23 @@ impl Asks {
 
 impl Forwarder {
     fn agent(&self) -> Option<Peer<RoleServer>> {
-        self.subscriptions.lock().ok().and_then(|s| s.agent.clone())
+        self.bound
+            .get()?
+            .subscriptions
+            .lock()
+            .ok()
+            .and_then(|s| s.agent.clone())
+    }
+
+    /// The session's side of the connection; `Err` for a warm server not
+    /// handed to a session yet.
+    fn asks(&self, method: &str) -> Result<&Arc<Asks>, ErrorData> {
+        self.bound.get().map(|b| &b.asks).ok_or_else(|| {
+            ErrorData::internal_error(
+                format!("{method}: the server is not serving a session yet"),
+                None,
+            )
+        })
     }
 }
 
@@ -157,7 +189,10 @@ impl ClientHandler for Forwarder {
         params: rmcp::model::LoggingMessageNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        if !crate::logging::level_passes(&self.log_level, params.level) {
+        let Some(b) = self.bound.get() else {
+            return;
+        };
+        if !crate::logging::level_passes(&b.log_level, params.level) {
             return;
         }
         let Some(peer) = self.agent() else {
@@ -186,8 +221,10 @@ impl ClientHandler for Forwarder {
     /// applies allow, rename, the names' owners and the pins again), and
     /// the agent is told to list.
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.tools_stale
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(b) = self.bound.get() {
+            b.tools_stale
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         if let Some(peer) = self.agent() {
             let _ = peer.notify_tool_list_changed().await;
         }
@@ -213,7 +250,10 @@ impl ClientHandler for Forwarder {
         params: rmcp::model::ResourceUpdatedNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let agent = self.subscriptions.lock().ok().and_then(|s| {
+        let Some(b) = self.bound.get() else {
+            return;
+        };
+        let agent = b.subscriptions.lock().ok().and_then(|s| {
             s.uris
                 .contains(&params.uri)
                 .then(|| s.agent.clone())
@@ -233,7 +273,10 @@ impl ClientHandler for Forwarder {
         mut params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let route = self
+        let Some(b) = self.bound.get() else {
+            return;
+        };
+        let route = b
             .routes
             .routes
             .lock()
@@ -241,12 +284,12 @@ impl ClientHandler for Forwarder {
             .and_then(|r| r.get(&params.progress_token).cloned());
         if let Some((peer, token)) = route {
             use std::sync::atomic::Ordering;
-            self.routes.in_flight.fetch_add(1, Ordering::SeqCst);
+            b.routes.in_flight.fetch_add(1, Ordering::SeqCst);
             params.progress_token = token;
             // The message is the server's text: strip it like any output.
             params.message = params.message.map(|m| gate::strip_text(&m));
             let _ = peer.notify_progress(params).await;
-            self.routes.in_flight.fetch_sub(1, Ordering::SeqCst);
+            b.routes.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -260,18 +303,19 @@ impl ClientHandler for Forwarder {
     ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
         const METHOD: &str = "sampling/createMessage";
         let raw = serde_json::to_value(&params).unwrap_or_default();
+        let asks = self.asks(METHOD)?;
         let r = async {
-            if !self.asks.allowed().0 {
-                return Err(self.asks.refused(METHOD, "allow_sampling"));
+            if !asks.allowed().0 {
+                return Err(asks.refused(METHOD, "allow_sampling"));
             }
             let agent = self.agent().ok_or_else(|| {
                 ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
             })?;
-            let params = self.asks.gated(params)?;
+            let params = asks.gated(params)?;
             agent.create_message(params).await.map_err(client_error)
         }
         .await;
-        self.asks.record(METHOD, &raw, &r)?;
+        asks.record(METHOD, &raw, &r)?;
         r
     }
 
@@ -283,27 +327,28 @@ impl ClientHandler for Forwarder {
     ) -> Result<rmcp::model::ElicitResult, ErrorData> {
         const METHOD: &str = "elicitation/create";
         let raw = serde_json::to_value(&request).unwrap_or_default();
+        let asks = self.asks(METHOD)?;
         let r = async {
-            if !self.asks.allowed().1 {
-                return Err(self.asks.refused(METHOD, "allow_elicitation"));
+            if !asks.allowed().1 {
+                return Err(asks.refused(METHOD, "allow_elicitation"));
             }
             let agent = self.agent().ok_or_else(|| {
                 ErrorData::internal_error(format!("{METHOD}: no client to ask"), None)
             })?;
-            let request = self.asks.gated(request)?;
+            let request = asks.gated(request)?;
             agent
                 .create_elicitation(request)
                 .await
                 .map_err(client_error)
         }
         .await;
-        self.asks.record(METHOD, &raw, &r)?;
+        asks.record(METHOD, &raw, &r)?;
         r
     }
 
     fn get_info(&self) -> InitializeRequestParams {
         let mut caps = ClientCapabilities::default();
-        let (sampling, elicitation) = self.asks.allowed();
+        let (sampling, elicitation) = allowed(&self.policy);
         if sampling {
             caps.sampling = Some(Default::default());
         }
@@ -372,66 +417,76 @@ impl Upstream {
         Ok(self.known_offers().unwrap_or_default())
     }
 
-    /// Start the server in its sandbox and list its tools.
-    async fn start(&self, st: &mut State) -> Result<Conn, ErrorData> {
-        let name = &self.policy.name;
-        let proc = self
-            .sandbox
-            .start(
-                &crate::caller::caller_of(&self.session, "mcp", &self.principal),
-                &self.policy,
-                &self.argv,
-            )
-            .map_err(|e| {
-                crate::caps::server_refused(&e, name).unwrap_or_else(|| {
-                    render::refusal(Refusal::SandboxFailed, e, json!({"tool": name}))
-                })
-            })?;
-        let handle = proc.handle.clone();
-        if let Ok(mut w) = self.warnings.lock() {
-            w.clone_from(&proc.warnings);
-        }
-        for w in &proc.warnings {
-            tracing::warn!(tool = %name, "{w}");
-        }
-        let fwd = Forwarder {
-            server: name.clone(),
+    /// This session's side of a server's connection.
+    pub(super) fn bound(&self) -> Bound {
+        Bound {
             routes: self.routes.clone(),
             subscriptions: self.subscriptions.clone(),
             log_level: self.log_level.clone(),
             tools_stale: self.tools_stale.clone(),
             asks: self.asks.clone(),
-        };
-        // One deadline for the whole start: initialize and the first
-        // tools/list.
-        let deadline = tokio::time::Instant::now() + self.startup;
-        let started =
-            tokio::time::timeout_at(deadline, fwd.serve((proc.reader, proc.writer))).await;
-        let service = match started {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                handle.kill();
+        }
+    }
+
+    /// A server started for this session now.
+    async fn launch_cold(&self) -> Result<Launched, ErrorData> {
+        let name = &self.policy.name;
+        let bound = Arc::new(std::sync::OnceLock::new());
+        let _ = bound.set(self.bound());
+        let who = crate::caller::caller_of(&self.session, "mcp", &self.principal);
+        match launch(
+            self.sandbox.as_ref(),
+            &who,
+            &self.policy,
+            &self.argv,
+            self.startup,
+            bound,
+        )
+        .await
+        {
+            Ok(l) => Ok(l),
+            Err(LaunchError::Sandbox(e)) => Err(crate::caps::server_refused(&e, name)
+                .unwrap_or_else(|| {
+                    render::refusal(Refusal::SandboxFailed, e, json!({"tool": name}))
+                })),
+            Err(LaunchError::Failed(what, handle)) => {
                 let why = self.exit_report(&handle).await;
-                return Err(self.failed(name, format!("the server did not initialize ({e}){why}")));
+                Err(self.failed(name, format!("{what}{why}")))
             }
-            Err(_) => {
-                handle.kill();
-                return Err(self.start_timed_out("initialize"));
+            Err(LaunchError::TimedOut(during)) => Err(self.start_timed_out(during)),
+        }
+    }
+
+    /// Start the server in its sandbox and list its tools, or take one a
+    /// warm pool has ready.
+    async fn start(&self, st: &mut State) -> Result<Conn, ErrorData> {
+        let name = &self.policy.name;
+        let warm = match &self.warm {
+            Some(pools) => {
+                let who = crate::caller::caller_of(&self.session, "mcp", &self.principal);
+                pools.take(&self.policy, &who, self.bound()).map_err(|e| {
+                    crate::caps::server_refused(&e, name).unwrap_or_else(|| {
+                        render::refusal(Refusal::SandboxFailed, e, json!({"tool": name}))
+                    })
+                })?
             }
+            None => None,
         };
-        let listed = tokio::time::timeout_at(deadline, service.peer().list_all_tools()).await;
-        let tools = match listed {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                handle.kill();
-                let why = self.exit_report(&handle).await;
-                return Err(self.failed(name, format!("tools/list failed ({e}){why}")));
-            }
-            Err(_) => {
-                handle.kill();
-                return Err(self.start_timed_out("tools/list"));
-            }
+        let Launched {
+            service,
+            handle,
+            tools,
+            warnings,
+        } = match warm {
+            Some(l) => l,
+            None => self.launch_cold().await?,
         };
+        if let Ok(mut w) = self.warnings.lock() {
+            w.clone_from(&warnings);
+        }
+        for w in &warnings {
+            tracing::warn!(tool = %name, "{w}");
+        }
         let exposed = self.expose(tools.clone());
         if let Some(info) = service.peer().peer_info() {
             let c = &info.capabilities;
@@ -654,4 +709,104 @@ impl Upstream {
             }
         }
     }
+}
+
+/// A server started and listed: its connection, its sandbox, its own
+/// tools (before allow, rename and the pins) and its sandbox's warnings.
+pub(crate) struct Launched {
+    pub(crate) service: RunningService<RoleClient, Forwarder>,
+    pub(crate) handle: Arc<dyn ServerHandle>,
+    pub(crate) tools: Vec<rmcp::model::Tool>,
+    pub(crate) warnings: Vec<String>,
+}
+
+impl Launched {
+    /// Whether the server still runs and its connection is open.
+    pub(crate) fn alive(&self) -> bool {
+        self.handle.exited().is_none() && !self.service.is_closed()
+    }
+}
+
+/// Why a server did not start.
+pub(crate) enum LaunchError {
+    /// Its sandbox was not started (the text says why).
+    Sandbox(String),
+    /// It started and failed (`initialize` or `tools/list`); it was stopped.
+    Failed(String, Arc<dyn ServerHandle>),
+    /// It did not answer within its start-up deadline (still at this
+    /// step); it was stopped.
+    TimedOut(&'static str),
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchError::Sandbox(e) | LaunchError::Failed(e, _) => f.write_str(e),
+            LaunchError::TimedOut(during) => write!(
+                f,
+                "the server did not start within its start-up deadline (it was still at {during}); it was stopped"
+            ),
+        }
+    }
+}
+
+/// Start `policy`'s server for `who` through `sandbox`, initialize it and
+/// list its tools, within `startup`. Its connection passes what the server
+/// sends on to the session `bound` holds (nothing before it is set).
+pub(crate) async fn launch(
+    sandbox: &dyn crate::sandbox::ServerSandbox,
+    who: &cordon_broker::Caller,
+    policy: &Arc<cordon_policy::policy::ToolPolicy>,
+    argv: &[String],
+    startup: Duration,
+    bound: Arc<std::sync::OnceLock<Bound>>,
+) -> Result<Launched, LaunchError> {
+    let proc = sandbox
+        .start(who, policy, argv)
+        .map_err(LaunchError::Sandbox)?;
+    let handle = proc.handle.clone();
+    let fwd = Forwarder {
+        server: policy.name.clone(),
+        policy: policy.clone(),
+        bound,
+    };
+    // One deadline for the whole start: initialize and the first
+    // tools/list.
+    let deadline = tokio::time::Instant::now() + startup;
+    let started = tokio::time::timeout_at(deadline, fwd.serve((proc.reader, proc.writer))).await;
+    let service = match started {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            handle.kill();
+            return Err(LaunchError::Failed(
+                format!("the server did not initialize ({e})"),
+                handle,
+            ));
+        }
+        Err(_) => {
+            handle.kill();
+            return Err(LaunchError::TimedOut("initialize"));
+        }
+    };
+    let listed = tokio::time::timeout_at(deadline, service.peer().list_all_tools()).await;
+    let tools = match listed {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            handle.kill();
+            return Err(LaunchError::Failed(
+                format!("tools/list failed ({e})"),
+                handle,
+            ));
+        }
+        Err(_) => {
+            handle.kill();
+            return Err(LaunchError::TimedOut("tools/list"));
+        }
+    };
+    Ok(Launched {
+        service,
+        handle,
+        tools,
+        warnings: proc.warnings,
+    })
 }

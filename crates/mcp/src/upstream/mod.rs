@@ -36,6 +36,7 @@ use crate::names::NameClaims;
 pub(crate) use crate::offers::{KnownOffers, Offers};
 use crate::render::{self, Refusal};
 use crate::sandbox::ServerSandbox;
+pub(crate) use connection::{Bound, Launched, launch};
 use connection::{Live, ProgressRoutes, Subscriptions};
 pub(crate) use resources::Exposure;
 use tools::Exposed;
@@ -93,6 +94,31 @@ pub(crate) struct Upstream {
     /// Every mechanism of the running sandbox that is not fully enforced
     /// here (from its last start).
     warnings: Mutex<Vec<String>>,
+    /// The gateway's warm pools (a server with `warm: N` takes a ready one
+    /// at its first start in the session).
+    warm: Option<Arc<crate::warm::WarmPools>>,
+}
+
+/// The command line of an `mcp:` server (empty: its image's entrypoint).
+pub(crate) fn server_argv(policy: &ToolPolicy) -> Result<Vec<String>, String> {
+    let Exec::Mcp { command, image, .. } = &policy.exec else {
+        return Err(format!("{}: not an MCP server tool", policy.name));
+    };
+    // An image server without a command runs the image's entrypoint,
+    // which admission reads from the image (an empty argv here).
+    match (command, image) {
+        (Some(c), _) if !c.is_empty() => Ok(c.clone()),
+        (_, Some(_)) => Ok(Vec::new()),
+        _ => Err(format!(
+            "{}: the `mcp` block gives no command to start the server",
+            policy.name
+        )),
+    }
+}
+
+/// A message of the server through the gate's error path.
+pub(crate) fn gate_server_message(policy: &ToolPolicy, msg: &str) -> String {
+    gate::server_message(policy, msg)
 }
 
 impl Upstream {
@@ -105,8 +131,6 @@ impl Upstream {
         names: Arc<NameClaims>,
     ) -> Result<Upstream, String> {
         let Exec::Mcp {
-            command,
-            image,
             expose,
             startup_seconds,
             allow,
@@ -119,18 +143,7 @@ impl Upstream {
         else {
             return Err(format!("{}: not an MCP server tool", policy.name));
         };
-        // An image server without a command runs the image's entrypoint,
-        // which admission reads from the image (an empty argv here).
-        let argv = match (command, image) {
-            (Some(c), _) if !c.is_empty() => c.clone(),
-            (_, Some(_)) => Vec::new(),
-            _ => {
-                return Err(format!(
-                    "{}: the `mcp` block gives no command to start the server",
-                    policy.name
-                ));
-            }
-        };
+        let argv = server_argv(&policy)?;
         let wall = policy.require_limits()?.wall;
         Ok(Upstream {
             session: session.to_string(),
@@ -159,6 +172,7 @@ impl Upstream {
                 audit: None,
             }),
             warnings: Mutex::new(Vec::new()),
+            warm: None,
             policy,
         })
     }
@@ -201,6 +215,12 @@ impl Upstream {
                 audit: Some((b.clone(), s.clone(), self.principal.clone())),
             });
         }
+        self
+    }
+
+    /// Take servers from the gateway's warm pools.
+    pub fn with_warm(mut self, pools: Arc<crate::warm::WarmPools>) -> Upstream {
+        self.warm = Some(pools);
         self
     }
 

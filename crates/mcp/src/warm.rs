@@ -1,0 +1,366 @@
+//! Warm pools of `mcp:` servers (`mcp: {warm: N}`, `lifetime: session`
+//! only): sandboxes whose server has already answered `initialize` and
+//! `tools/list`, kept per tenant and tool, each handed to exactly one
+//! session (its first start takes one) and stopped with that session,
+//! never reused.
+//!
+//! - **Filled in the background**: the default tenant's pools when the
+//!   gateway starts serving, another tenant's when one of its sessions
+//!   first finds its pool empty (that session starts its server cold), and
+//!   each pool again after every hand-over.
+//! - **Checked before the hand-over**: a server whose sandbox has ended or
+//!   whose connection closed while it waited is discarded (stopped, an
+//!   audit record with `pool.event: discarded`), never handed out; the
+//!   session takes the next one or starts one cold.
+//! - **Bound at the hand-over**: until then the server's notifications
+//!   are dropped and its requests to the client refused; from then on they
+//!   are the session's. Each hand-over is an audit record of the session
+//!   (`pool: {event: handed_over, sandbox, pooled: true, waited_ms}`).
+//! - **Counted from the hand-over**: a waiting sandbox holds none of
+//!   `max_sandboxes`; a handed-over one holds one like a server started
+//!   for the session (refused the same way when the cap is full, and then
+//!   kept in the pool).
+//! - **Stopped with the gateway**: the sandboxes still waiting are killed
+//!   when serving ends.
+//!
+//! A waiting server runs under the pool's own id (`mcp-warm-<pid>-<n>`),
+//! not a session's: its egress records carry that id, and the hand-over
+//! record ties it to the session.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cordon_broker::{Broker, Caller};
+use cordon_policy::policy::{Exec, ToolPolicy};
+
+use crate::caps::Caps;
+use crate::sandbox::ServerSandbox;
+use crate::upstream::{Bound, Launched, launch, server_argv};
+
+/// The warm servers of a pool waiting for a session, and those starting.
+#[derive(Default)]
+struct Pool {
+    ready: VecDeque<Ready>,
+    starting: usize,
+}
+
+struct Ready {
+    /// The id it runs under.
+    id: String,
+    launched: Launched,
+    /// Where its connection passes what the server sends, once handed over.
+    bound: Arc<OnceLock<Bound>>,
+    /// When it became ready.
+    since: Instant,
+}
+
+/// Numbers the warm servers of this process (their ids).
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// How many servers of `policy` are kept ready (0: not pooled).
+pub(crate) fn warm_of(policy: &ToolPolicy) -> usize {
+    match &policy.exec {
+        Exec::Mcp { warm, .. } if policy.lifetime == cordon_policy::policy::Lifetime::Session => {
+            *warm as usize
+        }
+        _ => 0,
+    }
+}
+
+/// Make the manifest's warm-up call (`mcp: {warm_up:}`), if any, within
+/// the tool's `wall_seconds`; its result is discarded. A server whose
+/// warm-up fails (an error, an error result, no answer in time) is
+/// stopped, never pooled.
+async fn warm_up(policy: &ToolPolicy, l: Launched) -> Result<Launched, String> {
+    let Exec::Mcp {
+        warm_up: Some(call),
+        ..
+    } = &policy.exec
+    else {
+        return Ok(l);
+    };
+    let wall = policy
+        .limits
+        .map(|x| x.wall)
+        .unwrap_or(Duration::from_secs(30));
+    let mut p = rmcp::model::CallToolRequestParams::new(call.tool.clone());
+    p.arguments = Some(call.arguments.clone());
+    let failed = match tokio::time::timeout(wall, l.service.peer().call_tool(p)).await {
+        Ok(Ok(r)) if r.is_error != Some(true) => None,
+        Ok(Ok(_)) => Some("an error result".to_string()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!(
+            "no answer within {}",
+            cordon_sandbox::units::format_duration(wall)
+        )),
+    };
+    match failed {
+        None => Ok(l),
+        Some(why) => {
+            l.handle.kill();
+            let why = crate::upstream::gate_server_message(policy, &why);
+            Err(format!(
+                "its warm-up call `{}` failed ({why}); it was stopped",
+                call.tool
+            ))
+        }
+    }
+}
+
+/// The warm pools of one gateway.
+pub(crate) struct WarmPools {
+    /// Starts servers without holding a sandbox cap (a waiting sandbox is
+    /// not counted).
+    sandbox: Arc<dyn ServerSandbox>,
+    caps: Arc<Caps>,
+    broker: Arc<Broker>,
+    /// The servers kept warm.
+    servers: Vec<Arc<ToolPolicy>>,
+    pools: Mutex<HashMap<(String, String), Pool>>,
+    closed: AtomicBool,
+}
+
+impl WarmPools {
+    pub(crate) fn new(
+        sandbox: Arc<dyn ServerSandbox>,
+        caps: Arc<Caps>,
+        broker: Arc<Broker>,
+        servers: Vec<Arc<ToolPolicy>>,
+    ) -> Arc<WarmPools> {
+        Arc::new(WarmPools {
+            sandbox,
+            caps,
+            broker,
+            servers: servers.into_iter().filter(|p| warm_of(p) > 0).collect(),
+            pools: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Fill every warm server's pool of `tenant` in the background (within
+    /// a tokio runtime).
+    pub(crate) fn fill(self: &Arc<Self>, tenant: &str) {
+        for p in &self.servers {
+            self.refill(p, tenant);
+        }
+    }
+
+    /// Start as many servers as `tenant`'s pool of `policy` lacks.
+    fn refill(self: &Arc<Self>, policy: &Arc<ToolPolicy>, tenant: &str) {
+        let want = warm_of(policy);
+        if want == 0 || self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let missing = {
+            let Ok(mut pools) = self.pools.lock() else {
+                return;
+            };
+            let pool = pools
+                .entry((tenant.to_string(), policy.name.clone()))
+                .or_default();
+            let missing = want.saturating_sub(pool.ready.len() + pool.starting);
+            pool.starting += missing;
+            missing
+        };
+        for _ in 0..missing {
+            let me = self.clone();
+            let policy = policy.clone();
+            let tenant = tenant.to_string();
+            tokio::spawn(async move { me.start_one(policy, tenant).await });
+        }
+    }
+
+    async fn start_one(self: Arc<Self>, policy: Arc<ToolPolicy>, tenant: String) {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let began = Instant::now();
+        let id = format!("mcp-warm-{}-{n}", std::process::id());
+        let who = Caller {
+            session: id.clone(),
+            client: "mcp-pool".into(),
+            principal: None,
+            tenant: tenant.clone(),
+        };
+        let bound = Arc::new(OnceLock::new());
+        let startup = match &policy.exec {
+            Exec::Mcp {
+                startup_seconds, ..
+            } => Duration::from_secs(*startup_seconds),
+            _ => Duration::from_secs(cordon_policy::policy::DEFAULT_STARTUP_SECONDS),
+        };
+        let started = match server_argv(&policy) {
+            Ok(argv) => launch(
+                self.sandbox.as_ref(),
+                &who,
+                &policy,
+                &argv,
+                startup,
+                bound.clone(),
+            )
+            .await
+            .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let started = match started {
+            Ok(l) => warm_up(&policy, l).await,
+            Err(e) => Err(e),
+        };
+        let Ok(mut pools) = self.pools.lock() else {
+            return;
+        };
+        let pool = pools
+            .entry((tenant.clone(), policy.name.clone()))
+            .or_default();
+        pool.starting = pool.starting.saturating_sub(1);
+        match started {
+            Ok(launched) if !self.closed.load(Ordering::SeqCst) => {
+                tracing::info!(tool = %policy.name, tenant = %tenant, sandbox = %id, "warm server ready");
+                pool.ready.push_back(Ready {
+                    id: id.clone(),
+                    launched,
+                    bound,
+                    since: Instant::now(),
+                });
+                let size = pool.ready.len();
+                drop(pools);
+                self.record(
+                    &policy,
+                    &who,
+                    &id,
+                    "ready",
+                    began.elapsed().as_millis() as u64,
+                    Some(format!(
+                        "warm sandbox {id} ready: its server answered initialize and tools/list; {size} of {} ready",
+                        warm_of(&policy)
+                    )),
+                );
+            }
+            Ok(launched) => launched.handle.kill(),
+            Err(why) => {
+                drop(pools);
+                tracing::warn!(tool = %policy.name, tenant = %tenant, "a warm server did not start: {why}");
+                self.record(&policy, &who, &id, "failed", 0, Some(why));
+            }
+        }
+    }
+
+    /// A ready server of `policy` for `who`'s session, bound to it
+    /// (`bound`), or `None` (the session starts one cold). Every take
+    /// refills the pool. `Err`: a sandbox cap refused it (it stays in the
+    /// pool).
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        policy: &Arc<ToolPolicy>,
+        who: &Caller,
+        bound: Bound,
+    ) -> Result<Option<Launched>, String> {
+        if warm_of(policy) == 0 {
+            return Ok(None);
+        }
+        let key = (who.tenant.clone(), policy.name.clone());
+        let taken = loop {
+            let next = self
+                .pools
+                .lock()
+                .ok()
+                .and_then(|mut p| p.get_mut(&key).and_then(|p| p.ready.pop_front()));
+            let Some(r) = next else {
+                break None;
+            };
+            let waited = r.since.elapsed().as_millis() as u64;
+            if !r.launched.alive() {
+                // Ended while it waited: never handed out.
+                r.launched.handle.kill();
+                let why = r
+                    .launched
+                    .handle
+                    .exited()
+                    .unwrap_or_else(|| "its connection closed".to_string());
+                let why = crate::upstream::gate_server_message(policy, &why);
+                self.record(
+                    policy,
+                    who,
+                    &r.id,
+                    "discarded",
+                    waited,
+                    Some(format!(
+                        "warm sandbox {} discarded: the server ended while it waited ({why})",
+                        r.id
+                    )),
+                );
+                continue;
+            }
+            let handle = match self.caps.hold(who, r.launched.handle.clone()) {
+                Ok(h) => h,
+                Err(e) => {
+                    if let Ok(mut p) = self.pools.lock() {
+                        p.entry(key.clone()).or_default().ready.push_front(r);
+                    }
+                    return Err(e);
+                }
+            };
+            let _ = r.bound.set(bound);
+            self.record(policy, who, &r.id, "handed_over", waited, None);
+            break Some(Launched {
+                handle,
+                ..r.launched
+            });
+        };
+        self.refill(policy, &who.tenant);
+        Ok(taken)
+    }
+
+    /// The audit record of one pool event, under `who`'s session.
+    fn record(
+        &self,
+        policy: &ToolPolicy,
+        who: &Caller,
+        sandbox: &str,
+        event: &str,
+        waited_ms: u64,
+        why: Option<String>,
+    ) {
+        let mut rec = cordon_audit::AuditRecord::new(
+            &policy.name,
+            cordon_broker::profile_name(policy.profile),
+        );
+        rec.runtime = "mcp".into();
+        rec.session = who.session.clone();
+        rec.caller = "mcp-pool".into();
+        rec.principal = who.principal.clone();
+        rec.tenant = Some(who.tenant.clone());
+        rec.status = match event {
+            "handed_over" | "ready" => cordon_audit::Status::Ok,
+            _ => cordon_audit::Status::ToolError,
+        };
+        rec.reason = why;
+        rec.pool = Some(cordon_audit::PoolEvent {
+            event: event.to_string(),
+            sandbox: sandbox.to_string(),
+            pooled: true,
+            waited_ms,
+        });
+        // Nothing waits on it: a record that cannot be written is counted
+        // and said (`cordon doctor`, the next call's warnings).
+        self.broker.record_after(&rec);
+    }
+
+    /// Stop every waiting server; start no more.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut pools) = self.pools.lock() {
+            for (_, pool) in pools.iter_mut() {
+                for r in pool.ready.drain(..) {
+                    r.launched.handle.kill();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for WarmPools {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
