@@ -369,8 +369,14 @@ fn what_cannot_be_installed_is_refused() {
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(err.contains(want), "want {want:?}: {err}");
     };
+    // A version the cache lacks of a package it has, and a package it
+    // does not have at all.
     refused(
         w.add("npm:@modelcontextprotocol/server-everything@0.0.1", &[]),
+        "not in ",
+    );
+    refused(
+        w.add("npm:@modelcontextprotocol/server-puppeteer@2025.5.12", &[]),
         "not in ",
     );
     refused(

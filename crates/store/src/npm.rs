@@ -149,7 +149,10 @@ fn entry_script(pkg: &PackageRef, meta: &serde_json::Value) -> Result<String, St
 
 fn explain_failure(pkg: &PackageRef, source: &Source, out: &str) -> String {
     let offline = matches!(source, Source::Offline { .. });
-    if out.contains("ENOTCACHED") || (offline && out.contains("E404")) {
+    // Offline, a version the cache lacks is ETARGET when the cache has
+    // other versions of the package: the cache, not the registry, lacks it.
+    if out.contains("ENOTCACHED") || (offline && (out.contains("E404") || out.contains("ETARGET")))
+    {
         let cache = match source {
             Source::Offline { from: Some(d) } => d.display().to_string(),
             _ => "npm's cache".to_string(),
