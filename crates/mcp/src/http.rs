@@ -131,23 +131,8 @@ pub async fn serve_http(
     let metrics = gw.metrics.clone();
     let metrics_auth = opts.authenticator.clone();
     // The metrics, behind the same authentication as the MCP endpoint.
-    let metrics_route = axum::Router::new()
-        .route(
-            crate::metrics::METRICS_PATH,
-            axum::routing::get(move || {
-                let body = metrics.render();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            crate::metrics::CONTENT_TYPE,
-                        )],
-                        body,
-                    )
-                }
-            }),
-        )
-        .layer(axum::middleware::from_fn(move |req, next| {
+    let metrics_route =
+        crate::metrics::router(metrics).layer(axum::middleware::from_fn(move |req, next| {
             authenticate(metrics_auth.clone(), req, next)
         }));
     let mcp = axum::Router::new()

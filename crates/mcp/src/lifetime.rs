@@ -262,14 +262,7 @@ impl HttpSessions {
         if let Some(link) = link
             && let Some((session, who)) = link.who.get()
         {
-            let c = crate::caller::caller_of(session, "mcp:http", who);
-            let mut rec = cordon_audit::AuditRecord::new("(session)", "");
-            rec.runtime = "none".into();
-            rec.session = c.session;
-            rec.caller = c.client;
-            rec.principal = c.principal;
-            rec.tenant = Some(c.tenant);
-            rec.status = cordon_audit::Status::Busy;
+            let mut rec = session_record(session, who, cordon_audit::Status::Busy);
             rec.limits_hit.push("sse_streams".into());
             rec.reason = Some(message.clone());
             self.broker.record_after(&rec);
@@ -404,14 +397,7 @@ impl HttpSessions {
         let Some((session, who)) = link.who.get() else {
             return;
         };
-        let c = crate::caller::caller_of(session, "mcp:http", who);
-        let mut rec = cordon_audit::AuditRecord::new("(session)", "");
-        rec.runtime = "none".into();
-        rec.session = c.session;
-        rec.caller = c.client;
-        rec.principal = c.principal;
-        rec.tenant = Some(c.tenant);
-        rec.status = cordon_audit::Status::SessionEnded;
+        let mut rec = session_record(session, who, cordon_audit::Status::SessionEnded);
         rec.reason = Some(format!("session {why}; every sandbox of it was stopped"));
         // The session has ended: a record that cannot be written is
         // counted and said (`cordon doctor`, the next call's warnings).
@@ -677,6 +663,24 @@ impl http_body::Body for Tracked {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A session-level audit record (tool `(session)`, no runtime) of the
+/// HTTP session `session` of `who`, with `status`.
+fn session_record(
+    session: &str,
+    who: &crate::caller::Who,
+    status: cordon_audit::Status,
+) -> cordon_audit::AuditRecord {
+    let c = crate::caller::caller_of(session, "mcp:http", who);
+    let mut rec = cordon_audit::AuditRecord::new("(session)", "");
+    rec.runtime = "none".into();
+    rec.session = c.session;
+    rec.caller = c.client;
+    rec.principal = c.principal;
+    rec.tenant = Some(c.tenant);
+    rec.status = status;
+    rec
 }
 
 #[cfg(test)]

@@ -274,6 +274,18 @@ impl Drop for LiveSandbox {
     }
 }
 
+/// `GET /metrics` answered with [`Metrics::render`], with nothing in front
+/// of it (the caller adds its authentication layer, if any).
+pub(crate) fn router(metrics: std::sync::Arc<Metrics>) -> axum::Router {
+    axum::Router::new().route(
+        METRICS_PATH,
+        axum::routing::get(move || {
+            let body = metrics.render();
+            async move { ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body) }
+        }),
+    )
+}
+
 /// A [`ServerSandbox`](crate::ServerSandbox) whose servers each count as
 /// a live sandbox until stopped or gone.
 pub(crate) struct MeteredServers {

@@ -116,22 +116,7 @@ async fn serve_metrics(
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
 ) {
-    let router = axum::Router::new()
-        .route(
-            crate::metrics::METRICS_PATH,
-            axum::routing::get(move || {
-                let body = metrics.render();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            crate::metrics::CONTENT_TYPE,
-                        )],
-                        body,
-                    )
-                }
-            }),
-        )
+    let router = crate::metrics::router(metrics)
         // No authentication here: a connection that sent a request no
         // longer counts as waiting for one (a scraper's keep-alive).
         .layer(axum::middleware::from_fn(
