@@ -21,14 +21,24 @@ list_skips() {
   fi
 }
 trap list_skips EXIT
-scripts/setup.sh
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-cargo build --workspace --all-targets
-cargo test --workspace
-echo "== fuzz targets, a short run of each (fuzz/run.sh, docs/fuzzing.md)"
-fuzz/run.sh 5
-echo "== MCP conformance suite, cordon in front of its reference server"
-tests/e2e/conformance.sh --reference target/conformance
-echo "== cordon probe -m examples/cordon.yaml"
-scripts/probe-standins.sh target/debug/cordon probe -m examples/cordon.yaml --junit target/probe-junit.xml
+# Each phase says how long it took.
+phase() {
+  local name=$1 t0=$SECONDS
+  shift
+  echo "== $name"
+  "$@"
+  echo "== $name: done in $((SECONDS - t0)) s"
+}
+phase "setup (scripts/setup.sh)" scripts/setup.sh
+phase "cargo fmt --check" cargo fmt --all -- --check
+phase "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+phase "cargo build" cargo build --workspace --all-targets
+# Every test binary of the workspace and the doc tests, two binaries at a
+# time (scripts/run-tests.py; `cargo test --workspace` runs the same tests
+# one binary after another).
+phase "cargo test, two binaries at a time" scripts/run-tests.py
+phase "fuzz targets, a short run of each (fuzz/run.sh, docs/fuzzing.md)" fuzz/run.sh 5
+phase "MCP conformance suite, cordon in front of its reference server" \
+  tests/e2e/conformance.sh --reference target/conformance
+phase "cordon probe -m examples/cordon.yaml" \
+  scripts/probe-standins.sh target/debug/cordon probe -m examples/cordon.yaml --junit target/probe-junit.xml

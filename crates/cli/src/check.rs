@@ -109,6 +109,9 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
         return Ok(ExitCode::from(exit::FINDING));
     }
     let mut refused = 0;
+    // Warnings of admission (a mechanism accepted as partial), counted
+    // with the manifest's own.
+    let mut host_warnings = 0;
     if host {
         let mut registry = cordon_runtime::Registry::for_host(Default::default())
             .with_upstream_dns(crate::run::upstream_dns());
@@ -133,6 +136,7 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
             match registry.admit_each(t, cordon_runtime::Use::of(t)) {
                 Ok(a) => {
                     for w in &a.warnings {
+                        host_warnings += 1;
                         eprintln!("warning: {}: {w}", t.name);
                     }
                 }
@@ -147,10 +151,13 @@ pub fn run(path: &Path, host: bool, providers: Option<&Path>) -> anyhow::Result<
         }
     }
     println!(
-        "{}: {} tools valid, {} warnings{}",
+        "{}: {} valid, {}{}",
         path.display(),
-        loaded.policy.tools.len(),
-        loaded.warnings.len() + secret_warnings,
+        count(loaded.policy.tools.len(), "tool"),
+        count(
+            loaded.warnings.len() + secret_warnings + host_warnings,
+            "warning"
+        ),
         if !host {
             " (host not checked)".to_string()
         } else if refused > 0 {
@@ -350,4 +357,13 @@ pub fn summary_line(t: &ToolPolicy) -> String {
         limits,
         secrets_summary(t)
     )
+}
+
+/// `n` and `what`, plural unless `n` is 1.
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }

@@ -109,8 +109,7 @@ fn a_browser_conversation_through_cordon_under_gvisor() {
     };
     let checked = cordon(&["check"]);
     assert!(
-        checked.contains("1 tools valid")
-            && checked.contains("every tool would start on this host"),
+        checked.contains("1 tool valid") && checked.contains("every tool would start on this host"),
         "{checked}"
     );
     let policy: serde_json::Value =

@@ -68,6 +68,9 @@ fn cordon(nobody: bool, args: &[&str], input: &[u8], audit: &Path) -> Output {
     cmd.args(args)
         .env_remove("CORDON_MANIFEST")
         .env_remove("CORDON_AUDIT_FAIL_OPEN")
+        // Set by `pyenv exec` (a shim running the test runner): it would
+        // pick the version of the shims the tests below make.
+        .env_remove("PYENV_VERSION")
         .env("CORDON_AUDIT", audit)
         .env("HOME", "/tmp")
         .stdin(Stdio::piped())

@@ -38,7 +38,10 @@ fn cordon(d: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .env("CORDON_STATE_DIR", d.join("state"))
         .env("CORDON_AUDIT", d.join("audit.jsonl"))
         .env_remove("CORDON_MANIFEST")
-        .env_remove("CORDON_PROVIDERS");
+        .env_remove("CORDON_PROVIDERS")
+        // Set by `pyenv exec` (a pyenv shim runs the test runner on many
+        // machines): it would pick the version of the shims tests below.
+        .env_remove("PYENV_VERSION");
     for (k, v) in env {
         c.env(k, v);
     }

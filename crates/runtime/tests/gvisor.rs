@@ -421,14 +421,19 @@ fn egress_goes_through_the_doors_only() {
     assert!(other_seen.lock().unwrap().is_empty());
     assert_eq!(seen.lock().unwrap().clone(), vec!["GET /hello HTTP/1.1"]);
     let ev = events.lock().unwrap();
+    // One event per connection. An allowed connection is recorded when it
+    // closes (with its byte counts), a refusal when it is refused: a busy
+    // broker may record the refusals that followed first.
     assert_eq!(ev.len(), 4, "{ev:?}");
-    assert_eq!(ev[0].decision, cordon_runtime::Decision::Allowed);
-    assert!(
-        ev[1..]
-            .iter()
-            .all(|e| e.decision == cordon_runtime::Decision::Refused),
-        "{ev:?}"
-    );
+    let allowed = ev
+        .iter()
+        .filter(|e| e.decision == cordon_runtime::Decision::Allowed)
+        .count();
+    let refused = ev
+        .iter()
+        .filter(|e| e.decision == cordon_runtime::Decision::Refused)
+        .count();
+    assert_eq!((allowed, refused), (1, 3), "{ev:?}");
 }
 
 gvisor_test!(nothing_written_in_one_task_is_seen_in_the_next);

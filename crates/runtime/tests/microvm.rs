@@ -472,14 +472,18 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
     assert!(lines[3].contains("Connection refused"), "{out}");
     assert_eq!(seen.lock().unwrap().clone(), vec!["GET /hello HTTP/1.1"]);
     let ev = events.lock().unwrap();
+    // One event per connection; an allowed one is recorded when it closes,
+    // so a busy broker may record the refusals that followed first.
     assert_eq!(ev.len(), 3, "{ev:?}");
-    assert_eq!(ev[0].decision, cordon_runtime::Decision::Allowed);
-    assert!(
-        ev[1..]
-            .iter()
-            .all(|e| e.decision == cordon_runtime::Decision::Refused),
-        "{ev:?}"
-    );
+    let allowed = ev
+        .iter()
+        .filter(|e| e.decision == cordon_runtime::Decision::Allowed)
+        .count();
+    let refused = ev
+        .iter()
+        .filter(|e| e.decision == cordon_runtime::Decision::Refused)
+        .count();
+    assert_eq!((allowed, refused), (1, 2), "{ev:?}");
 }
 
 #[test]
