@@ -220,3 +220,6 @@ impl Rendered {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests;
