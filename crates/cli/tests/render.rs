@@ -77,7 +77,7 @@ fn validator() -> Result<PathBuf, String> {
 
 /// Validate `file` strictly against one Kubernetes version: (passed, output).
 fn validate(lib: &Path, version: &str, file: &Path) -> (bool, String) {
-    let o = Command::new("python3")
+    let o = Command::new("/usr/bin/python3")
         .args(["-m", "kubernetes_validate", "--strict", "-k", version])
         .arg(file)
         .env("PYTHONPATH", lib)

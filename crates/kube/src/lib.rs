@@ -125,6 +125,21 @@ pub fn render(set: &PolicySet, manifest_text: &str, opts: &Options) -> Rendered 
                 message: why,
             }),
             Ok(image) => {
+                let label = names::dns_label(&p.name);
+                if let Some(other) = sandboxes
+                    .iter()
+                    .find(|s: &&Sandbox| names::dns_label(&s.tool) == label)
+                {
+                    notes.push(Note {
+                        tool: p.name.clone(),
+                        message: format!(
+                            "not rendered: its objects' name and labels ({label}) would be those \
+                             of tool {}; rename one",
+                            other.tool
+                        ),
+                    });
+                    continue;
+                }
                 let proxy_port = match p.network {
                     Network::None => None,
                     _ => {

@@ -23,9 +23,25 @@ pub const MANIFEST: &str = "cordon-manifest";
 /// a key).
 pub const SESSION_CA: &str = "cordon-session-ca";
 
-/// A tool's name as a DNS-1123 label: lower case, `_` as `-`, at most 63
-/// characters, alphanumeric at both ends.
+/// A tool's name as a DNS-1123 label: the name itself when it is one
+/// (lower case letters, digits and `-`, alphanumeric at both ends, at most
+/// 51 characters), else the name made one (lower case, anything else as
+/// `-`, cut to 42 characters) and `-` and 8 hex digits of a hash of the
+/// name as written: `a_b` and `a-b` are different tools, and their objects
+/// and labels must differ too. At most 51 characters, so that
+/// `cordon-tool-<label>` is a label too.
 pub fn dns_label(tool: &str) -> String {
+    const MAX: usize = 51;
+    let is_label = !tool.is_empty()
+        && tool.len() <= MAX
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !tool.starts_with('-')
+        && !tool.ends_with('-');
+    if is_label {
+        return tool.to_string();
+    }
     let mut s: String = tool
         .chars()
         .map(|c| match c {
@@ -33,18 +49,28 @@ pub fn dns_label(tool: &str) -> String {
             'a'..='z' | '0'..='9' => c,
             _ => '-',
         })
+        .take(MAX - 9)
         .collect();
-    s.truncate(63);
-    let s = s.trim_matches('-').to_string();
-    if s.is_empty() { "tool".into() } else { s }
+    s = s.trim_matches('-').to_string();
+    if s.is_empty() {
+        s = "tool".into();
+    }
+    format!("{s}-{:08x}", fnv1a(tool))
+}
+
+/// FNV-1a, 32 bits: a stable short hash for names. Two tools whose labels
+/// would still be equal are not both rendered ([`crate::render`] notes the
+/// second).
+fn fnv1a(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// The name of a tool's sandbox objects: `cordon-tool-<label>`, at most 63
-/// characters (a tool name is at most 64).
+/// characters.
 pub fn sandbox_name(tool: &str) -> String {
-    let mut n = format!("cordon-tool-{}", dns_label(tool));
-    n.truncate(63);
-    n.trim_end_matches('-').to_string()
+    format!("cordon-tool-{}", dns_label(tool))
 }
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -238,9 +238,9 @@ fn networked_tools_get_their_own_proxy_port_and_nothing_else() {
     assert_eq!(
         names,
         [
-            "cordon-sandbox-default-deny",
-            "cordon-tool-mcp-api-egress",
-            "cordon-tool-p3-gvisor-egress"
+            "cordon-sandbox-default-deny".to_string(),
+            network_policy::egress_policy_name("mcp_api"),
+            network_policy::egress_policy_name("p3_gvisor"),
         ]
     );
     let deny = r.network_policies[0].spec.as_ref().unwrap();
@@ -389,9 +389,10 @@ fn widening_follows_selectors_namespaces_and_policy_types() {
             .all(|w| w.allows == "any destination on any port")
     );
     // Expressions: only the tool named.
-    let one = check(
-        "kind: NetworkPolicy\nmetadata: {name: b}\nspec:\n  podSelector: {matchExpressions: [{key: cordon.dev/tool, operator: In, values: [p3-vm]}]}\n  egress: [{ports: [{port: 53, protocol: UDP}]}]\n",
-    );
+    let one = check(&format!(
+        "kind: NetworkPolicy\nmetadata: {{name: b}}\nspec:\n  podSelector: {{matchExpressions: [{{key: cordon.dev/tool, operator: In, values: [{}]}}]}}\n  egress: [{{ports: [{{port: 53, protocol: UDP}}]}}]\n",
+        names::dns_label("p3_vm")
+    ));
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].tool, "p3_vm");
     assert_eq!(one[0].allows, "any destination on UDP/53");
@@ -410,9 +411,50 @@ fn widening_follows_selectors_namespaces_and_policy_types() {
     );
     assert_eq!(ingress, []);
     // A user's policy named like cordon's own door is still the user's.
-    let same_name = check(
-        "kind: NetworkPolicy\nmetadata: {name: cordon-tool-mcp-api-egress}\nspec:\n  podSelector: {matchLabels: {cordon.dev/tool: mcp-api}}\n  policyTypes: [Egress]\n  egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8}}]}]\n",
-    );
+    let same_name = check(&format!(
+        "kind: NetworkPolicy\nmetadata: {{name: {}}}\nspec:\n  podSelector: {{matchLabels: {{cordon.dev/tool: {}}}}}\n  policyTypes: [Egress]\n  egress: [{{to: [{{ipBlock: {{cidr: 10.0.0.0/8}}}}]}}]\n",
+        network_policy::egress_policy_name("mcp_api"),
+        names::dns_label("mcp_api")
+    ));
     assert_eq!(same_name.len(), 1);
     assert_eq!(same_name[0].allows, "ipBlock 10.0.0.0/8 on any port");
+}
+
+#[test]
+fn names_are_labels_and_tell_tools_apart() {
+    assert_eq!(names::dns_label("shout"), "shout");
+    assert_eq!(names::sandbox_name("shout"), "cordon-tool-shout");
+    let (a, b) = (names::dns_label("a_b"), names::dns_label("a-b"));
+    assert_ne!(a, b);
+    assert!(a.starts_with("a-b-") && a.len() == 12, "{a}");
+    let long = "X".repeat(64);
+    for t in ["A_b", "_x_", "-", long.as_str(), "pdf_to_text"] {
+        let l = names::dns_label(t);
+        assert!(l.len() <= 51, "{t}: {l}");
+        assert!(
+            l.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
+            "{t}: {l}"
+        );
+        assert!(!l.starts_with('-') && !l.ends_with('-'), "{t}: {l}");
+        assert!(names::sandbox_name(t).len() <= 63);
+    }
+}
+
+#[test]
+fn tools_differing_only_in_underscores_get_distinct_objects() {
+    let text = format!(
+        "version: 1\ntools:\n  a-b:\n    profile: P2\n    description: x\n    image: busybox@{DIGEST}\n    network: none\n  a_b:\n    profile: P2\n    description: y\n    image: busybox@{DIGEST}\n    network: none\n"
+    );
+    let loaded = cordon_policy::load_str(Path::new("t.yaml"), &text).expect("loads");
+    let r = render(&loaded.policy, &text, &Options::default());
+    // Different names, different labels: both rendered.
+    assert_eq!(r.sandboxes.len(), 2);
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+    let names: BTreeSet<String> = r
+        .sandboxes
+        .iter()
+        .filter_map(|s| s.template.metadata.name.clone())
+        .collect();
+    assert_eq!(names.len(), 2);
 }
