@@ -42,6 +42,20 @@ pub struct KubernetesArgs {
 
 pub fn run(cmd: RenderCmd) -> anyhow::Result<ExitCode> {
     let RenderCmd::Kubernetes(a) = cmd;
+    let ns = a.namespace.as_str();
+    if ns.is_empty()
+        || ns.len() > 63
+        || !ns
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || ns.starts_with('-')
+        || ns.ends_with('-')
+    {
+        return Err(anyhow!(
+            "--namespace {ns}: a namespace is a DNS label (lower case letters, digits and `-`, \
+             at most 63, a letter or digit at both ends)"
+        ));
+    }
     let path = &a.manifest.path;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

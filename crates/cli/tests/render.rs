@@ -218,6 +218,7 @@ fn tools_not_rendered_as_pods_are_named_on_stderr() {
         "{err}"
     );
     let docs = documents(&stdout(&o));
+    assert!(docs.iter().all(|d| d["metadata"]["namespace"] == "cordon"));
     let deployment = named(&docs, "Deployment", "cordon");
     assert_eq!(
         deployment["spec"]["template"]["metadata"]["annotations"]["cordon.dev/in-broker"],
@@ -427,4 +428,21 @@ fn agent_sandbox_renders_v1beta1_templates_and_warm_pools() {
                 && r["resources"][0] == "sandboxclaims")
     );
     assert!(!docs.iter().any(|d| kind(d).starts_with("Cluster")));
+}
+
+#[test]
+fn the_namespace_is_every_objects_and_must_be_a_label() {
+    let m = examples().join("images.yaml");
+    let o = render(&m, &["--namespace", "agents"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let docs = documents(&stdout(&o));
+    assert!(docs.iter().all(|d| d["metadata"]["namespace"] == "agents"));
+    let o = render(&m, &["--namespace", "Agents_1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--namespace Agents_1: a namespace is a DNS label"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty());
 }
