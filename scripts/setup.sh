@@ -278,6 +278,24 @@ if [ ! -f "$cache/add/wheels.done" ] || [ "$(cat "$cache/add/wheels.done")" != "
 fi
 [ -d "$cache/add" ] && chmod -R a+rX "$cache/add" || true
 
+# `cordon render kubernetes`'s test (crates/cli/tests/render.rs) validates
+# every rendered object against the official Kubernetes OpenAPI schemas of
+# several minor versions, offline: kubernetes-validate ships them. Installed
+# (pinned, with its dependencies) into a directory of its own; the marker
+# holds the requirement it was installed for.
+kv_req="kubernetes-validate==1.37.0"
+kv_dir=$cache/kubernetes-validate
+if [ ! -f "$kv_dir/done" ] || [ "$(cat "$kv_dir/done")" != "$kv_req" ]; then
+  echo "setup: pip install $kv_req into $kv_dir"
+  rm -rf "$kv_dir/lib" && mkdir -p "$kv_dir"
+  if /usr/bin/python3 -m pip install -q --target "$kv_dir/lib" "$kv_req" >/dev/null 2>&1; then
+    echo "$kv_req" >"$kv_dir/done"
+  else
+    missing "pip install $kv_req failed; the Kubernetes schema test will fail"
+  fi
+fi
+[ -d "$kv_dir" ] && chmod -R a+rX "$kv_dir" || true
+
 # cargo-fuzz: the short fuzz run of scripts/test.sh (fuzz/run.sh, docs/fuzzing.md). Built
 # from crates.io once per machine (about a minute and a quarter on two cores).
 cargo_fuzz_version=0.13.2

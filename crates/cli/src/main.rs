@@ -17,6 +17,7 @@ mod key;
 mod probe;
 mod proof;
 mod proxy;
+mod render;
 mod report;
 mod run;
 mod schema;
@@ -235,6 +236,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: report::ReportCmd,
     },
+    /// Render what a manifest needs elsewhere: `kubernetes` (the objects, as YAML).
+    Render {
+        #[command(subcommand)]
+        cmd: render::RenderCmd,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -312,6 +318,7 @@ fn main() -> ExitCode {
         Cmd::Inventory(args) => inventory::run(&args),
         Cmd::Add(args) => add::run(&args),
         Cmd::Audit { cmd } => audit::run(cmd),
+        Cmd::Render { cmd } => render::run(cmd),
         Cmd::State { cmd } => tool_state::run(cmd),
         Cmd::Token { cmd } => token::run(cmd),
         Cmd::Key { cmd } => key::run(cmd),
