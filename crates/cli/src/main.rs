@@ -18,6 +18,7 @@ mod probe;
 mod proof;
 mod proxy;
 mod report;
+mod reprobe;
 mod run;
 mod schema;
 mod serve;

@@ -41,6 +41,12 @@ pub struct ServeArgs {
     /// holds (same policy, binary, programs and host; under a day old).
     #[arg(long, conflicts_with = "no_probe")]
     pub reprove: bool,
+    /// Prove every served tool again this often while serving (e.g. 90s,
+    /// 30m, 6h), instead of the manifest's `gateway: {reprobe: {every}}`
+    /// (default 6h). A tool whose run does not hold is taken out of
+    /// service until one holds (docs/probes.md, "Continuous conformance").
+    #[arg(long, value_name = "DURATION", conflicts_with = "no_probe", value_parser = reprobe_every)]
+    pub reprobe_every: Option<u64>,
     /// Go on when an audit record cannot be written (default: the call
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
@@ -82,6 +88,16 @@ pub struct ServeArgs {
     /// them at /metrics behind its authentication too).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+}
+
+/// `--reprobe-every`: a duration as the manifest writes one, not 0.
+fn reprobe_every(s: &str) -> Result<u64, String> {
+    match cordon_policy::gateway::parse_duration(&cordon_policy::gateway::Duration::Text(
+        s.to_string(),
+    ))? {
+        0 => Err("0 would prove the tools without pause".into()),
+        n => Ok(n),
+    }
 }
 
 /// A start probe's verdict for one tool: its name, `held`, `cached` or
@@ -389,6 +405,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         cordon_broker::Broker::with_registry(registry, &bopts).map_err(|e| anyhow!("{e}"))?,
     );
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
+    let prover = broker.clone();
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
         .with_listing_cache(match cordon_mcp::default_listing_dir() {
@@ -403,6 +420,19 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     for (tool, verdict, proved_at) in &verdicts {
         gw.metrics().probed(tool, verdict, *proved_at);
+    }
+    if !args.no_probe {
+        let r = &loaded.policy.gateway.reprobe;
+        let schedule = crate::reprobe::Schedule {
+            every: std::time::Duration::from_secs(args.reprobe_every.unwrap_or(r.every_seconds)),
+            jitter_percent: r.jitter_percent,
+        };
+        crate::reprobe::start(
+            loaded.policy.tools.values().cloned().collect(),
+            prover,
+            gw.service().clone(),
+            schedule,
+        )?;
     }
     let transport = match args.http {
         Some(addr) => {

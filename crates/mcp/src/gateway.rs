@@ -85,6 +85,8 @@ pub struct Gateway {
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Servers started ahead of their sessions (`mcp: {warm: N}`).
     pub(crate) warm: Arc<crate::warm::WarmPools>,
+    /// Which tools are in service ([`crate::service`]).
+    pub(crate) service: Arc<crate::service::Service>,
 }
 
 impl Gateway {
@@ -198,7 +200,25 @@ impl Gateway {
             broker.clone(),
             servers.iter().map(|(p, _)| p.clone()).collect(),
         );
+        let profiles = commands
+            .values()
+            .map(|c| &c.policy)
+            .chain(servers.iter().map(|(p, _)| p))
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    cordon_broker::profile_name(p.profile).to_string(),
+                )
+            })
+            .collect();
+        let service = Arc::new(crate::service::Service::new(
+            profiles,
+            broker.clone(),
+            metrics.clone(),
+            warm.clone(),
+        ));
         Ok(Gateway {
+            service,
             warm,
             broker,
             commands,
@@ -212,6 +232,12 @@ impl Gateway {
             caps,
             metrics,
         })
+    }
+
+    /// Which tools are in service, shared with whatever proves them
+    /// while the gateway serves ([`crate::service`]).
+    pub fn service(&self) -> &Arc<crate::service::Service> {
+        &self.service
     }
 
     /// The gateway's metrics ([`crate::metrics`]).

@@ -104,6 +104,7 @@ pub struct Metrics {
     sandboxes: Gauge,
     probes: Family<ProbeLabels, Gauge>,
     last_proved: Family<ToolLabel, Gauge<f64, AtomicU64>>,
+    in_service: Family<ToolLabel, Gauge>,
     /// Counts the live sessions when the metrics are rendered (set by the
     /// transport).
     live_sessions: std::sync::RwLock<Option<SessionCount>>,
@@ -189,7 +190,14 @@ impl Metrics {
             "When each tool's start probe last passed (Unix time)",
             last_proved.clone(),
         );
+        let in_service = Family::<ToolLabel, Gauge>::default();
+        registry.register(
+            "tool_in_service",
+            "1 while a served tool is in service, 0 once a probe run of it did not hold (until one holds again)",
+            in_service.clone(),
+        );
         Metrics {
+            in_service,
             registry,
             tools: tools.into_iter().collect(),
             calls,
@@ -244,6 +252,15 @@ impl Metrics {
         if let Some(t) = proved_at {
             self.last_proved.get_or_create(&ToolLabel { tool }).set(t);
         }
+    }
+
+    /// Whether `tool` (a served tool) is in service.
+    pub fn in_service(&self, tool: &str, yes: bool) {
+        self.in_service
+            .get_or_create(&ToolLabel {
+                tool: tool.to_owned(),
+            })
+            .set(i64::from(yes));
     }
 
     /// The metrics in the OpenMetrics text format.
@@ -387,6 +404,10 @@ impl RecordObserver for Metrics {
                     event: credential_event(&c.event).to_owned(),
                 })
                 .inc();
+            return;
+        }
+        if rec.service.is_some() {
+            // Taken out of service or returned: `cordon_tool_in_service`.
             return;
         }
         if let Some(p) = &rec.pool {

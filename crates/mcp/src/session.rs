@@ -577,12 +577,18 @@ impl ServerHandler for Session {
             .commands
             .values()
             .filter(|c| self.granted(Kind::Tool, &c.policy.name))
+            .filter(|c| self.gw.service.out_of_service(&c.policy.name).is_none())
             .map(|c| c.tool.clone())
             .collect();
         // Every server at once, each within its own start-up deadline: a
-        // slow or failing one holds no other's tools.
+        // slow or failing one holds no other's tools. A tool out of
+        // service is left out (its calls are refused, saying why).
         let mut set = tokio::task::JoinSet::new();
-        let servers = self.servers();
+        let servers: Vec<_> = self
+            .servers()
+            .into_iter()
+            .filter(|u| self.gw.service.out_of_service(u.name()).is_none())
+            .collect();
         for (i, u) in servers.iter().enumerate() {
             let u = u.clone();
             set.spawn(async move { (i, u.tools_for_list().await) });
@@ -658,6 +664,11 @@ impl ServerHandler for Session {
         if let Some(t) = self.gw.commands.get(&name) {
             let profile = cordon_broker::profile_name(t.policy.profile);
             let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());
+            if let Some(e) = self.gw.service.refusal(&name, &name) {
+                let r = Err(e);
+                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                return r.map(Into::into);
+            }
             let _slots = match self.door(&name, &name, true).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -678,6 +689,11 @@ impl ServerHandler for Session {
         }
         if let Some(u) = self.owner(names::Space::Tools, &name).await {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            if let Some(e) = self.gw.service.refusal(u.name(), &name) {
+                let r = Err(e);
+                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                return r.map(Into::into);
+            }
             let _slots = match self.door(u.name(), &name, false).await {
                 Ok(s) => s,
                 Err(e) => {

@@ -1,0 +1,232 @@
+//! `cordon serve`'s continuous conformance: a served tool is proved again
+//! while it serves, taken out of service when a run does not hold, and
+//! returned to service when a later run holds. The real binary, the real
+//! jail and the real probes.
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cordon_mcp::rmcp;
+use rmcp::ServiceExt;
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::{Value, json};
+
+use common::*;
+
+type Client = RunningService<RoleClient, ()>;
+
+/// How long a change may take to be seen on a loaded machine. Polled, never
+/// timed.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A tool that lists the host directory it mounts at
+/// /run/containerd, where the `host_fs` probe looks for a container
+/// runtime's socket.
+fn manifest(dir: &Path, data: &Path) -> std::path::PathBuf {
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            r#"tools:
+  lister:
+    profile: P1
+    description: List the shared directory.
+    command: [/usr/bin/ls, /run/containerd]
+    limits: {{wall_seconds: 5, memory: 64M, tasks: 4}}
+    network: none
+    mounts: ["{}:/run/containerd"]
+"#,
+            data.display()
+        ),
+    )
+    .unwrap();
+    m
+}
+
+/// `GET /metrics` on the gateway: the body.
+fn metrics(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return body.to_owned();
+    }
+    let mut out = String::new();
+    let mut body = body;
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The audit records of the `lister` tool's service changes.
+fn service_records(audit: &Path, event: &str) -> Vec<Value> {
+    audit_records(audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "lister" && r["service"]["event"] == event)
+        .collect()
+}
+
+/// Swap the directory at `at` for `with`, keeping the old one at `aside`:
+/// another inode at the same path.
+fn swap(at: &Path, with: &Path, aside: &Path) {
+    std::fs::rename(at, aside).unwrap();
+    std::fs::rename(with, at).unwrap();
+}
+
+async fn listed(c: &Client) -> bool {
+    c.peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.name == "lister")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when_fixed() {
+    let d = tempdir();
+    let data = d.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("notes.txt"), "a shared file\n").unwrap();
+    let m = manifest(d.path(), &data);
+    let audit = d.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .args(["--reprobe-every", "5s"])
+        .http();
+    assert!(
+        serve
+            .stderr
+            .iter()
+            .any(|l| l.contains("lister: held") && !l.contains("not proved")),
+        "the clean tool is proved at start: {:#?}",
+        serve.stderr
+    );
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+
+    // Positive control: in service, listed, and a call lists the file.
+    assert!(listed(&c).await);
+    let r = call(&c, "lister", json!({})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert!(text_of(&r).contains("notes.txt"), "{r:?}");
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 1"),
+        "{}",
+        metrics(&serve.addr())
+    );
+
+    // The directory is swapped for one holding a container runtime's
+    // socket (a bound Unix socket, as a runtime leaves it).
+    let bait = d.path().join("bait");
+    std::fs::create_dir(&bait).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(bait.join("containerd.sock")).unwrap();
+    let clean = d.path().join("clean");
+    swap(&data, &bait, &clean);
+
+    // Within a tick the tool is out of service: its call is refused with
+    // the typed error naming the probe and the time.
+    let begun = Instant::now();
+    let refused = loop {
+        match call(&c, "lister", json!({})).await {
+            Err(e) => break mcp_error(e),
+            Ok(r) => assert!(
+                begun.elapsed() < DEADLINE,
+                "still served {DEADLINE:?} after the swap: {r:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let data_of = refused.data.clone().unwrap_or_default();
+    assert_eq!(data_of["cordon/status"], "out_of_service", "{refused:?}");
+    assert_eq!(data_of["tool"], "lister", "{refused:?}");
+    assert!(
+        data_of["probes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "host_fs")),
+        "{refused:?}"
+    );
+    assert!(
+        data_of["failed_at"].as_str().is_some_and(|t| t.len() >= 20),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .message
+            .contains("container runtime socket /run/containerd/containerd.sock is visible"),
+        "{refused:?}"
+    );
+    // Left out of the listing; audited once; counted.
+    assert!(!listed(&c).await, "an out-of-service tool is not listed");
+    let out = service_records(&audit, "out_of_service");
+    assert_eq!(out.len(), 1, "{out:#?}");
+    assert!(
+        out[0]["service"]["probes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "host_fs")),
+        "{out:#?}"
+    );
+    let refusals: Vec<Value> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "lister" && r["status"] == "denied" && r["service"].is_null())
+        .collect();
+    assert!(
+        refusals.iter().any(|r| r["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("is out of service"))),
+        "the refused call is audited: {refusals:#?}"
+    );
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 0"),
+        "{}",
+        metrics(&serve.addr())
+    );
+
+    // Fixed: the clean directory is back; a later run holds and the tool
+    // returns to service.
+    swap(&data, &clean, &d.path().join("leaky"));
+    let begun = Instant::now();
+    let r = loop {
+        match call(&c, "lister", json!({})).await {
+            Ok(r) => break r,
+            Err(e) => {
+                let e = mcp_error(e);
+                assert_eq!(
+                    e.data.as_ref().map(|d| d["cordon/status"].clone()),
+                    Some(json!("out_of_service")),
+                    "{e:?}"
+                );
+                assert!(
+                    begun.elapsed() < DEADLINE,
+                    "still out of service {DEADLINE:?} after the fix: {e:?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert!(text_of(&r).contains("notes.txt"), "{r:?}");
+    assert!(listed(&c).await);
+    assert_eq!(service_records(&audit, "in_service").len(), 1);
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 1"),
+        "{}",
+        metrics(&serve.addr())
+    );
+    c.cancel().await.unwrap();
+}
