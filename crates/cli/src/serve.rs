@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// service until one holds (docs/probes.md, "Continuous conformance").
     #[arg(long, value_name = "DURATION", conflicts_with = "no_probe", value_parser = reprobe_every)]
     pub reprobe_every: Option<u64>,
+    /// Apply a manifest reloaded on SIGHUP even when the change weakens
+    /// isolation (by default such a reload is refused, the diff said).
+    #[arg(long)]
+    pub accept_weakening: bool,
     /// Go on when an audit record cannot be written (default: the call
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
@@ -384,6 +388,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
     }
+    let running = loaded.policy.clone();
     let mut verdicts = Vec::new();
     if args.no_probe {
         eprintln!(
@@ -421,19 +426,27 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     for (tool, verdict, proved_at) in &verdicts {
         gw.metrics().probed(tool, verdict, *proved_at);
     }
-    if !args.no_probe {
-        let r = &loaded.policy.gateway.reprobe;
-        let schedule = crate::reprobe::Schedule {
-            every: std::time::Duration::from_secs(args.reprobe_every.unwrap_or(r.every_seconds)),
-            jitter_percent: r.jitter_percent,
-        };
-        crate::reprobe::start(
-            loaded.policy.tools.values().cloned().collect(),
-            prover,
-            gw.service().clone(),
-            schedule,
-        )?;
-    }
+    // Continuous conformance and SIGHUP's reload, on one thread.
+    let r = &loaded.policy.gateway.reprobe;
+    let every_override = args.reprobe_every.map(std::time::Duration::from_secs);
+    let schedule = (!args.no_probe).then(|| crate::reprobe::Schedule {
+        every: every_override.unwrap_or(std::time::Duration::from_secs(r.every_seconds)),
+        jitter_percent: r.jitter_percent,
+    });
+    crate::reprobe::start(
+        loaded.policy.tools.values().cloned().collect(),
+        prover,
+        gw.service().clone(),
+        schedule,
+        crate::reprobe::Reload {
+            path: args.manifest.path.clone(),
+            running,
+            reloader: gw.reloader(),
+            accept_weakening: args.accept_weakening,
+            no_probe: args.no_probe,
+            every_override,
+        },
+    )?;
     let transport = match args.http {
         Some(addr) => {
             let mut hosts = args.allow_host.clone();

@@ -230,3 +230,173 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
     );
     c.cancel().await.unwrap();
 }
+
+/// `kill -SIG pid`.
+fn signal(sig: &str, pid: u32) {
+    let st = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+fn counter(memory: &str, description: &str) -> String {
+    format!(
+        r#"tools:
+  counter:
+    profile: P1
+    description: {description}
+    command: [/usr/bin/wc]
+    limits: {{wall_seconds: 5, memory: {memory}, tasks: 4}}
+    network: none
+    input: {{stdin: text}}
+    input_schema:
+      type: object
+      properties: {{text: {{type: string}}}}
+      required: [text]
+"#
+    )
+}
+
+/// Poll the audit log until a record of `event` (a reload's) is there.
+async fn wait_for_reload(audit: &Path, event: &str, n: usize) -> Value {
+    let begun = Instant::now();
+    loop {
+        let recs: Vec<Value> = audit_records(audit)
+            .into_iter()
+            .filter(|r| r["service"]["event"] == event)
+            .collect();
+        if recs.len() >= n {
+            return recs[n - 1].clone();
+        }
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no `{event}` record {DEADLINE:?} after SIGHUP"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn description(c: &Client) -> String {
+    c.peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .find(|t| t.name == "counter")
+        .and_then(|t| t.description.clone())
+        .map(|d| d.to_string())
+        .unwrap_or_default()
+}
+
+async fn count(c: &Client) {
+    let r = call(c, "counter", json!({"text": "a b c\n"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let text = text_of(&r);
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.split_whitespace().collect::<Vec<_>>() == ["1", "3", "6"]),
+        "{text}"
+    );
+}
+
+/// SIGHUP reloads the manifest: a change that weakens isolation is refused
+/// (the diff on stderr, audited) and the running tool stays as it was; a
+/// harmless one (a limit lowered, a description changed) is proved and
+/// applied without dropping the live HTTP session. SIGUSR1 proves the
+/// served tools again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_sessions() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, counter("128M", "Count v1")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let mut serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit).http();
+    let pid = serve.pid();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    // Positive control.
+    count(&c).await;
+    assert_eq!(description(&c).await, "Count v1");
+
+    // Weakening: a raised memory limit. Refused; the old tool still served.
+    std::fs::write(&m, counter("256M", "Count v3")).unwrap();
+    signal("HUP", pid);
+    let refused = wait_for_reload(&audit, "reload_refused", 1).await;
+    let reason = refused["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("weaken isolation")
+            && reason.contains("WEAKENS  counter: limits.memory: 128M -> 256M"),
+        "{refused:#}"
+    );
+    assert_eq!(refused["status"], "denied", "{refused:#}");
+    count(&c).await;
+    assert_eq!(
+        description(&c).await,
+        "Count v1",
+        "the running tool is kept"
+    );
+
+    // Harmless: the limit lowered and the description changed. Applied,
+    // on the same session.
+    std::fs::write(&m, counter("64M", "Count v2")).unwrap();
+    signal("HUP", pid);
+    let applied = wait_for_reload(&audit, "reloaded", 1).await;
+    assert_eq!(applied["status"], "ok", "{applied:#}");
+    assert!(
+        applied["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("counter: limits.memory: 128M -> 64M")),
+        "{applied:#}"
+    );
+    assert_eq!(
+        description(&c).await,
+        "Count v2",
+        "applied to the live session"
+    );
+    count(&c).await;
+    let sessions: std::collections::BTreeSet<String> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "counter" && r["status"] == "ok" && r["service"].is_null())
+        .filter_map(|r| r["session"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(sessions.len(), 1, "every call on one session: {sessions:?}");
+    assert!(
+        audit_records(&audit)
+            .iter()
+            .all(|r| r["status"] != "session_ended"),
+        "no session ended"
+    );
+
+    // SIGUSR1: every served tool proved again now (the schedule is 6 h).
+    let proofs = d.path().join("proofs.json");
+    let proved_at = || -> u64 {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&proofs).unwrap_or_default())
+            .unwrap_or_default();
+        v["counter"]["proved_at"].as_u64().unwrap_or(0)
+    };
+    let before = proved_at();
+    assert!(before > 0, "the reload's proof is cached");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    signal("USR1", pid);
+    let begun = Instant::now();
+    while proved_at() <= before {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no proof {DEADLINE:?} after SIGUSR1"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    c.cancel().await.unwrap();
+    let _ = serve.child.0.kill();
+    let stderr = serve.rest().join().unwrap().join("\n");
+    assert!(
+        stderr.contains("cordon: reload: WEAKENS  counter: limits.memory: 128M -> 256M")
+            && stderr.contains("reload refused, the running configuration is kept"),
+        "the diff is said on stderr: {stderr}"
+    );
+    assert!(stderr.contains("counter: held (reload,"), "{stderr}");
+    assert!(stderr.contains("counter: held (signal,"), "{stderr}");
+}

@@ -67,7 +67,8 @@ impl Default for GatewayOptions {
 /// broker (jail, audit log) and the sandbox for MCP servers.
 pub struct Gateway {
     pub(crate) broker: Arc<Broker>,
-    pub(crate) commands: BTreeMap<String, CommandTool>,
+    /// The command tools, swapped whole by a reload ([`crate::reload`]).
+    pub(crate) commands: crate::reload::Commands,
     /// Each `mcp:` tool and what its server offers once known.
     pub(crate) servers: Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>,
     pub(crate) sandbox: Arc<dyn ServerSandbox>,
@@ -174,12 +175,12 @@ impl Gateway {
                     )?;
                     commands.insert(
                         name.clone(),
-                        CommandTool {
+                        Arc::new(CommandTool {
                             policy: Arc::new(p.clone()),
                             admitted,
                             args,
                             tool,
-                        },
+                        }),
                     );
                 }
                 Use::Serve => {
@@ -221,7 +222,7 @@ impl Gateway {
             service,
             warm,
             broker,
-            commands,
+            commands: Arc::new(std::sync::RwLock::new(Arc::new(commands))),
             servers,
             sandbox,
             names,
@@ -232,6 +233,23 @@ impl Gateway {
             caps,
             metrics,
         })
+    }
+
+    /// The command tools served now (a reload may swap them).
+    pub(crate) fn commands(&self) -> Arc<BTreeMap<String, Arc<CommandTool>>> {
+        crate::reload::current(&self.commands)
+    }
+
+    /// What applies a reloaded manifest's command tools to this gateway
+    /// while it serves ([`crate::reload`]).
+    pub fn reloader(&self) -> crate::reload::Reloader {
+        crate::reload::Reloader {
+            broker: self.broker.clone(),
+            names: self.names.clone(),
+            commands: self.commands.clone(),
+            metrics: self.metrics.clone(),
+            service: self.service.clone(),
+        }
     }
 
     /// Which tools are in service, shared with whatever proves them
@@ -271,7 +289,7 @@ impl Gateway {
 
     /// Names of the command tools and MCP servers served.
     pub fn tool_names(&self) -> Vec<String> {
-        self.commands
+        self.commands()
             .keys()
             .cloned()
             .chain(self.servers.iter().map(|(p, _)| p.name.clone()))

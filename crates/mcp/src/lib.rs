@@ -35,6 +35,7 @@ pub mod metrics;
 mod names;
 mod offers;
 pub mod refusals;
+pub mod reload;
 pub mod render;
 pub mod resources;
 pub mod sandbox;

@@ -91,8 +91,9 @@ fn call_histogram() -> Histogram {
 /// The metrics of one gateway.
 pub struct Metrics {
     registry: Registry,
-    /// Tool names the manifest declares (the only tool label values).
-    tools: BTreeSet<String>,
+    /// Tool names the manifest declares (the only tool label values; a
+    /// reload adds the tools it adds).
+    tools: std::sync::RwLock<BTreeSet<String>>,
     calls: Family<CallLabels, Counter>,
     durations: Family<DurationLabels, Histogram, fn() -> Histogram>,
     refusals: Family<RefusalLabels, Counter>,
@@ -199,7 +200,7 @@ impl Metrics {
         Metrics {
             in_service,
             registry,
-            tools: tools.into_iter().collect(),
+            tools: std::sync::RwLock::new(tools.into_iter().collect()),
             calls,
             durations,
             refusals,
@@ -230,7 +231,7 @@ impl Metrics {
 
     /// The tool label of `name`: itself when the manifest declares it.
     fn tool(&self, name: &str) -> String {
-        if self.tools.contains(name) {
+        if self.tools.read().is_ok_and(|t| t.contains(name)) {
             name.to_owned()
         } else {
             OTHER.to_owned()
@@ -251,6 +252,13 @@ impl Metrics {
             .set(1);
         if let Some(t) = proved_at {
             self.last_proved.get_or_create(&ToolLabel { tool }).set(t);
+        }
+    }
+
+    /// Tools a reload of the manifest added: label values from now on.
+    pub(crate) fn add_tools(&self, names: impl IntoIterator<Item = String>) {
+        if let Ok(mut t) = self.tools.write() {
+            t.extend(names);
         }
     }
 

@@ -31,8 +31,9 @@ pub struct OutOfService {
 /// gateway is served).
 pub struct Service {
     out: Mutex<BTreeMap<String, OutOfService>>,
-    /// Each served tool's profile name (for its audit records).
-    profiles: BTreeMap<String, String>,
+    /// Each served tool's profile name (for its audit records); a reload
+    /// changes them.
+    profiles: std::sync::RwLock<BTreeMap<String, String>>,
     broker: Arc<Broker>,
     metrics: Arc<crate::metrics::Metrics>,
     warm: Arc<crate::warm::WarmPools>,
@@ -58,7 +59,7 @@ impl Service {
         }
         Service {
             out: Mutex::new(BTreeMap::new()),
-            profiles,
+            profiles: std::sync::RwLock::new(profiles),
             broker,
             metrics,
             warm,
@@ -67,7 +68,38 @@ impl Service {
 
     /// The tools served (in service or not).
     pub fn tools(&self) -> Vec<String> {
-        self.profiles.keys().cloned().collect()
+        self.profiles
+            .read()
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn profile(&self, tool: &str) -> Option<String> {
+        self.profiles.read().ok()?.get(tool).cloned()
+    }
+
+    /// A reload served `tool` anew (added, or changed and proved): in
+    /// service, under `profile`.
+    pub(crate) fn serve(&self, tool: &str, profile: &str) {
+        if let Ok(mut p) = self.profiles.write() {
+            p.insert(tool.to_string(), profile.to_string());
+        }
+        if let Ok(mut o) = self.out.lock() {
+            o.remove(tool);
+        }
+        self.warm.resume(tool);
+        self.metrics.in_service(tool, true);
+    }
+
+    /// A reload removed `tool`: no longer served.
+    pub(crate) fn remove(&self, tool: &str) {
+        if let Ok(mut p) = self.profiles.write() {
+            p.remove(tool);
+        }
+        if let Ok(mut o) = self.out.lock() {
+            o.remove(tool);
+        }
+        self.metrics.in_service(tool, false);
     }
 
     /// Why `tool` is out of service; `None` while it is in service.
@@ -80,7 +112,7 @@ impl Service {
     /// stopped, and the change is audited and counted. A tool already out
     /// of service keeps its first failure's record; nothing more is said.
     pub fn take_out(&self, tool: &str, trigger: &str, why: OutOfService) {
-        let Some(profile) = self.profiles.get(tool) else {
+        let Some(profile) = self.profile(tool) else {
             return;
         };
         let first = match self.out.lock() {
@@ -94,7 +126,7 @@ impl Service {
         self.warm.suspend(tool);
         self.metrics.in_service(tool, false);
         if first {
-            let mut rec = cordon_audit::AuditRecord::new(tool, profile);
+            let mut rec = cordon_audit::AuditRecord::new(tool, &profile);
             rec.runtime = "probe".into();
             rec.caller = "conformance".into();
             rec.status = cordon_audit::Status::Denied;
@@ -114,7 +146,7 @@ impl Service {
     /// A probe run of `tool` held at `at_unix` (Unix time): it is (back)
     /// in service; a return is audited.
     pub fn held(&self, tool: &str, trigger: &str, at_unix: f64) {
-        let Some(profile) = self.profiles.get(tool) else {
+        let Some(profile) = self.profile(tool) else {
             return;
         };
         self.metrics.probed(tool, "held", Some(at_unix));
@@ -122,7 +154,7 @@ impl Service {
         let was = self.out.lock().ok().and_then(|mut o| o.remove(tool));
         self.warm.resume(tool);
         if let Some(was) = was {
-            let mut rec = cordon_audit::AuditRecord::new(tool, profile);
+            let mut rec = cordon_audit::AuditRecord::new(tool, &profile);
             rec.runtime = "probe".into();
             rec.caller = "conformance".into();
             rec.status = cordon_audit::Status::Ok;
