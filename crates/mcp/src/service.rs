@@ -110,7 +110,8 @@ impl Service {
     /// Take `tool` out of service (a probe run of `trigger` did not
     /// hold): its calls are refused from now on, its warm sandboxes are
     /// stopped, and the change is audited and counted. A tool already out
-    /// of service keeps its first failure's record; nothing more is said.
+    /// of service is audited once: a later failed run only changes what
+    /// its refusals say.
     pub fn take_out(&self, tool: &str, trigger: &str, why: OutOfService) {
         let Some(profile) = self.profile(tool) else {
             return;
