@@ -171,9 +171,18 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
             .contains("container runtime socket /run/containerd/containerd.sock is visible"),
         "{refused:?}"
     );
-    // Left out of the listing; audited once; counted.
+    // Left out of the listing; audited once; counted. (The record is
+    // written just after the tool stops being served: polled.)
     assert!(!listed(&c).await, "an out-of-service tool is not listed");
-    let out = service_records(&audit, "out_of_service");
+    let begun = Instant::now();
+    let out = loop {
+        let out = service_records(&audit, "out_of_service");
+        if !out.is_empty() {
+            break out;
+        }
+        assert!(begun.elapsed() < DEADLINE, "no out_of_service record");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert_eq!(out.len(), 1, "{out:#?}");
     assert!(
         out[0]["service"]["probes"]

@@ -116,6 +116,8 @@ impl Service {
         let Some(profile) = self.profile(tool) else {
             return;
         };
+        self.metrics.in_service(tool, false);
+        // Refused from here on; the record follows (nothing waits on it).
         let first = match self.out.lock() {
             Ok(mut o) => {
                 let first = !o.contains_key(tool);
@@ -125,7 +127,6 @@ impl Service {
             Err(_) => return,
         };
         self.warm.suspend(tool);
-        self.metrics.in_service(tool, false);
         if first {
             let mut rec = cordon_audit::AuditRecord::new(tool, &profile);
             rec.runtime = "probe".into();
@@ -151,10 +152,9 @@ impl Service {
             return;
         };
         self.metrics.probed(tool, "held", Some(at_unix));
-        self.metrics.in_service(tool, true);
-        let was = self.out.lock().ok().and_then(|mut o| o.remove(tool));
-        self.warm.resume(tool);
-        if let Some(was) = was {
+        // Recorded and counted before its calls are served again.
+        let was = self.out_of_service(tool);
+        if let Some(was) = &was {
             let mut rec = cordon_audit::AuditRecord::new(tool, &profile);
             rec.runtime = "probe".into();
             rec.caller = "conformance".into();
@@ -170,6 +170,11 @@ impl Service {
             });
             self.broker.record_after(&rec);
         }
+        self.metrics.in_service(tool, true);
+        if let Ok(mut o) = self.out.lock() {
+            o.remove(tool);
+        }
+        self.warm.resume(tool);
     }
 
     /// The refusal of a call of `tool` while it is out of service.
