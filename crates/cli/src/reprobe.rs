@@ -264,11 +264,18 @@ impl Control {
         let took = started.elapsed().as_secs_f64();
         let name = &p.name;
         let t = trigger.as_str();
-        if let Some(w) = self.watched.get_mut(name) {
-            w.key = key.clone();
-            w.due = self.schedule.map(|s| Instant::now() + s.next());
-        }
-        let stored = match (&r, &self.state) {
+        // A reload's candidate is not the tool served (yet): what is
+        // recorded of the served one stays.
+        let served = match self.watched.get_mut(name) {
+            Some(w) if w.policy == *p => {
+                w.key = key.clone();
+                w.due = self.schedule.map(|s| Instant::now() + s.next());
+                true
+            }
+            _ => false,
+        };
+        let state = self.state.as_ref().filter(|_| served || r.is_ok());
+        let stored = match (&r, state) {
             (Ok(()), Some(d)) => {
                 eprintln!("cordon: {name}: held ({t}, {took:.1} s)");
                 key.map(|k| crate::proof::store(d, &[(name.clone(), k)], &[], at))
@@ -278,8 +285,7 @@ impl Control {
                     "cordon: {name}: did not hold ({t}, {took:.1} s): {}",
                     not.why
                 );
-                d.as_ref()
-                    .map(|d| crate::proof::store(d, &[], std::slice::from_ref(name), at))
+                d.map(|d| crate::proof::store(d, &[], std::slice::from_ref(name), at))
             }
             (Ok(()), None) => {
                 eprintln!("cordon: {name}: held ({t}, {took:.1} s)");

@@ -409,3 +409,53 @@ async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_se
     assert!(stderr.contains("counter: held (reload,"), "{stderr}");
     assert!(stderr.contains("counter: held (signal,"), "{stderr}");
 }
+
+/// With `--accept-weakening`, a weakening reload is not refused for that,
+/// but a changed tool still serves only once its probes hold: a new mount
+/// that shows a container runtime's socket fails `host_fs`, and the
+/// reload is refused whole, the running tool kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_changed_tool_does_not_hold_is_refused_whole() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, counter("128M", "Count v1")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .arg("--accept-weakening")
+        .http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    count(&c).await;
+
+    let bait = d.path().join("bait");
+    std::fs::create_dir(&bait).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(bait.join("containerd.sock")).unwrap();
+    let leaky = counter("128M", "Count v2").replace(
+        "    network: none\n",
+        &format!(
+            "    network: none\n    mounts: [\"{}:/run/containerd\"]\n",
+            bait.display()
+        ),
+    );
+    std::fs::write(&m, leaky).unwrap();
+    signal("HUP", serve.pid());
+    let refused = wait_for_reload(&audit, "reload_refused", 1).await;
+    let reason = refused["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("counter: its probes do not hold (host_fs)")
+            && reason
+                .contains("container runtime socket /run/containerd/containerd.sock is visible")
+            && reason.contains("WEAKENS  counter: mounts"),
+        "{refused:#}"
+    );
+    // The running tool is kept, in service.
+    assert_eq!(description(&c).await, "Count v1");
+    count(&c).await;
+
+    // Positive control: the same reload without the leak is applied.
+    std::fs::write(&m, counter("128M", "Count v2")).unwrap();
+    signal("HUP", serve.pid());
+    wait_for_reload(&audit, "reloaded", 1).await;
+    assert_eq!(description(&c).await, "Count v2");
+    count(&c).await;
+    c.cancel().await.unwrap();
+}
