@@ -263,6 +263,26 @@ pub struct AuditRecord {
     /// a session, discarded, or failed to start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolEvent>,
+    /// `cordon serve`'s continuous conformance: a tool taken out of
+    /// service because a probe run did not hold, or returned to it; or a
+    /// reload of the manifest, applied or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceEvent>,
+}
+
+/// A tool taken out of service or returned to it by a probe run of
+/// `cordon serve` (docs/probes.md, "Continuous conformance"), or a reload
+/// of its manifest on SIGHUP (docs/mcp.md, "Reloading the manifest").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEvent {
+    /// `out_of_service`, `in_service`, `reloaded` or `reload_refused`.
+    pub event: String,
+    /// The probes that did not hold (`out_of_service`), or none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<String>,
+    /// Why: `schedule`, `signal`, `input_changed` or `reload` (a probe
+    /// run), `sighup` (a reload).
+    pub trigger: String,
 }
 
 /// What a warm pool did with one of its sandboxes (`mcp: {warm: N}`).
@@ -311,6 +331,7 @@ impl AuditRecord {
             warnings: Vec::new(),
             credential: None,
             pool: None,
+            service: None,
         }
     }
 

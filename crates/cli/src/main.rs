@@ -19,6 +19,7 @@ mod proof;
 mod proxy;
 mod render;
 mod report;
+mod reprobe;
 mod run;
 mod schema;
 mod serve;

@@ -302,6 +302,57 @@ pub fn probe_tool_at_start(p: &ToolPolicy, registry: &Registry) -> anyhow::Resul
     held_or_refused(p, report)
 }
 
+/// Why a re-probe run of `serve` did not hold: the probes that did not
+/// (or what stopped the run), and what it said.
+#[derive(Debug, Clone)]
+pub struct NotHeld {
+    pub probes: Vec<String>,
+    pub why: String,
+}
+
+/// Probe one served tool again (`serve`'s continuous conformance): as
+/// [`probe_tool_at_start`] does, keeping the names of the probes that did
+/// not hold. A run still out of time at the longest wall does not hold.
+pub fn reprobe_tool(p: &ToolPolicy, registry: &Registry) -> Result<(), NotHeld> {
+    let setup = |e: anyhow::Error| NotHeld {
+        probes: vec!["(set-up)".into()],
+        why: format!("{e:#}"),
+    };
+    let report = match p.limits.as_ref().map(|l| l.wall.as_secs()) {
+        None => run_tool_suite(p, registry).map_err(setup)?,
+        Some(own) => {
+            with_retries(own.min(START_PROBE_WALL), |wall| {
+                let mut p = p.clone();
+                if let Some(l) = p.limits.as_mut() {
+                    l.wall = std::time::Duration::from_secs(wall);
+                }
+                run_tool_suite(&p, registry)
+            })
+            .map_err(setup)?
+            .0
+        }
+    };
+    let (n, lines) = not_held_once(&report);
+    if n == 0 {
+        return Ok(());
+    }
+    let probes = report
+        .results
+        .iter()
+        .filter(|r| {
+            !matches!(
+                r.verdict,
+                cordon_probes::Verdict::Held | cordon_probes::Verdict::Skipped
+            )
+        })
+        .map(|r| r.probe.clone())
+        .collect();
+    Err(NotHeld {
+        probes,
+        why: lines.join("; "),
+    })
+}
+
 /// The exit status of a whole run: an escape (or a failed control) wins
 /// over everything; then anything that could not be judged.
 pub fn combined_exit(reports: &[Report], unprobed: usize) -> u8 {

@@ -41,6 +41,16 @@ pub struct ServeArgs {
     /// holds (same policy, binary, programs and host; under a day old).
     #[arg(long, conflicts_with = "no_probe")]
     pub reprove: bool,
+    /// Prove every served tool again this often while serving (e.g. 90s,
+    /// 30m, 6h), instead of the manifest's `gateway: {reprobe: {every}}`
+    /// (default 6h). A tool whose run does not hold is taken out of
+    /// service until one holds (docs/probes.md, "Continuous conformance").
+    #[arg(long, value_name = "DURATION", conflicts_with = "no_probe", value_parser = reprobe_every)]
+    pub reprobe_every: Option<u64>,
+    /// Apply a manifest reloaded on SIGHUP even when the change weakens
+    /// isolation (by default such a reload is refused, the diff said).
+    #[arg(long)]
+    pub accept_weakening: bool,
     /// Go on when an audit record cannot be written (default: the call
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
@@ -82,6 +92,16 @@ pub struct ServeArgs {
     /// them at /metrics behind its authentication too).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+}
+
+/// `--reprobe-every`: a duration as the manifest writes one, not 0.
+fn reprobe_every(s: &str) -> Result<u64, String> {
+    match cordon_policy::gateway::parse_duration(&cordon_policy::gateway::Duration::Text(
+        s.to_string(),
+    ))? {
+        0 => Err("0 would prove the tools without pause".into()),
+        n => Ok(n),
+    }
 }
 
 /// A start probe's verdict for one tool: its name, `held`, `cached` or
@@ -368,6 +388,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(cb) = &credentials {
         registry = registry.with_credentials(cb.clone());
     }
+    let running = loaded.policy.clone();
     let mut verdicts = Vec::new();
     if args.no_probe {
         eprintln!(
@@ -389,6 +410,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         cordon_broker::Broker::with_registry(registry, &bopts).map_err(|e| anyhow!("{e}"))?,
     );
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
+    let prover = broker.clone();
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
         .with_listing_cache(match cordon_mcp::default_listing_dir() {
@@ -404,6 +426,27 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     for (tool, verdict, proved_at) in &verdicts {
         gw.metrics().probed(tool, verdict, *proved_at);
     }
+    // Continuous conformance and SIGHUP's reload, on one thread.
+    let r = &loaded.policy.gateway.reprobe;
+    let every_override = args.reprobe_every.map(std::time::Duration::from_secs);
+    let schedule = (!args.no_probe).then(|| crate::reprobe::Schedule {
+        every: every_override.unwrap_or(std::time::Duration::from_secs(r.every_seconds)),
+        jitter_percent: r.jitter_percent,
+    });
+    crate::reprobe::start(
+        loaded.policy.tools.values().cloned().collect(),
+        prover,
+        gw.service().clone(),
+        schedule,
+        crate::reprobe::Reload {
+            path: args.manifest.path.clone(),
+            running,
+            reloader: gw.reloader(),
+            accept_weakening: args.accept_weakening,
+            no_probe: args.no_probe,
+            every_override,
+        },
+    )?;
     let transport = match args.http {
         Some(addr) => {
             let mut hosts = args.allow_host.clone();

@@ -160,7 +160,8 @@ impl CallAudit {
                     | "ambiguous_resource"
                     | "not_offered"
                     | "not_granted"
-                    | "session_refused" => A::Denied,
+                    | "session_refused"
+                    | "out_of_service" => A::Denied,
                     "limit_hit" => A::LimitHit,
                     "busy" | "rate_limited" | "too_many_sessions" => A::Busy,
                     "gate_refused" => A::Refused,

@@ -67,7 +67,8 @@ impl Default for GatewayOptions {
 /// broker (jail, audit log) and the sandbox for MCP servers.
 pub struct Gateway {
     pub(crate) broker: Arc<Broker>,
-    pub(crate) commands: BTreeMap<String, CommandTool>,
+    /// The command tools, swapped whole by a reload ([`crate::reload`]).
+    pub(crate) commands: crate::reload::Commands,
     /// Each `mcp:` tool and what its server offers once known.
     pub(crate) servers: Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>,
     pub(crate) sandbox: Arc<dyn ServerSandbox>,
@@ -85,6 +86,8 @@ pub struct Gateway {
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Servers started ahead of their sessions (`mcp: {warm: N}`).
     pub(crate) warm: Arc<crate::warm::WarmPools>,
+    /// Which tools are in service ([`crate::service`]).
+    pub(crate) service: Arc<crate::service::Service>,
 }
 
 impl Gateway {
@@ -172,12 +175,12 @@ impl Gateway {
                     )?;
                     commands.insert(
                         name.clone(),
-                        CommandTool {
+                        Arc::new(CommandTool {
                             policy: Arc::new(p.clone()),
                             admitted,
                             args,
                             tool,
-                        },
+                        }),
                     );
                 }
                 Use::Serve => {
@@ -198,10 +201,28 @@ impl Gateway {
             broker.clone(),
             servers.iter().map(|(p, _)| p.clone()).collect(),
         );
+        let profiles = commands
+            .values()
+            .map(|c| &c.policy)
+            .chain(servers.iter().map(|(p, _)| p))
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    cordon_broker::profile_name(p.profile).to_string(),
+                )
+            })
+            .collect();
+        let service = Arc::new(crate::service::Service::new(
+            profiles,
+            broker.clone(),
+            metrics.clone(),
+            warm.clone(),
+        ));
         Ok(Gateway {
+            service,
             warm,
             broker,
-            commands,
+            commands: Arc::new(std::sync::RwLock::new(Arc::new(commands))),
             servers,
             sandbox,
             names,
@@ -212,6 +233,29 @@ impl Gateway {
             caps,
             metrics,
         })
+    }
+
+    /// The command tools served now (a reload may swap them).
+    pub(crate) fn commands(&self) -> Arc<BTreeMap<String, Arc<CommandTool>>> {
+        crate::reload::current(&self.commands)
+    }
+
+    /// What applies a reloaded manifest's command tools to this gateway
+    /// while it serves ([`crate::reload`]).
+    pub fn reloader(&self) -> crate::reload::Reloader {
+        crate::reload::Reloader {
+            broker: self.broker.clone(),
+            names: self.names.clone(),
+            commands: self.commands.clone(),
+            metrics: self.metrics.clone(),
+            service: self.service.clone(),
+        }
+    }
+
+    /// Which tools are in service, shared with whatever proves them
+    /// while the gateway serves ([`crate::service`]).
+    pub fn service(&self) -> &Arc<crate::service::Service> {
+        &self.service
     }
 
     /// The gateway's metrics ([`crate::metrics`]).
@@ -245,7 +289,7 @@ impl Gateway {
 
     /// Names of the command tools and MCP servers served.
     pub fn tool_names(&self) -> Vec<String> {
-        self.commands
+        self.commands()
             .keys()
             .cloned()
             .chain(self.servers.iter().map(|(p, _)| p.name.clone()))

@@ -91,8 +91,9 @@ fn call_histogram() -> Histogram {
 /// The metrics of one gateway.
 pub struct Metrics {
     registry: Registry,
-    /// Tool names the manifest declares (the only tool label values).
-    tools: BTreeSet<String>,
+    /// Tool names the manifest declares (the only tool label values; a
+    /// reload adds the tools it adds).
+    tools: std::sync::RwLock<BTreeSet<String>>,
     calls: Family<CallLabels, Counter>,
     durations: Family<DurationLabels, Histogram, fn() -> Histogram>,
     refusals: Family<RefusalLabels, Counter>,
@@ -104,6 +105,7 @@ pub struct Metrics {
     sandboxes: Gauge,
     probes: Family<ProbeLabels, Gauge>,
     last_proved: Family<ToolLabel, Gauge<f64, AtomicU64>>,
+    in_service: Family<ToolLabel, Gauge>,
     /// Counts the live sessions when the metrics are rendered (set by the
     /// transport).
     live_sessions: std::sync::RwLock<Option<SessionCount>>,
@@ -189,9 +191,16 @@ impl Metrics {
             "When each tool's start probe last passed (Unix time)",
             last_proved.clone(),
         );
+        let in_service = Family::<ToolLabel, Gauge>::default();
+        registry.register(
+            "tool_in_service",
+            "1 while a served tool is in service, 0 once a probe run of it did not hold (until one holds again)",
+            in_service.clone(),
+        );
         Metrics {
+            in_service,
             registry,
-            tools: tools.into_iter().collect(),
+            tools: std::sync::RwLock::new(tools.into_iter().collect()),
             calls,
             durations,
             refusals,
@@ -222,7 +231,7 @@ impl Metrics {
 
     /// The tool label of `name`: itself when the manifest declares it.
     fn tool(&self, name: &str) -> String {
-        if self.tools.contains(name) {
+        if self.tools.read().is_ok_and(|t| t.contains(name)) {
             name.to_owned()
         } else {
             OTHER.to_owned()
@@ -244,6 +253,22 @@ impl Metrics {
         if let Some(t) = proved_at {
             self.last_proved.get_or_create(&ToolLabel { tool }).set(t);
         }
+    }
+
+    /// Tools a reload of the manifest added: label values from now on.
+    pub(crate) fn add_tools(&self, names: impl IntoIterator<Item = String>) {
+        if let Ok(mut t) = self.tools.write() {
+            t.extend(names);
+        }
+    }
+
+    /// Whether `tool` (a served tool) is in service.
+    pub fn in_service(&self, tool: &str, yes: bool) {
+        self.in_service
+            .get_or_create(&ToolLabel {
+                tool: tool.to_owned(),
+            })
+            .set(i64::from(yes));
     }
 
     /// The metrics in the OpenMetrics text format.
@@ -387,6 +412,10 @@ impl RecordObserver for Metrics {
                     event: credential_event(&c.event).to_owned(),
                 })
                 .inc();
+            return;
+        }
+        if rec.service.is_some() {
+            // Taken out of service or returned: `cordon_tool_in_service`.
             return;
         }
         if let Some(p) = &rec.pool {

@@ -101,6 +101,9 @@ pub enum Refusal {
     RateLimited,
     /// The principal's `sessions`.
     TooManySessions,
+    /// The tool was taken out of service: a probe run of `cordon serve`
+    /// did not hold (`data`: `tool`, `probes`, `failed_at`).
+    OutOfService,
 }
 
 impl Refusal {
@@ -125,6 +128,7 @@ impl Refusal {
             Refusal::Busy => "busy",
             Refusal::RateLimited => "rate_limited",
             Refusal::TooManySessions => "too_many_sessions",
+            Refusal::OutOfService => "out_of_service",
         }
     }
 
@@ -141,7 +145,8 @@ impl Refusal {
             | Refusal::DescriptionChanged
             | Refusal::NameRefused
             | Refusal::NotGranted
-            | Refusal::SessionRefused => ErrorCode::INVALID_REQUEST,
+            | Refusal::SessionRefused
+            | Refusal::OutOfService => ErrorCode::INVALID_REQUEST,
             _ => ErrorCode::INTERNAL_ERROR,
         }
     }

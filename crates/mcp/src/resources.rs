@@ -259,7 +259,10 @@ impl Session {
         let (audit, r) = match routed {
             Ok((u, original)) => (
                 CallAudit::with_input(u.name(), u.profile(), "mcp", input).recording_input(),
-                u.read(&original, Some(&context.ct)).await,
+                match self.gw.service.refusal(u.name(), uri) {
+                    Some(e) => Err(e),
+                    None => u.read(&original, Some(&context.ct)).await,
+                },
             ),
             Err(e) => (
                 CallAudit::with_input("", "", "none", input).recording_input(),
@@ -337,6 +340,14 @@ impl Session {
         };
         let (audit, r) = match owner {
             Err(e) => (CallAudit::with_input(name, "", "none", input), Err(e)),
+            Ok(Some(u)) if self.gw.service.out_of_service(u.name()).is_some() => (
+                CallAudit::with_input(name, u.profile(), "mcp", input),
+                Err(self
+                    .gw
+                    .service
+                    .refusal(u.name(), name)
+                    .unwrap_or_else(|| self.unknown(name))),
+            ),
             Ok(Some(u)) => {
                 let r = u.get_prompt(name, args, Some(&context.ct)).await;
                 // Under grants, a server's own answer for a name it does

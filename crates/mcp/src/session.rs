@@ -108,12 +108,11 @@ impl Drop for Session {
         // tools has passed.
         let retain = self
             .gw
-            .commands
+            .commands()
             .values()
-            .map(|c| &c.policy)
-            .chain(self.gw.servers.iter().map(|(p, _)| p))
-            .filter_map(|p| p.workspace.as_ref())
-            .map(|w| w.retain_seconds)
+            .map(|c| c.policy.clone())
+            .chain(self.gw.servers.iter().map(|(p, _)| p.clone()))
+            .filter_map(|p| p.workspace.as_ref().map(|w| w.retain_seconds))
             .max()
             .unwrap_or(0);
         self.gw
@@ -299,7 +298,7 @@ impl Session {
         let granted = |n: &String| self.granted(cordon_policy::access::Kind::Tool, n);
         let mut served: Vec<String> = self
             .gw
-            .commands
+            .commands()
             .keys()
             .filter(|n| granted(n))
             .cloned()
@@ -574,15 +573,21 @@ impl ServerHandler for Session {
         self.enter(&context)?;
         let mut tools: Vec<Tool> = self
             .gw
-            .commands
+            .commands()
             .values()
             .filter(|c| self.granted(Kind::Tool, &c.policy.name))
+            .filter(|c| self.gw.service.out_of_service(&c.policy.name).is_none())
             .map(|c| c.tool.clone())
             .collect();
         // Every server at once, each within its own start-up deadline: a
-        // slow or failing one holds no other's tools.
+        // slow or failing one holds no other's tools. A tool out of
+        // service is left out (its calls are refused, saying why).
         let mut set = tokio::task::JoinSet::new();
-        let servers = self.servers();
+        let servers: Vec<_> = self
+            .servers()
+            .into_iter()
+            .filter(|u| self.gw.service.out_of_service(u.name()).is_none())
+            .collect();
         for (i, u) in servers.iter().enumerate() {
             let u = u.clone();
             set.spawn(async move { (i, u.tools_for_list().await) });
@@ -655,9 +660,14 @@ impl ServerHandler for Session {
         // A stateless request is a session while it runs (audited when
         // refused).
         self.open_slot(true)?;
-        if let Some(t) = self.gw.commands.get(&name) {
+        if let Some(t) = self.gw.commands().get(&name).cloned() {
             let profile = cordon_broker::profile_name(t.policy.profile);
             let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());
+            if let Some(e) = self.gw.service.refusal(&name, &name) {
+                let r = Err(e);
+                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                return r.map(Into::into);
+            }
             let _slots = match self.door(&name, &name, true).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -668,7 +678,7 @@ impl ServerHandler for Session {
             };
             return command::call(
                 &self.gw.broker,
-                t,
+                &t,
                 request.arguments.as_ref(),
                 self.who(&caller),
                 &self.gw.metrics,
@@ -678,6 +688,11 @@ impl ServerHandler for Session {
         }
         if let Some(u) = self.owner(names::Space::Tools, &name).await {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
+            if let Some(e) = self.gw.service.refusal(u.name(), &name) {
+                let r = Err(e);
+                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                return r.map(Into::into);
+            }
             let _slots = match self.door(u.name(), &name, false).await {
                 Ok(s) => s,
                 Err(e) => {

@@ -120,6 +120,8 @@ pub(crate) struct WarmPools {
     servers: Vec<Arc<ToolPolicy>>,
     pools: Mutex<HashMap<(String, String), Pool>>,
     closed: AtomicBool,
+    /// Tools out of service: none of their servers is kept or started.
+    suspended: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl WarmPools {
@@ -136,6 +138,7 @@ impl WarmPools {
             servers: servers.into_iter().filter(|p| warm_of(p) > 0).collect(),
             pools: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            suspended: Mutex::new(Default::default()),
         })
     }
 
@@ -150,7 +153,7 @@ impl WarmPools {
     /// Start as many servers as `tenant`'s pool of `policy` lacks.
     fn refill(self: &Arc<Self>, policy: &Arc<ToolPolicy>, tenant: &str) {
         let want = warm_of(policy);
-        if want == 0 || self.closed.load(Ordering::SeqCst) {
+        if want == 0 || self.closed.load(Ordering::SeqCst) || self.is_suspended(&policy.name) {
             return;
         }
         let missing = {
@@ -214,7 +217,9 @@ impl WarmPools {
             .or_default();
         pool.starting = pool.starting.saturating_sub(1);
         match started {
-            Ok(launched) if !self.closed.load(Ordering::SeqCst) => {
+            Ok(launched)
+                if !self.closed.load(Ordering::SeqCst) && !self.is_suspended(&policy.name) =>
+            {
                 tracing::info!(tool = %policy.name, tenant = %tenant, sandbox = %id, "warm server ready");
                 pool.ready.push_back(Ready {
                     id: id.clone(),
@@ -344,6 +349,35 @@ impl WarmPools {
         // Nothing waits on it: a record that cannot be written is counted
         // and said (`cordon doctor`, the next call's warnings).
         self.broker.record_after(&rec);
+    }
+
+    fn is_suspended(&self, tool: &str) -> bool {
+        self.suspended.lock().map_or(true, |s| s.contains(tool))
+    }
+
+    /// `tool` is out of service: stop its waiting servers (every tenant's)
+    /// and start none until [`WarmPools::resume`].
+    pub(crate) fn suspend(&self, tool: &str) {
+        if let Ok(mut s) = self.suspended.lock() {
+            s.insert(tool.to_string());
+        }
+        if let Ok(mut pools) = self.pools.lock() {
+            for ((_, t), pool) in pools.iter_mut() {
+                if t == tool {
+                    for r in pool.ready.drain(..) {
+                        r.launched.handle.kill();
+                    }
+                }
+            }
+        }
+    }
+
+    /// `tool` is back in service: its pools fill again at their next
+    /// take (a session asking for its server).
+    pub(crate) fn resume(&self, tool: &str) {
+        if let Ok(mut s) = self.suspended.lock() {
+            s.remove(tool);
+        }
     }
 
     /// Stop every waiting server; start no more.

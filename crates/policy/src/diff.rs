@@ -885,6 +885,18 @@ pub fn diff_gateway(old: &GatewayPolicy, new: &GatewayPolicy, out: &mut Vec<Chan
         new.disconnect_grace_seconds > old.disconnect_grace_seconds,
     );
     push(
+        "reprobe.every",
+        format!("{}s", old.reprobe.every_seconds),
+        format!("{}s", new.reprobe.every_seconds),
+        new.reprobe.every_seconds > old.reprobe.every_seconds,
+    );
+    push(
+        "reprobe.jitter",
+        format!("{}%", old.reprobe.jitter_percent),
+        format!("{}%", new.reprobe.jitter_percent),
+        false,
+    );
+    push(
         "max_sandboxes",
         bound(old.max_sandboxes),
         bound(new.max_sandboxes),

@@ -38,6 +38,46 @@ pub struct GatewaySettings {
     /// What all principals of one tenant may take together.
     #[serde(default)]
     pub per_tenant: Option<PerTenant>,
+    /// How often `cordon serve` proves each tool again while it serves.
+    #[serde(default)]
+    pub reprobe: Option<ReprobeSettings>,
+}
+
+/// Continuous conformance, as written: `reprobe: {every: 6h, jitter: 10%}`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReprobeSettings {
+    /// Prove every served tool again this often: seconds, or `90s`, `30m`,
+    /// `6h` (default 6h).
+    #[serde(default)]
+    #[schemars(with = "Option<Duration>")]
+    pub every: Option<Spanned<Duration>>,
+    /// Spread each run by up to this share of `every`, earlier or later:
+    /// `10%` or a number of percent, 0 to 50 (default 10%).
+    #[serde(default)]
+    #[schemars(with = "Option<Percent>")]
+    pub jitter: Option<Spanned<Percent>>,
+}
+
+/// A share: a number of percent, or text such as `10%`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Percent {
+    Number(u64),
+    Text(String),
+}
+
+/// Parse a [`Percent`] into whole percent.
+pub fn parse_percent(p: &Percent) -> Result<u64, String> {
+    match p {
+        Percent::Number(n) => Ok(*n),
+        Percent::Text(s) => s
+            .trim()
+            .trim_end_matches('%')
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid share `{s}`: write e.g. 10%")),
+    }
 }
 
 /// Per-principal caps, as written.
@@ -115,6 +155,12 @@ pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 300;
 pub const DEFAULT_DISCONNECT_GRACE_SECONDS: u64 = 5;
 /// Default wait of a call for a tool at its `max_concurrent`.
 pub const DEFAULT_QUEUE_SECONDS: u64 = 10;
+/// Default interval of `cordon serve`'s re-probes: 6 hours.
+pub const DEFAULT_REPROBE_SECONDS: u64 = 6 * 3600;
+/// Default jitter of the re-probes, in percent of the interval.
+pub const DEFAULT_REPROBE_JITTER_PERCENT: u64 = 10;
+/// The largest jitter accepted, in percent.
+pub const MAX_REPROBE_JITTER_PERCENT: u64 = 50;
 
 /// Session lifetime and caps of the gateway, resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +174,27 @@ pub struct GatewayPolicy {
     pub per_principal: PrincipalCaps,
     #[serde(default)]
     pub per_tenant: TenantCaps,
+    /// How often each served tool is proved again.
+    #[serde(default)]
+    pub reprobe: Reprobe,
+}
+
+/// Continuous conformance, resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reprobe {
+    /// Interval between two runs of a tool's probes.
+    pub every_seconds: u64,
+    /// Each run is moved by up to this share of the interval, either way.
+    pub jitter_percent: u64,
+}
+
+impl Default for Reprobe {
+    fn default() -> Reprobe {
+        Reprobe {
+            every_seconds: DEFAULT_REPROBE_SECONDS,
+            jitter_percent: DEFAULT_REPROBE_JITTER_PERCENT,
+        }
+    }
 }
 
 /// Per-principal caps, resolved (`None`: no bound).
@@ -160,6 +227,7 @@ impl Default for GatewayPolicy {
             max_sandboxes: None,
             per_principal: PrincipalCaps::default(),
             per_tenant: TenantCaps::default(),
+            reprobe: Reprobe::default(),
         }
     }
 }
@@ -265,6 +333,34 @@ pub fn resolve_gateway(
             &mut o.calls_in_flight,
         );
         cap("per_tenant.sandboxes", &t.sandboxes, &mut o.sandboxes);
+    }
+    if let Some(r) = &g.reprobe {
+        if let Some(e) = &r.every {
+            match parse_duration(&e.value) {
+                Ok(0) => errors.push(diag(
+                    file,
+                    e.referenced,
+                    None,
+                    "gateway: `reprobe.every` is 0: tools would be probed without pause".into(),
+                )),
+                Ok(n) => out.reprobe.every_seconds = n,
+                Err(why) => errors.push(diag(file, e.referenced, None, format!("gateway: {why}"))),
+            }
+        }
+        if let Some(j) = &r.jitter {
+            match parse_percent(&j.value) {
+                Ok(n) if n <= MAX_REPROBE_JITTER_PERCENT => out.reprobe.jitter_percent = n,
+                Ok(n) => errors.push(diag(
+                    file,
+                    j.referenced,
+                    None,
+                    format!(
+                        "gateway: `reprobe.jitter` is {n}%: at most {MAX_REPROBE_JITTER_PERCENT}%"
+                    ),
+                )),
+                Err(why) => errors.push(diag(file, j.referenced, None, format!("gateway: {why}"))),
+            }
+        }
     }
     if errors.is_empty() {
         Ok(out)

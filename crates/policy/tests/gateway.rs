@@ -53,6 +53,7 @@ fn gateway_section_resolves() {
                 calls_in_flight: Some(10),
                 sandboxes: Some(6),
             },
+            reprobe: Default::default(),
         }
     );
     assert_eq!(
@@ -123,4 +124,35 @@ fn diff_flags_loosened_caps() {
     let back = cordon_policy::diff::diff(&b.policy, &a.policy);
     assert!(back.iter().all(|c| !c.weakens), "{back:#?}");
     assert_eq!(back.len(), 4);
+}
+
+#[test]
+fn reprobe_resolves_with_defaults_and_errors_at_its_value() {
+    use cordon_policy::gateway::Reprobe;
+    assert_eq!(
+        load(TOOL).policy.gateway.reprobe,
+        Reprobe {
+            every_seconds: 6 * 3600,
+            jitter_percent: 10
+        }
+    );
+    let l = load(&format!(
+        "gateway:\n  reprobe: {{every: 30m, jitter: 5%}}\n{TOOL}"
+    ));
+    assert_eq!(
+        l.policy.gateway.reprobe,
+        Reprobe {
+            every_seconds: 1800,
+            jitter_percent: 5
+        }
+    );
+    let l = load(&format!("gateway:\n  reprobe: {{jitter: 0}}\n{TOOL}"));
+    assert_eq!(l.policy.gateway.reprobe.every_seconds, 6 * 3600);
+    assert_eq!(l.policy.gateway.reprobe.jitter_percent, 0);
+    let e = error(&format!("gateway:\n  reprobe: {{every: 0}}\n{TOOL}"));
+    assert!(e.message.contains("`reprobe.every` is 0"), "{e:?}");
+    assert_eq!(e.line, 2);
+    let e = error(&format!("gateway:\n  reprobe:\n    jitter: 80%\n{TOOL}"));
+    assert!(e.message.contains("at most 50%"), "{e:?}");
+    assert_eq!(e.line, 3);
 }

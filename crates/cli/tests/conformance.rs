@@ -1,0 +1,461 @@
+//! `cordon serve`'s continuous conformance: a served tool is proved again
+//! while it serves, taken out of service when a run does not hold, and
+//! returned to service when a later run holds. The real binary, the real
+//! jail and the real probes.
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cordon_mcp::rmcp;
+use rmcp::ServiceExt;
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::{Value, json};
+
+use common::*;
+
+type Client = RunningService<RoleClient, ()>;
+
+/// How long a change may take to be seen on a loaded machine. Polled, never
+/// timed.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A tool that lists the host directory it mounts at
+/// /run/containerd, where the `host_fs` probe looks for a container
+/// runtime's socket.
+fn manifest(dir: &Path, data: &Path) -> std::path::PathBuf {
+    let m = dir.join("m.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            r#"tools:
+  lister:
+    profile: P1
+    description: List the shared directory.
+    command: [/usr/bin/ls, /run/containerd]
+    limits: {{wall_seconds: 5, memory: 64M, tasks: 4}}
+    network: none
+    mounts: ["{}:/run/containerd"]
+"#,
+            data.display()
+        ),
+    )
+    .unwrap();
+    m
+}
+
+/// `GET /metrics` on the gateway: the body.
+fn metrics(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return body.to_owned();
+    }
+    let mut out = String::new();
+    let mut body = body;
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The audit records of the `lister` tool's service changes.
+fn service_records(audit: &Path, event: &str) -> Vec<Value> {
+    audit_records(audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "lister" && r["service"]["event"] == event)
+        .collect()
+}
+
+/// Swap the directory at `at` for `with`, keeping the old one at `aside`:
+/// another inode at the same path.
+fn swap(at: &Path, with: &Path, aside: &Path) {
+    std::fs::rename(at, aside).unwrap();
+    std::fs::rename(with, at).unwrap();
+}
+
+async fn listed(c: &Client) -> bool {
+    c.peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.name == "lister")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when_fixed() {
+    let d = tempdir();
+    let data = d.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("notes.txt"), "a shared file\n").unwrap();
+    let m = manifest(d.path(), &data);
+    let audit = d.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .args(["--reprobe-every", "5s"])
+        .http();
+    assert!(
+        serve
+            .stderr
+            .iter()
+            .any(|l| l.contains("lister: held") && !l.contains("not proved")),
+        "the clean tool is proved at start: {:#?}",
+        serve.stderr
+    );
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+
+    // Positive control: in service, listed, and a call lists the file.
+    assert!(listed(&c).await);
+    let r = call(&c, "lister", json!({})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert!(text_of(&r).contains("notes.txt"), "{r:?}");
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 1"),
+        "{}",
+        metrics(&serve.addr())
+    );
+
+    // The directory is swapped for one holding a container runtime's
+    // socket (a bound Unix socket, as a runtime leaves it).
+    let bait = d.path().join("bait");
+    std::fs::create_dir(&bait).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(bait.join("containerd.sock")).unwrap();
+    let clean = d.path().join("clean");
+    swap(&data, &bait, &clean);
+
+    // Within a tick the tool is out of service: its call is refused with
+    // the typed error naming the probe and the time.
+    let begun = Instant::now();
+    let refused = loop {
+        match call(&c, "lister", json!({})).await {
+            Err(e) => break mcp_error(e),
+            Ok(r) => assert!(
+                begun.elapsed() < DEADLINE,
+                "still served {DEADLINE:?} after the swap: {r:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let data_of = refused.data.clone().unwrap_or_default();
+    assert_eq!(data_of["cordon/status"], "out_of_service", "{refused:?}");
+    assert_eq!(data_of["tool"], "lister", "{refused:?}");
+    assert!(
+        data_of["probes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "host_fs")),
+        "{refused:?}"
+    );
+    assert!(
+        data_of["failed_at"].as_str().is_some_and(|t| t.len() >= 20),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .message
+            .contains("container runtime socket /run/containerd/containerd.sock is visible"),
+        "{refused:?}"
+    );
+    // Left out of the listing; audited once; counted. (The record is
+    // written just after the tool stops being served: polled.)
+    assert!(!listed(&c).await, "an out-of-service tool is not listed");
+    let begun = Instant::now();
+    let out = loop {
+        let out = service_records(&audit, "out_of_service");
+        if !out.is_empty() {
+            break out;
+        }
+        assert!(begun.elapsed() < DEADLINE, "no out_of_service record");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(out.len(), 1, "{out:#?}");
+    assert!(
+        out[0]["service"]["probes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "host_fs")),
+        "{out:#?}"
+    );
+    let refusals: Vec<Value> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "lister" && r["status"] == "denied" && r["service"].is_null())
+        .collect();
+    assert!(
+        refusals.iter().any(|r| r["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("is out of service"))),
+        "the refused call is audited: {refusals:#?}"
+    );
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 0"),
+        "{}",
+        metrics(&serve.addr())
+    );
+
+    // Fixed: the clean directory is back; a later run holds and the tool
+    // returns to service.
+    swap(&data, &clean, &d.path().join("leaky"));
+    let begun = Instant::now();
+    let r = loop {
+        match call(&c, "lister", json!({})).await {
+            Ok(r) => break r,
+            Err(e) => {
+                let e = mcp_error(e);
+                assert_eq!(
+                    e.data.as_ref().map(|d| d["cordon/status"].clone()),
+                    Some(json!("out_of_service")),
+                    "{e:?}"
+                );
+                assert!(
+                    begun.elapsed() < DEADLINE,
+                    "still out of service {DEADLINE:?} after the fix: {e:?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert!(text_of(&r).contains("notes.txt"), "{r:?}");
+    assert!(listed(&c).await);
+    assert_eq!(service_records(&audit, "in_service").len(), 1);
+    assert!(
+        metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 1"),
+        "{}",
+        metrics(&serve.addr())
+    );
+    c.cancel().await.unwrap();
+}
+
+/// `kill -SIG pid`.
+fn signal(sig: &str, pid: u32) {
+    let st = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+fn counter(memory: &str, description: &str) -> String {
+    format!(
+        r#"tools:
+  counter:
+    profile: P1
+    description: {description}
+    command: [/usr/bin/wc]
+    limits: {{wall_seconds: 5, memory: {memory}, tasks: 4}}
+    network: none
+    input: {{stdin: text}}
+    input_schema:
+      type: object
+      properties: {{text: {{type: string}}}}
+      required: [text]
+"#
+    )
+}
+
+/// Poll the audit log until a record of `event` (a reload's) is there.
+async fn wait_for_reload(audit: &Path, event: &str, n: usize) -> Value {
+    let begun = Instant::now();
+    loop {
+        let recs: Vec<Value> = audit_records(audit)
+            .into_iter()
+            .filter(|r| r["service"]["event"] == event)
+            .collect();
+        if recs.len() >= n {
+            return recs[n - 1].clone();
+        }
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no `{event}` record {DEADLINE:?} after SIGHUP"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn description(c: &Client) -> String {
+    c.peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .find(|t| t.name == "counter")
+        .and_then(|t| t.description.clone())
+        .map(|d| d.to_string())
+        .unwrap_or_default()
+}
+
+async fn count(c: &Client) {
+    let r = call(c, "counter", json!({"text": "a b c\n"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let text = text_of(&r);
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.split_whitespace().collect::<Vec<_>>() == ["1", "3", "6"]),
+        "{text}"
+    );
+}
+
+/// SIGHUP reloads the manifest: a change that weakens isolation is refused
+/// (the diff on stderr, audited) and the running tool stays as it was; a
+/// harmless one (a limit lowered, a description changed) is proved and
+/// applied without dropping the live HTTP session. SIGUSR1 proves the
+/// served tools again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_sessions() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, counter("128M", "Count v1")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let mut serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit).http();
+    let pid = serve.pid();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    // Positive control.
+    count(&c).await;
+    assert_eq!(description(&c).await, "Count v1");
+
+    // Weakening: a raised memory limit. Refused; the old tool still served.
+    std::fs::write(&m, counter("256M", "Count v3")).unwrap();
+    signal("HUP", pid);
+    let refused = wait_for_reload(&audit, "reload_refused", 1).await;
+    let reason = refused["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("weaken isolation")
+            && reason.contains("WEAKENS  counter: limits.memory: 128M -> 256M"),
+        "{refused:#}"
+    );
+    assert_eq!(refused["status"], "denied", "{refused:#}");
+    count(&c).await;
+    assert_eq!(
+        description(&c).await,
+        "Count v1",
+        "the running tool is kept"
+    );
+
+    // Harmless: the limit lowered and the description changed. Applied,
+    // on the same session.
+    std::fs::write(&m, counter("64M", "Count v2")).unwrap();
+    signal("HUP", pid);
+    let applied = wait_for_reload(&audit, "reloaded", 1).await;
+    assert_eq!(applied["status"], "ok", "{applied:#}");
+    assert!(
+        applied["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("counter: limits.memory: 128M -> 64M")),
+        "{applied:#}"
+    );
+    assert_eq!(
+        description(&c).await,
+        "Count v2",
+        "applied to the live session"
+    );
+    count(&c).await;
+    let sessions: std::collections::BTreeSet<String> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "counter" && r["status"] == "ok" && r["service"].is_null())
+        .filter_map(|r| r["session"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(sessions.len(), 1, "every call on one session: {sessions:?}");
+    assert!(
+        audit_records(&audit)
+            .iter()
+            .all(|r| r["status"] != "session_ended"),
+        "no session ended"
+    );
+
+    // SIGUSR1: every served tool proved again now (the schedule is 6 h).
+    let proofs = d.path().join("proofs.json");
+    let proved_at = || -> u64 {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&proofs).unwrap_or_default())
+            .unwrap_or_default();
+        v["counter"]["proved_at"].as_u64().unwrap_or(0)
+    };
+    let before = proved_at();
+    assert!(before > 0, "the reload's proof is cached");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    signal("USR1", pid);
+    let begun = Instant::now();
+    while proved_at() <= before {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no proof {DEADLINE:?} after SIGUSR1"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    c.cancel().await.unwrap();
+    let _ = serve.child.0.kill();
+    let stderr = serve.rest().join().unwrap().join("\n");
+    assert!(
+        stderr.contains("cordon: reload: WEAKENS  counter: limits.memory: 128M -> 256M")
+            && stderr.contains("reload refused, the running configuration is kept"),
+        "the diff is said on stderr: {stderr}"
+    );
+    assert!(stderr.contains("counter: held (reload,"), "{stderr}");
+    assert!(stderr.contains("counter: held (signal,"), "{stderr}");
+}
+
+/// With `--accept-weakening`, a weakening reload is not refused for that,
+/// but a changed tool still serves only once its probes hold: a new mount
+/// that shows a container runtime's socket fails `host_fs`, and the
+/// reload is refused whole, the running tool kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_changed_tool_does_not_hold_is_refused_whole() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, counter("128M", "Count v1")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .arg("--accept-weakening")
+        .http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    count(&c).await;
+
+    let bait = d.path().join("bait");
+    std::fs::create_dir(&bait).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(bait.join("containerd.sock")).unwrap();
+    let leaky = counter("128M", "Count v2").replace(
+        "    network: none\n",
+        &format!(
+            "    network: none\n    mounts: [\"{}:/run/containerd\"]\n",
+            bait.display()
+        ),
+    );
+    std::fs::write(&m, leaky).unwrap();
+    signal("HUP", serve.pid());
+    let refused = wait_for_reload(&audit, "reload_refused", 1).await;
+    let reason = refused["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("counter: its probes do not hold (host_fs)")
+            && reason
+                .contains("container runtime socket /run/containerd/containerd.sock is visible")
+            && reason.contains("WEAKENS  counter: mounts"),
+        "{refused:#}"
+    );
+    // The running tool is kept, in service.
+    assert_eq!(description(&c).await, "Count v1");
+    count(&c).await;
+
+    // Positive control: the same reload without the leak is applied.
+    std::fs::write(&m, counter("128M", "Count v2")).unwrap();
+    signal("HUP", serve.pid());
+    wait_for_reload(&audit, "reloaded", 1).await;
+    assert_eq!(description(&c).await, "Count v2");
+    count(&c).await;
+    c.cancel().await.unwrap();
+}
