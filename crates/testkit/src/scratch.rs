@@ -12,9 +12,14 @@
 //!
 //! Each directory has a fresh unpredictable name, mode 0755 (sandboxed
 //! tools run as other uids and must reach what the test gives them), and
-//! is removed when its [`Scratch`] is dropped.
+//! is removed when its [`Scratch`] is dropped. One a test process keeps to
+//! its end (in a `static`, never dropped) is removed by the next test
+//! process that makes a scratch directory: beside each directory is a
+//! `NAME.cordon-scratch-lock` file its process holds locked while it lives, and a lock
+//! nobody holds is a directory nobody uses.
 
 use std::ffi::OsStr;
+use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -31,7 +36,7 @@ pub fn root() -> PathBuf {
 
 /// A directory removed (with all it holds) on drop.
 #[derive(Debug)]
-pub struct Scratch(pub PathBuf);
+pub struct Scratch(pub PathBuf, Option<File>);
 
 impl Scratch {
     pub fn path(&self) -> &Path {
@@ -61,6 +66,63 @@ impl AsRef<OsStr> for Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        if self.1.take().is_some() {
+            let _ = std::fs::remove_file(lock_path(&self.0));
+        }
+    }
+}
+
+/// The end of a lock file's name: distinct, so that a sweep never takes
+/// another program's lock and directory for a test's.
+const LOCK_SUFFIX: &str = ".cordon-scratch-lock";
+
+/// The lock file beside `dir`.
+fn lock_path(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(LOCK_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// `dir`'s lock, taken before it is put in place, so that no sweep ever
+/// sees it unlocked while its process lives: `None` when it cannot be
+/// made (the directory is then only removed on drop).
+fn lock(dir: &Path) -> Option<File> {
+    let mut new = dir.as_os_str().to_owned();
+    new.push(LOCK_SUFFIX);
+    new.push("-new");
+    let new = PathBuf::from(new);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&new)
+        .ok()?;
+    if f.try_lock().is_err() || std::fs::rename(&new, lock_path(dir)).is_err() {
+        let _ = std::fs::remove_file(&new);
+        return None;
+    }
+    let _ = std::fs::set_permissions(lock_path(dir), std::fs::Permissions::from_mode(0o644));
+    Some(f)
+}
+
+/// Remove the scratch directories under `base` whose lock nobody holds
+/// (their test process has ended without dropping them).
+fn sweep(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(dir) = name.strip_suffix(LOCK_SUFFIX) else {
+            continue;
+        };
+        let Ok(f) = File::open(e.path()) else {
+            continue;
+        };
+        if f.try_lock().is_ok() {
+            let _ = std::fs::remove_dir_all(base.join(dir));
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -71,7 +133,12 @@ pub fn scratch() -> Scratch {
 
 /// A fresh scratch directory whose name starts with `prefix`.
 pub fn named(prefix: &str) -> Scratch {
-    let base = root();
+    named_in(&root(), prefix)
+}
+
+fn named_in(base: &Path, prefix: &str) -> Scratch {
+    let base = base.to_path_buf();
+    sweep(&base);
     let d = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in(&base)
@@ -84,5 +151,35 @@ pub fn named(prefix: &str) -> Scratch {
         .keep();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("chmod 0755 {}: {e}", d.display()));
-    Scratch(d)
+    let lock = lock(&d);
+    Scratch(d, lock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory whose process ended without dropping it is removed by
+    /// the next one made; one whose lock is held (the positive control)
+    /// and one without a lock of ours stay.
+    #[test]
+    fn a_directory_nobody_holds_is_swept() {
+        let base = named("cordon-sweep-");
+        let live = named_in(&base, "live-");
+        let mut dead = named_in(&base, "dead-");
+        let foreign = base.join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        std::fs::write(base.join("foreign.lock"), "").unwrap();
+        assert!(lock_path(&dead).exists());
+        // As its process's end would: the lock released, nothing removed.
+        drop(dead.1.take());
+        let dead_path = dead.0.clone();
+        std::mem::forget(dead);
+        let _next = named_in(&base, "next-");
+        assert!(!dead_path.exists(), "{}", dead_path.display());
+        assert!(!lock_path(&dead_path).exists());
+        assert!(live.exists() && lock_path(&live).exists());
+        assert!(foreign.exists());
+        drop(live);
+    }
 }
