@@ -27,5 +27,7 @@ pub mod mount;
 pub mod net;
 pub mod probe;
 pub mod spawn;
+#[cfg(feature = "wasm")]
+pub mod wasm;
 
 pub use nix::errno::Errno;
