@@ -328,3 +328,20 @@ fn the_runtime_reads_the_runners_markers() {
     );
     assert_eq!(cordon_runtime::wasm::SETUP_EXIT, cordon_wasm::SETUP_EXIT);
 }
+
+#[test]
+fn the_examples_pin_is_the_module_its_source_builds() {
+    let d = cordon_testkit::scratch();
+    let built = sha(&json_check(&d));
+    let manifest =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm.yaml"))
+            .expect("examples/wasm.yaml");
+    let pinned = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sha256: "))
+        .expect("a sha256 pin");
+    assert_eq!(
+        pinned, built,
+        "examples/wasm.yaml pins another build of examples/wasm/json-check.c"
+    );
+}
