@@ -22,6 +22,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -83,9 +84,28 @@ pub struct Wasm {
     cache: Result<PathBuf, String>,
     compiled: AtomicU64,
     hits: AtomicU64,
+    /// The compiled code found for each pinned module, with the identity
+    /// of its cache file then: a later call whose file is unchanged skips
+    /// the compile step's process (the module's digest is still checked
+    /// on every call, and the runner checks the code's before loading it).
+    known: Mutex<Vec<Known>>,
+}
+
+/// A file's identity: device, inode, size and modification time.
+type FileId = (u64, u64, u64, i64, i64);
+
+/// A pinned module (path, sha256), its compiled code, and the identity of
+/// the code's cache file when it was found.
+type Known = ((PathBuf, String), Compiled, FileId);
+
+fn file_id(p: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 /// Compiled code for one call, as the compile step reported it.
+#[derive(Clone)]
 struct Compiled {
     path: PathBuf,
     sha256: String,
@@ -105,6 +125,7 @@ impl Wasm {
             },
             compiled: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            known: Mutex::new(Vec::new()),
         }
     }
 
@@ -205,6 +226,14 @@ impl Wasm {
         let (Some(m), Ok(runner), Ok(cache)) = (&spec.wasm, &self.runner, &self.cache) else {
             return Err(RunError::Setup(format!("{}: no module", spec.tool)));
         };
+        let key = (m.path.clone(), m.sha256.clone());
+        if let Ok(known) = self.known.lock()
+            && let Some((_, c, id)) = known.iter().find(|(k, _, _)| *k == key)
+            && file_id(&c.path).as_ref() == Some(id)
+        {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(c.clone());
+        }
         let out = Command::new(runner)
             .arg("compile")
             .arg(&m.path)
@@ -229,10 +258,15 @@ impl Wasm {
                 } else {
                     self.compiled.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(Compiled {
+                let c = Compiled {
                     path: PathBuf::from(path),
                     sha256: sha.to_string(),
-                })
+                };
+                if let (Ok(mut known), Some(id)) = (self.known.lock(), file_id(&c.path)) {
+                    known.retain(|(k, _, _)| *k != key);
+                    known.push((key, c.clone(), id));
+                }
+                Ok(c)
             }
             _ => Err(RunError::Setup(format!(
                 "{}: the wasm compile step answered `{line}`",
@@ -398,8 +432,24 @@ impl Runtime for Wasm {
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
         let code = self.compile(spec)?;
         let lowered = self.lower(spec, Some(&code));
-        let o = self.native.run(&lowered, input, ctx)?;
-        finish(spec, o)
+        match self
+            .native
+            .run(&lowered, input.clone(), ctx)
+            .and_then(|o| finish(spec, o))
+        {
+            // The cache file changed under a remembered entry: the runner
+            // refused to load it; compile (or find) it again, once.
+            Err(RunError::Setup(why)) if why.contains("refusing to load it") => {
+                if let Ok(mut known) = self.known.lock() {
+                    known.clear();
+                }
+                let code = self.compile(spec)?;
+                let lowered = self.lower(spec, Some(&code));
+                let o = self.native.run(&lowered, input, ctx)?;
+                finish(spec, o)
+            }
+            other => other,
+        }
     }
 
     fn spawn(&self, spec: &SandboxSpec, _ctx: &Context) -> Result<Spawned, RunError> {

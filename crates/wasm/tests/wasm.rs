@@ -140,6 +140,16 @@ fn the_example_parses_good_input_rejects_bad_and_is_cached() {
             hits: 1
         }
     );
+    // Another broker (a later `cordon run`) finds it in the cache too.
+    let again = runtime(&d.join("cache"));
+    assert_eq!(call(&again, &s, b"[]").status, Status::Ok);
+    assert_eq!(
+        again.cache_stats(),
+        cordon_runtime::wasm::CacheStats {
+            compiled: 0,
+            hits: 1
+        }
+    );
 }
 
 wasm_test!(a_corrupt_cache_entry_is_compiled_again);
