@@ -91,7 +91,9 @@ pub fn engine_id(engine: &Engine) -> String {
     hex::encode(h.0.finalize())
 }
 
-/// The wasmtime this runner is built with.
+/// The wasmtime release line this runner is built with (`cordon-wasm
+/// version`). The exact version is in the engine id all the same:
+/// `precompile_compatibility_hash` hashes wasmtime's own crate version.
 pub fn wasmtime_version() -> &'static str {
     // Kept with the dependency's version in Cargo.toml.
     "37"
