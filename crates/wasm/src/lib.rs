@@ -369,7 +369,7 @@ pub fn run(o: &RunOptions) -> Result<i32, Failure> {
             o.code_sha256
         )));
     }
-    let module = cordon_sys::wasm::deserialize_verified(&engine, &code)
+    let module = cordon_sys_wasm::deserialize_verified(&engine, &code)
         .map_err(|e| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display())))?;
     drop(code);
 

@@ -1,5 +1,10 @@
-//! The one unsafe operation of the Wasm runner (`cordon-wasm`): turning
-//! compiled code back into a module.
+//! cordon-sys-wasm: the one unsafe operation of the Wasm runner
+//! (`cordon-wasm`), turning compiled code back into a module. Part of
+//! `cordon-sys` (every `unsafe` block of the project lives under
+//! `crates/sys`), a crate of its own so that only the runner depends on
+//! wasmtime.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(clippy::multiple_unsafe_ops_per_block)]
 
 /// A module from `code`, machine code that `cordon-wasm compile` wrote with
 /// `engine`'s configuration.
