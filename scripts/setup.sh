@@ -303,3 +303,22 @@ if ! cargo fuzz --version 2>/dev/null | grep -q " $cargo_fuzz_version\$"; then
   echo "setup: cargo install cargo-fuzz $cargo_fuzz_version"
   cargo install -q --locked cargo-fuzz --version "$cargo_fuzz_version"
 fi
+
+# runtime: wasm (docs/wasm.md): Debian's clang-14 with wasi-libc and the
+# wasm32 compiler runtime builds the example parser (examples/wasm.yaml,
+# crates/wasm/tests, scripts/bench-wasm.py) from its C source into target/wasm.
+wasm_need=()
+for pkg in clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || wasm_need+=("$pkg")
+done
+if [ "${#wasm_need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing packages ${wasm_need[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${wasm_need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${wasm_need[@]}" >/dev/null
+fi
+"$(dirname "$0")/build-wasm-example.sh"

@@ -195,6 +195,7 @@ pub fn collect(providers: Option<&Path>) -> (Report, Registry) {
     let gvisor = Gvisor::of(&registry);
     gvisor_checks(&gvisor, &mut checks);
     microvm_checks(&registry, &mut checks, &mut notes);
+    wasm_checks(&registry, &mut checks, &mut notes);
     checks.push(image_store_check());
     let (credential_check, broker_missing) = credential_broker_check(providers);
     checks.push(credential_check);
@@ -542,6 +543,40 @@ fn gvisor_checks(gv: &Gvisor, checks: &mut Vec<Check>) {
             ),
             how: "runsc --platform=P --network=none --ignore-cgroups do /bin/true for systrap, kvm, ptrace (cached per runsc release and kernel)".into(),
         });
+    }
+}
+
+/// The Wasm runtime: its runner, the compiled-code cache, and what the
+/// Wasm layer adds to each mechanism of the jail around it.
+fn wasm_checks(registry: &Registry, checks: &mut Vec<Check>, notes: &mut Vec<String>) {
+    let how =
+        "$CORDON_WASM, else cordon-wasm beside cordon (built with `cargo build -p cordon-wasm`)"
+            .to_string();
+    let rt = match registry.get(
+        cordon_policy::policy::Runtime::Wasm,
+        cordon_runtime::Use::Call,
+    ) {
+        Ok(rt) => rt,
+        Err(e) => {
+            checks.push(Check {
+                name: "wasm (wasmtime)",
+                ok: false,
+                detail: e,
+                how,
+            });
+            return;
+        }
+    };
+    let facts = rt.facts();
+    let first = facts.notes.first().cloned().unwrap_or_default();
+    checks.push(Check {
+        name: "wasm (wasmtime)",
+        ok: !first.contains("unavailable: "),
+        detail: first,
+        how,
+    });
+    for n in facts.notes.iter().skip(1) {
+        notes.push(format!("wasm: {n}"));
     }
 }
 

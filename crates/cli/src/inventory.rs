@@ -74,7 +74,7 @@ fn parses(p: &ToolPolicy) -> String {
             format!("MCP requests and what its server reads or fetches ({what})")
         }
         Exec::Unspecified => "nothing (no command, image or mcp)".into(),
-        Exec::Command { .. } | Exec::Image { .. } => {
+        Exec::Command { .. } | Exec::Image { .. } | Exec::Wasm { .. } => {
             let mut parts = Vec::new();
             if let Some(s) = &p.input.stdin {
                 parts.push(format!(
@@ -136,6 +136,7 @@ pub fn rows(path: &Path, providers: Option<&Path>) -> anyhow::Result<Vec<Row>> {
             kind: match p.exec {
                 Exec::Command { .. } => "command",
                 Exec::Image { .. } => "image",
+                Exec::Wasm { .. } => "wasm",
                 Exec::Mcp { .. } => "mcp",
                 Exec::Unspecified => "none",
             },

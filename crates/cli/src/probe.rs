@@ -105,6 +105,12 @@ fn targets(a: &ProbeArgs) -> Targets {
 /// they belong to a session and a tenant, which a probe run has not, and
 /// they are read-write binds the probes would only write into.
 pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
+    if p.runtime == cordon_policy::policy::Runtime::Wasm {
+        return Err(
+            "a wasm tool runs only its WASI module, and the probes are a native program run as the tool's program: not supported yet (its jail is the native P1 jail: `cordon probe --profile P1` probes that)"
+                .into(),
+        );
+    }
     let mut p = p.clone();
     p.workspace = None;
     p.state = None;

@@ -187,6 +187,12 @@ impl Dirs {
         self.state().map(|d| d.join("tool-state"))
     }
 
+    /// The compiled code of `runtime: wasm` modules: `wasm-cache` in the
+    /// state directory.
+    pub fn wasm_cache(&self) -> Result<PathBuf, DirError> {
+        self.state().map(|d| d.join("wasm-cache"))
+    }
+
     /// The tenant uid allocations: `tenant-uids` in the state directory.
     pub fn tenant_uids(&self) -> Result<PathBuf, DirError> {
         self.state().map(|d| d.join("tenant-uids"))

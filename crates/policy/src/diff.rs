@@ -156,13 +156,15 @@ fn runtime_name(r: Runtime) -> &'static str {
         Runtime::Native => "native",
         Runtime::Gvisor => "gvisor",
         Runtime::Microvm => "microvm",
+        Runtime::Wasm => "wasm",
     }
 }
 
-/// Kernel-boundary strength: a separate kernel beats a shared one.
+/// Kernel-boundary strength: a separate kernel beats a shared one (Wasm
+/// runs inside the native jail, on the host's kernel).
 fn runtime_strength(r: Runtime) -> u8 {
     match r {
-        Runtime::Native => 0,
+        Runtime::Native | Runtime::Wasm => 0,
         Runtime::Gvisor | Runtime::Microvm => 1,
     }
 }

@@ -169,9 +169,15 @@ pub struct Tool {
     #[serde(default)]
     pub mcp: Option<McpServer>,
     /// Sandbox runtime. native (default): namespaces, seccomp, Landlock, cgroups.
+    /// wasm: a WASI preview 1 `module` run by wasmtime inside the native jail.
     #[serde(default)]
     #[schemars(with = "Option<Runtime>")]
     pub runtime: Option<Spanned<Runtime>>,
+    /// With `runtime: wasm`: the WASI preview 1 module to run, pinned by
+    /// sha256 (`command`, when given, is the argv it sees).
+    #[serde(default)]
+    #[schemars(with = "Option<WasmModule>")]
+    pub module: Option<Spanned<WasmModule>>,
     /// Resource limits; absent fields take the profile's defaults.
     #[serde(default)]
     #[schemars(with = "Option<Limits>")]
@@ -285,6 +291,17 @@ pub enum Runtime {
     Native,
     Gvisor,
     Microvm,
+    Wasm,
+}
+
+/// A WebAssembly module (`runtime: wasm`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WasmModule {
+    /// The `.wasm` file: absolute, or relative to the manifest's directory.
+    pub path: String,
+    /// Its sha256, 64 hex digits: a module with other bytes is refused.
+    pub sha256: String,
 }
 
 /// The only value `network:` takes.

@@ -126,6 +126,13 @@ pub enum Exec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prompts: Option<Vec<String>>,
     },
+    /// A WASI preview 1 module (`runtime: wasm`), pinned by sha256, run
+    /// with `argv` (`argv[0]`: its name).
+    Wasm {
+        module: String,
+        sha256: String,
+        argv: Vec<String>,
+    },
     /// The manifest names no program yet (allowed, e.g. a P3 runtime still
     /// to be given an image); such a tool is refused at run time.
     Unspecified,

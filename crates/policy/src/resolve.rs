@@ -146,6 +146,7 @@ const RULES: &[Rule] = &[
     rule_p1_no_secrets,
     rule_p2_explicit_allowlist,
     rule_p3_runtime,
+    rule_wasm,
     rule_pool,
     rule_image_pinned,
     rule_egress_entries,
@@ -309,6 +310,60 @@ fn rule_p2_explicit_allowlist(c: &Ctx<'_>) -> Vec<Diagnostic> {
         )],
         _ => vec![],
     }
+}
+
+/// `runtime: wasm` runs a pinned `module` (and nothing else) for P1; a
+/// `module` belongs to `runtime: wasm`.
+fn rule_wasm(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let t = c.tool;
+    let wasm = t.runtime.as_ref().map(|r| r.value) == Some(Runtime::Wasm);
+    let mut out = Vec::new();
+    match (&t.module, wasm) {
+        (None, true) => out.push(c.diag(
+            t.runtime.as_ref().map(|r| r.referenced).unwrap_or(c.at),
+            "`runtime: wasm` needs `module: {path: ..., sha256: ...}`".into(),
+            Some("give the WASI preview 1 module and its sha256 (`sha256sum FILE.wasm`)"),
+        )),
+        (Some(m), false) => out.push(c.diag(
+            m.referenced,
+            "`module` is run by `runtime: wasm` only".into(),
+            Some("add `runtime: wasm`, or remove `module`"),
+        )),
+        (Some(m), true) => {
+            let h = &m.value.sha256;
+            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                out.push(c.diag(
+                    m.referenced,
+                    format!(
+                        "module sha256 `{h}` is not 64 hex digits: the module cannot be verified"
+                    ),
+                    Some("write the output of `sha256sum FILE.wasm`"),
+                ));
+            }
+            if m.value.path.is_empty() {
+                out.push(c.diag(m.referenced, "module path is empty".into(), None));
+            }
+            if t.image.is_some() || t.mcp.is_some() {
+                out.push(c.diag(
+                    m.referenced,
+                    "a wasm tool runs its `module`, not an `image` or `mcp` server".into(),
+                    None,
+                ));
+            }
+        }
+        (None, false) => {}
+    }
+    if wasm && c.profile() != Profile::P1 {
+        out.push(c.diag(
+            c.profile_at(),
+            format!(
+                "`runtime: wasm` runs P1 tools only (a parser jail: no network, no secrets), not {:?}",
+                c.profile()
+            ),
+            Some("write `profile: P1`"),
+        ));
+    }
+    out
 }
 
 fn rule_p3_runtime(c: &Ctx<'_>) -> Vec<Diagnostic> {
@@ -1056,7 +1111,7 @@ fn rule_input(c: &Ctx<'_>) -> Vec<Diagnostic> {
         return vec![];
     };
     let mut out = Vec::new();
-    if c.tool.command.is_none() {
+    if c.tool.command.is_none() && c.tool.module.is_none() {
         out.push(c.diag(
             c.at,
             "`input` maps arguments onto a `command`; this tool has none".into(),
@@ -1267,7 +1322,7 @@ fn warnings(c: &Ctx<'_>) -> Vec<Diagnostic> {
         ));
     }
     let t = c.tool;
-    if t.command.is_none() && t.image.is_none() && t.mcp.is_none() {
+    if t.command.is_none() && t.image.is_none() && t.mcp.is_none() && t.module.is_none() {
         out.push(c.diag(
             c.at,
             "declares nothing to run: cordon refuses to run it until `command`, `image` or `mcp` is given".into(),
@@ -1565,7 +1620,27 @@ fn resolve_limits(c: &Ctx<'_>, profile: Profile) -> Result<Option<Limits>, Diagn
 /// What the tool runs: an image, a command, an MCP server, or nothing yet.
 fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
     let t = c.tool;
-    let exec = if let Some(img) = &t.image {
+    let exec = if let Some(m) = &t.module {
+        let path = Path::new(&m.value.path);
+        let module = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            c.file.parent().unwrap_or(Path::new(".")).join(path)
+        };
+        let argv = match &t.command {
+            Some(cmd) => cmd.clone(),
+            None => vec![
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "module".into()),
+            ],
+        };
+        Exec::Wasm {
+            module: module.to_string_lossy().into_owned(),
+            sha256: m.value.sha256.to_ascii_lowercase(),
+            argv,
+        }
+    } else if let Some(img) = &t.image {
         let (reference, digest) =
             split_digest(&img.value).map_err(|m| c.diag(img.referenced, m, None))?;
         Exec::Image {

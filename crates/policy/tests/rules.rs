@@ -763,3 +763,45 @@ fn a_warm_up_call_needs_a_pool_an_object_and_an_exposed_tool() {
     );
     assert_one(&y, 11, "which `tools: {allow:}` does not expose");
 }
+
+#[test]
+fn a_wasm_tool_needs_its_pinned_module_and_p1() {
+    let h = "ab".repeat(32);
+    // Positive control: resolved with the module relative to the manifest.
+    let ok = format!(
+        "version: 1\ntools:\n  w:\n    profile: P1\n    runtime: wasm\n    module: {{path: m.wasm, sha256: {h}}}\n    network: none\n"
+    );
+    let l = load_str(Path::new("dir/m.yaml"), &ok).expect("valid");
+    assert_eq!(
+        l.policy.tools["w"].exec,
+        Exec::Wasm {
+            module: "dir/m.wasm".into(),
+            sha256: h.clone(),
+            argv: vec!["m".into()],
+        }
+    );
+    assert_one(
+        "version: 1\ntools:\n  w:\n    profile: P1\n    runtime: wasm\n    network: none\n",
+        5,
+        "`runtime: wasm` needs `module",
+    );
+    assert_one(
+        &format!(
+            "version: 1\ntools:\n  w:\n    profile: P1\n    module: {{path: m.wasm, sha256: {h}}}\n    command: [\"/bin/true\"]\n    network: none\n"
+        ),
+        5,
+        "`module` is run by `runtime: wasm` only",
+    );
+    assert_one(
+        "version: 1\ntools:\n  w:\n    profile: P1\n    runtime: wasm\n    module: {path: m.wasm, sha256: abc}\n    network: none\n",
+        6,
+        "is not 64 hex digits",
+    );
+    assert_one(
+        &format!(
+            "version: 1\ntools:\n  w:\n    profile: P2\n    runtime: wasm\n    module: {{path: m.wasm, sha256: {h}}}\n    egress: [\"a.example:443\"]\n"
+        ),
+        4,
+        "`runtime: wasm` runs P1 tools only",
+    );
+}

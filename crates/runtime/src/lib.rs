@@ -26,6 +26,7 @@ pub mod pool;
 pub mod spec;
 pub mod supervisor;
 pub mod volume;
+pub mod wasm;
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -194,8 +195,7 @@ pub trait SandboxHandle: Send + Sync + std::fmt::Debug {
     fn wait(&self) -> Result<Outcome, RunError>;
 }
 
-/// A sandbox builder: the native jail, and later image roots, gVisor,
-/// microVMs, Wasm.
+/// A sandbox builder: the native jail, gVisor, microVMs, Wasm.
 pub trait Runtime: Send + Sync {
     /// Its name in messages, audit records and `cordon doctor`.
     fn name(&self) -> &'static str;
@@ -372,7 +372,27 @@ impl Registry {
             }
             Err(e) => r.unavailable.push((RuntimeKind::Native, e.to_string())),
         }
-        r.with_gvisor().with_microvm()
+        r.with_gvisor().with_microvm().with_wasm()
+    }
+
+    /// The Wasm runtime, over the native runtime's jail; for calls only.
+    fn with_wasm(mut self) -> Registry {
+        let jail = self
+            .entries
+            .iter()
+            .find(|(k, _, _)| *k == RuntimeKind::Native)
+            .and_then(|(_, _, rt)| rt.jail());
+        let made = match jail {
+            Some(j) => Ok(wasm::Wasm::with_jail(wasm::Options::default(), j)),
+            None => wasm::Wasm::new(wasm::Options::default(), Default::default()),
+        };
+        match made {
+            Ok(rt) => self.with(RuntimeKind::Wasm, Use::Call, Arc::new(rt)),
+            Err(e) => {
+                self.unavailable.push((RuntimeKind::Wasm, e));
+                self
+            }
+        }
     }
 
     /// A runtime that runs a kernel or VMM as a child, over the native
@@ -610,5 +630,6 @@ pub fn kind_name(k: RuntimeKind) -> &'static str {
         RuntimeKind::Native => "native",
         RuntimeKind::Gvisor => "gvisor",
         RuntimeKind::Microvm => "microvm",
+        RuntimeKind::Wasm => "wasm",
     }
 }

@@ -69,6 +69,30 @@ impl fmt::Display for MechanismState {
     }
 }
 
+/// What the Wasm layer of `runtime: wasm` adds to a mechanism inside the
+/// native jail around it (which enforces every mechanism as for a native
+/// tool): `None` where it adds nothing of that kind.
+pub fn wasm_layer(m: Mechanism) -> Option<&'static str> {
+    Some(match m {
+        Mechanism::Network => {
+            "WASI preview 1 is given no socket and no way to make one (no preopened socket, TCP, UDP or name lookup)"
+        }
+        Mechanism::ReadonlyRoot | Mechanism::Landlock => {
+            "the module sees no file system but the manifest's mounts, each preopened read-only"
+        }
+        Mechanism::Seccomp => {
+            "the module makes no system call: it calls WASI functions, which the runner carries out"
+        }
+        Mechanism::Cgroup => {
+            "linear memory is capped (a growth past it traps) and the module stops at the wall clock (epoch interruption)"
+        }
+        Mechanism::Descriptors => {
+            "the module has stdin, stdout, stderr and its preopens, nothing else"
+        }
+        Mechanism::Namespaces | Mechanism::Kvm => return None,
+    })
+}
+
 /// Hold `mechanisms` against a tool's requirements: `Err` names every
 /// required mechanism that is not fully enforced (a mechanism the runtime
 /// does not report at all counts as missing); `Ok` carries one warning per

@@ -52,6 +52,18 @@ pub struct SandboxSpec {
     /// the tool has an unprivileged identity on the host and no
     /// capabilities: uid 0 is root of the sandbox's own namespace only.
     pub user: Option<(u32, u32)>,
+    /// The WASI module a `runtime: wasm` tool runs (`argv` is what it
+    /// sees); `None` for every other runtime.
+    pub wasm: Option<WasmModule>,
+}
+
+/// A WASI preview 1 module pinned by sha256 (`runtime: wasm`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WasmModule {
+    /// The `.wasm` file on the host.
+    pub path: std::path::PathBuf,
+    /// Its pinned sha256 (lowercase hex).
+    pub sha256: String,
 }
 
 /// The longest message a spawned sandbox may write when its results are
@@ -144,6 +156,13 @@ pub fn lower(
         workspace: p.workspace.clone(),
         state: p.state.clone(),
         user,
+        wasm: match &p.exec {
+            Exec::Wasm { module, sha256, .. } => Some(WasmModule {
+                path: module.into(),
+                sha256: sha256.clone(),
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -207,7 +226,13 @@ fn program(
     image: Option<&ResolvedImage>,
 ) -> Result<Vec<String>, String> {
     let argv = match (&p.exec, use_) {
-        (Exec::Command { argv }, Use::Call) => argv.clone(),
+        (Exec::Command { argv }, Use::Call) | (Exec::Wasm { argv, .. }, Use::Call) => argv.clone(),
+        (Exec::Wasm { .. }, Use::Serve) => {
+            return Err(format!(
+                "{}: a wasm tool runs once per call, not as a server",
+                p.name
+            ));
+        }
         (Exec::Command { .. }, Use::Serve) => {
             return Err(format!(
                 "{}: a command tool runs once per call, not as a server",
@@ -445,6 +470,7 @@ impl SandboxSpec {
             workspace: None,
             state: None,
             user: None,
+            wasm: None,
         }
     }
 

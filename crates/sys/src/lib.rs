@@ -17,6 +17,10 @@
 //! - `probe`: the raw calls of the conformance probe agent.
 //! - `spawn`: starting a sandboxed process; its module docs describe the
 //!   files, parent side and child side.
+//!
+//! Its one companion, `cordon-sys-wasm` (`crates/sys/wasm`), holds the Wasm
+//! runner's one unsafe call, apart so that nothing but the runner waits
+//! for wasmtime to build.
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(clippy::multiple_unsafe_ops_per_block)]
 

@@ -1,0 +1,495 @@
+//! The Wasm runtime (`runtime: wasm`): a WASI preview 1 module, pinned by
+//! sha256, run by wasmtime inside the native P1 jail.
+//!
+//! Two layers, each doing what it can:
+//!
+//! - outside the jail, as the broker, the runner `cordon-wasm compile`
+//!   checks the module's sha256 and compiles it into cordon's cache (keyed
+//!   by the module's digest and wasmtime's version and configuration,
+//!   written atomically with the compiled bytes' sha256 beside it);
+//! - the spec is then lowered onto the native runtime (reused, not copied):
+//!   the tool's program is the runner (`cordon-wasm run`), bound read-only
+//!   with the compiled code and nothing else new; the manifest's read-only
+//!   mounts are the module's only preopened directories; its environment
+//!   is the manifest's; the jail's namespaces, seccomp, Landlock and cgroup
+//!   are around the runner; inside it wasmtime caps linear memory and stops
+//!   the module at the wall clock (epoch interruption). A trap is reported
+//!   by kind in the outcome.
+//!
+//! The runner itself (and wasmtime) is the crate `cordon-wasm`, so this
+//! crate and the broker do not link wasmtime.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use cordon_jail::Jail;
+use cordon_sandbox::{Mount, Status};
+
+use crate::mechanism::{MechanismState, State};
+use crate::native::Native;
+use crate::outcome::{Outcome, RunError};
+use crate::spec::{Network, SandboxSpec};
+use crate::{Check, Context, Facts, Problem, Runtime, Spawned};
+
+/// Where the runner is inside the jail.
+pub const RUNNER_IN_JAIL: &str = "/.cordon-wasm/cordon-wasm";
+/// Where the compiled code is inside the jail.
+pub const CODE_IN_JAIL: &str = "/.cordon-wasm/module.cwasm";
+/// The jail's wall clock past the module's: the runner's epoch deadline
+/// stops the module first (a time-limit trap); the jail kills what is left
+/// after this margin.
+pub const WALL_MARGIN: Duration = Duration::from_secs(2);
+/// The most of the memory limit kept for the runner itself (wasmtime, the
+/// compiled code, WASI's buffers): the module's linear memory gets the
+/// rest (and at least half).
+pub const RUNNER_RESERVE: u64 = 32 << 20;
+/// The runner's exit code for a trap (as `cordon_wasm::TRAP_EXIT`).
+pub const TRAP_EXIT: i32 = 125;
+/// The start of the runner's last stderr line for a trap (as
+/// `cordon_wasm::TRAP_MARKER`).
+pub const TRAP_MARKER: &str = "cordon-wasm: trap: ";
+/// The runner's exit code when nothing of the module ran.
+pub const SETUP_EXIT: i32 = 126;
+/// The start of the runner's stderr line then.
+pub const SETUP_MARKER: &str = "cordon-wasm: setup: ";
+
+/// Options of the Wasm runtime.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The runner (`None`: `$CORDON_WASM`, else `cordon-wasm` beside this
+    /// program or one directory up).
+    pub runner: Option<PathBuf>,
+    /// The compiled-code cache (`None`: `wasm-cache` in cordon's state
+    /// directory).
+    pub cache: Option<PathBuf>,
+}
+
+/// What the cache did since this runtime was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Modules compiled (not found, or found corrupt).
+    pub compiled: u64,
+    /// Calls that found their compiled code in the cache.
+    pub hits: u64,
+}
+
+/// The Wasm runtime.
+pub struct Wasm {
+    native: Native,
+    runner: Result<PathBuf, String>,
+    cache: Result<PathBuf, String>,
+    compiled: AtomicU64,
+    hits: AtomicU64,
+    /// The compiled code found for each pinned module, with the identity
+    /// of its cache file then: a later call whose file is unchanged skips
+    /// the compile step's process (the module's digest is still checked
+    /// on every call, and the runner checks the code's before loading it).
+    known: Mutex<Vec<Known>>,
+}
+
+/// A file's identity: device, inode, size and modification time.
+type FileId = (u64, u64, u64, i64, i64);
+
+/// A pinned module (path, sha256), its compiled code, and the identity of
+/// the code's cache file when it was found.
+type Known = ((PathBuf, String), Compiled, FileId);
+
+fn file_id(p: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// Compiled code for one call, as the compile step reported it.
+#[derive(Clone)]
+struct Compiled {
+    path: PathBuf,
+    sha256: String,
+}
+
+impl Wasm {
+    /// Over the native runtime's jail.
+    pub fn with_jail(opts: Options, jail: Arc<Jail>) -> Wasm {
+        Wasm {
+            native: Native::from_jail(jail),
+            runner: find_runner(opts.runner.as_deref()),
+            cache: match opts.cache {
+                Some(c) => Ok(c),
+                None => cordon_dirs::Dirs::current()
+                    .wasm_cache()
+                    .map_err(|e| e.to_string()),
+            },
+            compiled: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            known: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// With a jail of its own.
+    pub fn new(opts: Options, jail: cordon_jail::JailOptions) -> Result<Wasm, String> {
+        let j = Jail::with_options(jail).map_err(|e| e.to_string())?;
+        Ok(Wasm::with_jail(opts, Arc::new(j)))
+    }
+
+    /// What the cache did so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            compiled: self.compiled.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every reason `spec` cannot run here, before anything runs.
+    fn problems(&self, spec: &SandboxSpec) -> Vec<Problem> {
+        let mut out: Vec<Problem> = Vec::new();
+        let tool = &spec.tool;
+        if let Err(e) = &self.runner {
+            out.push(format!("{tool}: {e}").into());
+        }
+        if let Err(e) = &self.cache {
+            out.push(format!("{tool}: no place for the wasm cache: {e}").into());
+        }
+        let Some(m) = &spec.wasm else {
+            out.push(
+                format!("{tool}: the wasm runtime runs a `module`, and this tool names none")
+                    .into(),
+            );
+            return out;
+        };
+        if matches!(spec.network, Network::Doors(_)) {
+            out.push(
+                format!("{tool}: a wasm tool has no network (WASI preview 1 is given no socket)")
+                    .into(),
+            );
+        }
+        if spec.workspace.is_some() || spec.state.is_some() {
+            out.push(
+                format!(
+                    "{tool}: a wasm tool gets read-only preopens only: no `workspace` or `state`"
+                )
+                .into(),
+            );
+        }
+        for mo in &spec.mounts {
+            if mo.writable {
+                out.push(Problem {
+                    message: format!(
+                        "{tool}: mount {}: a wasm tool's directories are preopened read-only only",
+                        mo.src.display()
+                    ),
+                    bind_source: Some(mo.src.clone()),
+                });
+            } else if !mo.src.is_dir() {
+                out.push(Problem {
+                    message: format!(
+                        "{tool}: mount {}: not a directory: a wasm tool is given directories (preopens), not files",
+                        mo.src.display()
+                    ),
+                    bind_source: Some(mo.src.clone()),
+                });
+            }
+        }
+        match std::fs::read(&m.path) {
+            Err(e) => out.push(format!("{tool}: module {}: {e}", m.path.display()).into()),
+            Ok(bytes) => {
+                let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+                if actual != m.sha256 {
+                    out.push(
+                        format!(
+                            "{tool}: module {}: sha256 mismatch: expected {}, actual {actual}; refusing to run a module that is not the one pinned",
+                            m.path.display(),
+                            m.sha256
+                        )
+                        .into(),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// The module compiled into the cache (or found there), by the runner
+    /// outside the jail.
+    fn compile(&self, spec: &SandboxSpec) -> Result<Compiled, RunError> {
+        let problems = self.problems(spec);
+        if !problems.is_empty() {
+            return Err(RunError::Refused(format!(
+                "{}: would not start on this host: {}",
+                spec.tool,
+                problems.join("; ")
+            )));
+        }
+        let (Some(m), Ok(runner), Ok(cache)) = (&spec.wasm, &self.runner, &self.cache) else {
+            return Err(RunError::Setup(format!("{}: no module", spec.tool)));
+        };
+        let key = (m.path.clone(), m.sha256.clone());
+        if let Ok(known) = self.known.lock()
+            && let Some((_, c, id)) = known.iter().find(|(k, _, _)| *k == key)
+            && file_id(&c.path).as_ref() == Some(id)
+        {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(c.clone());
+        }
+        let out = Command::new(runner)
+            .arg("compile")
+            .arg(&m.path)
+            .arg(&m.sha256)
+            .arg(cache)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RunError::Setup(format!("{}: {}: {e}", spec.tool, runner.display())))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            return Err(RunError::Refused(format!("{}: {}", spec.tool, why.trim())));
+        }
+        let line = stdout.lines().next().unwrap_or_default();
+        let mut it = line.splitn(3, ' ');
+        let (kind, sha256, path) = (it.next(), it.next(), it.next());
+        match (kind, sha256, path) {
+            (Some(k @ ("hit" | "compiled")), Some(sha), Some(path)) if sha.len() == 64 => {
+                if k == "hit" {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.compiled.fetch_add(1, Ordering::Relaxed);
+                }
+                let c = Compiled {
+                    path: PathBuf::from(path),
+                    sha256: sha.to_string(),
+                };
+                if let (Ok(mut known), Some(id)) = (self.known.lock(), file_id(&c.path)) {
+                    known.retain(|(k, _, _)| *k != key);
+                    known.push((key, c.clone(), id));
+                }
+                Ok(c)
+            }
+            _ => Err(RunError::Setup(format!(
+                "{}: the wasm compile step answered `{line}`",
+                spec.tool
+            ))),
+        }
+    }
+
+    /// The native spec that runs `spec`'s module: the runner as the
+    /// program, bound read-only with the compiled code (when there is
+    /// some yet).
+    fn lower(&self, spec: &SandboxSpec, code: Option<&Compiled>) -> SandboxSpec {
+        let mut n = spec.clone();
+        n.wasm = None;
+        let runner = self.runner.clone().unwrap_or_default();
+        n.mounts.push(Mount {
+            src: runner,
+            dst: RUNNER_IN_JAIL.into(),
+            writable: false,
+        });
+        if let Some(c) = code {
+            n.mounts.push(Mount {
+                src: c.path.clone(),
+                dst: CODE_IN_JAIL.into(),
+                writable: false,
+            });
+        }
+        let memory = spec.limits.memory_bytes;
+        let linear = memory.saturating_sub(RUNNER_RESERVE.min(memory / 2));
+        let mut argv = vec![
+            RUNNER_IN_JAIL.to_string(),
+            "run".into(),
+            "--code".into(),
+            CODE_IN_JAIL.into(),
+            "--code-sha256".into(),
+            code.map(|c| c.sha256.clone()).unwrap_or_default(),
+            "--memory".into(),
+            linear.to_string(),
+            "--wall-ms".into(),
+            spec.limits.wall.as_millis().to_string(),
+        ];
+        for mo in &spec.mounts {
+            argv.push("--dir".into());
+            argv.push(mo.dst.to_string_lossy().into_owned());
+        }
+        argv.push("--".into());
+        argv.extend(spec.argv.iter().cloned());
+        n.argv = argv;
+        n.limits.wall = spec.limits.wall.saturating_add(WALL_MARGIN);
+        n
+    }
+
+    /// How each mechanism holds: the jail's, each said with what the Wasm
+    /// layer adds where the jail's is not whole.
+    fn mechanisms(&self, spec: &SandboxSpec) -> Vec<MechanismState> {
+        self.native
+            .mechanisms(spec)
+            .into_iter()
+            .map(|mut s| {
+                if let (State::Partial(why) | State::Missing(why), Some(w)) =
+                    (&mut s.state, crate::mechanism::wasm_layer(s.mechanism))
+                {
+                    why.push_str(&format!("; inside it, wasm: {w}"));
+                }
+                s
+            })
+            .collect()
+    }
+}
+
+/// The runner: `opt`, else `$CORDON_WASM`, else `cordon-wasm` beside this
+/// program or one directory up (a test binary's `deps/`).
+fn find_runner(opt: Option<&Path>) -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = opt
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CORDON_WASM").map(PathBuf::from))
+    {
+        candidates.push(p);
+    } else if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        candidates.push(dir.join("cordon-wasm"));
+        candidates.push(dir.join("../cordon-wasm"));
+    }
+    let found = candidates.iter().find(|p| p.is_file()).ok_or_else(|| {
+        format!(
+            "no Wasm runner cordon-wasm (looked at {}); build it with `cargo build -p cordon-wasm` (it is installed beside cordon) or set CORDON_WASM",
+            candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    std::fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
+}
+
+/// The trap kind on the runner's last stderr line, if it trapped.
+pub fn trap_kind(o: &Outcome) -> Option<String> {
+    if o.exit_code != Some(TRAP_EXIT) {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&o.stderr);
+    let last = text.lines().rev().find(|l| !l.is_empty())?;
+    last.strip_prefix(TRAP_MARKER).map(str::to_string)
+}
+
+/// The runner's outcome as the call's: a trap said by kind (the time limit
+/// as a timeout, the memory limit as a memory-limit stop), a failure
+/// before the module ran as a setup error.
+fn finish(spec: &SandboxSpec, mut o: Outcome) -> Result<Outcome, RunError> {
+    if let Some(kind) = trap_kind(&o) {
+        o.status = match kind.as_str() {
+            "time limit" => Status::TimedOut,
+            "memory limit" => Status::MemoryLimit,
+            _ => Status::Exited,
+        };
+        o.reason = match kind.as_str() {
+            "time limit" => format!(
+                "{}: wasm trap: time limit: stopped at the wall clock of {}",
+                spec.tool,
+                cordon_sandbox::units::format_duration(spec.limits.wall)
+            ),
+            "memory limit" => format!(
+                "{}: wasm trap: memory limit: linear memory would have grown past its limit",
+                spec.tool
+            ),
+            k => format!("{}: wasm trap: {k}", spec.tool),
+        };
+        return Ok(o);
+    }
+    if o.exit_code == Some(SETUP_EXIT) {
+        let text = String::from_utf8_lossy(&o.stderr);
+        if let Some(why) = text.lines().find_map(|l| l.strip_prefix(SETUP_MARKER)) {
+            return Err(RunError::Setup(format!("{}: {why}", spec.tool)));
+        }
+    }
+    Ok(o)
+}
+
+impl Runtime for Wasm {
+    fn name(&self) -> &'static str {
+        "wasm"
+    }
+
+    fn check(&self, spec: &SandboxSpec) -> Check {
+        let problems = self.problems(spec);
+        let lowered = self.lower(spec, None);
+        let mut native = self.native.check(&lowered);
+        native.problems.retain(|p| {
+            // The runner's bind is checked (as the runner) above.
+            p.bind_source.as_deref() != self.runner.as_deref().ok()
+        });
+        let mut all = problems;
+        all.extend(native.problems);
+        Check {
+            mechanisms: self.mechanisms(spec),
+            problems: all,
+        }
+    }
+
+    fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
+        let code = self.compile(spec)?;
+        let lowered = self.lower(spec, Some(&code));
+        match self
+            .native
+            .run(&lowered, input.clone(), ctx)
+            .and_then(|o| finish(spec, o))
+        {
+            // The cache file changed under a remembered entry: the runner
+            // refused to load it; compile (or find) it again, once.
+            Err(RunError::Setup(why)) if why.contains("refusing to load it") => {
+                if let Ok(mut known) = self.known.lock() {
+                    known.clear();
+                }
+                let code = self.compile(spec)?;
+                let lowered = self.lower(spec, Some(&code));
+                let o = self.native.run(&lowered, input, ctx)?;
+                finish(spec, o)
+            }
+            other => other,
+        }
+    }
+
+    fn spawn(&self, spec: &SandboxSpec, _ctx: &Context) -> Result<Spawned, RunError> {
+        Err(RunError::Refused(format!(
+            "{}: a wasm tool runs once per call, not as a long-lived sandbox",
+            spec.tool
+        )))
+    }
+
+    fn facts(&self) -> Facts {
+        let spec = SandboxSpec::new("doctor", ["/bin/true"]);
+        let mut notes = vec![
+            format!(
+                "runs WASI preview 1 modules (wasmtime, in cordon-wasm) inside the native jail: {}",
+                match &self.runner {
+                    Ok(p) => format!("runner {}", p.display()),
+                    Err(e) => format!("unavailable: {e}"),
+                }
+            ),
+            match &self.cache {
+                Ok(c) => format!(
+                    "compiled code cached in {} by module sha256 and engine (wasmtime version and configuration)",
+                    c.display()
+                ),
+                Err(e) => format!("no wasm cache: {e}"),
+            },
+        ];
+        for m in crate::mechanism::Mechanism::ALL {
+            if let Some(w) = crate::mechanism::wasm_layer(m) {
+                notes.push(format!("{m}: jail as native; inside it, wasm: {w}"));
+            }
+        }
+        Facts {
+            runtime: "wasm",
+            mechanisms: self.mechanisms(&spec),
+            notes,
+        }
+    }
+
+    fn jail(&self) -> Option<Arc<Jail>> {
+        Some(self.native.jail().clone())
+    }
+}

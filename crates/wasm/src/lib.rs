@@ -1,0 +1,449 @@
+//! cordon-wasm: the runner of `runtime: wasm` tools.
+//!
+//! Two steps, one binary:
+//!
+//! - [`compile_cached`] runs on the broker's side, outside any sandbox: it
+//!   checks the module against its pinned sha256, and compiles it with
+//!   Cranelift into cordon's cache, keyed by the module's digest and the
+//!   engine's (wasmtime's version and this configuration), written as a
+//!   temporary file renamed into place, with the sha256 of the compiled
+//!   bytes beside it. An entry whose bytes do not match that digest is
+//!   compiled again, never loaded.
+//! - [`run`] runs inside the native P1 jail, as the tool's program: it
+//!   loads the compiled code (only after checking its sha256 against the
+//!   one the broker read from the cache), and runs the WASI preview 1
+//!   command with nothing but what it is given: its arguments, the jail's
+//!   environment (the manifest's), stdio, and read-only preopens of the
+//!   directories the manifest binds. No socket, no writable directory. Its
+//!   linear memory is capped (a growth past the cap traps), and an epoch
+//!   deadline stops it at the wall clock.
+//!
+//! A trap ends the runner with [`TRAP_EXIT`] and a last line on stderr,
+//! [`TRAP_MARKER`] and the trap's kind ([`TrapKind`]), which the runtime
+//! turns into the call's outcome.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Config, Engine, Linker, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
+
+/// The runner's exit code for a trap (the kind is on stderr's last line).
+pub const TRAP_EXIT: i32 = 125;
+/// The start of the runner's last stderr line for a trap.
+pub const TRAP_MARKER: &str = "cordon-wasm: trap: ";
+/// The start of the runner's stderr line for a failure before the module
+/// ran (compiled code that does not load, a preopen that does not open).
+pub const SETUP_MARKER: &str = "cordon-wasm: setup: ";
+/// The runner's exit code for such a failure.
+pub const SETUP_EXIT: i32 = 126;
+
+/// Elements a table may grow to.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// The one engine configuration, used to compile and to run (compiled
+/// code is only valid for the configuration that made it, and the cache
+/// key includes it).
+pub fn engine() -> Result<Engine, String> {
+    let mut c = Config::new();
+    c.epoch_interruption(true)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed)
+        // Linear memory allocated as it grows, bounds-checked, with no
+        // multi-GiB virtual reservation: the jail's memory limit (or its
+        // RLIMIT_AS backstop) bounds the runner's address space.
+        .memory_reservation(0)
+        .memory_guard_size(0)
+        .guard_before_linear_memory(false)
+        .memory_reservation_for_growth(16 << 20)
+        .memory_init_cow(false)
+        .max_wasm_stack(1 << 20)
+        // A trap is reported by its kind; no Wasm backtrace is kept (a
+        // deep recursion's would drown stderr).
+        .wasm_backtrace(false)
+        .wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Disable);
+    Engine::new(&c).map_err(|e| format!("wasmtime engine: {e:#}"))
+}
+
+/// The engine's identity in cache keys: wasmtime's version and every
+/// setting that makes compiled code compatible or not, hashed.
+pub fn engine_id(engine: &Engine) -> String {
+    struct Sha(Sha256);
+    impl std::hash::Hasher for Sha {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+    }
+    let mut h = Sha(Sha256::new());
+    h.0.update(b"wasmtime ");
+    h.0.update(wasmtime_version().as_bytes());
+    h.0.update(b"\0");
+    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut h);
+    hex::encode(h.0.finalize())
+}
+
+/// The wasmtime release line this runner is built with (`cordon-wasm
+/// version`). The exact version is in the engine id all the same:
+/// `precompile_compatibility_hash` hashes wasmtime's own crate version.
+pub fn wasmtime_version() -> &'static str {
+    // Kept with the dependency's version in Cargo.toml.
+    "37"
+}
+
+/// Lowercase hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A module's compiled code in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiled {
+    /// The compiled code.
+    pub path: PathBuf,
+    /// The sha256 of its bytes, as recorded when it was written.
+    pub code_sha256: String,
+    /// Whether it was already there (`false`: compiled now).
+    pub hit: bool,
+}
+
+impl Compiled {
+    /// The compile step's answer on stdout: `hit|compiled SHA256 PATH`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}",
+            if self.hit { "hit" } else { "compiled" },
+            self.code_sha256,
+            self.path.display()
+        )
+    }
+
+    /// [`Compiled::line`] read back.
+    pub fn parse(line: &str) -> Option<Compiled> {
+        let mut it = line.trim_end().splitn(3, ' ');
+        let hit = match it.next()? {
+            "hit" => true,
+            "compiled" => false,
+            _ => return None,
+        };
+        let code_sha256 = it.next()?.to_string();
+        let path = PathBuf::from(it.next()?);
+        (code_sha256.len() == 64).then_some(Compiled {
+            path,
+            code_sha256,
+            hit,
+        })
+    }
+}
+
+/// Check `module` against its pinned `sha256`, and have its compiled code
+/// in `cache`: the entry already there when its bytes match the digest
+/// recorded beside it, else compiled now and written atomically.
+pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compiled, String> {
+    let bytes =
+        fs::read(module).map_err(|e| format!("module {}: cannot read: {e}", module.display()))?;
+    let actual = sha256_hex(&bytes);
+    let expected = sha256.trim().to_ascii_lowercase();
+    if actual != expected {
+        return Err(format!(
+            "module {}: sha256 mismatch: expected {expected}, actual {actual}; refusing to run a module that is not the one pinned",
+            module.display()
+        ));
+    }
+    let engine = engine()?;
+    let id = engine_id(&engine);
+    let name = format!("{actual}-{}.cwasm", &id[..32]);
+    let path = cache.join(&name);
+    let sum_path = cache.join(format!("{name}.sha256"));
+    if let (Ok(code), Ok(sum)) = (fs::read(&path), fs::read_to_string(&sum_path)) {
+        let recorded = sum.trim();
+        if sha256_hex(&code) == recorded {
+            return Ok(Compiled {
+                path,
+                code_sha256: recorded.to_string(),
+                hit: true,
+            });
+        }
+        // A torn or altered entry: compiled again below, never loaded.
+    }
+    let code = engine
+        .precompile_module(&bytes)
+        .map_err(|e| format!("module {}: does not compile: {e:#}", module.display()))?;
+    let code_sha256 = sha256_hex(&code);
+    fs::create_dir_all(cache)
+        .and_then(|()| fs::set_permissions(cache, fs::Permissions::from_mode(0o755)))
+        .map_err(|e| format!("wasm cache {}: {e}", cache.display()))?;
+    write_atomic(&path, &code)?;
+    write_atomic(&sum_path, format!("{code_sha256}\n").as_bytes())?;
+    Ok(Compiled {
+        path,
+        code_sha256,
+        hit: false,
+    })
+}
+
+/// Write `bytes` to a temporary file beside `path`, then rename it there.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        format!("wasm cache {}: {e}", path.display())
+    })
+}
+
+/// Why a module stopped without exiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrapKind {
+    /// A load or store outside linear memory (or a table).
+    OutOfBounds,
+    /// An `unreachable` instruction.
+    Unreachable,
+    /// The Wasm stack was exhausted.
+    StackOverflow,
+    /// Linear memory would have grown past the limit.
+    MemoryLimit,
+    /// The wall clock ran out (epoch deadline).
+    TimeLimit,
+    /// Any other trap, by wasmtime's description.
+    Other(String),
+}
+
+impl TrapKind {
+    /// Its name on the runner's last stderr line and in outcomes.
+    pub fn name(&self) -> &str {
+        match self {
+            TrapKind::OutOfBounds => "out of bounds",
+            TrapKind::Unreachable => "unreachable",
+            TrapKind::StackOverflow => "stack overflow",
+            TrapKind::MemoryLimit => "memory limit",
+            TrapKind::TimeLimit => "time limit",
+            TrapKind::Other(s) => s,
+        }
+    }
+
+    /// [`TrapKind::name`] read back.
+    pub fn from_name(s: &str) -> TrapKind {
+        match s {
+            "out of bounds" => TrapKind::OutOfBounds,
+            "unreachable" => TrapKind::Unreachable,
+            "stack overflow" => TrapKind::StackOverflow,
+            "memory limit" => TrapKind::MemoryLimit,
+            "time limit" => TrapKind::TimeLimit,
+            o => TrapKind::Other(o.to_string()),
+        }
+    }
+
+    fn of(trap: Trap) -> TrapKind {
+        match trap {
+            Trap::MemoryOutOfBounds | Trap::TableOutOfBounds | Trap::HeapMisaligned => {
+                TrapKind::OutOfBounds
+            }
+            Trap::UnreachableCodeReached => TrapKind::Unreachable,
+            Trap::StackOverflow => TrapKind::StackOverflow,
+            Trap::Interrupt => TrapKind::TimeLimit,
+            other => TrapKind::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for TrapKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a run ended without the module exiting.
+#[derive(Debug)]
+pub enum Failure {
+    /// The module trapped: its kind and wasmtime's words.
+    Trap(TrapKind, String),
+    /// Nothing ran: why.
+    Setup(String),
+}
+
+/// One run inside the jail.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The compiled code (bound read-only into the jail).
+    pub code: PathBuf,
+    /// Its sha256, as the compile step recorded it.
+    pub code_sha256: String,
+    /// The linear-memory limit, bytes.
+    pub memory: u64,
+    /// The wall clock (epoch deadline).
+    pub wall: Duration,
+    /// Directories preopened read-only, each at its own path.
+    pub dirs: Vec<String>,
+    /// The module's argv (`argv[0]` its name).
+    pub argv: Vec<String>,
+}
+
+/// Linear memory past its limit.
+#[derive(Debug)]
+struct MemoryLimitHit {
+    desired: usize,
+    limit: usize,
+}
+
+impl fmt::Display for MemoryLimitHit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "linear memory would grow to {} bytes, past the limit of {} bytes",
+            self.desired, self.limit
+        )
+    }
+}
+
+impl std::error::Error for MemoryLimitHit {}
+
+struct Limiter {
+    memory: usize,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory {
+            return Err(wasmtime::Error::new(MemoryLimitHit {
+                desired,
+                limit: self.memory,
+            }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+struct State {
+    wasi: WasiP1Ctx,
+    limiter: Limiter,
+}
+
+/// Run the compiled module: its exit code, or how it failed.
+pub fn run(o: &RunOptions) -> Result<i32, Failure> {
+    let engine = engine().map_err(Failure::Setup)?;
+    let code = fs::read(&o.code)
+        .map_err(|e| Failure::Setup(format!("compiled code {}: {e}", o.code.display())))?;
+    let actual = sha256_hex(&code);
+    if actual != o.code_sha256 {
+        return Err(Failure::Setup(format!(
+            "compiled code {}: sha256 {actual}, not the {} recorded when it was written; refusing to load it",
+            o.code.display(),
+            o.code_sha256
+        )));
+    }
+    let module = cordon_sys_wasm::deserialize_verified(&engine, &code)
+        .map_err(|e| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display())))?;
+    drop(code);
+
+    let mut b = WasiCtxBuilder::new();
+    b.args(&o.argv)
+        .inherit_env()
+        .inherit_stdin()
+        .inherit_stdout()
+        .inherit_stderr()
+        .allow_blocking_current_thread(true)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    for d in &o.dirs {
+        b.preopened_dir(d, d, DirPerms::READ, FilePerms::READ)
+            .map_err(|e| Failure::Setup(format!("preopen {d}: {e:#}")))?;
+    }
+    let state = State {
+        wasi: b.build_p1(),
+        limiter: Limiter {
+            memory: usize::try_from(o.memory).unwrap_or(usize::MAX),
+        },
+    };
+    let mut store = Store::new(&engine, state);
+    store.limiter(|s| &mut s.limiter);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_trap();
+
+    let mut linker: Linker<State> = Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
+        .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
+
+    // The deadline: one epoch tick when the wall clock runs out.
+    let ticker = engine.clone();
+    let wall = o.wall;
+    std::thread::Builder::new()
+        .name("wasm-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(wall);
+            ticker.increment_epoch();
+        })
+        .map_err(|e| Failure::Setup(format!("deadline thread: {e}")))?;
+
+    let result = linker
+        .instantiate(&mut store, &module)
+        .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
+        .and_then(|start| start.call(&mut store, ()));
+    match result {
+        Ok(()) => Ok(0),
+        Err(e) => match classify(e) {
+            Classified::Exit(c) => Ok(c),
+            Classified::Failure(f) => Err(f),
+        },
+    }
+}
+
+enum Classified {
+    Exit(i32),
+    Failure(Failure),
+}
+
+fn classify(e: wasmtime::Error) -> Classified {
+    if let Some(x) = e.downcast_ref::<I32Exit>() {
+        return Classified::Exit(x.0);
+    }
+    if let Some(m) = e.downcast_ref::<MemoryLimitHit>() {
+        return Classified::Failure(Failure::Trap(TrapKind::MemoryLimit, m.to_string()));
+    }
+    if let Some(t) = e.downcast_ref::<Trap>() {
+        return Classified::Failure(Failure::Trap(TrapKind::of(*t), t.to_string()));
+    }
+    let text = format!("{e:#}");
+    if text.contains("_start") || text.contains("unknown import") {
+        return Classified::Failure(Failure::Setup(text));
+    }
+    Classified::Failure(Failure::Trap(TrapKind::Other("error".into()), text))
+}

@@ -1,0 +1,357 @@
+//! `runtime: wasm` end to end: the runner compiles into the cache outside
+//! the jail and runs the module inside the native P1 jail. Every body runs
+//! in a re-executed copy of this test binary, as root and as uid 65534.
+//! The example parser is built from its committed C source with Debian's
+//! clang-14 for wasm32-wasi (scripts/setup.sh installs it): without it the
+//! tests fail, they never skip.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use cordon_runtime::spec::WasmModule;
+use cordon_runtime::wasm::{Options, Wasm};
+use cordon_runtime::{Context, Mount, RunError, Runtime, SandboxSpec, Status};
+use cordon_testkit::reexec::Harness;
+
+const HARNESS: Harness = Harness {
+    child_env: "CORDON_WASM_TEST_CHILD",
+    env_remove: &["XDG_RUNTIME_DIR"],
+    run_dir_as_nobody: true,
+    ..Harness::NONE
+};
+
+macro_rules! wasm_test {
+    ($name:ident) => {
+        cordon_testkit::reexec_test!(HARNESS, $name);
+    };
+}
+
+/// The committed source of the example parser.
+fn json_check_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm/json-check.c")
+}
+
+/// The example parser built for wasm32-wasi into `dir`.
+fn json_check(dir: &Path) -> PathBuf {
+    let out = dir.join("json-check.wasm");
+    let r = Command::new("clang-14")
+        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-o"])
+        .arg(&out)
+        .arg(json_check_source())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("clang-14: {e}: install clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (scripts/setup.sh)")
+        });
+    assert!(
+        r.status.success(),
+        "clang-14 --target=wasm32-wasi failed (scripts/setup.sh installs wasi-libc and libclang-rt-14-dev-wasm32):\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o644)).expect("chmod");
+    out
+}
+
+/// A module from WAT text, written into `dir`.
+fn wat(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let bytes = wat::parse_str(text).expect("valid WAT");
+    let p = dir.join(format!("{name}.wasm"));
+    fs::write(&p, bytes).expect("write module");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod");
+    p
+}
+
+fn sha(path: &Path) -> String {
+    cordon_wasm::sha256_hex(&fs::read(path).expect("read module"))
+}
+
+fn runtime(cache: &Path) -> Wasm {
+    Wasm::new(
+        Options {
+            runner: Some(env!("CARGO_BIN_EXE_cordon-wasm").into()),
+            cache: Some(cache.to_path_buf()),
+        },
+        Default::default(),
+    )
+    .expect("wasm runtime")
+}
+
+fn spec(module: &Path, argv: &[&str]) -> SandboxSpec {
+    let mut s = SandboxSpec::new("w", argv.iter().copied());
+    s.wasm = Some(WasmModule {
+        path: module.to_path_buf(),
+        sha256: sha(module),
+    });
+    s.limits.wall = Duration::from_secs(20);
+    s
+}
+
+fn call(rt: &Wasm, s: &SandboxSpec, input: &[u8]) -> cordon_runtime::Outcome {
+    let problems = rt.check(s).problems;
+    assert!(problems.is_empty(), "{problems:?}");
+    rt.run(s, input.to_vec(), &Context::discard("t"))
+        .expect("the call runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+wasm_test!(the_example_parses_good_input_rejects_bad_and_is_cached);
+fn the_example_parses_good_input_rejects_bad_and_is_cached() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let s = spec(&json_check(&d), &["json-check"]);
+    let good = call(
+        &rt,
+        &s,
+        br#"{"a": [1, 2.5e3, "x\u00e9", true, null], "b": {}}"#,
+    );
+    assert_eq!(good.status, Status::Ok, "{good:?} {}", text(&good.stderr));
+    assert_eq!(text(&good.stdout), "ok: 8 values, depth 2\n");
+    assert_eq!(
+        rt.cache_stats(),
+        cordon_runtime::wasm::CacheStats {
+            compiled: 1,
+            hits: 0
+        }
+    );
+    let cached: Vec<_> = fs::read_dir(d.join("cache"))
+        .expect("the cache directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        cached.iter().any(|n| n.ends_with(".cwasm"))
+            && cached.iter().any(|n| n.ends_with(".cwasm.sha256")),
+        "{cached:?}"
+    );
+    // The second call runs the cached code.
+    let bad = call(&rt, &s, br#"{"a": [1, 2,]}"#);
+    assert_eq!(bad.status, Status::Exited, "{bad:?}");
+    assert_eq!(bad.exit_code, Some(1));
+    assert_eq!(text(&bad.stdout), "invalid: byte 12: value expected\n");
+    assert_eq!(
+        rt.cache_stats(),
+        cordon_runtime::wasm::CacheStats {
+            compiled: 1,
+            hits: 1
+        }
+    );
+    // Another broker (a later `cordon run`) finds it in the cache too.
+    let again = runtime(&d.join("cache"));
+    assert_eq!(call(&again, &s, b"[]").status, Status::Ok);
+    assert_eq!(
+        again.cache_stats(),
+        cordon_runtime::wasm::CacheStats {
+            compiled: 0,
+            hits: 1
+        }
+    );
+}
+
+wasm_test!(a_corrupt_cache_entry_is_compiled_again);
+fn a_corrupt_cache_entry_is_compiled_again() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let s = spec(&json_check(&d), &["json-check"]);
+    assert_eq!(call(&rt, &s, b"[1]").status, Status::Ok);
+    let code = fs::read_dir(d.join("cache"))
+        .expect("cache")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .expect("a compiled entry");
+    let mut bytes = fs::read(&code).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    fs::write(&code, bytes).expect("corrupt it");
+    let o = call(&rt, &s, b"[2]");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(
+        rt.cache_stats(),
+        cordon_runtime::wasm::CacheStats {
+            compiled: 2,
+            hits: 0
+        },
+        "the corrupt entry was not trusted"
+    );
+}
+
+wasm_test!(a_module_whose_sha256_differs_is_refused);
+fn a_module_whose_sha256_differs_is_refused() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let m = wat(&d, "ok", r#"(module (func (export "_start")))"#);
+    // Positive control: the pinned digest runs.
+    let s = spec(&m, &["ok"]);
+    assert_eq!(call(&rt, &s, b"").status, Status::Ok);
+    let actual = sha(&m);
+    let mut wrong = s.clone();
+    let expected = "0".repeat(64);
+    wrong.wasm = Some(WasmModule {
+        path: m.clone(),
+        sha256: expected.clone(),
+    });
+    let want = format!("sha256 mismatch: expected {expected}, actual {actual}");
+    let problems = rt.check(&wrong).problems;
+    assert!(problems.iter().any(|p| p.contains(&want)), "{problems:?}");
+    match rt.run(&wrong, Vec::new(), &Context::discard("t")) {
+        Err(RunError::Refused(why)) => assert!(why.contains(&want), "{why}"),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+wasm_test!(a_runaway_loop_stops_at_the_wall_clock_as_a_time_limit_trap);
+fn a_runaway_loop_stops_at_the_wall_clock_as_a_time_limit_trap() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let m = wat(
+        &d,
+        "spin",
+        r#"(module (func (export "_start") (loop $l (br $l))))"#,
+    );
+    let mut s = spec(&m, &["spin"]);
+    s.limits.wall = Duration::from_secs(2);
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::TimedOut, "{o:?} {}", text(&o.stderr));
+    assert!(o.reason.contains("wasm trap: time limit"), "{}", o.reason);
+}
+
+/// A module that grows its linear memory by `pages` of 64 KiB.
+fn grower(d: &Path, pages: u32) -> PathBuf {
+    wat(
+        d,
+        &format!("grow{pages}"),
+        &format!(
+            r#"(module (memory 1)
+                 (func (export "_start")
+                   (if (i32.lt_s (memory.grow (i32.const {pages})) (i32.const 0))
+                     (then unreachable))
+                   (i32.store (i32.const {last}) (i32.const 7))))"#,
+            last = (pages as u64 + 1) * 65536 - 4
+        ),
+    )
+}
+
+wasm_test!(linear_memory_past_the_limit_traps_as_a_memory_limit);
+fn linear_memory_past_the_limit_traps_as_a_memory_limit() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    // 96 MiB of linear memory.
+    let m = grower(&d, 1536);
+    // Positive control: under a 256 MiB limit it grows, writes its last
+    // page and exits 0.
+    let mut s = spec(&m, &["grow"]);
+    s.limits.memory_bytes = 256 << 20;
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    // Under 64 MiB, the growth traps.
+    s.limits.memory_bytes = 64 << 20;
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::MemoryLimit, "{o:?} {}", text(&o.stderr));
+    assert!(o.reason.contains("wasm trap: memory limit"), "{}", o.reason);
+}
+
+wasm_test!(traps_are_reported_by_kind);
+fn traps_are_reported_by_kind() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    for (name, body, kind) in [
+        (
+            "oob",
+            r#"(memory 1) (func (export "_start") (drop (i32.load (i32.const 0x7ffffff0))))"#,
+            "out of bounds",
+        ),
+        (
+            "unreachable",
+            r#"(func (export "_start") unreachable)"#,
+            "unreachable",
+        ),
+        (
+            "recurse",
+            r#"(func $f (export "_start") (call $f))"#,
+            "stack overflow",
+        ),
+    ] {
+        let m = wat(&d, name, &format!("(module {body})"));
+        let o = call(&rt, &spec(&m, &[name]), b"");
+        assert_eq!(o.status, Status::Exited, "{name}: {o:?}");
+        assert!(
+            o.reason.contains(&format!("wasm trap: {kind}")),
+            "{name}: {} {}",
+            o.reason,
+            text(&o.stderr)
+        );
+    }
+}
+
+wasm_test!(only_the_manifests_directories_are_preopened_read_only);
+fn only_the_manifests_directories_are_preopened_read_only() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let data = d.join("data");
+    fs::create_dir(&data).expect("mkdir");
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::write(data.join("doc.json"), br#"{"k": [true]}"#).expect("write");
+    fs::set_permissions(data.join("doc.json"), fs::Permissions::from_mode(0o644)).expect("chmod");
+    let m = json_check(&d);
+    let mut s = spec(&m, &["json-check", "/data/doc.json"]);
+    s.mounts.push(Mount {
+        src: data.clone(),
+        dst: "/data".into(),
+        writable: false,
+    });
+    // Positive control: the preopened file reads.
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "ok: 3 values, depth 2\n");
+    // A file the jail has (its /etc) but no preopen covers: refused.
+    s.argv = vec!["json-check".into(), "/etc/passwd".into()];
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.exit_code, Some(2), "{o:?} {}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("/etc/passwd: Capabilities insufficient"),
+        "{}",
+        text(&o.stderr)
+    );
+    // A writable mount is refused, not preopened.
+    s.mounts[0].writable = true;
+    let problems = rt.check(&s).problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("preopened read-only only")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn the_runtime_reads_the_runners_markers() {
+    assert_eq!(cordon_runtime::wasm::TRAP_MARKER, cordon_wasm::TRAP_MARKER);
+    assert_eq!(cordon_runtime::wasm::TRAP_EXIT, cordon_wasm::TRAP_EXIT);
+    assert_eq!(
+        cordon_runtime::wasm::SETUP_MARKER,
+        cordon_wasm::SETUP_MARKER
+    );
+    assert_eq!(cordon_runtime::wasm::SETUP_EXIT, cordon_wasm::SETUP_EXIT);
+}
+
+#[test]
+fn the_examples_pin_is_the_module_its_source_builds() {
+    let d = cordon_testkit::scratch();
+    let built = sha(&json_check(&d));
+    let manifest =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm.yaml"))
+            .expect("examples/wasm.yaml");
+    let pinned = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sha256: "))
+        .expect("a sha256 pin");
+    assert_eq!(
+        pinned, built,
+        "examples/wasm.yaml pins another build of examples/wasm/json-check.c"
+    );
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Build the example parser examples/wasm/json-check.c for wasm32-wasi
+# (target/wasm/json-check.wasm, the module of examples/wasm.yaml) and
+# natively (target/wasm/json-check, the benchmark's native P1 comparison).
+# Needs clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32
+# (scripts/setup.sh installs them). Prints the module's sha256.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$root/target/wasm
+mkdir -p "$out"
+src=$root/examples/wasm/json-check.c
+clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -o "$out/json-check.wasm" "$src"
+cc -O2 -o "$out/json-check" "$src"
+chmod a+rX "$root/target" "$out" "$out/json-check.wasm" "$out/json-check"
+sha256sum "$out/json-check.wasm"
