@@ -23,6 +23,7 @@ pub mod native;
 pub mod oci;
 pub mod outcome;
 pub mod pool;
+pub mod pool_status;
 pub mod spec;
 pub mod supervisor;
 pub mod volume;

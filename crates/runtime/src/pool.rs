@@ -63,6 +63,11 @@ struct State {
     starting: usize,
     /// Sandboxes started successfully so far.
     started: usize,
+    /// Sandboxes handed to a task so far.
+    handed_out: u64,
+    /// Failed starts so far (not only in a row), and the last one's reason.
+    failed_total: u64,
+    last_failure: Option<String>,
 }
 
 /// A pool of never-used sandboxes for one tool's spec.
@@ -75,6 +80,8 @@ pub struct Pool {
     state: Mutex<State>,
     wake: Condvar,
     status_file: Option<PathBuf>,
+    /// Its entry on the pool status board ([`crate::pool_status`]).
+    label: String,
 }
 
 impl std::fmt::Debug for Pool {
@@ -184,6 +191,7 @@ impl Pool {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             status_file,
+            label: label.to_string(),
         });
         let weak = Arc::downgrade(&pool);
         std::thread::Builder::new()
@@ -195,6 +203,21 @@ impl Pool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Put `st` on the pool status board (what `cordon doctor` shows of a
+    /// running `cordon serve`).
+    fn report(&self, st: &State) {
+        let tool = self.spec.tool.as_str();
+        crate::pool_status::update("command", &self.label, tool, &self.label, |e| {
+            e.size = self.settings.size;
+            e.ready = st.idle.len();
+            e.starting = st.starting;
+            e.handed_out = st.handed_out;
+            e.refill_failures = st.failed_total;
+            e.last_failure = st.last_failure.clone();
+            e.stopped = st.stopped.clone();
+        });
     }
 
     /// Idle sandboxes now.
@@ -282,6 +305,10 @@ impl Pool {
                 }
                 self.failed(&mut st, "a pooled sandbox ended before its task");
             }
+            if t.is_some() {
+                st.handed_out += 1;
+            }
+            self.report(&st);
             self.wake.notify_all();
             t
         } else {
@@ -380,6 +407,8 @@ impl Pool {
     /// the refill.
     fn failed(&self, st: &mut State, why: &str) {
         st.failures += 1;
+        st.failed_total += 1;
+        st.last_failure = Some(why.to_string());
         if st.failures >= MAX_FAILURES && st.stopped.is_none() {
             let why = format!(
                 "pool of {}: refill stopped after {} failed starts in a row (last: {why}); tasks cold-start",
@@ -408,6 +437,7 @@ impl Drop for Pool {
         if let Some(f) = &self.status_file {
             let _ = std::fs::remove_file(f);
         }
+        crate::pool_status::remove("command", &self.label);
     }
 }
 
@@ -439,8 +469,12 @@ fn refill(pool: Weak<Pool>) {
                 }
             }
             st.idle = keep;
+            let changed = !dead.is_empty();
             for why in dead {
                 p.failed(&mut st, &why);
+            }
+            if changed {
+                p.report(&st);
             }
             old
         };
@@ -454,6 +488,7 @@ fn refill(pool: Weak<Pool>) {
                 && (p.settings.refill || st.started + st.starting < p.settings.size);
             if need {
                 st.starting += 1;
+                p.report(&st);
             }
             need
         };
@@ -469,6 +504,7 @@ fn refill(pool: Weak<Pool>) {
                 }
                 Err(e) => p.failed(&mut st, &e.to_string()),
             }
+            p.report(&st);
             p.wake.notify_all();
             // A sandbox that dies right after its start is counted too.
             drop(st);
