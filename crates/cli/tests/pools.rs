@@ -75,8 +75,9 @@ fn wait_for(manifest: &Path, state: &Path, tool: &str, ok: impl Fn(&str) -> bool
     }
 }
 
-#[test]
-fn doctor_shows_pool_sizes_and_a_running_serves_pool_state() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_shows_pool_sizes_and_a_running_serves_pool_state() {
+    use cordon_mcp::rmcp::ServiceExt as _;
     if !cordon_testkit::is_root() || !Path::new("/usr/bin/python3").exists() {
         skip_or_fail(
             &this_test(),
@@ -114,6 +115,18 @@ fn doctor_shows_pool_sizes_and_a_running_serves_pool_state() {
     let reason = broken.split("last failure: ").nth(1).unwrap_or("");
     assert!(!reason.trim().is_empty(), "{broken}");
 
+    // A session takes one: the hand-over is shown, and the pool refills.
+    let session = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let r = call(&session, "fx__echo", serde_json::json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let fx = wait_for(&m, dir.path(), "fx", |l| {
+        l.contains("ready 2") && l.contains("handed out 1")
+    });
+    assert!(fx.contains("ready 2, starting 0, handed out 1"), "{fx}");
+    session.cancel().await.unwrap();
+
     // The audit log has the refill's records, with the pool's sandbox ids.
     let log = std::fs::read_to_string(&audit).unwrap();
     let events: Vec<serde_json::Value> = log
@@ -127,7 +140,8 @@ fn doctor_shows_pool_sizes_and_a_running_serves_pool_state() {
             .filter(|r| r["tool"] == tool && r["pool"]["event"] == event)
             .count()
     };
-    assert!(of("fx", "ready") >= 2, "{log}");
+    assert!(of("fx", "ready") >= 3, "{log}");
+    assert_eq!(of("fx", "handed_over"), 1, "{log}");
     assert!(of("broken", "failed") >= 1, "{log}");
     assert!(
         events.iter().all(|r| r["pool"]["sandbox"]

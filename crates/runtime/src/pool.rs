@@ -13,8 +13,10 @@
 //! call with credentials (a pooled sandbox was made before its session
 //! was known). After [`MAX_FAILURES`] starts in a row fail, the pool stops
 //! refilling and says why ([`Pool::stopped`]; the broker puts it in the
-//! call's audit record, and a status file in cordon's state directory
-//! tells `cordon doctor`).
+//! call's audit record, and a status file in cordon's runtime directory
+//! tells `cordon doctor`). Each pool's size, idle and starting sandboxes,
+//! hand-overs and failed starts are on [`crate::pool_status`]'s board,
+//! which `cordon serve` publishes for `cordon doctor`.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
