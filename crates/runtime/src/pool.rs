@@ -49,6 +49,9 @@ pub struct Settings {
 }
 
 struct Idle {
+    /// Its own id (`pool-<pid>-<n>`), in the audit record of the task
+    /// that takes it.
+    id: String,
     spawned: Spawned,
     /// Where the sandbox's egress events go: the task's sink once taken.
     sink: Arc<Mutex<Option<EgressSink>>>,
@@ -71,6 +74,16 @@ struct State {
     failed_total: u64,
     last_failure: Option<String>,
 }
+
+/// The pooled sandbox a task took: its id and how long it waited idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub sandbox: String,
+    pub waited_ms: u64,
+}
+
+/// Numbers the pooled sandboxes of this process (their ids).
+static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A pool of never-used sandboxes for one tool's spec.
 pub struct Pool {
@@ -288,6 +301,11 @@ impl Pool {
         };
         let spawned = self.runtime.spawn(&self.pooled_spec(), &ctx)?;
         Ok(Idle {
+            id: format!(
+                "pool-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
             spawned,
             sink,
             born: Instant::now(),
@@ -297,6 +315,16 @@ impl Pool {
     /// One task: a pooled sandbox if one is idle (and the call carries no
     /// credentials), else a cold start. The second value says which.
     pub fn run(&self, input: Vec<u8>, ctx: &Context) -> Result<(Outcome, bool), RunError> {
+        self.run_taking(input, ctx).map(|(o, t)| (o, t.is_some()))
+    }
+
+    /// [`Pool::run`], saying which pooled sandbox the task took (`None`:
+    /// a cold start).
+    pub fn run_taking(
+        &self,
+        input: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<(Outcome, Option<Taken>), RunError> {
         let taken = if ctx.credentials.is_empty() {
             let mut st = self.lock();
             let mut t = None;
@@ -317,8 +345,14 @@ impl Pool {
             None
         };
         match taken {
-            Some(idle) => Ok((self.run_taken(idle, input, ctx)?, true)),
-            None => Ok((self.runtime.run(&self.spec, input, ctx)?, false)),
+            Some(idle) => {
+                let t = Taken {
+                    sandbox: idle.id.clone(),
+                    waited_ms: idle.born.elapsed().as_millis() as u64,
+                };
+                Ok((self.run_taken(idle, input, ctx)?, Some(t)))
+            }
+            None => Ok((self.runtime.run(&self.spec, input, ctx)?, None)),
         }
     }
 

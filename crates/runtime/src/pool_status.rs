@@ -94,6 +94,11 @@ pub fn update(kind: &str, key: &str, tool: &str, tenant: &str, f: impl FnOnce(&m
     write(&b);
 }
 
+/// Every pool's entry on this process's board.
+pub fn snapshot() -> Vec<PoolState> {
+    board().pools.values().cloned().collect()
+}
+
 /// Remove the entry of the pool `key` (it ended).
 pub fn remove(kind: &str, key: &str) {
     let mut b = board();
