@@ -212,6 +212,7 @@ pub fn live(dir: &Path) -> Vec<StatusFile> {
         if !held {
             let _ = fs::remove_file(e.path());
             let _ = fs::remove_file(&lock_path);
+            let _ = fs::remove_file(dir.join(format!(".{pid}.json.tmp")));
             continue;
         }
         if let Ok(text) = fs::read(e.path())
@@ -222,4 +223,39 @@ pub fn live(dir: &Path) -> Vec<StatusFile> {
     }
     out.sort_by_key(|f| f.pid);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_board_is_live_while_held_and_a_left_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("cordon-pool-status-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        // A status file whose lock nobody holds (a killed serve's).
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("4000000.json"),
+            r#"{"pid":4000000,"updated":0,"pools":[]}"#,
+        )
+        .unwrap();
+        fs::write(dir.join("4000000.lock"), "").unwrap();
+        let guard = publish(&dir).unwrap();
+        update("mcp", "default/t", "t", "default", |e| {
+            e.size = 2;
+            e.ready = 1;
+        });
+        let live_now = live(&dir);
+        assert_eq!(live_now.len(), 1, "{live_now:?}");
+        assert_eq!(live_now[0].pid, std::process::id());
+        let t = live_now[0].pools.iter().find(|p| p.tool == "t").unwrap();
+        assert_eq!((t.size, t.ready, t.kind.as_str()), (2, 1, "mcp"));
+        assert!(!dir.join("4000000.json").exists());
+        drop(guard);
+        assert!(live(&dir).is_empty());
+        assert!(!dir.join(format!("{}.json", std::process::id())).exists());
+        remove("mcp", "default/t");
+        let _ = fs::remove_dir_all(&dir);
+    }
 }
