@@ -13,7 +13,14 @@
    --http` and the proxy door) against the same server and Chromium run
    directly on the host over stdio, with the Python MCP SDK client: from
    `initialize` to the first `browser_navigate` result, then each
-   `browser_navigate` and `browser_snapshot` of the same conversation.
+   `browser_navigate` and `browser_snapshot` of the same conversation;
+6. memory of idle warm browser sandboxes (`--only browser-memory`):
+   `cordon serve` with examples/playwright-mcp.yaml at `mcp: {warm: N}`
+   (with `--warm-up`: Chromium launched by the warm-up navigate) for each
+   N of `--warm-sizes`; once the pool status `cordon doctor` reads says N
+   ready, the PSS of each sandbox (the sum of /proc/PID/smaps_rollup Pss
+   over the runsc process serve started and all its descendants: gofer,
+   sandbox/Sentry, its systrap stubs), and how many fit in 2 GiB.
 
 Run as root on a release build: `cargo build --release --bin cordon &&
 python3 scripts/bench-gvisor.py [--rounds N] [--only browser]` (`CORDON_BIN`
@@ -260,6 +267,133 @@ def bench_browser(rounds, calls, warm=0, warm_up=False):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def proc_children():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def pss_kib(pid, fields=("Pss:",)):
+    """The sum of `fields` of /proc/PID/smaps_rollup, in KiB."""
+    n = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.split(maxsplit=1)[0] in fields:
+                    n += int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return n
+
+
+PRIVATE = ("Private_Clean:", "Private_Dirty:")
+
+
+def sandbox_pss_mib(serve_pid):
+    """PSS (MiB) of each sandbox `cordon serve` started: each of its child
+    processes (the runsc that started a sandbox) with all descendants."""
+    kids = proc_children()
+    out = []
+    for top in kids.get(serve_pid, []):
+        todo, tree = [top], []
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            todo.extend(kids.get(p, []))
+        with open(f"/proc/{top}/cmdline", "rb") as f:
+            if b"runsc" not in f.read():
+                continue
+        out.append((sum(pss_kib(p) for p in tree) / 1024, len(tree),
+                    sum(pss_kib(p, PRIVATE) for p in tree) / 1024))
+    return out
+
+
+def bench_browser_memory(sizes, warm_up, settle):
+    """Part 6: for each pool size, the PSS of every idle warm browser
+    sandbox once the pool is full, read `settle` seconds after the pool
+    status says so."""
+    import re
+    web = os.path.join(ROOT, "examples/data/web")
+    srv = HTTPServer(("127.0.0.80", 80), lambda *a: Quiet(*a, directory=web))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    text = open(os.path.join(ROOT, "examples/playwright-mcp.yaml")).read()
+    assert "      startup_seconds: 60\n" in text
+    results = {}
+    try:
+        for n in sizes:
+            tmp = tempfile.mkdtemp(prefix="cordon-bench-browser-mem-")
+            manifest = os.path.join(tmp, "playwright-mcp.yaml")
+            with open(manifest, "w") as f:
+                f.write(text.replace("      startup_seconds: 60\n",
+                                     f"      startup_seconds: 60\n      warm: {n}\n"
+                                     + ('      warm_up: {tool: browser_navigate, arguments: {url: "about:blank"}}\n'
+                                        if warm_up else "")))
+            state = os.path.join(tmp, "state")
+            env = dict(ENV, CORDON_STATE_DIR=state)
+            err = open(os.path.join(tmp, "serve.stderr"), "w+")
+            serve = subprocess.Popen([CORDON, "serve", "--http", "127.0.0.1:0", "--no-probe", "-m", manifest],
+                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                status = os.path.join(state, "pools", f"{serve.pid}.json")
+                t0 = time.perf_counter()
+                ready = 0
+                while time.perf_counter() - t0 < 900 and serve.poll() is None:
+                    try:
+                        with open(status) as f:
+                            pools = json.load(f)["pools"]
+                        ready = sum(p["ready"] for p in pools if p["tool"] == "browser")
+                        failed = [p["last_failure"] for p in pools if p["refill_failures"]]
+                        if failed:
+                            sys.exit(f"warm {n}: a warm server failed: {failed}")
+                    except (OSError, ValueError, KeyError):
+                        pass
+                    if ready >= n:
+                        break
+                    time.sleep(1)
+                if ready < n:
+                    err.seek(0)
+                    sys.exit(f"warm {n}: {ready} ready: " + err.read()[-2000:])
+                fill_s = time.perf_counter() - t0
+                time.sleep(settle)
+                per = sandbox_pss_mib(serve.pid)
+                serve_pss = pss_kib(serve.pid) / 1024
+                load = os.getloadavg()[0]
+                results[n] = {"fill_s": fill_s, "sandboxes_mib": [p for p, _, _ in per],
+                              "private_mib": [u for _, _, u in per],
+                              "processes": [c for _, c, _ in per], "serve_mib": serve_pss, "load": load}
+                print(f"warm {n}{' + warm-up' if warm_up else ''}: ready after {fill_s:.0f} s; "
+                      f"PSS per idle sandbox {', '.join(f'{p:.0f}' for p, _, _ in per)} MiB "
+                      f"(total {sum(p for p, _, _ in per):.0f}; private {', '.join(f'{u:.0f}' for _, _, u in per)}; "
+                      f"{', '.join(str(c) for _, c, _ in per)} processes); cordon serve itself {serve_pss:.0f} MiB; "
+                      f"load {load:.1f}", flush=True)
+            finally:
+                serve.terminate()
+                serve.wait(120)
+                shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        srv.shutdown()
+    # What fits in 2 GiB: sandboxes share host pages (runsc, the files
+    # they map), so PSS per sandbox falls as they are added; the largest
+    # pool measured gives the most sharing, its private memory the floor.
+    if results:
+        n = max(results)
+        r = results[n]
+        mean = statistics.mean(r["sandboxes_mib"])
+        private = statistics.mean(r["private_mib"])
+        print(f"at warm {n}: mean PSS per idle warm browser sandbox {mean:.0f} MiB "
+              f"(private {private:.0f}): {int(2048 // mean)} fit in 2 GiB at that sharing")
+    print(json.dumps({"browser_warm_pss": results}))
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
@@ -270,7 +404,11 @@ def main():
                     help="conversations of part 5, each side")
     ap.add_argument("--browser-calls", type=int, default=5,
                     help="navigate+snapshot pairs per conversation of part 5")
-    ap.add_argument("--only", choices=["browser"], help="run only that part")
+    ap.add_argument("--only", choices=["browser", "browser-memory"], help="run only that part")
+    ap.add_argument("--warm-sizes", default="1,2,4",
+                    help="browser-memory: the pool sizes measured, comma-separated")
+    ap.add_argument("--settle", type=int, default=20,
+                    help="browser-memory: seconds between the pool being full and the reading")
     ap.add_argument("--warm", type=int, default=0,
                     help="part 5 with `mcp: {warm: N}` (a pool of started servers)")
     ap.add_argument("--warm-up", action="store_true",
@@ -280,6 +418,9 @@ def main():
         sys.exit("run as root (P3 needs cgroup limits; the page's upstream binds port 80)")
     if not os.path.exists(CORDON):
         sys.exit(f"{CORDON} missing: cargo build --release --bin cordon")
+    if a.only == "browser-memory":
+        bench_browser_memory([int(x) for x in a.warm_sizes.split(",")], a.warm_up, a.settle)
+        return
     if a.only == "browser":
         report_browser(bench_browser(a.browser_rounds, a.browser_calls, a.warm, a.warm_up))
         return

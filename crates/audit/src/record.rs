@@ -285,7 +285,9 @@ pub struct ServiceEvent {
     pub trigger: String,
 }
 
-/// What a warm pool did with one of its sandboxes (`mcp: {warm: N}`).
+/// What a warm pool did with one of its sandboxes (`mcp: {warm: N}`; for
+/// a command tool's `lifetime: pool`, `handed_over` in the record of the
+/// call that took one, `sandbox` its id `pool-<pid>-<n>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolEvent {
     /// `ready` (its server answered `initialize` and `tools/list`; the

@@ -661,7 +661,20 @@ impl Broker {
             None => self.pool_for(policy, &who.tenant, host_ids, &admitted),
         };
         let ran = match pool {
-            Some(Ok(pool)) => admitted.run_pooled(&pool, input, &ctx),
+            Some(Ok(pool)) => admitted
+                .run_from_pool(&pool, input, &ctx)
+                .map(|(o, taken)| {
+                    // The hand-over: which pooled sandbox ran the call.
+                    if let Some(t) = taken {
+                        rec.pool = Some(cordon_audit::PoolEvent {
+                            event: "handed_over".into(),
+                            sandbox: t.sandbox,
+                            pooled: true,
+                            waited_ms: t.waited_ms,
+                        });
+                    }
+                    o
+                }),
             Some(Err(why)) => admitted.run(input, &ctx).map(|mut o| {
                 o.warnings.push(why);
                 o

@@ -45,6 +45,10 @@ pub struct Report {
     runtimes: Vec<RuntimeReport>,
     profiles: Vec<ProfileVerdict>,
     notes: Vec<String>,
+    /// The manifest's warm pools and their live state (`cordon doctor`
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pools: Option<crate::doctor_pools::PoolsReport>,
 }
 
 /// A profile's verdict from the mechanisms of the runtime it runs on:
@@ -151,8 +155,13 @@ fn read_trim(p: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-pub fn run(json: bool, providers: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let (report, registry) = collect(providers);
+pub fn run(
+    json: bool,
+    providers: Option<&Path>,
+    manifest: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let (mut report, registry) = collect(providers);
+    report.pools = Some(crate::doctor_pools::collect(manifest));
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::from(exit::OK));
@@ -240,6 +249,7 @@ pub fn collect(providers: Option<&Path>) -> (Report, Registry) {
         runtimes,
         profiles,
         notes,
+        pools: None,
     };
     (report, registry)
 }
@@ -792,5 +802,8 @@ fn print_text(report: &Report, registry: &Registry) {
     }
     for n in &report.notes {
         println!("note: {n}");
+    }
+    if let Some(p) = &report.pools {
+        crate::doctor_pools::print(p);
     }
 }

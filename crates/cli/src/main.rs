@@ -7,6 +7,7 @@ mod audit;
 mod check;
 mod credentials;
 mod doctor;
+mod doctor_pools;
 mod exit;
 mod explain;
 mod image;
@@ -191,6 +192,11 @@ enum Cmd {
         /// /etc/cordon/providers.yaml.
         #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
         providers: Option<PathBuf>,
+        /// The manifest whose pools (`mcp: {warm: N}`, `lifetime: pool`)
+        /// are shown, with their live state in a running `cordon serve`.
+        /// Default: $CORDON_MANIFEST, else ./cordon.yaml if it exists.
+        #[arg(short = 'm', long = "manifest", env = "CORDON_MANIFEST")]
+        manifest: Option<PathBuf>,
     },
     /// Run the conformance probes inside each tool's sandbox: HELD, ESCAPED or SKIPPED per probe.
     /// Exit 1 if anything escaped or a positive control failed.
@@ -308,7 +314,11 @@ fn main() -> ExitCode {
                 },
             )
         }),
-        Cmd::Doctor { json, providers } => doctor::run(json, providers.as_deref()),
+        Cmd::Doctor {
+            json,
+            providers,
+            manifest,
+        } => doctor::run(json, providers.as_deref(), manifest.as_deref()),
         Cmd::Probe(args) => probe::run(args),
         Cmd::Image(args) => image::run(args),
         Cmd::Proxy(args) => proxy::run(args),

@@ -411,6 +411,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     );
     let sandbox = Arc::new(cordon_mcp::servers_for(&broker, &opts));
     let prover = broker.clone();
+    // The pools' state, for `cordon doctor` (removed when serving ends).
+    let _pool_status = match crate::state::state_dir() {
+        Ok(d) => cordon_runtime::pool_status::publish(&cordon_runtime::pool_status::dir_in(&d))
+            .map_err(|e| eprintln!("cordon: the pool status for `cordon doctor` is off: {e}"))
+            .ok(),
+        Err(e) => {
+            eprintln!("cordon: the pool status for `cordon doctor` is off: {e:#}");
+            None
+        }
+    };
     let gw = Gateway::new(&loaded.policy, broker, sandbox)
         .map_err(|e| anyhow!("{e}"))?
         .with_listing_cache(match cordon_mcp::default_listing_dir() {

@@ -286,7 +286,9 @@ fn probe_holds_inside_gvisor_and_says_who_answered() {
 }
 
 /// `lifetime: pool` through the broker (as `cordon serve` makes calls):
-/// every call gets a sandbox no other call used, and is audited.
+/// every call gets a sandbox no other call used, and is audited; a call
+/// made once the pool has one ready takes it (the record names the pooled
+/// sandbox), and the pool's state (`cordon doctor`'s) counts the take.
 #[test]
 fn a_pooled_tool_gets_a_fresh_sandbox_per_call() {
     if !is_root() {
@@ -326,11 +328,38 @@ fn a_pooled_tool_gets_a_fresh_sandbox_per_call() {
             text(&r.outcome.stdout),
             format!("/dev/shm:\n\n/tmp:\ncall {i}")
         );
-        // Give the refill a moment, so the next call is a pooled one.
-        std::thread::sleep(std::time::Duration::from_secs(2));
+        // Wait for the refill, so the next call is a pooled one.
+        let ready = || {
+            cordon_runtime::pool_status::snapshot()
+                .into_iter()
+                .find(|p| p.tool == "fresh")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while ready().is_none_or(|p| p.ready == 0) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let p = ready().expect("the pool's state");
+        assert_eq!((p.kind.as_str(), p.size), ("command", 1), "{p:?}");
+        assert_eq!(p.ready, 1, "{p:?}");
     }
+    let p = cordon_runtime::pool_status::snapshot()
+        .into_iter()
+        .find(|p| p.tool == "fresh")
+        .unwrap();
+    assert_eq!(p.handed_out, 2, "{p:?}");
     let records = std::fs::read_to_string(&audit).unwrap();
     assert_eq!(records.lines().count(), 3, "{records}");
+    // The first call made the pool and started cold; the next two each
+    // took a pooled sandbox of their own.
+    let taken: Vec<String> = records
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["pool"]["event"] == "handed_over")
+        .map(|r| r["pool"]["sandbox"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(taken.len(), 2, "{records}");
+    assert!(taken.iter().all(|s| s.starts_with("pool-")), "{taken:?}");
+    assert_ne!(taken[0], taken[1], "{records}");
     assert!(
         records
             .lines()

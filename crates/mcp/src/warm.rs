@@ -44,6 +44,25 @@ use crate::upstream::{Bound, Launched, launch, server_argv};
 struct Pool {
     ready: VecDeque<Ready>,
     starting: usize,
+    /// Handed to sessions so far.
+    handed_out: u64,
+    /// Starts that failed and servers discarded so far, and the last
+    /// one's reason.
+    failures: u64,
+    last_failure: Option<String>,
+}
+
+/// Put `tenant`'s pool of `tool` on the pool status board (what `cordon
+/// doctor` shows of a running `cordon serve`).
+fn report(tool: &str, tenant: &str, size: usize, pool: &Pool) {
+    cordon_runtime::pool_status::update("mcp", &format!("{tenant}/{tool}"), tool, tenant, |e| {
+        e.size = size;
+        e.ready = pool.ready.len();
+        e.starting = pool.starting;
+        e.handed_out = pool.handed_out;
+        e.refill_failures = pool.failures;
+        e.last_failure = pool.last_failure.clone();
+    });
 }
 
 struct Ready {
@@ -165,6 +184,7 @@ impl WarmPools {
                 .or_default();
             let missing = want.saturating_sub(pool.ready.len() + pool.starting);
             pool.starting += missing;
+            report(&policy.name, tenant, want, pool);
             missing
         };
         for _ in 0..missing {
@@ -228,6 +248,7 @@ impl WarmPools {
                     since: Instant::now(),
                 });
                 let size = pool.ready.len();
+                report(&policy.name, &tenant, warm_of(&policy), pool);
                 drop(pools);
                 self.record(
                     &policy,
@@ -241,8 +262,14 @@ impl WarmPools {
                     )),
                 );
             }
-            Ok(launched) => launched.handle.kill(),
+            Ok(launched) => {
+                report(&policy.name, &tenant, warm_of(&policy), pool);
+                launched.handle.kill()
+            }
             Err(why) => {
+                pool.failures += 1;
+                pool.last_failure = Some(why.clone());
+                report(&policy.name, &tenant, warm_of(&policy), pool);
                 drop(pools);
                 tracing::warn!(tool = %policy.name, tenant = %tenant, "a warm server did not start: {why}");
                 self.record(&policy, &who, &id, "failed", 0, Some(why));
@@ -265,11 +292,12 @@ impl WarmPools {
         }
         let key = (who.tenant.clone(), policy.name.clone());
         let taken = loop {
-            let next = self
-                .pools
-                .lock()
-                .ok()
-                .and_then(|mut p| p.get_mut(&key).and_then(|p| p.ready.pop_front()));
+            let next = self.pools.lock().ok().and_then(|mut p| {
+                let pool = p.get_mut(&key)?;
+                let r = pool.ready.pop_front()?;
+                report(&policy.name, &who.tenant, warm_of(policy), pool);
+                Some(r)
+            });
             let Some(r) = next else {
                 break None;
             };
@@ -283,6 +311,14 @@ impl WarmPools {
                     .exited()
                     .unwrap_or_else(|| "its connection closed".to_string());
                 let why = crate::upstream::gate_server_message(policy, &why);
+                if let Ok(mut p) = self.pools.lock() {
+                    let pool = p.entry(key.clone()).or_default();
+                    pool.failures += 1;
+                    pool.last_failure = Some(format!(
+                        "discarded: the server ended while it waited ({why})"
+                    ));
+                    report(&policy.name, &who.tenant, warm_of(policy), pool);
+                }
                 self.record(
                     policy,
                     who,
@@ -300,12 +336,19 @@ impl WarmPools {
                 Ok(h) => h,
                 Err(e) => {
                     if let Ok(mut p) = self.pools.lock() {
-                        p.entry(key.clone()).or_default().ready.push_front(r);
+                        let pool = p.entry(key.clone()).or_default();
+                        pool.ready.push_front(r);
+                        report(&policy.name, &who.tenant, warm_of(policy), pool);
                     }
                     return Err(e);
                 }
             };
             let _ = r.bound.set(bound);
+            if let Ok(mut p) = self.pools.lock() {
+                let pool = p.entry(key.clone()).or_default();
+                pool.handed_out += 1;
+                report(&policy.name, &who.tenant, warm_of(policy), pool);
+            }
             self.record(policy, who, &r.id, "handed_over", waited, None);
             break Some(Launched {
                 handle,
@@ -362,11 +405,17 @@ impl WarmPools {
             s.insert(tool.to_string());
         }
         if let Ok(mut pools) = self.pools.lock() {
-            for ((_, t), pool) in pools.iter_mut() {
+            for ((tenant, t), pool) in pools.iter_mut() {
                 if t == tool {
                     for r in pool.ready.drain(..) {
                         r.launched.handle.kill();
                     }
+                    let size = self
+                        .servers
+                        .iter()
+                        .find(|p| p.name == *t)
+                        .map_or(0, |p| warm_of(p));
+                    report(t, tenant, size, pool);
                 }
             }
         }
@@ -384,10 +433,11 @@ impl WarmPools {
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         if let Ok(mut pools) = self.pools.lock() {
-            for (_, pool) in pools.iter_mut() {
+            for ((tenant, tool), pool) in pools.iter_mut() {
                 for r in pool.ready.drain(..) {
                     r.launched.handle.kill();
                 }
+                cordon_runtime::pool_status::remove("mcp", &format!("{tenant}/{tool}"));
             }
         }
     }

@@ -23,6 +23,7 @@ pub mod native;
 pub mod oci;
 pub mod outcome;
 pub mod pool;
+pub mod pool_status;
 pub mod spec;
 pub mod supervisor;
 pub mod volume;
@@ -259,12 +260,23 @@ impl Admitted {
         input: Vec<u8>,
         ctx: &Context,
     ) -> Result<Outcome, RunError> {
-        let (mut o, _pooled) = pool.run(input, ctx)?;
+        self.run_from_pool(pool, input, ctx).map(|(o, _)| o)
+    }
+
+    /// [`Admitted::run_pooled`], saying which pooled sandbox the task took
+    /// (`None`: a cold start).
+    pub fn run_from_pool(
+        &self,
+        pool: &pool::Pool,
+        input: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<(Outcome, Option<pool::Taken>), RunError> {
+        let (mut o, taken) = pool.run_taking(input, ctx)?;
         if let Some(why) = pool.stopped() {
             o.warnings.push(why);
         }
         merge_warnings(&mut o.warnings, &self.warnings);
-        Ok(o)
+        Ok((o, taken))
     }
 
     /// Start a long-lived sandbox.

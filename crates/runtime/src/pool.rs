@@ -13,8 +13,10 @@
 //! call with credentials (a pooled sandbox was made before its session
 //! was known). After [`MAX_FAILURES`] starts in a row fail, the pool stops
 //! refilling and says why ([`Pool::stopped`]; the broker puts it in the
-//! call's audit record, and a status file in cordon's state directory
-//! tells `cordon doctor`).
+//! call's audit record, and a status file in cordon's runtime directory
+//! tells `cordon doctor`). Each pool's size, idle and starting sandboxes,
+//! hand-overs and failed starts are on [`crate::pool_status`]'s board,
+//! which `cordon serve` publishes for `cordon doctor`.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -47,6 +49,9 @@ pub struct Settings {
 }
 
 struct Idle {
+    /// Its own id (`pool-<pid>-<n>`), in the audit record of the task
+    /// that takes it.
+    id: String,
     spawned: Spawned,
     /// Where the sandbox's egress events go: the task's sink once taken.
     sink: Arc<Mutex<Option<EgressSink>>>,
@@ -63,7 +68,22 @@ struct State {
     starting: usize,
     /// Sandboxes started successfully so far.
     started: usize,
+    /// Sandboxes handed to a task so far.
+    handed_out: u64,
+    /// Failed starts so far (not only in a row), and the last one's reason.
+    failed_total: u64,
+    last_failure: Option<String>,
 }
+
+/// The pooled sandbox a task took: its id and how long it waited idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub sandbox: String,
+    pub waited_ms: u64,
+}
+
+/// Numbers the pooled sandboxes of this process (their ids).
+static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A pool of never-used sandboxes for one tool's spec.
 pub struct Pool {
@@ -75,6 +95,8 @@ pub struct Pool {
     state: Mutex<State>,
     wake: Condvar,
     status_file: Option<PathBuf>,
+    /// Its entry on the pool status board ([`crate::pool_status`]).
+    label: String,
 }
 
 impl std::fmt::Debug for Pool {
@@ -184,6 +206,7 @@ impl Pool {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             status_file,
+            label: label.to_string(),
         });
         let weak = Arc::downgrade(&pool);
         std::thread::Builder::new()
@@ -195,6 +218,21 @@ impl Pool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Put `st` on the pool status board (what `cordon doctor` shows of a
+    /// running `cordon serve`).
+    fn report(&self, st: &State) {
+        let tool = self.spec.tool.as_str();
+        crate::pool_status::update("command", &self.label, tool, &self.label, |e| {
+            e.size = self.settings.size;
+            e.ready = st.idle.len();
+            e.starting = st.starting;
+            e.handed_out = st.handed_out;
+            e.refill_failures = st.failed_total;
+            e.last_failure = st.last_failure.clone();
+            e.stopped = st.stopped.clone();
+        });
     }
 
     /// Idle sandboxes now.
@@ -263,6 +301,11 @@ impl Pool {
         };
         let spawned = self.runtime.spawn(&self.pooled_spec(), &ctx)?;
         Ok(Idle {
+            id: format!(
+                "pool-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
             spawned,
             sink,
             born: Instant::now(),
@@ -272,6 +315,16 @@ impl Pool {
     /// One task: a pooled sandbox if one is idle (and the call carries no
     /// credentials), else a cold start. The second value says which.
     pub fn run(&self, input: Vec<u8>, ctx: &Context) -> Result<(Outcome, bool), RunError> {
+        self.run_taking(input, ctx).map(|(o, t)| (o, t.is_some()))
+    }
+
+    /// [`Pool::run`], saying which pooled sandbox the task took (`None`:
+    /// a cold start).
+    pub fn run_taking(
+        &self,
+        input: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<(Outcome, Option<Taken>), RunError> {
         let taken = if ctx.credentials.is_empty() {
             let mut st = self.lock();
             let mut t = None;
@@ -282,14 +335,24 @@ impl Pool {
                 }
                 self.failed(&mut st, "a pooled sandbox ended before its task");
             }
+            if t.is_some() {
+                st.handed_out += 1;
+            }
+            self.report(&st);
             self.wake.notify_all();
             t
         } else {
             None
         };
         match taken {
-            Some(idle) => Ok((self.run_taken(idle, input, ctx)?, true)),
-            None => Ok((self.runtime.run(&self.spec, input, ctx)?, false)),
+            Some(idle) => {
+                let t = Taken {
+                    sandbox: idle.id.clone(),
+                    waited_ms: idle.born.elapsed().as_millis() as u64,
+                };
+                Ok((self.run_taken(idle, input, ctx)?, Some(t)))
+            }
+            None => Ok((self.runtime.run(&self.spec, input, ctx)?, None)),
         }
     }
 
@@ -380,6 +443,8 @@ impl Pool {
     /// the refill.
     fn failed(&self, st: &mut State, why: &str) {
         st.failures += 1;
+        st.failed_total += 1;
+        st.last_failure = Some(why.to_string());
         if st.failures >= MAX_FAILURES && st.stopped.is_none() {
             let why = format!(
                 "pool of {}: refill stopped after {} failed starts in a row (last: {why}); tasks cold-start",
@@ -408,6 +473,7 @@ impl Drop for Pool {
         if let Some(f) = &self.status_file {
             let _ = std::fs::remove_file(f);
         }
+        crate::pool_status::remove("command", &self.label);
     }
 }
 
@@ -439,8 +505,12 @@ fn refill(pool: Weak<Pool>) {
                 }
             }
             st.idle = keep;
+            let changed = !dead.is_empty();
             for why in dead {
                 p.failed(&mut st, &why);
+            }
+            if changed {
+                p.report(&st);
             }
             old
         };
@@ -454,6 +524,7 @@ fn refill(pool: Weak<Pool>) {
                 && (p.settings.refill || st.started + st.starting < p.settings.size);
             if need {
                 st.starting += 1;
+                p.report(&st);
             }
             need
         };
@@ -469,6 +540,7 @@ fn refill(pool: Weak<Pool>) {
                 }
                 Err(e) => p.failed(&mut st, &e.to_string()),
             }
+            p.report(&st);
             p.wake.notify_all();
             // A sandbox that dies right after its start is counted too.
             drop(st);
