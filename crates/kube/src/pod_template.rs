@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use cordon_policy::policy::{Exec, Profile, Runtime, ToolPolicy};
+use cordon_policy::policy::{Exec, Profile, Runtime, TRUST_BUNDLE_ENV, ToolPolicy};
 use cordon_policy::resolve::{SANDBOX_PATH, split_digest};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
@@ -34,18 +34,6 @@ pub const CA_BUNDLE_KEY: &str = "ca-bundle.pem";
 pub const CA_DIR: &str = "/etc/cordon/ca";
 /// The container's name in every sandbox pod.
 pub const CONTAINER: &str = "tool";
-
-/// Variables that name a trust bundle for the usual TLS stacks (the list
-/// of cordon-runtime's supervisor, `TRUST_BUNDLE_ENV`).
-pub const TRUST_BUNDLE_ENV: [&str; 7] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CARGO_HTTP_CAINFO",
-    "DENO_CERT",
-];
 
 /// The image (`name@sha256:...`) a tool's Pod runs, or why the tool is not
 /// rendered as a Pod.
@@ -79,15 +67,19 @@ pub fn renders_as_pod(p: &ToolPolicy) -> Result<String, String> {
             .map(|_| image.clone())
             .map_err(|e| format!("not rendered: {e}")),
         Exec::Mcp { image: None, .. } | Exec::Command { .. } => Err(no_image.into()),
+        Exec::Wasm { .. } => Err("not rendered: a Wasm module runs in the broker's own pod, \
+                                  under its runner in the native parser jail"
+            .into()),
         Exec::Unspecified => Err("not rendered: the manifest gives nothing to run".into()),
     }
 }
 
 /// The runtime class a runtime's pods ask for (`None`: the cluster's
-/// default, runc: namespaces, seccomp and cgroups, as the native runtime).
+/// default, runc: namespaces, seccomp and cgroups, as the native runtime;
+/// a Wasm tool is never a Pod of its own, see [`renders_as_pod`]).
 pub fn runtime_class(r: Runtime) -> Option<&'static str> {
     match r {
-        Runtime::Native => None,
+        Runtime::Native | Runtime::Wasm => None,
         Runtime::Gvisor => Some("gvisor"),
         Runtime::Microvm => Some("kata"),
     }

@@ -224,6 +224,20 @@ impl SecretBinding {
     }
 }
 
+/// Variables that name a trust bundle for the usual TLS stacks (OpenSSL,
+/// Python `requests`, curl, Node, git, cargo, Deno): where a sandbox whose
+/// secrets are substituted at its egress door finds the session CA, on
+/// every runtime and in a rendered Pod alike.
+pub const TRUST_BUNDLE_ENV: [&str; 7] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Mount {
     pub src: String,

@@ -388,30 +388,22 @@ impl Registry {
     }
 
     /// The Wasm runtime, over the native runtime's jail; for calls only.
-    fn with_wasm(mut self) -> Registry {
-        let jail = self
-            .entries
-            .iter()
-            .find(|(k, _, _)| *k == RuntimeKind::Native)
-            .and_then(|(_, _, rt)| rt.jail());
-        let made = match jail {
-            Some(j) => Ok(wasm::Wasm::with_jail(wasm::Options::default(), j)),
-            None => wasm::Wasm::new(wasm::Options::default(), Default::default()),
-        };
-        match made {
-            Ok(rt) => self.with(RuntimeKind::Wasm, Use::Call, Arc::new(rt)),
-            Err(e) => {
-                self.unavailable.push((RuntimeKind::Wasm, e));
-                self
-            }
-        }
+    fn with_wasm(self) -> Registry {
+        self.with_child(
+            RuntimeKind::Wasm,
+            &[Use::Call],
+            |j| wasm::Wasm::with_jail(wasm::Options::default(), j),
+            || wasm::Wasm::new(wasm::Options::default(), Default::default()),
+        )
     }
 
-    /// A runtime that runs a kernel or VMM as a child, over the native
-    /// runtime's jail when there is one (their cgroup slots shared).
+    /// A runtime that runs a kernel, VMM or runner as a child, over the
+    /// native runtime's jail when there is one (their cgroup slots shared),
+    /// registered for `uses`.
     fn with_child<R: Runtime + 'static>(
         mut self,
         kind: RuntimeKind,
+        uses: &[Use],
         over: impl FnOnce(Arc<cordon_jail::Jail>) -> R,
         alone: impl FnOnce() -> Result<R, String>,
     ) -> Registry {
@@ -427,8 +419,10 @@ impl Registry {
         match made {
             Ok(rt) => {
                 let rt: Arc<dyn Runtime> = Arc::new(rt);
-                self.with(kind, Use::Call, rt.clone())
-                    .with(kind, Use::Serve, rt)
+                for u in uses {
+                    self = self.with(kind, *u, rt.clone());
+                }
+                self
             }
             Err(e) => {
                 self.unavailable.push((kind, e));
@@ -440,6 +434,7 @@ impl Registry {
     fn with_gvisor(self) -> Registry {
         self.with_child(
             RuntimeKind::Gvisor,
+            &[Use::Call, Use::Serve],
             |j| gvisor::Gvisor::with_jail(gvisor::Options::default(), j),
             || gvisor::Gvisor::new(gvisor::Options::default(), Default::default()),
         )
@@ -448,6 +443,7 @@ impl Registry {
     fn with_microvm(self) -> Registry {
         self.with_child(
             RuntimeKind::Microvm,
+            &[Use::Call, Use::Serve],
             |j| microvm::Microvm::with_jail(microvm::Options::default(), j),
             || microvm::Microvm::new(microvm::Options::default(), Default::default()),
         )

@@ -41,17 +41,7 @@ use crate::outcome::{Outcome, RunError};
 use crate::spec::{Network, Root, SandboxSpec};
 use crate::{Context, SandboxHandle, Spawned};
 
-/// Variables that name a trust bundle, for the usual TLS stacks (OpenSSL,
-/// Python `requests`, curl, Node, git, cargo, Deno).
-pub const TRUST_BUNDLE_ENV: [&str; 7] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CARGO_HTTP_CAINFO",
-    "DENO_CERT",
-];
+pub use cordon_policy::policy::TRUST_BUNDLE_ENV;
 
 /// What a runtime run by the [`Supervisor`] gives.
 pub(crate) trait Child {
