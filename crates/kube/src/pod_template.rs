@@ -79,6 +79,10 @@ pub fn renders_as_pod(p: &ToolPolicy) -> Result<String, String> {
             .map(|_| image.clone())
             .map_err(|e| format!("not rendered: {e}")),
         Exec::Mcp { image: None, .. } | Exec::Command { .. } => Err(no_image.into()),
+        Exec::Wasm { .. } => Err(
+            "not rendered as a Pod: a wasm tool (P1) runs in the broker's own pod, in the native jail"
+                .into(),
+        ),
         Exec::Unspecified => Err("not rendered: the manifest gives nothing to run".into()),
     }
 }
@@ -87,7 +91,8 @@ pub fn renders_as_pod(p: &ToolPolicy) -> Result<String, String> {
 /// default, runc: namespaces, seccomp and cgroups, as the native runtime).
 pub fn runtime_class(r: Runtime) -> Option<&'static str> {
     match r {
-        Runtime::Native => None,
+        // A wasm tool runs in the broker's pod (never a Pod of its own).
+        Runtime::Native | Runtime::Wasm => None,
         Runtime::Gvisor => Some("gvisor"),
         Runtime::Microvm => Some("kata"),
     }
