@@ -234,3 +234,90 @@ fn probe_finds_the_hosts_files_through_a_preopen_of_etc() {
         .unwrap_or_default();
     assert!(write.starts_with("HELD "), "{out}");
 }
+
+/// Set `p`'s modification time `days` back.
+fn age_by_days(p: &Path, days: u64) {
+    let f = fs::File::options().write(true).open(p).expect("open");
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(days * 86400))
+        .expect("set mtime");
+}
+
+#[test]
+fn image_gc_removes_the_wasm_code_no_manifest_pins_or_too_old() {
+    let s = setup();
+    let m = s.manifest.display().to_string();
+    let store = s.dir.join("store");
+    let store = store.display().to_string();
+    let good = s.cordon(&["run", "-m", &m, "json_check"], b"[]");
+    assert_eq!(good.status.code(), Some(0));
+    let cache = s.dir.join("state/wasm-cache");
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .expect("the wasm cache")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let example: Vec<String> = names(&cache);
+    assert_eq!(example.len(), 2, "{example:?}");
+    let code = example
+        .iter()
+        .find(|n| n.ends_with(".cwasm"))
+        .expect("the example's code")
+        .clone();
+    let code_bytes = fs::metadata(cache.join(&code)).expect("stat").len()
+        + fs::metadata(cache.join(format!("{code}.sha256")))
+            .expect("stat")
+            .len();
+    // The code of a module no manifest pins any more (as a cache would
+    // hold after the module changed), with its digest.
+    let engine = code
+        .strip_suffix(".cwasm")
+        .and_then(|c| c.split_once('-'))
+        .expect("MODULE-ENGINE.cwasm")
+        .1;
+    let stale = format!("{}-{engine}.cwasm", "ab".repeat(32));
+    fs::write(cache.join(&stale), vec![7u8; 1000]).expect("write");
+    fs::write(
+        cache.join(format!("{stale}.sha256")),
+        format!("{}\n", "0".repeat(64)),
+    )
+    .expect("write");
+
+    // With the manifest: the example's code stays, the other goes.
+    let o = s.cordon(&["image", "--store", &store, "gc", "-m", &m], b"");
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("removed wasm-cache/{stale} (1065 bytes)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(": removed 1 compiled modules, 0 leftovers (1065 bytes)"),
+        "{out}"
+    );
+    assert_eq!(names(&cache), example);
+
+    // Without a manifest: only what was compiled too long ago goes.
+    let o = s.cordon(&["image", "--store", &store, "gc"], b"");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o.stdout).contains(": removed 0 compiled modules"));
+    assert_eq!(names(&cache), example);
+    age_by_days(&cache.join(&code), 31);
+    let o = s.cordon(&["image", "--store", &store, "gc"], b"");
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("removed wasm-cache/{code} ({code_bytes} bytes)")),
+        "{out}"
+    );
+    assert!(names(&cache).is_empty());
+
+    // The next call compiles it again.
+    let again = s.cordon(&["run", "-m", &m, "json_check"], b"[1]");
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(text(&again.stdout), "ok: 2 values, depth 1\n");
+    assert_eq!(names(&cache), example);
+}
