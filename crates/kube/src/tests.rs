@@ -134,7 +134,7 @@ fn every_p2_p3_tool_has_each_hardening_field() {
         );
         // The runtime's class.
         let class = match p.runtime {
-            cordon_policy::policy::Runtime::Native => None,
+            cordon_policy::policy::Runtime::Native | cordon_policy::policy::Runtime::Wasm => None,
             cordon_policy::policy::Runtime::Gvisor => Some("gvisor"),
             cordon_policy::policy::Runtime::Microvm => Some("kata"),
         };
