@@ -283,8 +283,7 @@ fn judge_limit(probe: &str, o: &Outcome, stop: Status, from_stderr: bool) -> (Ve
     let text = if from_stderr { &o.stderr } else { &o.stdout };
     let answer = lines(text)
         .into_iter()
-        .filter(|l| l.probe == probe && l.outcome != "growing" && l.outcome != "looping")
-        .next_back();
+        .rfind(|l| l.probe == probe && l.outcome != "growing" && l.outcome != "looping");
     if o.status == stop {
         return (
             Verdict::Held,

@@ -613,7 +613,7 @@ mod gc_tests {
         let a = entry(d.path(), 'a', 100);
         let b = entry(d.path(), 'b', 50);
         std::fs::write(d.path().join("notes.txt"), "mine").unwrap();
-        let fresh_tmp = d.path().join(&format!(".{a}.7.tmp"));
+        let fresh_tmp = d.path().join(format!(".{a}.7.tmp"));
         std::fs::write(&fresh_tmp, "w").unwrap();
         let old_tmp = d.path().join(format!(".{b}.8.tmp"));
         std::fs::write(&old_tmp, "ww").unwrap();
