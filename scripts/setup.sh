@@ -306,7 +306,8 @@ fi
 
 # runtime: wasm (docs/wasm.md): Debian's clang-14 with wasi-libc and the
 # wasm32 compiler runtime builds the example parser (examples/wasm.yaml,
-# crates/wasm/tests, scripts/bench-wasm.py) from its C source into target/wasm.
+# crates/wasm/tests, scripts/bench-wasm.py) from its C source into target/wasm,
+# and cordon's probe module for wasm tools (crates/probes/wasm/probe.c).
 wasm_need=()
 for pkg in clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || wasm_need+=("$pkg")

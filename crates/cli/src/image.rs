@@ -12,6 +12,7 @@ use anyhow::{Context, anyhow};
 use cordon_image::digest::Digest;
 use cordon_image::reference::ImageRef;
 use cordon_image::store::{Progress, Store};
+use cordon_runtime::wasm::{Keep, gc_cache};
 
 use crate::exit;
 
@@ -56,11 +57,18 @@ pub enum ImageCmd {
     /// Remove an image's record (its blobs go at the next `gc`).
     Rm { reference: String },
     /// Remove what no record references, nor any image the named manifests
-    /// use, and every temporary left by an interrupted pull.
+    /// use, and every temporary left by an interrupted pull; and from the
+    /// wasm cache (`wasm-cache` in the state directory) the compiled code
+    /// of every module the named manifests do not pin (without a manifest:
+    /// compiled more than --wasm-max-age days ago).
     Gc {
-        /// Keep the images this manifest names. Repeatable.
+        /// Keep the images and wasm modules this manifest names. Repeatable.
         #[arg(short = 'm', long = "manifest")]
         manifests: Vec<PathBuf>,
+        /// Without a manifest: remove wasm code compiled more than this
+        /// many days ago.
+        #[arg(long, value_name = "DAYS", default_value_t = 30)]
+        wasm_max_age: u64,
     },
 }
 
@@ -70,6 +78,26 @@ fn open(dir: &Option<PathBuf>) -> anyhow::Result<Store> {
         None => Store::default_dir().map_err(|e| anyhow!("{e}"))?,
     };
     Store::open(&dir).map_err(|e| anyhow!("{e}"))
+}
+
+/// Remove what `keep` does not keep from the wasm cache, saying each entry
+/// removed and the bytes freed.
+fn wasm_gc(keep: &Keep) -> anyhow::Result<()> {
+    let cache = cordon_dirs::Dirs::current()
+        .wasm_cache()
+        .map_err(|e| anyhow!("the wasm cache: {e}"))?;
+    let g = gc_cache(&cache, keep).with_context(|| format!("wasm cache {}", cache.display()))?;
+    for (name, bytes) in &g.removed {
+        println!("removed wasm-cache/{name} ({bytes} bytes)");
+    }
+    println!(
+        "wasm cache {}: removed {} compiled modules, {} leftovers ({} bytes)",
+        cache.display(),
+        g.removed.len(),
+        g.leftovers,
+        g.bytes
+    );
+    Ok(())
 }
 
 /// `NAME@sha256:HEX` or a bare `sha256:HEX`.
@@ -173,11 +201,18 @@ pub fn run(a: ImageArgs) -> anyhow::Result<ExitCode> {
             }
             println!("removed {reference}; `cordon image gc` frees its blobs");
         }
-        ImageCmd::Gc { manifests } => {
+        ImageCmd::Gc {
+            manifests,
+            wasm_max_age,
+        } => {
             let mut keep = Vec::new();
+            let mut pins = std::collections::BTreeSet::new();
             for m in &manifests {
                 let loaded = cordon_policy::load(m).map_err(|e| anyhow!("{e}"))?;
                 for t in loaded.policy.tools.values() {
+                    if let cordon_policy::policy::Exec::Wasm { sha256, .. } = &t.exec {
+                        pins.insert(sha256.trim().to_ascii_lowercase());
+                    }
                     let r = match &t.exec {
                         cordon_policy::policy::Exec::Image {
                             reference, digest, ..
@@ -215,6 +250,14 @@ pub fn run(a: ImageArgs) -> anyhow::Result<ExitCode> {
                 vm.initramfs,
                 vm.bytes
             );
+            let wasm_keep = if manifests.is_empty() {
+                Keep::NewerThan(std::time::Duration::from_secs(
+                    wasm_max_age.saturating_mul(86400),
+                ))
+            } else {
+                Keep::Pinned(pins)
+            };
+            wasm_gc(&wasm_keep)?;
         }
     }
     Ok(ExitCode::from(exit::OK))

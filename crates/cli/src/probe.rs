@@ -11,7 +11,10 @@ use std::process::ExitCode;
 use anyhow::{Context, anyhow};
 
 use cordon_policy::policy::{Profile as PolicyProfile, ToolPolicy};
-use cordon_probes::{Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets};
+use cordon_probes::{
+    Filter, Format, NoSandbox, PrefixSandbox, Report, RuntimeSandbox, Targets, WasmTarget,
+    run_wasm_suite,
+};
 use cordon_runtime::{Registry, SandboxSpec, Use};
 
 use crate::{exit, report, state};
@@ -79,6 +82,11 @@ pub struct ProbeArgs {
     /// secrets (the probes mint nothing; admission needs the providers).
     #[arg(long, env = "CORDON_PROVIDERS", value_name = "FILE")]
     pub providers: Option<PathBuf>,
+    /// The probe module run in place of a wasm tool's module (default:
+    /// $CORDON_WASM_PROBE, else cordon-probe.wasm beside cordon or in
+    /// ../wasm; scripts/build-wasm-example.sh builds it).
+    #[arg(long, value_name = "FILE")]
+    pub wasm_probe: Option<PathBuf>,
 }
 
 fn targets(a: &ProbeArgs) -> Targets {
@@ -107,7 +115,7 @@ fn targets(a: &ProbeArgs) -> Targets {
 pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbox, String> {
     if p.runtime == cordon_policy::policy::Runtime::Wasm {
         return Err(
-            "a wasm tool runs only its WASI module, and the probes are a native program run as the tool's program: not supported yet (its jail is the native P1 jail: `cordon probe --profile P1` probes that)"
+            "a wasm tool runs only its WASI module, not the native probe agent: it is probed with the probe module instead"
                 .into(),
         );
     }
@@ -116,6 +124,58 @@ pub fn tool_sandbox(p: &ToolPolicy, registry: &Registry) -> Result<RuntimeSandbo
     p.state = None;
     let admitted = registry.admit(&p, Use::of(&p))?;
     Ok(RuntimeSandbox::new(admitted.runtime, admitted.spec))
+}
+
+/// A wasm tool as a probe target, admitted exactly as `run` and `serve`
+/// admit it (its own module must be the pinned one): the probe module
+/// (`module`, else found by [`cordon_probes::wasm::find_module`]) then
+/// runs in place of the tool's module, with its preopens, environment and
+/// limits, through the same runtime. With the profile it claims.
+pub fn wasm_target(
+    p: &ToolPolicy,
+    registry: &Registry,
+    module: Option<&std::path::Path>,
+) -> Result<(WasmTarget, cordon_probes::Profile), String> {
+    let admitted = registry.admit(p, Use::of(p))?;
+    let module = cordon_probes::wasm::find_module(module)?;
+    let l = &admitted.spec.limits;
+    let profile = cordon_probes::Profile {
+        name: profile_label(p),
+        limits: cordon_probes::Limits {
+            memory_bytes: Some(l.memory_bytes),
+            tasks: Some(l.tasks),
+            wall: Some(l.wall),
+            output_bytes: Some(l.output_bytes),
+            disk_bytes: Some(l.disk_bytes),
+            fds: Some(l.nofile),
+        },
+        egress_allow: Vec::new(),
+        mounts: admitted.spec.mounts.iter().map(|m| m.dst.clone()).collect(),
+    };
+    Ok((
+        WasmTarget::new(admitted.runtime, admitted.spec, module),
+        profile,
+    ))
+}
+
+/// Run the probes of one tool's own sandbox: the catalogue through the
+/// probe agent, or, for a wasm tool, the probe module. `Err`: it cannot be
+/// probed here, and why.
+fn suite_of(
+    p: &ToolPolicy,
+    registry: &Registry,
+    agent: &std::path::Path,
+    targets: &Targets,
+    filter: &Filter,
+    wasm_probe: Option<&std::path::Path>,
+) -> Result<Report, String> {
+    if p.runtime == cordon_policy::policy::Runtime::Wasm {
+        let (target, prof) = wasm_target(p, registry, wasm_probe)?;
+        return Ok(run_wasm_suite(&target, &prof, filter));
+    }
+    let sb = tool_sandbox(p, registry)?;
+    let prof = sb.profile(&profile_label(p));
+    Ok(cordon_probes::run_suite(&sb, agent, &prof, targets, filter))
 }
 
 fn profile_label(p: &ToolPolicy) -> String {
@@ -156,23 +216,24 @@ fn not_held_once(report: &Report) -> (usize, Vec<String>) {
     (n, lines)
 }
 
-/// Run the default catalogue in one tool's own sandbox.
+/// Run the default catalogue in one tool's own sandbox (the probe module
+/// for a wasm tool).
 fn run_tool_suite(p: &ToolPolicy, registry: &Registry) -> anyhow::Result<Report> {
     let agent = std::env::current_exe().context("locating cordon itself (the probe agent)")?;
-    let sb = tool_sandbox(p, registry).map_err(|why| {
+    suite_of(
+        p,
+        registry,
+        &agent,
+        &Targets::default(),
+        &Filter::default(),
+        None,
+    )
+    .map_err(|why| {
         anyhow!(
             "{}: refusing to start: cannot be probed here: {why}",
             p.name
         )
-    })?;
-    let prof = sb.profile(&profile_label(p));
-    Ok(cordon_probes::run_suite(
-        &sb,
-        &agent,
-        &prof,
-        &Targets::default(),
-        &Filter::default(),
-    ))
+    })
 }
 
 /// `Err` naming the tool and every probe of `report` that did not hold.
@@ -482,11 +543,15 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                 ));
                 continue;
             }
-            match tool_sandbox(p, &registry) {
-                Ok(sb) => {
-                    let prof = sb.profile(&profile_label(p));
-                    let mut report =
-                        cordon_probes::run_suite(&sb, &agent, &prof, &targets, &filter);
+            match suite_of(
+                p,
+                &registry,
+                &agent,
+                &targets,
+                &filter,
+                a.wasm_probe.as_deref(),
+            ) {
+                Ok(mut report) => {
                     // A loaded host: a run whose every unheld probe ran out
                     // of time says nothing either way; run it again with a
                     // longer wall (an escape is a verdict at once, never
@@ -500,14 +565,21 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
                         if let Some(l) = longer.limits.as_mut() {
                             l.wall = std::time::Duration::from_secs(next);
                         }
-                        let Ok(sb) = tool_sandbox(&longer, &registry) else {
-                            break;
-                        };
                         eprintln!(
                             "cordon probe: {}: every probe that did not hold ran out of time with a wall of {wall} s; again with {next} s",
                             p.name
                         );
-                        report = cordon_probes::run_suite(&sb, &agent, &prof, &targets, &filter);
+                        let Ok(again) = suite_of(
+                            &longer,
+                            &registry,
+                            &agent,
+                            &targets,
+                            &filter,
+                            a.wasm_probe.as_deref(),
+                        ) else {
+                            break;
+                        };
+                        report = again;
                         wall = next;
                     }
                     // Only a run of the whole catalogue says the tool's

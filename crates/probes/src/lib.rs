@@ -13,6 +13,7 @@ pub mod report;
 pub mod runtime;
 pub mod sandbox;
 pub mod suite;
+pub mod wasm;
 pub mod wire;
 
 pub use report::{Category, Format, ProbeResult, Report, Verdict};
@@ -22,3 +23,4 @@ pub use sandbox::{
     SandboxError,
 };
 pub use suite::{CATALOGUE, Filter, Limits, ProbeInfo, Profile, Targets, run_suite};
+pub use wasm::{WasmTarget, run_wasm_suite};

@@ -493,3 +493,155 @@ impl Runtime for Wasm {
         Some(self.native.jail().clone())
     }
 }
+
+/// Which compiled modules [`gc_cache`] keeps.
+#[derive(Debug, Clone)]
+pub enum Keep {
+    /// The modules with these sha256 digests (those the manifests pin),
+    /// whatever engine compiled them.
+    Pinned(std::collections::BTreeSet<String>),
+    /// Entries written (compiled) less than this long ago.
+    NewerThan(Duration),
+}
+
+/// What [`gc_cache`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheGc {
+    /// Each compiled module removed: its file name and the bytes it held
+    /// (its code and the digest beside it).
+    pub removed: Vec<(String, u64)>,
+    /// Leftovers removed: temporaries of an interrupted write (an hour
+    /// old or more), digests whose code is gone.
+    pub leftovers: usize,
+    /// Bytes freed in all.
+    pub bytes: u64,
+}
+
+/// A temporary younger than this may be a write under way.
+const TEMPORARY_AGE: Duration = Duration::from_secs(3600);
+
+/// Remove from the compiled-code cache `cache` every entry `keep` does not
+/// keep, and the leftovers of interrupted writes. Files that are not the
+/// cache's are left alone; a cache that does not exist is empty. A call
+/// that already found its entry has it bound into its jail, and a broker
+/// that remembered it compiles it again at its next call.
+pub fn gc_cache(cache: &Path, keep: &Keep) -> std::io::Result<CacheGc> {
+    let mut out = CacheGc::default();
+    let dir = match std::fs::read_dir(cache) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let mut names: Vec<String> = dir
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let age = |p: &Path| -> Option<Duration> {
+        let m = std::fs::symlink_metadata(p).ok()?.modified().ok()?;
+        std::time::SystemTime::now().duration_since(m).ok()
+    };
+    let size = |p: &Path| std::fs::symlink_metadata(p).map_or(0, |m| m.len());
+    for name in &names {
+        let path = cache.join(name);
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            if age(&path).is_some_and(|a| a >= TEMPORARY_AGE) {
+                let n = size(&path);
+                std::fs::remove_file(&path)?;
+                out.leftovers += 1;
+                out.bytes += n;
+            }
+            continue;
+        }
+        if let Some(code) = name.strip_suffix(".sha256") {
+            if code.ends_with(".cwasm") && !names.iter().any(|n| n == code) {
+                let n = size(&path);
+                std::fs::remove_file(&path)?;
+                out.leftovers += 1;
+                out.bytes += n;
+            }
+            continue;
+        }
+        let Some(module) = name
+            .strip_suffix(".cwasm")
+            .and_then(|stem| stem.split_once('-'))
+            .map(|(module, _engine)| module)
+            .filter(|m| m.len() == 64 && m.bytes().all(|b| b.is_ascii_hexdigit()))
+        else {
+            continue;
+        };
+        let kept = match keep {
+            Keep::Pinned(pins) => pins.contains(&module.to_ascii_lowercase()),
+            Keep::NewerThan(bound) => age(&path).is_none_or(|a| a < *bound),
+        };
+        if kept {
+            continue;
+        }
+        let sum = cache.join(format!("{name}.sha256"));
+        let n = size(&path) + size(&sum);
+        std::fs::remove_file(&path)?;
+        match std::fs::remove_file(&sum) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        out.removed.push((name.clone(), n));
+        out.bytes += n;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod gc_tests {
+    use super::*;
+
+    fn entry(dir: &Path, module: char, bytes: usize) -> String {
+        let name = format!("{}-{}.cwasm", module.to_string().repeat(64), "e".repeat(32));
+        std::fs::write(dir.join(&name), vec![0u8; bytes]).unwrap();
+        std::fs::write(dir.join(format!("{name}.sha256")), "x\n").unwrap();
+        name
+    }
+
+    fn age_by(p: &Path, by: Duration) {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - by).unwrap();
+    }
+
+    #[test]
+    fn unpinned_or_old_entries_and_leftovers_go_the_rest_stays() {
+        let d = tempfile::tempdir().unwrap();
+        let a = entry(d.path(), 'a', 100);
+        let b = entry(d.path(), 'b', 50);
+        std::fs::write(d.path().join("notes.txt"), "mine").unwrap();
+        let fresh_tmp = d.path().join(format!(".{a}.7.tmp"));
+        std::fs::write(&fresh_tmp, "w").unwrap();
+        let old_tmp = d.path().join(format!(".{b}.8.tmp"));
+        std::fs::write(&old_tmp, "ww").unwrap();
+        age_by(&old_tmp, Duration::from_secs(7200));
+        let orphan = d.path().join(format!(
+            "{}-{}.cwasm.sha256",
+            "c".repeat(64),
+            "e".repeat(32)
+        ));
+        std::fs::write(&orphan, "y\n").unwrap();
+
+        let pins = [("a".repeat(64))].into_iter().collect();
+        let g = gc_cache(d.path(), &Keep::Pinned(pins)).unwrap();
+        assert_eq!(g.removed, vec![(b.clone(), 52)]);
+        assert_eq!(g.leftovers, 2);
+        assert_eq!(g.bytes, 52 + 2 + 2);
+        assert!(d.path().join(&a).exists() && d.path().join(format!("{a}.sha256")).exists());
+        assert!(!d.path().join(format!("{b}.sha256")).exists());
+        assert!(fresh_tmp.exists() && d.path().join("notes.txt").exists());
+
+        // By age: the entry compiled long ago goes, a fresh one stays.
+        let c = entry(d.path(), 'c', 10);
+        age_by(&d.path().join(&a), Duration::from_secs(40 * 86400));
+        let g = gc_cache(d.path(), &Keep::NewerThan(Duration::from_secs(30 * 86400))).unwrap();
+        assert_eq!(g.removed, vec![(a, 102)]);
+        assert!(d.path().join(&c).exists());
+        // No cache yet: nothing to do.
+        let none = gc_cache(&d.path().join("absent"), &Keep::NewerThan(Duration::ZERO)).unwrap();
+        assert_eq!(none, CacheGc::default());
+    }
+}

@@ -1,0 +1,323 @@
+//! `runtime: wasm` through the CLI as a user runs it: `cordon run -m
+//! examples/wasm.yaml json_check` with valid and invalid JSON, a module
+//! that is not the one pinned, and `cordon probe` on the example (every
+//! probe holds) and on a variant that preopens the host's /etc (host_fs
+//! escapes). The example parser and the probe module are built from their
+//! committed C sources with Debian's clang-14 for wasm32-wasi
+//! (scripts/setup.sh installs it): without it these tests fail, they never
+//! skip. The runner is `cordon-wasm` beside the cordon binary
+//! (`cargo build -p cordon-wasm`; the workspace's test build makes it).
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const CORDON: &str = env!("CARGO_BIN_EXE_cordon");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `src` (relative to the checkout) built for wasm32-wasi into `out`.
+fn build_wasm(src: &str, out: &Path) {
+    let r = Command::new("clang-14")
+        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-o"])
+        .arg(out)
+        .arg(repo().join(src))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("clang-14: {e}: install clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (scripts/setup.sh)")
+        });
+    assert!(
+        r.status.success(),
+        "clang-14 --target=wasm32-wasi {src} failed (scripts/setup.sh installs wasi-libc and libclang-rt-14-dev-wasm32):\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    fs::set_permissions(out, fs::Permissions::from_mode(0o644)).expect("chmod");
+}
+
+/// A scratch directory with the example's module and the probe module
+/// built, the example manifest pointing at its module (its pin unchanged),
+/// and cordon's state and audit log inside it.
+struct Setup {
+    dir: cordon_testkit::Scratch,
+    manifest: PathBuf,
+    example: String,
+}
+
+fn setup() -> Setup {
+    let runner = Path::new(CORDON).with_file_name("cordon-wasm");
+    assert!(
+        runner.is_file(),
+        "no runner at {}: build it with `cargo build -p cordon-wasm`",
+        runner.display()
+    );
+    let dir = cordon_testkit::scratch();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let module = dir.join("json-check.wasm");
+    build_wasm("examples/wasm/json-check.c", &module);
+    build_wasm("crates/probes/wasm/probe.c", &dir.join("cordon-probe.wasm"));
+    let example =
+        fs::read_to_string(repo().join("examples/wasm.yaml")).expect("read examples/wasm.yaml");
+    let from = "path: ../target/wasm/json-check.wasm";
+    assert!(example.contains(from), "examples/wasm.yaml names {from}");
+    let example = example.replace(from, &format!("path: {}", module.display()));
+    let manifest = dir.join("wasm.yaml");
+    fs::write(&manifest, &example).expect("write manifest");
+    Setup {
+        dir,
+        manifest,
+        example,
+    }
+}
+
+impl Setup {
+    fn cordon(&self, args: &[&str], stdin: &[u8]) -> Output {
+        let mut c = Command::new(CORDON)
+            .args(args)
+            .current_dir(repo())
+            .env_remove("CORDON_MANIFEST")
+            .env_remove("CORDON_WASM")
+            .env("CORDON_STATE_DIR", self.dir.join("state"))
+            .env("CORDON_AUDIT", self.dir.join("audit.jsonl"))
+            .env("CORDON_WASM_PROBE", self.dir.join("cordon-probe.wasm"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run cordon");
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin)
+            .expect("write stdin");
+        let o = c.wait_with_output().expect("wait for cordon");
+        println!(
+            "cordon {args:?}: {:?}\nstdout:\n{}\nstderr:\n{}",
+            o.status,
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        o
+    }
+
+    /// A variant of the example manifest, written beside it.
+    fn variant(&self, name: &str, yaml: &str) -> String {
+        let p = self.dir.join(name);
+        fs::write(&p, yaml).expect("write manifest");
+        p.display().to_string()
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn run_checks_valid_and_invalid_json_through_the_cli() {
+    let s = setup();
+    let m = s.manifest.display().to_string();
+    let good = s.cordon(&["run", "-m", &m, "json_check"], br#"{"a": [1, 2]}"#);
+    assert_eq!(good.status.code(), Some(0));
+    assert_eq!(text(&good.stdout), "ok: 4 values, depth 2\n");
+    // Compiled once, into the state directory's cache.
+    let cache: Vec<_> = fs::read_dir(s.dir.join("state/wasm-cache"))
+        .expect("the wasm cache")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(cache.len(), 2, "{cache:?}");
+
+    // The module's own exit status 1: the tool failed (10), and its
+    // answer is still printed.
+    let bad = s.cordon(&["run", "-m", &m, "json_check"], br#"{"a": }"#);
+    assert_eq!(bad.status.code(), Some(10));
+    assert_eq!(text(&bad.stdout), "invalid: byte 6: value expected\n");
+    assert!(
+        text(&bad.stderr).contains("json_check: exit 1"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn a_module_that_is_not_the_one_pinned_is_refused() {
+    let s = setup();
+    let pin = "904d71b9a94939b4b89a47cdccb9bf81e401618ce509bc6ccffd764ad456a937";
+    // The example's pin is the digest of its committed source's build.
+    assert!(s.example.contains(&format!("sha256: {pin}")));
+    let wrong = "0".repeat(64);
+    let m = s.variant(
+        "wrong-pin.yaml",
+        &s.example
+            .replace(&format!("sha256: {pin}"), &format!("sha256: {wrong}")),
+    );
+    let o = s.cordon(&["run", "-m", &m, "json_check"], b"{}");
+    assert_eq!(o.status.code(), Some(21));
+    assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "sha256 mismatch: expected {wrong}, actual {pin}; refusing to run a module that is not the one pinned"
+        )),
+        "{err}"
+    );
+    // Nothing was compiled for it.
+    assert!(!s.dir.join("state/wasm-cache").exists());
+}
+
+#[test]
+fn probe_holds_every_probe_of_the_example() {
+    let s = setup();
+    let m = s.manifest.display().to_string();
+    let o = s.cordon(&["probe", "-m", &m], b"");
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    for p in [
+        "control", "network", "host_fs", "env", "write", "tty", "fds", "memory", "output", "time",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("HELD ") && l.split_whitespace().nth(1) == Some(p)),
+            "{p} not held:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("10 held, 0 escaped, 0 error, 22 skipped, 0 void"),
+        "{out}"
+    );
+    assert!(
+        out.contains("SKIPPED  userns         not applicable: the module has no system calls"),
+        "{out}"
+    );
+    assert!(out.contains("wasm trap: memory limit"), "{out}");
+    assert!(
+        out.contains("wasm trap: time limit: stopped at the wall clock of 10s"),
+        "{out}"
+    );
+}
+
+#[test]
+fn probe_finds_the_hosts_files_through_a_preopen_of_etc() {
+    let s = setup();
+    let leaky = s.example.replace(
+        "    network: none\n",
+        "    network: none\n    mounts: [\"/etc:/host-etc\"]\n",
+    );
+    assert_ne!(leaky, s.example);
+    let m = s.variant("leaky.yaml", &leaky);
+    let o = s.cordon(
+        &["probe", "-m", &m, "--only", "host_fs", "--only", "write"],
+        b"",
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let host_fs = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("host_fs"))
+        .unwrap_or_default();
+    assert!(host_fs.starts_with("ESCAPED "), "{out}");
+    assert!(
+        host_fs.contains("OPENED /host-etc/passwd and read 64 bytes through the preopen /host-etc"),
+        "{host_fs}"
+    );
+    assert!(
+        host_fs.contains("/etc/passwd: Capabilities insufficient"),
+        "{host_fs}"
+    );
+    // Read-only all the same.
+    let write = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("write"))
+        .unwrap_or_default();
+    assert!(write.starts_with("HELD "), "{out}");
+}
+
+/// Set `p`'s modification time `days` back.
+fn age_by_days(p: &Path, days: u64) {
+    let f = fs::File::options().write(true).open(p).expect("open");
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(days * 86400))
+        .expect("set mtime");
+}
+
+#[test]
+fn image_gc_removes_the_wasm_code_no_manifest_pins_or_too_old() {
+    let s = setup();
+    let m = s.manifest.display().to_string();
+    let store = s.dir.join("store");
+    let store = store.display().to_string();
+    let good = s.cordon(&["run", "-m", &m, "json_check"], b"[]");
+    assert_eq!(good.status.code(), Some(0));
+    let cache = s.dir.join("state/wasm-cache");
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .expect("the wasm cache")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let example: Vec<String> = names(&cache);
+    assert_eq!(example.len(), 2, "{example:?}");
+    let code = example
+        .iter()
+        .find(|n| n.ends_with(".cwasm"))
+        .expect("the example's code")
+        .clone();
+    let code_bytes = fs::metadata(cache.join(&code)).expect("stat").len()
+        + fs::metadata(cache.join(format!("{code}.sha256")))
+            .expect("stat")
+            .len();
+    // The code of a module no manifest pins any more (as a cache would
+    // hold after the module changed), with its digest.
+    let engine = code
+        .strip_suffix(".cwasm")
+        .and_then(|c| c.split_once('-'))
+        .expect("MODULE-ENGINE.cwasm")
+        .1;
+    let stale = format!("{}-{engine}.cwasm", "ab".repeat(32));
+    fs::write(cache.join(&stale), vec![7u8; 1000]).expect("write");
+    fs::write(
+        cache.join(format!("{stale}.sha256")),
+        format!("{}\n", "0".repeat(64)),
+    )
+    .expect("write");
+
+    // With the manifest: the example's code stays, the other goes.
+    let o = s.cordon(&["image", "--store", &store, "gc", "-m", &m], b"");
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("removed wasm-cache/{stale} (1065 bytes)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(": removed 1 compiled modules, 0 leftovers (1065 bytes)"),
+        "{out}"
+    );
+    assert_eq!(names(&cache), example);
+
+    // Without a manifest: only what was compiled too long ago goes.
+    let o = s.cordon(&["image", "--store", &store, "gc"], b"");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o.stdout).contains(": removed 0 compiled modules"));
+    assert_eq!(names(&cache), example);
+    age_by_days(&cache.join(&code), 31);
+    let o = s.cordon(&["image", "--store", &store, "gc"], b"");
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("removed wasm-cache/{code} ({code_bytes} bytes)")),
+        "{out}"
+    );
+    assert!(names(&cache).is_empty());
+
+    // The next call compiles it again.
+    let again = s.cordon(&["run", "-m", &m, "json_check"], b"[1]");
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(text(&again.stdout), "ok: 2 values, depth 1\n");
+    assert_eq!(names(&cache), example);
+}
