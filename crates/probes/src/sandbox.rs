@@ -376,6 +376,32 @@ pub struct PrefixSandbox {
 /// File name of the staged agent copy.
 pub const STAGED_AGENT_NAME: &str = "cordon-probe-agent";
 
+/// Copies `src` to `dst` in a `cp` child, so that no process but that
+/// child ever holds `dst` open for writing. Copied in this process, the
+/// open file would be inherited by any child another thread forks meanwhile
+/// (close-on-exec closes it only at that child's exec), and running the
+/// copy while such a child lives fails with `ETXTBSY` ("Text file busy").
+fn copy_in_child(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let out = std::process::Command::new("cp")
+        .arg("--")
+        .arg(src)
+        .arg(dst)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "cp {} {}: {} ({})",
+        src.display(),
+        dst.display(),
+        String::from_utf8_lossy(&out.stderr).trim(),
+        out.status
+    )))
+}
+
 impl PrefixSandbox {
     /// A prefix sandbox. The prefix must name a program.
     pub fn new(prefix: Vec<String>) -> Result<Self, SandboxError> {
@@ -424,7 +450,7 @@ impl PrefixSandbox {
                 source,
             };
             let tmp = self.dir.path().join(".staging");
-            std::fs::copy(agent, &tmp).map_err(err)?;
+            copy_in_child(agent, &tmp).map_err(err)?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
             std::fs::rename(&tmp, &dst).map_err(err)?;
             *g = Some(agent.to_path_buf());
