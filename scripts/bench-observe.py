@@ -21,8 +21,9 @@ Run after a release build (`cargo build --release -p cordon`): `python3
 scripts/bench-observe.py [--calls N] [--rounds R]` (`CORDON_BIN` or
 `--cordon` for another binary, e.g. a debug build: say so with the
 figures). Nothing leaves the machine: the gateway and the scraper are on
-loopback, the MCP client is plain `http.client`, and the probes' network
-targets are the sandboxes' own refusals.
+loopback, the MCP client is plain `http.client`, and the example
+manifest's tools have no network (`network: none`), so the probes' network
+attempts end in their own sandboxes.
 """
 
 import argparse
