@@ -407,21 +407,28 @@ fn view(gw: &crate::Gateway) -> View {
         .collect::<Vec<_>>();
     let tools = policies
         .iter()
-        .map(|p| ToolRow {
-            name: p.name.clone(),
-            profile: cordon_broker::profile_name(p.profile).to_owned(),
-            runtime: cordon_runtime::kind_name(p.runtime).to_owned(),
-            out_of_service: gw
-                .service
-                .out_of_service(&p.name)
-                .map(|o| format!("since {} ({}): {}", o.at, o.probes.join(", "), o.why)),
-            proof: proofs.get(&p.name).map(|(verdict, at)| {
-                (
-                    verdict.clone(),
-                    at.and_then(|t| time::OffsetDateTime::from_unix_timestamp(t as i64).ok())
-                        .map(stamp),
-                )
-            }),
+        .map(|p| {
+            let out = gw.service.out_of_service(&p.name);
+            // The last proof: a run that did not hold is the last one
+            // while the tool is out of service.
+            let proof = match &out {
+                Some(o) => Some(("did not hold".to_owned(), Some(o.at.clone()))),
+                None => proofs.get(&p.name).map(|(verdict, at)| {
+                    (
+                        verdict.clone(),
+                        at.and_then(|t| time::OffsetDateTime::from_unix_timestamp(t as i64).ok())
+                            .map(stamp),
+                    )
+                }),
+            };
+            ToolRow {
+                name: p.name.clone(),
+                profile: cordon_broker::profile_name(p.profile).to_owned(),
+                runtime: cordon_runtime::kind_name(p.runtime).to_owned(),
+                out_of_service: out
+                    .map(|o| format!("since {} ({}): {}", o.at, o.probes.join(", "), o.why)),
+                proof,
+            }
         })
         .collect();
     View {
