@@ -563,7 +563,7 @@ impl Broker {
 
     /// [`Broker::call_admitted`] of a call that arrived at `since` (its
     /// admission began there: a gateway's own checks come first); the
-    /// record's `timings` count from then.
+    /// record's `duration_ms` and `timings` count from then.
     pub fn call_admitted_since(
         &self,
         who: &Caller,
@@ -572,7 +572,7 @@ impl Broker {
         input: Vec<u8>,
         since: Instant,
     ) -> Result<CallResult, CallError> {
-        let started = Instant::now();
+        let started = since;
         let mut rec = AuditRecord::new(&policy.name, profile_name(policy.profile));
         rec.runtime = cordon_runtime::kind_name(policy.runtime).to_string();
         rec.session = who.session.clone();
