@@ -42,7 +42,7 @@ pub use escape::{escape_inline, escape_text};
 pub use read::{Filter, Query, log_files, parse_duration, query, render_line, tail, tail_until};
 pub use record::{
     AuditRecord, CONTENT_CAP, CredentialEvent, Decision, EgressEvent, GateSummary, Payload,
-    PoolEvent, STDERR_CAP, ServiceEvent, Status,
+    PoolEvent, STDERR_CAP, ServiceEvent, Status, Timings,
 };
 pub use redact::Secret;
 pub use sink::{FileSink, Rotation, Sink, StderrSink};
@@ -185,5 +185,27 @@ mod tests {
         assert_eq!(v["time"], "2026-11-29T20:30:47.5Z");
         let back: AuditRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back.time, r.time);
+    }
+
+    /// A record without `timings` (written before phases were measured)
+    /// parses; one with some phases keeps exactly those.
+    #[test]
+    fn timings_are_optional_and_round_trip() {
+        let r = AuditRecord::new("t", "P1");
+        let mut v = serde_json::to_value(&r).unwrap();
+        assert!(v.get("timings").is_none(), "{v}");
+        let back: AuditRecord = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back.timings, None);
+        v["timings"] = serde_json::json!({"admission_us": 7, "gate_us": 3});
+        let back: AuditRecord = serde_json::from_value(v).unwrap();
+        let t = back.timings.unwrap();
+        assert_eq!(
+            t.phases().collect::<Vec<_>>(),
+            [("admission", 7), ("gate", 3)]
+        );
+        assert_eq!(
+            serde_json::to_value(t).unwrap(),
+            serde_json::json!({"admission_us": 7, "gate_us": 3})
+        );
     }
 }

@@ -268,6 +268,57 @@ pub struct AuditRecord {
     /// reload of the manifest, applied or refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceEvent>,
+    /// Where the call's time went, phase by phase, where it was measured
+    /// (absent in records written before phases were measured, and in
+    /// records that are not calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+/// The phases of one call, in microseconds; a phase the call did not
+/// reach (or that was not measured) is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// The checks before a sandbox is asked for: grants, in-service state,
+    /// the caps at the door, arguments against the input schema, the
+    /// tenant's uid and volumes, the credentials minted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_us: Option<u64>,
+    /// Getting a sandbox: made and started (a command tool's, up to the
+    /// moment its program is released to run), taken from a pool, or an
+    /// MCP server started or reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_us: Option<u64>,
+    /// The tool running until its result (or the server answering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_us: Option<u64>,
+    /// The output gate on the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_us: Option<u64>,
+}
+
+impl Timings {
+    /// Microseconds of `d`, saturated.
+    pub fn us(d: std::time::Duration) -> u64 {
+        u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Each measured phase with its name as the metrics label it.
+    pub fn phases(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("admission", self.admission_us),
+            ("start", self.start_us),
+            ("run", self.run_us),
+            ("gate", self.gate_us),
+        ]
+        .into_iter()
+        .filter_map(|(n, v)| v.map(|v| (n, v)))
+    }
+
+    /// Nothing measured.
+    pub fn is_empty(&self) -> bool {
+        self.phases().next().is_none()
+    }
 }
 
 /// A tool taken out of service or returned to it by a probe run of
@@ -334,6 +385,7 @@ impl AuditRecord {
             credential: None,
             pool: None,
             service: None,
+            timings: None,
         }
     }
 

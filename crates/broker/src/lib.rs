@@ -17,7 +17,9 @@ use std::time::Instant;
 pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
 
 pub use cordon_audit::Auditor;
-use cordon_audit::{AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink};
+use cordon_audit::{
+    AuditLog, AuditRecord, FileSink, GateSummary, Payload, Rotation, StderrSink, Timings,
+};
 use cordon_gate::{Gate, GatePolicy, Gated, LabelStyle, LiveTokens, StripPolicy, ToolMeta};
 use cordon_policy::policy::{Profile, ToolPolicy};
 use cordon_runtime::pool::Pool;
@@ -556,7 +558,21 @@ impl Broker {
         admitted: Result<Admitted, String>,
         input: Vec<u8>,
     ) -> Result<CallResult, CallError> {
-        let started = Instant::now();
+        self.call_admitted_since(who, policy, admitted, input, Instant::now())
+    }
+
+    /// [`Broker::call_admitted`] of a call that arrived at `since` (its
+    /// admission began there: a gateway's own checks come first); the
+    /// record's `duration_ms` and `timings` count from then.
+    pub fn call_admitted_since(
+        &self,
+        who: &Caller,
+        policy: &ToolPolicy,
+        admitted: Result<Admitted, String>,
+        input: Vec<u8>,
+        since: Instant,
+    ) -> Result<CallResult, CallError> {
+        let started = since;
         let mut rec = AuditRecord::new(&policy.name, profile_name(policy.profile));
         rec.runtime = cordon_runtime::kind_name(policy.runtime).to_string();
         rec.session = who.session.clone();
@@ -564,7 +580,9 @@ impl Broker {
         rec.principal = who.principal.clone();
         rec.tenant = Some(who.tenant.clone());
         rec.input = Payload::of(&input, false);
-        let result = self.call_inner(who, policy, admitted, input, &mut rec);
+        let mut clock = Phases::since(since);
+        let result = self.call_inner(who, policy, admitted, input, &mut rec, &mut clock);
+        rec.timings = Some(clock.timings).filter(|t| !t.is_empty());
         if self.one_shot {
             self.volumes
                 .end_session(&who.tenant, &who.session, std::time::Duration::ZERO);
@@ -581,15 +599,17 @@ impl Broker {
         admitted: Result<Admitted, String>,
         input: Vec<u8>,
         rec: &mut AuditRecord,
+        clock: &mut Phases,
     ) -> Result<CallResult, CallError> {
-        let refuse = |rec: &mut AuditRecord, msg: String| {
+        let refuse = |rec: &mut AuditRecord, clock: &mut Phases, msg: String| {
+            clock.admitted();
             rec.status = cordon_audit::Status::Refused;
             rec.reason = Some(msg.clone());
             Err(CallError::Refused(msg))
         };
         let admitted = match admitted {
             Ok(a) => a,
-            Err(msg) => return refuse(rec, msg),
+            Err(msg) => return refuse(rec, clock, msg),
         };
         // The tenant's own host uid, where this host has a range for them.
         let host_ids = match self.tenant_ids(policy, &who.tenant) {
@@ -601,7 +621,7 @@ impl Broker {
                 rec.shared_uid = self.shared_uid_reason(policy);
                 None
             }
-            Err(msg) => return refuse(rec, msg),
+            Err(msg) => return refuse(rec, clock, msg),
         };
         // Volumes after the host ids: their roots belong to the sandbox's uid.
         let volumes =
@@ -610,11 +630,11 @@ impl Broker {
                 .prepare(&admitted.spec, host_ids, &who.tenant, &who.session)
             {
                 Ok(v) => v,
-                Err(msg) => return refuse(rec, msg),
+                Err(msg) => return refuse(rec, clock, msg),
             };
         let gate = match self.gate(policy) {
             Ok(g) => g,
-            Err(msg) => return refuse(rec, msg),
+            Err(msg) => return refuse(rec, clock, msg),
         };
         // A call of a command tool is its own credential session: minted
         // now, revoked once the sandbox is gone.
@@ -660,6 +680,7 @@ impl Broker {
             Some(_) => None,
             None => self.pool_for(policy, &who.tenant, host_ids, &admitted),
         };
+        clock.admitted();
         let ran = match pool {
             Some(Ok(pool)) => admitted
                 .run_from_pool(&pool, input, &ctx)
@@ -681,6 +702,7 @@ impl Broker {
             }),
             None => admitted.run(input, &ctx),
         };
+        clock.ran(ran.as_ref().ok().map(|o| (o.duration, o.setup)));
         let full_volumes = Volumes::full(&ctx.placement.volumes);
         drop(ctx);
         // What the call itself says, whatever its outcome: exfiltration
@@ -757,7 +779,9 @@ impl Broker {
         // (a limit kill's partial output is dropped).
         let gated = matches!(outcome.status, Status::Ok | Status::Exited).then(|| {
             let meta = ToolMeta::new(&policy.name, profile_name(policy.profile));
+            let gating = Instant::now();
             let g = gate.check_scanned(&meta, &outcome.stdout, &tokens);
+            clock.timings.gate_us = Some(Timings::us(gating.elapsed()));
             match &g {
                 Ok(ok) => {
                     rec.gate = Some(GateSummary::from(&ok.envelope));
@@ -804,6 +828,49 @@ impl Broker {
             m.insert(key, g.clone());
         }
         Ok(g)
+    }
+}
+
+/// The phases of one call as it goes ([`Timings`]): admission from the
+/// call's arrival until a sandbox is asked for, then the sandbox's start
+/// and run (split where the runtime says when its program was released).
+struct Phases {
+    mark: Instant,
+    timings: Timings,
+}
+
+impl Phases {
+    fn since(mark: Instant) -> Phases {
+        Phases {
+            mark,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The admission ends: a sandbox is asked for now (or the call is
+    /// refused).
+    fn admitted(&mut self) {
+        self.timings.admission_us = Some(Timings::us(self.mark.elapsed()));
+        self.mark = Instant::now();
+    }
+
+    /// The sandbox ran: `outcome`'s wall time and setup, when it ran.
+    /// Everything before its program was released (the runtime's own
+    /// preparation, the sandbox made or taken from a pool) is the start;
+    /// the rest the run. Without a setup time the whole is the run.
+    fn ran(&mut self, outcome: Option<(std::time::Duration, Option<std::time::Duration>)>) {
+        let total = self.mark.elapsed();
+        let Some((duration, setup)) = outcome else {
+            return;
+        };
+        match setup {
+            Some(setup) => {
+                let run = duration.saturating_sub(setup).min(total);
+                self.timings.start_us = Some(Timings::us(total - run));
+                self.timings.run_us = Some(Timings::us(run));
+            }
+            None => self.timings.run_us = Some(Timings::us(total)),
+        }
     }
 }
 

@@ -48,9 +48,24 @@ fn manifest(dir: &Path, data: &Path) -> std::path::PathBuf {
 
 /// `GET /metrics` on the gateway: the body.
 fn metrics(addr: &str) -> String {
+    page(addr, "/metrics")
+}
+
+/// The console's row of the `lister` tool.
+fn console_row(addr: &str) -> String {
+    let body = page(addr, "/console");
+    let at = body
+        .find("<tr class=\"tool\" data-tool=\"lister\">")
+        .unwrap_or_else(|| panic!("no lister row: {body}"));
+    let row = &body[at..];
+    row[..row.find("</tr>").unwrap_or(row.len())].to_owned()
+}
+
+/// `GET path` on the gateway: the body.
+fn page(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).unwrap();
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).unwrap();
@@ -130,6 +145,12 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
         "{}",
         metrics(&serve.addr())
     );
+    let row = console_row(&serve.addr());
+    assert!(
+        row.contains("<td class=\"state\"><span class=\"in\">in service</span></td>"),
+        "{row}"
+    );
+    assert!(row.contains("<td class=\"proof\">held at "), "{row}");
 
     // The directory is swapped for one holding a container runtime's
     // socket (a bound Unix socket, as a runtime leaves it).
@@ -204,6 +225,23 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
         metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 0"),
         "{}",
         metrics(&serve.addr())
+    );
+    // The console says so: out of service, the probe that did not hold,
+    // and the refused call among the last refusals.
+    let row = console_row(&serve.addr());
+    assert!(
+        row.contains("<span class=\"out\">out of service</span>: since ")
+            && row.contains("host_fs"),
+        "{row}"
+    );
+    assert!(
+        row.contains("<td class=\"proof\">did not hold at "),
+        "{row}"
+    );
+    let console = page(&serve.addr(), "/console");
+    assert!(
+        console.contains("<td class=\"tool\">lister</td><td class=\"kind\">denied</td><td class=\"why\">`lister` is out of service: "),
+        "{console}"
     );
 
     // Fixed: the clean directory is back; a later run holds and the tool

@@ -326,6 +326,66 @@ async fn metrics_behind_authentication_count_the_calls() {
         3.0,
         "{body}"
     );
+    // Each phase counted where the call reached it: the admission of all
+    // three (the schema refused one), the sandbox's start, the run and
+    // the gate of the two that ran. Counts, not times.
+    let phase = |p| {
+        value(
+            &after,
+            "cordon_call_duration_seconds_count",
+            &[("tool", "word_count"), ("phase", p)],
+        )
+    };
+    assert_eq!(phase("admission"), 3.0, "{body}");
+    for p in ["start", "run", "gate"] {
+        assert_eq!(phase(p), 2.0, "{p}: {body}");
+    }
+    // The control: none before any call.
+    for p in ["admission", "start", "run", "gate"] {
+        assert_eq!(
+            value(
+                &before,
+                "cordon_call_duration_seconds_count",
+                &[("tool", "word_count"), ("phase", p)]
+            ),
+            0.0,
+            "{p}"
+        );
+    }
+    // The audit records carry the timings the histograms were fed.
+    let records = common::audit_records(&audit);
+    let calls: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["tool"] == "word_count" && r["caller"].as_str().is_some_and(|c| c.starts_with("mcp"))
+        })
+        .collect();
+    let ok: Vec<&Value> = calls
+        .iter()
+        .copied()
+        .filter(|r| r["status"] == "ok")
+        .collect();
+    assert_eq!(ok.len(), 2, "{calls:#?}");
+    for r in &ok {
+        for k in ["admission_us", "start_us", "run_us", "gate_us"] {
+            assert!(r["timings"][k].is_u64(), "{k}: {r}");
+        }
+        println!("timings of a word_count call: {}", r["timings"]);
+    }
+    let denied: Vec<&Value> = calls
+        .iter()
+        .copied()
+        .filter(|r| r["status"] == "denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{calls:#?}");
+    assert!(
+        denied[0]["timings"]["admission_us"].is_u64(),
+        "{}",
+        denied[0]
+    );
+    for k in ["start_us", "run_us", "gate_us"] {
+        assert!(denied[0]["timings"].get(k).is_none(), "{k}: {}", denied[0]);
+    }
     assert_eq!(value(&after, "cordon_sessions", &[]), 1.0, "{body}");
     // Each command call's sandbox is gone once it answered.
     assert_eq!(value(&after, "cordon_sandboxes", &[]), 0.0, "{body}");

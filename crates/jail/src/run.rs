@@ -242,6 +242,8 @@ where
     map_ids(jail, child.pid(), ids, namespaces).map_err(|(s, e)| broker(&s, e))?;
     sio::write(ends.sync_w.as_fd(), b"g")
         .map_err(|e| broker("release the sandbox", errno_io(e)))?;
+    // Made and released: the rest is the program running.
+    let setup = start.elapsed();
 
     let setup_failure = |buf: [u8; 8]| {
         let f = ChildFailure::decode(buf);
@@ -287,6 +289,7 @@ where
     drop(net_lease);
     Ok(Outcome {
         duration: start.elapsed(),
+        setup: Some(setup),
         ..ended
     })
 }
@@ -341,6 +344,7 @@ fn outcome(
         exit_code,
         signal,
         duration: Duration::ZERO,
+        setup: None,
         peak_memory_bytes: stats.peak_memory,
         stdout,
         output_bytes,

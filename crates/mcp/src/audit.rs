@@ -24,6 +24,12 @@ pub(crate) struct CallAudit {
     /// What the output gate replaced in the result, when it replaced
     /// something.
     pub gate: Option<cordon_audit::GateSummary>,
+    /// The phases of the call measured so far (the admission is counted
+    /// from `started` when nothing else measured it).
+    pub timings: cordon_audit::Timings,
+    /// A tool call: one refused before anything else was measured counts
+    /// its time as admission.
+    pub(crate) is_call: bool,
 }
 
 /// What the secret scans replaced in a gated result, from its `_meta`
@@ -50,13 +56,16 @@ impl CallAudit {
         runtime: &'static str,
         args: Option<&rmcp::model::JsonObject>,
     ) -> CallAudit {
-        CallAudit::with_input(
-            tool,
-            profile,
-            runtime,
-            args.map(|a| serde_json::to_vec(a).unwrap_or_default())
-                .unwrap_or_default(),
-        )
+        CallAudit {
+            is_call: true,
+            ..CallAudit::with_input(
+                tool,
+                profile,
+                runtime,
+                args.map(|a| serde_json::to_vec(a).unwrap_or_default())
+                    .unwrap_or_default(),
+            )
+        }
     }
 
     pub(crate) fn with_input(
@@ -74,7 +83,15 @@ impl CallAudit {
             started: std::time::Instant::now(),
             warnings: Vec::new(),
             gate: None,
+            timings: cordon_audit::Timings::default(),
+            is_call: false,
         }
+    }
+
+    /// The call arrived at `started`, before this record was begun.
+    pub(crate) fn since(mut self, started: std::time::Instant) -> CallAudit {
+        self.started = started;
+        self
     }
 
     /// Keep the input's text in the record.
@@ -179,6 +196,12 @@ impl CallAudit {
                 rec.reason = Some(e.message.to_string());
             }
         }
+        let mut timings = self.timings;
+        if self.is_call && timings.is_empty() && rec.status != A::Ok {
+            // Ended before anything else was measured: all admission.
+            timings.admission_us = Some(cordon_audit::Timings::us(self.started.elapsed()));
+        }
+        rec.timings = Some(timings).filter(|t| !t.is_empty());
         rec.duration_ms = self.started.elapsed().as_millis() as u64;
         broker.record(&rec).map_err(|e| {
             refusal(

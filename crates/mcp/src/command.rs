@@ -51,6 +51,7 @@ pub(crate) async fn call(
     args: Option<&rmcp::model::JsonObject>,
     who: Caller,
     metrics: &crate::metrics::Metrics,
+    since: std::time::Instant,
 ) -> Result<CallToolResult, ErrorData> {
     let prepared = match t.args.prepare(args) {
         Ok(p) => p,
@@ -66,7 +67,9 @@ pub(crate) async fn call(
             );
             let profile = cordon_broker::profile_name(t.policy.profile);
             let r = Err(err);
-            CallAudit::new(&t.policy.name, profile, "native", args).finish(broker, &who, &r)?;
+            CallAudit::new(&t.policy.name, profile, "native", args)
+                .since(since)
+                .finish(broker, &who, &r)?;
             return r;
         }
     };
@@ -78,7 +81,7 @@ pub(crate) async fn call(
     let live = metrics.sandbox();
     let ran = tokio::task::spawn_blocking(move || {
         let _live = live;
-        broker.call_admitted(&who, &pol, Ok(admitted), prepared.stdin)
+        broker.call_admitted_since(&who, &pol, Ok(admitted), prepared.stdin, since)
     })
     .await
     .map_err(|e| {

@@ -88,6 +88,9 @@ pub struct Gateway {
     pub(crate) warm: Arc<crate::warm::WarmPools>,
     /// Which tools are in service ([`crate::service`]).
     pub(crate) service: Arc<crate::service::Service>,
+    /// The last refusals and calls per minute, for the console
+    /// ([`crate::console`]).
+    pub(crate) recent: Arc<crate::console::Recent>,
 }
 
 impl Gateway {
@@ -142,6 +145,8 @@ impl Gateway {
         };
         let metrics = Arc::new(crate::metrics::Metrics::new(policy.tools.keys().cloned()));
         broker.auditor().observe(metrics.clone());
+        let recent = Arc::new(crate::console::Recent::new());
+        broker.auditor().observe(recent.clone());
         // Each server started is a live sandbox until it is stopped.
         let sandbox: Arc<dyn ServerSandbox> = Arc::new(crate::metrics::MeteredServers {
             inner: sandbox,
@@ -219,6 +224,7 @@ impl Gateway {
             warm.clone(),
         ));
         Ok(Gateway {
+            recent,
             service,
             warm,
             broker,

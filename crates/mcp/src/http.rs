@@ -10,8 +10,9 @@
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form
 //! `/.well-known/oauth-protected-resource/mcp`.
 //!
-//! The gateway's metrics ([`crate::metrics`]) are at `GET /metrics`,
-//! behind the same authentication as the MCP endpoint.
+//! The gateway's metrics ([`crate::metrics`]) are at `GET /metrics` and
+//! its console ([`crate::console`]) at `GET /console`, behind the same
+//! authentication as the MCP endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -130,6 +131,12 @@ pub async fn serve_http(
         .count_sessions_with(Arc::new(move || live.live()));
     let metrics = gw.metrics.clone();
     let metrics_auth = opts.authenticator.clone();
+    let console_auth = opts.authenticator.clone();
+    // The console, behind the same authentication too.
+    let console_route =
+        crate::console::router(gw.clone()).layer(axum::middleware::from_fn(move |req, next| {
+            authenticate(console_auth.clone(), req, next)
+        }));
     // The metrics, behind the same authentication as the MCP endpoint.
     let metrics_route =
         crate::metrics::router(metrics).layer(axum::middleware::from_fn(move |req, next| {
@@ -175,6 +182,7 @@ pub async fn serve_http(
     let router = router
         .merge(mcp)
         .merge(metrics_route)
+        .merge(console_route)
         .layer(axum::middleware::from_fn(session_delete_ok));
     gw.start_warm();
     let served = crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await;

@@ -25,6 +25,7 @@ mod caller;
 mod caps;
 mod client;
 mod command;
+pub mod console;
 mod gateway;
 mod grants;
 pub mod http;

@@ -84,8 +84,9 @@ struct ToolLabel {
 }
 
 fn call_histogram() -> Histogram {
-    // 1 ms .. ~65 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    // 100 µs .. ~52 s: a phase (the gate, an admission) takes well under
+    // a millisecond.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
 }
 
 /// The metrics of one gateway.
@@ -109,7 +110,13 @@ pub struct Metrics {
     /// Counts the live sessions when the metrics are rendered (set by the
     /// transport).
     live_sessions: std::sync::RwLock<Option<SessionCount>>,
+    /// Each tool's last proof: its verdict and when it was proved (for
+    /// the console).
+    proofs: std::sync::RwLock<std::collections::BTreeMap<String, Proof>>,
 }
+
+/// A tool's last proof: its verdict and when it last passed (Unix time).
+pub(crate) type Proof = (String, Option<f64>);
 
 /// Counts the live sessions of a transport.
 pub(crate) type SessionCount = std::sync::Arc<dyn Fn() -> usize + Send + Sync>;
@@ -138,7 +145,7 @@ impl Metrics {
             );
         registry.register(
             "call_duration_seconds",
-            "Duration of tool calls by tool and phase (`call`: the whole call, as audited)",
+            "Duration of tool calls by tool and phase: `call` (the whole call, as audited), and where measured `admission` (checks before a sandbox is asked for), `start` (getting a sandbox), `run` (the tool until its result), `gate` (the output gate)",
             durations.clone(),
         );
         let refusals = Family::<RefusalLabels, Counter>::default();
@@ -213,6 +220,7 @@ impl Metrics {
             probes,
             last_proved,
             live_sessions: std::sync::RwLock::new(None),
+            proofs: std::sync::RwLock::new(std::collections::BTreeMap::new()),
         }
     }
 
@@ -243,6 +251,10 @@ impl Metrics {
     /// `held`, `cached` (a proof still fresh) or `not_proved`;
     /// `proved_at`: when it was last proved (Unix time).
     pub fn probed(&self, tool: &str, verdict: &'static str, proved_at: Option<f64>) {
+        if let Ok(mut p) = self.proofs.write() {
+            let at = proved_at.or_else(|| p.get(tool).and_then(|(_, at)| *at));
+            p.insert(tool.to_owned(), (verdict.to_owned(), at));
+        }
         let tool = tool.to_owned();
         self.probes
             .get_or_create(&ProbeLabels {
@@ -271,14 +283,28 @@ impl Metrics {
             .set(i64::from(yes));
     }
 
-    /// The metrics in the OpenMetrics text format.
-    pub fn render(&self) -> String {
-        let live = self
-            .live_sessions
+    /// Each tool's last proof.
+    pub(crate) fn proofs(&self) -> std::collections::BTreeMap<String, Proof> {
+        self.proofs.read().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// The live sessions now.
+    pub(crate) fn live_sessions(&self) -> usize {
+        self.live_sessions
             .read()
             .ok()
             .and_then(|f| f.as_ref().map(|f| f()))
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+
+    /// The live sandboxes now.
+    pub(crate) fn live_sandboxes(&self) -> i64 {
+        self.sandboxes.get()
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let live = self.live_sessions();
         self.sessions.set(i64::try_from(live).unwrap_or(i64::MAX));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
@@ -476,10 +502,18 @@ impl RecordObserver for Metrics {
             .inc();
         self.durations
             .get_or_create(&DurationLabels {
-                tool,
+                tool: tool.clone(),
                 phase: "call".into(),
             })
             .observe(rec.duration_ms as f64 / 1000.0);
+        for (phase, us) in rec.timings.iter().flat_map(|t| t.phases()) {
+            self.durations
+                .get_or_create(&DurationLabels {
+                    tool: tool.clone(),
+                    phase: phase.to_owned(),
+                })
+                .observe(us as f64 / 1_000_000.0);
+        }
         if let Some(kind) = refusal_kind(rec.status) {
             self.refusals
                 .get_or_create(&RefusalLabels {
@@ -602,6 +636,43 @@ mod tests {
         );
         assert!(out.contains("cordon_sessions 2"), "{out}");
         assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    /// Each phase of a record's timings goes into the histogram under its
+    /// phase; a record without them counts only as `call`.
+    #[test]
+    fn phases_are_fed_from_the_records_timings() {
+        let m = Metrics::new(["echo".to_string()]);
+        let mut ran = AuditRecord::new("echo", "P1");
+        ran.timings = Some(cordon_audit::Timings {
+            admission_us: Some(50),
+            start_us: Some(4_000),
+            run_us: Some(1_000),
+            gate_us: Some(20),
+        });
+        m.recorded(&ran);
+        let mut refused = AuditRecord::new("echo", "P1");
+        refused.status = Status::Denied;
+        refused.timings = Some(cordon_audit::Timings {
+            admission_us: Some(30),
+            ..Default::default()
+        });
+        m.recorded(&refused);
+        m.recorded(&AuditRecord::new("echo", "P1"));
+        let out = m.render();
+        let count = |phase: &str| {
+            let l =
+                format!("cordon_call_duration_seconds_count{{tool=\"echo\",phase=\"{phase}\"}} ");
+            out.lines()
+                .find_map(|x| x.strip_prefix(&l))
+                .unwrap_or_else(|| panic!("{l} in {out}"))
+                .to_string()
+        };
+        assert_eq!(count("call"), "3");
+        assert_eq!(count("admission"), "2");
+        for p in ["start", "run", "gate"] {
+            assert_eq!(count(p), "1", "{p}");
+        }
     }
 
     /// A warm pool's records count as pool events, never as calls.

@@ -682,6 +682,7 @@ impl ServerHandler for Session {
                 request.arguments.as_ref(),
                 self.who(&caller),
                 &self.gw.metrics,
+                audit.started,
             )
             .await
             .map(Into::into);
@@ -701,7 +702,10 @@ impl ServerHandler for Session {
                     return r.map(Into::into);
                 }
             };
-            let mut r = self.own_unknown(&name, u.call(&name, request.arguments, &context).await);
+            let mut r = self.own_unknown(
+                &name,
+                u.call(&name, request.arguments, &context, &mut audit).await,
+            );
             audit.warnings = u.warnings();
             // Records of what was already done that could not be written
             // are said to the next call.

@@ -266,6 +266,20 @@ async fn without_a_pool_the_servers_start_at_the_sessions_first_calls() {
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids.iter().all(|id| !warm_id(id)), "{ids:?}");
     assert!(pool_records(&s).is_empty());
+    // Each forwarded call's record has its phases: the server's start
+    // among them (it started for this call).
+    let calls: Vec<Value> = std::fs::read_to_string(&s.audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["tool"] == "fx__probe" && r["status"] == "ok")
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:#?}");
+    for r in &calls {
+        for k in ["admission_us", "start_us", "run_us", "gate_us"] {
+            assert!(r["timings"][k].is_u64(), "{k}: {r}");
+        }
+    }
     a.cancel().await.unwrap();
     b.cancel().await.unwrap();
 }

@@ -937,6 +937,7 @@ mod tests {
             exit_code,
             signal: None,
             duration: Duration::ZERO,
+            setup: None,
             peak_memory_bytes: None,
             stdout: Vec::new(),
             output_bytes: 0,

@@ -423,6 +423,9 @@ impl Pool {
         let _ = writer.join();
         let mut o = waited?;
         o.duration = start.elapsed();
+        // Made and released long before the take: all of this call's
+        // time in the sandbox is its program running.
+        o.setup = Some(std::time::Duration::ZERO);
         o.stdout = out;
         o.output_bytes = total;
         if over {

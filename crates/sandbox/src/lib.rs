@@ -182,6 +182,11 @@ pub struct Outcome {
     pub signal: Option<i32>,
     /// Wall time from the start of setup to reaping.
     pub duration: Duration,
+    /// Wall time from the start of setup until the sandbox was made and
+    /// its program released to run, where the runtime measures it (the
+    /// rest of `duration` is the program running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<Duration>,
     /// Peak memory of the sandbox, where it is measured (its cgroup).
     pub peak_memory_bytes: Option<u64>,
     /// Stdout of a call (at most its cap); empty for a spawned sandbox.

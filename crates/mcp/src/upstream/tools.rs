@@ -260,37 +260,53 @@ impl Upstream {
         Some(render::refusal(kind, why, json!({"tool": name})))
     }
 
-    /// Forward one call.
-    pub async fn call(
+    /// Forward one call; its phases go into `audit`'s timings (the
+    /// admission counted from the call's arrival).
+    pub(crate) async fn call(
         &self,
         name: &str,
         args: Option<JsonObject>,
         ctx: &RequestContext<RoleServer>,
+        audit: &mut crate::audit::CallAudit,
     ) -> Result<CallToolResult, ErrorData> {
+        use cordon_audit::Timings;
+        let t = &mut audit.timings;
+        // Admission: the listing the call is checked against (a cached
+        // one, or the server asked), the name and arguments.
         let tools = match self.listing_for(name).await {
             Ok(t) => t,
             Err(e) => return self.start_refused(name, e),
         };
-        let exposed = self.callable(name, &tools, args.as_ref())?;
+        let exposed = self.callable(name, &tools, args.as_ref());
+        t.admission_us = Some(Timings::us(audit.started.elapsed()));
+        let exposed = exposed?;
+        let mark = std::time::Instant::now();
         let conn = match self.conn().await {
             Ok(c) => c,
             Err(e) => return self.start_refused(name, e),
         };
+        t.start_us = Some(Timings::us(mark.elapsed()));
+        let mark = std::time::Instant::now();
         self.still_listed(name).await?;
-        let mark = conn.handle.refusals().map(|r| r.mark());
+        let refusals_mark = conn.handle.refusals().map(|r| r.mark());
         let handle = self
             .send_call(name, &conn, exposed.server_name.clone(), args)
             .await?;
         let outcome = self.answer(handle, ctx).await;
-        let result = self.call_result(name, &conn, outcome).await?;
+        let result = self.call_result(name, &conn, outcome).await;
+        t.run_us = Some(Timings::us(mark.elapsed()));
+        let result = result?;
         self.after_call(conn.generation).await;
-        let refused = match (conn.handle.refusals(), mark) {
+        let refused = match (conn.handle.refusals(), refusals_mark) {
             (Some(r), Some(m)) => r.since(m),
             _ => Vec::new(),
         };
         let mut warnings = self.warnings();
         warnings.extend(refused.iter().map(|r| format!("egress refused: {r}")));
-        gate::tool_result(&self.policy, name, result, &conn.handle.live_tokens()).map(|mut r| {
+        let mark = std::time::Instant::now();
+        let gated = gate::tool_result(&self.policy, name, result, &conn.handle.live_tokens());
+        t.gate_us = Some(Timings::us(mark.elapsed()));
+        gated.map(|mut r| {
             // A failure gets the reason in its content too: a client shows
             // that, and the server's own message rarely names the cause.
             if !refused.is_empty() && r.is_error == Some(true) {
