@@ -949,7 +949,22 @@ impl Microvm {
         let mut tspec = SandboxSpec::new(&spec.tool, ["template"]);
         tspec.network = Network::None;
         tspec.limits = spec.limits;
-        let o = self.sup.run(&t, &tspec, Vec::new(), ctx)?;
+        let mut o = self.sup.run(&t, &tspec, Vec::new(), ctx)?;
+        if o.status == Status::TimedOut {
+            // An emulated boot that stalled (a loaded host, or a guest
+            // stuck early in its boot) is tried once more from nothing:
+            // the template is cordon's own boot, not the tool's task.
+            tracing::warn!(
+                "{}: microvm template: the template guest did not snapshot within the wall clock; booting it once more",
+                spec.tool
+            );
+            if let Ok(entries) = fs::read_dir(out) {
+                for e in entries.flatten() {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+            o = self.sup.run(&t, &tspec, Vec::new(), ctx)?;
+        }
         if o.status != Status::Ok {
             return Err(RunError::Setup(format!(
                 "{}: microvm template: the template guest did not snapshot: {} {}",
