@@ -95,7 +95,7 @@ fn spec(s: &Setup) -> SandboxSpec {
     });
     spec.limits.memory_bytes = 128 << 20;
     spec.limits.output_bytes = 64 << 10;
-    spec.limits.wall = Duration::from_secs(2);
+    spec.limits.wall = Duration::from_secs(5);
     spec.env = vec![
         ("PATH".into(), "/usr/bin:/bin".into()),
         ("HOME".into(), "/nonexistent".into()),
