@@ -65,30 +65,18 @@ fn not_applicable(probe: &str) -> Option<&'static str> {
 /// `../wasm/` (a checkout's `target/wasm`, where
 /// `scripts/build-wasm-example.sh` builds it).
 pub fn find_module(opt: Option<&Path>) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = opt
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CORDON_WASM_PROBE").map(PathBuf::from))
-    {
-        candidates.push(p);
-    } else if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        candidates.push(dir.join(MODULE_NAME));
-        candidates.push(dir.join("..").join(MODULE_NAME));
-        candidates.push(dir.join("../wasm").join(MODULE_NAME));
-    }
-    let found = candidates.iter().find(|p| p.is_file()).ok_or_else(|| {
-        format!(
-            "no probe module {MODULE_NAME} (looked at {}); build it with scripts/build-wasm-example.sh (from crates/probes/wasm/probe.c) or set CORDON_WASM_PROBE",
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    std::fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
+    let beside = [
+        PathBuf::from(MODULE_NAME),
+        Path::new("..").join(MODULE_NAME),
+        Path::new("../wasm").join(MODULE_NAME),
+    ];
+    cordon_runtime::companion::find(
+        opt,
+        "CORDON_WASM_PROBE",
+        &beside,
+        &format!("probe module {MODULE_NAME}"),
+        "build it with scripts/build-wasm-example.sh (from crates/probes/wasm/probe.c) or set CORDON_WASM_PROBE",
+    )
 }
 
 /// A wasm tool as a probe target.

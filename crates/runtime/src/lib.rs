@@ -15,6 +15,7 @@
 //! spawn, facts) and one line in [`Registry::for_host`].
 #![forbid(unsafe_code)]
 
+pub mod companion;
 pub mod gvisor;
 pub mod images;
 pub mod mechanism;

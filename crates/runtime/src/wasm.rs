@@ -340,29 +340,13 @@ impl Wasm {
 /// The runner: `opt`, else `$CORDON_WASM`, else `cordon-wasm` beside this
 /// program or one directory up (a test binary's `deps/`).
 fn find_runner(opt: Option<&Path>) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = opt
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CORDON_WASM").map(PathBuf::from))
-    {
-        candidates.push(p);
-    } else if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        candidates.push(dir.join("cordon-wasm"));
-        candidates.push(dir.join("../cordon-wasm"));
-    }
-    let found = candidates.iter().find(|p| p.is_file()).ok_or_else(|| {
-        format!(
-            "no Wasm runner cordon-wasm (looked at {}); build it with `cargo build -p cordon-wasm` (it is installed beside cordon) or set CORDON_WASM",
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    std::fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
+    crate::companion::find(
+        opt,
+        "CORDON_WASM",
+        &["cordon-wasm".into(), "../cordon-wasm".into()],
+        "Wasm runner cordon-wasm",
+        "build it with `cargo build -p cordon-wasm` (it is installed beside cordon) or set CORDON_WASM",
+    )
 }
 
 /// The trap kind on the runner's last stderr line, if it trapped.
