@@ -3,15 +3,16 @@
 "Observing the gateway"):
 
 1. a P1 call (`/usr/bin/wc`, its text on stdin) through `cordon serve
-   --http` on loopback, one MCP session, `--calls` sequential calls per
-   block, with the metrics and the console read ("on": a scraper fetching
+   --http` on loopback, one MCP session per gateway, `--calls` sequential
+   calls per block, on three gateways served at once: "off" (`--no-metrics`,
+   no traces: the audit log is the only bookkeeping), "metrics" (the
+   default: the metrics and the console kept, nobody reading them) and
+   "on" (metrics and console kept and read by a scraper fetching
    `/metrics` and `/console` every `--scrape-interval` seconds, far more
-   often than Prometheus or the console's own 5 s refresh would) against
-   the same gateway nobody reads ("off"); blocks interleaved on and off,
-   `--rounds` of each, medians over every call. The bookkeeping behind them
-   (the audit record's observers, the phase timings) runs in both: it
-   cannot be turned off, so "off" includes it; what differs is rendering
-   and serving the metrics and the page while calls run.
+   often than Prometheus or the console's own 5 s refresh would, and every
+   call's spans exported over OTLP/HTTP to a receiver on loopback, each
+   call carrying an agent's `traceparent`); blocks interleaved, `--rounds`
+   of each, medians over every call.
 2. a probe run's CPU time per tool: `cordon probe -m MANIFEST --tool T`
    for each tool of the manifest (examples/cordon.yaml by default), user +
    system CPU of the probe process and everything it started
@@ -28,6 +29,7 @@ attempts end in their own sandboxes.
 
 import argparse
 import http.client
+import http.server
 import json
 import os
 import re
@@ -63,10 +65,11 @@ class Mcp:
     """A minimal streamable-HTTP MCP client: one session, JSON-RPC over
     POST, the answer read from JSON or the SSE stream."""
 
-    def __init__(self, host, port):
+    def __init__(self, host, port, traced=False):
         self.c = http.client.HTTPConnection(host, port, timeout=60)
         self.session = None
         self.id = 0
+        self.traced = traced
         self.request("initialize", {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "bench-observe", "version": "1"}})
@@ -102,8 +105,11 @@ class Mcp:
         return json.loads(data)
 
     def call(self, text):
+        params = {"name": "word_count", "arguments": {"text": text}}
+        if self.traced:
+            params["_meta"] = {"traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"}
         t0 = time.perf_counter()
-        m = self.request("tools/call", {"name": "word_count", "arguments": {"text": text}})
+        m = self.request("tools/call", params)
         dt = (time.perf_counter() - t0) * 1e3
         if "result" not in m or m["result"].get("isError"):
             sys.exit(f"call failed: {json.dumps(m)[:400]}")
@@ -132,14 +138,37 @@ class Scraper(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def serve(tmp):
+class Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that counts what it is sent."""
+    posts = 0
+    bytes = 0
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        Collector.posts += 1
+        Collector.bytes += n
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(tmp, name, extra):
     """`cordon serve --http 127.0.0.1:0` of the manifest: (process, host, port)."""
-    m = os.path.join(tmp, "bench.yaml")
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    m = os.path.join(d, "bench.yaml")
     with open(m, "w") as f:
         f.write(MANIFEST)
-    env = dict(os.environ, CORDON_AUDIT=os.path.join(tmp, "audit.jsonl"),
-               CORDON_STATE_DIR=tmp)
-    p = subprocess.Popen([CORDON, "serve", "--no-probe", "-m", m, "--http", "127.0.0.1:0"],
+    env = dict(os.environ, CORDON_AUDIT=os.path.join(d, "audit.jsonl"), CORDON_STATE_DIR=d)
+    for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        env.pop(k, None)
+    p = subprocess.Popen([CORDON, "serve", "--no-probe", "-m", m, "--http", "127.0.0.1:0"] + extra,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=env, text=True)
     for line in p.stderr:
@@ -147,30 +176,46 @@ def serve(tmp):
         if hit:
             threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
             return p, hit.group(1), int(hit.group(2))
-    sys.exit(f"cordon serve did not start ({p.wait()})")
+    sys.exit(f"cordon serve {name} did not start ({p.wait()})")
 
 
 def bench_calls(calls, rounds, interval):
     tmp = tempfile.mkdtemp(prefix="cordon-bench-observe-")
     os.chmod(tmp, 0o755)
-    p, host, port = serve(tmp)
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    otlp = f"http://127.0.0.1:{collector.server_address[1]}"
+    procs = []
     try:
-        mcp = Mcp(host, port)
-        for _ in range(20):  # warm up
-            mcp.call("a b\nc\n")
-        on, off, reads = [], [], 0
+        gws = {}
+        for name, extra in (("off", ["--no-metrics"]), ("metrics", []),
+                            ("on", ["--otlp", otlp])):
+            p, host, port = serve(tmp, name, extra)
+            procs.append(p)
+            gws[name] = (host, port, Mcp(host, port, traced=(name == "on")))
+        for _, _, mcp in gws.values():
+            for _ in range(20):  # warm up
+                mcp.call("a b\nc\n")
+        times = {name: [] for name in gws}
+        reads = 0
         for _ in range(rounds):
-            off.extend(mcp.call("a b\nc\n") for _ in range(calls))
-            s = Scraper(host, port, interval)
-            s.start()
-            on.extend(mcp.call("a b\nc\n") for _ in range(calls))
-            s.stop.set()
-            s.join()
-            reads += s.reads
-        return statistics.median(on), statistics.median(off), reads, len(on)
+            for name, (host, port, mcp) in gws.items():
+                s = None
+                if name == "on":
+                    s = Scraper(host, port, interval)
+                    s.start()
+                times[name].extend(mcp.call("a b\nc\n") for _ in range(calls))
+                if s:
+                    s.stop.set()
+                    s.join()
+                    reads += s.reads
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        return medians, reads, calls * rounds, Collector.posts, Collector.bytes
     finally:
-        p.terminate()
-        p.wait()
+        for p in procs:
+            p.terminate()
+            p.wait()
+        collector.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -242,13 +287,18 @@ def main():
         sys.exit(f"{CORDON} missing: cargo build --release -p cordon")
     print(f"cordon: {CORDON}; load average before: {os.getloadavg()}")
     if a.only in (None, "calls"):
-        on, off, reads, n = bench_calls(a.calls, a.rounds, a.scrape_interval)
-        print(f"\n{n} calls each, {a.rounds} interleaved blocks; {reads} reads of "
-              f"/metrics and /console while 'on' (every {a.scrape_interval} s)\n")
+        med, reads, n, posts, sent = bench_calls(a.calls, a.rounds, a.scrape_interval)
+        off = med["off"]
+        print(f"\n{n} calls each, {a.rounds} interleaved blocks; 'on': {reads} reads of "
+              f"/metrics and /console (every {a.scrape_interval} s), {posts} OTLP exports "
+              f"({sent} bytes) to a loopback receiver\n")
         print("| P1 call through `cordon serve --http` | median ms | ratio |")
         print("|---|---:|---:|")
-        print(f"| metrics and console not read (off) | {off:.2f} | 1.00 |")
-        print(f"| /metrics and /console read (on) | {on:.2f} | {on / off:.3f} |")
+        print(f"| off: `--no-metrics`, no traces | {off:.2f} | 1.000 |")
+        print(f"| metrics and console kept, not read | {med['metrics']:.2f} | "
+              f"{med['metrics'] / off:.3f} |")
+        print(f"| on: read every {a.scrape_interval} s, spans exported (`--otlp`) | "
+              f"{med['on']:.2f} | {med['on'] / off:.3f} |")
     if a.only in (None, "probe"):
         rows = bench_probe(a.manifest, a.probe_rounds)
         print(f"\n`cordon probe -m {os.path.relpath(a.manifest, ROOT)} --tool T`, median of "

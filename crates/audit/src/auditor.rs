@@ -50,6 +50,12 @@ pub struct Auditor {
 /// serve` count the same events the log records.
 pub trait RecordObserver: Send + Sync + std::fmt::Debug {
     fn recorded(&self, rec: &AuditRecord);
+
+    /// [`RecordObserver::recorded`], told how long writing the record took
+    /// (it has just been written, or failed to be).
+    fn recorded_in(&self, rec: &AuditRecord, _write: std::time::Duration) {
+        self.recorded(rec)
+    }
 }
 
 /// One record that could not be written, as counted in the unwritten file:
@@ -96,12 +102,25 @@ impl Auditor {
         }
     }
 
-    fn notify(&self, rec: &AuditRecord) {
+    /// Show the records to no one from now on.
+    pub fn stop_observing(&self) {
+        if let Ok(mut v) = self.observers.write() {
+            v.clear();
+        }
+    }
+
+    /// Write `rec` and show it to the observers (whether or not it could be
+    /// written: what it records happened either way).
+    fn write(&self, rec: &AuditRecord) -> Result<(), AuditError> {
+        let t = std::time::Instant::now();
+        let written = self.log.record(rec);
+        let took = t.elapsed();
         if let Ok(v) = self.observers.read() {
             for o in v.iter() {
-                o.recorded(rec);
+                o.recorded_in(rec, took);
             }
         }
+        written
     }
 
     /// Count each record that could not be written in `path` (one JSON
@@ -131,8 +150,7 @@ impl Auditor {
     /// fail what it records. Fail-open, a record not written is said on
     /// stderr, counted, and `Ok`.
     pub fn record(&self, rec: &AuditRecord) -> Result<(), AuditError> {
-        self.notify(rec);
-        match self.log.record(rec) {
+        match self.write(rec) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.count_unwritten(rec, false, &e);
@@ -150,8 +168,7 @@ impl Auditor {
     /// written is said on stderr, counted, and kept as a warning for the
     /// next call; the error is returned for the caller's own log.
     pub fn record_after(&self, rec: &AuditRecord) -> Result<(), AuditError> {
-        self.notify(rec);
-        let Err(e) = self.log.record(rec) else {
+        let Err(e) = self.write(rec) else {
             return Ok(());
         };
         let counted = self.count_unwritten(rec, true, &e);

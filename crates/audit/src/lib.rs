@@ -42,7 +42,7 @@ pub use escape::{escape_inline, escape_text};
 pub use read::{Filter, Query, log_files, parse_duration, query, render_line, tail, tail_until};
 pub use record::{
     AuditRecord, CONTENT_CAP, CredentialEvent, Decision, EgressEvent, GateSummary, Payload,
-    PoolEvent, STDERR_CAP, ServiceEvent, Status, Timings,
+    PoolEvent, STDERR_CAP, ServiceEvent, Status, Timings, TraceContext,
 };
 pub use redact::Secret;
 pub use sink::{FileSink, Rotation, Sink, StderrSink};

@@ -273,6 +273,26 @@ pub struct AuditRecord {
     /// records that are not calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
+    /// The call's place in a distributed trace (W3C trace context): the
+    /// trace the agent's `traceparent` named, or one the gateway began
+    /// when it exports traces; the span is the call's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
+}
+
+/// A call's place in a distributed trace, as lowercase hex (W3C trace
+/// context: a 16-byte trace id, 8-byte span ids).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub trace_id: String,
+    /// The call's own span.
+    pub span_id: String,
+    /// The agent's span the call was made in, when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_span_id: Option<String>,
+    /// Whether the trace is recorded (the agent's `sampled` flag; a trace
+    /// the gateway began always is).
+    pub sampled: bool,
 }
 
 /// The phases of one call, in microseconds; a phase the call did not
@@ -386,6 +406,7 @@ impl AuditRecord {
             pool: None,
             service: None,
             timings: None,
+            trace: None,
         }
     }
 

@@ -92,6 +92,8 @@ pub struct Caller {
     /// The authenticated principal (`None`: not known, e.g. `cordon run`).
     pub principal: Option<String>,
     pub tenant: String,
+    /// The call's place in a distributed trace, recorded with it.
+    pub trace: Option<cordon_audit::TraceContext>,
 }
 
 impl Caller {
@@ -102,6 +104,7 @@ impl Caller {
             client: client.to_string(),
             principal: None,
             tenant: cordon_runtime::DEFAULT_TENANT.to_string(),
+            trace: None,
         }
     }
 }
@@ -579,6 +582,7 @@ impl Broker {
         rec.caller = who.client.clone();
         rec.principal = who.principal.clone();
         rec.tenant = Some(who.tenant.clone());
+        rec.trace = who.trace.clone();
         rec.input = Payload::of(&input, false);
         let mut clock = Phases::since(since);
         let result = self.call_inner(who, policy, admitted, input, &mut rec, &mut clock);

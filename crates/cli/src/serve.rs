@@ -90,8 +90,18 @@ pub struct ServeArgs {
     /// Also serve the Prometheus metrics at /metrics on this address,
     /// without authentication: a loopback address only (`--http` serves
     /// them at /metrics behind its authentication too).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "no_metrics")]
     pub metrics: Option<SocketAddr>,
+    /// Keep no metrics and no console (`/metrics` and `/console` are not
+    /// served): the audit log is the only record.
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Export OpenTelemetry spans of every call over OTLP/HTTP to this base
+    /// URL (`/v1/traces` is appended), e.g. http://127.0.0.1:4318. Without
+    /// it, traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (docs/observability.md).
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
 }
 
 /// `--reprobe-every`: a duration as the manifest writes one, not 0.
@@ -430,6 +440,23 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 None
             }
         });
+    let mut gw = gw;
+    if args.no_metrics {
+        gw = gw.without_metrics();
+        eprintln!("cordon: metrics and console: off (--no-metrics)");
+    }
+    // Spans are exported by a blocking client on the SDK's own thread:
+    // made here, before the gateway's async runtime.
+    let traces = match (&args.otlp, cordon_mcp::traces::endpoint_in_env()) {
+        (None, None) => None,
+        (base, _) => Some(Arc::new(
+            cordon_mcp::traces::Traces::export(base.as_deref()).map_err(|e| anyhow!(e))?,
+        )),
+    };
+    if let Some(t) = &traces {
+        eprintln!("cordon: traces: exported to {}", t.endpoint());
+        gw = gw.with_traces(t.clone());
+    }
     for w in gw.warnings() {
         eprintln!("cordon: warning: {w}");
     }
@@ -503,6 +530,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         && let Err(e) = cb.revoke_all("cordon serve is shutting down")
     {
         eprintln!("cordon: warning: {e}");
+    }
+    // The spans still waiting are sent before the process exits.
+    if let Some(t) = &traces {
+        t.shutdown(std::time::Duration::from_secs(5));
     }
     served.map_err(|e| anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)

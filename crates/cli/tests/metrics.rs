@@ -454,3 +454,47 @@ async fn a_separate_metrics_listener_on_loopback_only() {
     );
     c.cancel().await.unwrap();
 }
+
+/// `--no-metrics`: neither `/metrics` nor `/console` is served (the
+/// control: the same gateway serves MCP, and without the flag both answer,
+/// as the tests above show); `--metrics ADDR` with it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_metrics_serves_neither_metrics_nor_console() {
+    let dir = tempdir();
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, MANIFEST).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "-m"])
+        .arg(&m)
+        .args(["--no-metrics", "--metrics", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot be used with"), "{err}");
+
+    let s = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .args(["--no-probe", "--no-metrics"])
+        .http();
+    assert!(
+        s.stderr
+            .iter()
+            .any(|l| l.contains("metrics and console: off")),
+        "{:?}",
+        s.stderr
+    );
+    let addr = s.addr();
+    for path in ["/metrics", "/console"] {
+        let (st, head, _) = get(&addr, path, None);
+        assert_eq!(st, 404, "{path}: {head}");
+    }
+    let c = client(&s.url, None).await;
+    let out = call(&c, "word_count", json!({"text": "a b"}))
+        .await
+        .unwrap();
+    assert!(out.contains("0       2       3"), "{out}");
+    let (st, _, _) = get(&addr, "/metrics", None);
+    assert_eq!(st, 404);
+    c.cancel().await.unwrap();
+}

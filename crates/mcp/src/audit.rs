@@ -151,6 +151,7 @@ impl CallAudit {
         rec.caller = who.client.clone();
         rec.principal = who.principal.clone();
         rec.tenant = Some(who.tenant.clone());
+        rec.trace = who.trace.clone();
         rec.input = Payload::of(&self.input, self.record_input);
         rec.warnings = self.warnings;
         rec.gate = self.gate;

@@ -21,5 +21,6 @@ pub(crate) fn caller_of(session: &str, client: &str, who: &Who) -> Caller {
         client: client.to_string(),
         principal: Some(p.subject),
         tenant: p.tenant,
+        trace: None,
     }
 }

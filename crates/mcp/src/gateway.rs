@@ -91,6 +91,11 @@ pub struct Gateway {
     /// The last refusals and calls per minute, for the console
     /// ([`crate::console`]).
     pub(crate) recent: Arc<crate::console::Recent>,
+    /// Spans of every call, exported over OTLP ([`crate::traces`]).
+    pub(crate) traces: Option<Arc<crate::traces::Traces>>,
+    /// Whether the metrics and the console are kept (`/metrics` and
+    /// `/console` are not served when they are not).
+    pub(crate) observed: bool,
 }
 
 impl Gateway {
@@ -238,7 +243,39 @@ impl Gateway {
             seq: AtomicU64::new(0),
             caps,
             metrics,
+            traces: None,
+            observed: true,
         })
+    }
+
+    /// Export the spans of every call ([`crate::traces`]).
+    pub fn with_traces(self, traces: Arc<crate::traces::Traces>) -> Gateway {
+        self.broker.auditor().observe(traces.clone());
+        Gateway {
+            traces: Some(traces),
+            ..self
+        }
+    }
+
+    /// Keep no metrics and no console: nothing counts the audit records
+    /// but the log itself, and `/metrics` and `/console` are not served.
+    /// Before [`Gateway::with_traces`].
+    pub fn without_metrics(self) -> Gateway {
+        self.broker.auditor().stop_observing();
+        Gateway {
+            observed: false,
+            ..self
+        }
+    }
+
+    /// Where the spans of calls go, if anywhere.
+    pub(crate) fn traces(&self) -> Option<&Arc<crate::traces::Traces>> {
+        self.traces.as_ref()
+    }
+
+    /// Whether `/metrics` and `/console` are served.
+    pub fn observed(&self) -> bool {
+        self.observed
     }
 
     /// The command tools served now (a reload may swap them).

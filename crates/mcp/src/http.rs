@@ -179,11 +179,11 @@ pub async fn serve_http(
             );
         }
     }
-    let router = router
-        .merge(mcp)
-        .merge(metrics_route)
-        .merge(console_route)
-        .layer(axum::middleware::from_fn(session_delete_ok));
+    let mut router = router.merge(mcp);
+    if gw.observed() {
+        router = router.merge(metrics_route).merge(console_route);
+    }
+    let router = router.layer(axum::middleware::from_fn(session_delete_ok));
     gw.start_warm();
     let served = crate::listen::serve(listener, router, opts.tls, opts.limits, shutdown).await;
     gw.stop_warm();

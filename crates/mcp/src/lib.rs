@@ -44,6 +44,7 @@ mod service;
 mod session;
 mod session_ids;
 mod tls;
+pub mod traces;
 mod transport;
 mod upstream;
 mod uri;

@@ -593,6 +593,7 @@ mod tests {
             client: "mcp".into(),
             principal: None,
             tenant: "default".into(),
+            trace: None,
         };
         assert_eq!(live(&m), "cordon_sandboxes 0");
         let a = servers.start(&who, p, &[]).unwrap();

@@ -627,6 +627,13 @@ impl ServerHandler for Session {
             .client_info()
             .map(|i| format!("mcp:{}", i.name))
             .unwrap_or_else(|| "mcp".into());
+        // The call's place in the agent's trace (`_meta.traceparent`), or
+        // a trace of its own when traces are exported.
+        let trace = crate::traces::context_of(&context.meta, self.gw.traces().is_some());
+        let who = || Caller {
+            trace: trace.clone(),
+            ..self.who(&caller)
+        };
         // Another principal's request is refused, audited as that
         // principal's; a name not granted is refused before anything
         // starts.
@@ -637,13 +644,13 @@ impl ServerHandler for Session {
                     Caller {
                         principal: Some(p.subject),
                         tenant: p.tenant,
-                        ..self.who(&caller)
+                        ..who()
                     },
                     e,
                 ))
             }
             Ok(_) if !self.granted(cordon_policy::access::Kind::Tool, &name) => Some((
-                self.who(&caller),
+                who(),
                 self.not_granted(cordon_policy::access::Kind::Tool, &name),
             )),
             Ok(_) => None,
@@ -665,14 +672,14 @@ impl ServerHandler for Session {
             let audit = CallAudit::new(&name, profile, "native", request.arguments.as_ref());
             if let Some(e) = self.gw.service.refusal(&name, &name) {
                 let r = Err(e);
-                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                audit.finish(&self.gw.broker, &who(), &r)?;
                 return r.map(Into::into);
             }
             let _slots = match self.door(&name, &name, true).await {
                 Ok(s) => s,
                 Err(e) => {
                     let r = Err(e);
-                    audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                    audit.finish(&self.gw.broker, &who(), &r)?;
                     return r.map(Into::into);
                 }
             };
@@ -680,7 +687,7 @@ impl ServerHandler for Session {
                 &self.gw.broker,
                 &t,
                 request.arguments.as_ref(),
-                self.who(&caller),
+                who(),
                 &self.gw.metrics,
                 audit.started,
             )
@@ -691,14 +698,14 @@ impl ServerHandler for Session {
             let mut audit = CallAudit::new(&name, u.profile(), "mcp", request.arguments.as_ref());
             if let Some(e) = self.gw.service.refusal(u.name(), &name) {
                 let r = Err(e);
-                audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                audit.finish(&self.gw.broker, &who(), &r)?;
                 return r.map(Into::into);
             }
             let _slots = match self.door(u.name(), &name, false).await {
                 Ok(s) => s,
                 Err(e) => {
                     let r = Err(e);
-                    audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+                    audit.finish(&self.gw.broker, &who(), &r)?;
                     return r.map(Into::into);
                 }
             };
@@ -714,7 +721,7 @@ impl ServerHandler for Session {
                 audit.warnings.extend(unwritten);
                 r = r.map(|res| render::with_warnings(res, &audit.warnings));
             }
-            audit.finish(&self.gw.broker, &self.who(&caller), &r)?;
+            audit.finish(&self.gw.broker, &who(), &r)?;
             return r.map(Into::into);
         }
         // A name a listing refused says why; under grants, a name granted
@@ -727,7 +734,7 @@ impl ServerHandler for Session {
         };
         CallAudit::new(&name, "", "none", request.arguments.as_ref()).finish(
             &self.gw.broker,
-            &self.who(&caller),
+            &who(),
             &r,
         )?;
         r.map(Into::into)

@@ -204,6 +204,7 @@ impl WarmPools {
             client: "mcp-pool".into(),
             principal: None,
             tenant: tenant.clone(),
+            trace: None,
         };
         let bound = Arc::new(OnceLock::new());
         let startup = match &policy.exec {
