@@ -4,14 +4,15 @@
 
 1. a P1 call (`/usr/bin/wc`, its text on stdin) through `cordon serve
    --http` on loopback, one MCP session per gateway, `--calls` sequential
-   calls per block, on three gateways served at once: "off" (`--no-metrics`,
+   calls per block, on four gateways served at once: "off" (`--no-metrics`,
    no traces: the audit log is the only bookkeeping), "metrics" (the
-   default: the metrics and the console kept, nobody reading them) and
-   "on" (metrics and console kept and read by a scraper fetching
-   `/metrics` and `/console` every `--scrape-interval` seconds, far more
-   often than Prometheus or the console's own 5 s refresh would, and every
-   call's spans exported over OTLP/HTTP to a receiver on loopback, each
-   call carrying an agent's `traceparent`); blocks interleaved, `--rounds`
+   default: the metrics and the console kept, nobody reading them),
+   "traces" (`--no-metrics --otlp`: every call's spans exported over
+   OTLP/HTTP to a receiver on loopback, each call carrying an agent's
+   `traceparent`) and "on" (both: the metrics and the console read by a
+   scraper fetching `/metrics` and `/console` every `--scrape-interval`
+   seconds, far more often than Prometheus or the console's own 5 s
+   refresh would, and the spans exported); blocks interleaved, `--rounds`
    of each, medians over every call.
 2. a probe run's CPU time per tool: `cordon probe -m MANIFEST --tool T`
    for each tool of the manifest (examples/cordon.yaml by default), user +
@@ -31,6 +32,7 @@ import argparse
 import http.client
 import http.server
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -116,39 +118,51 @@ class Mcp:
         return dt
 
 
-class Scraper(threading.Thread):
-    """Reads /metrics and /console every `interval` seconds until stopped."""
+class Scraper:
+    """Reads /metrics and /console every `interval` seconds until stopped,
+    in a process of its own (not competing with the client for the GIL)."""
 
     def __init__(self, host, port, interval):
-        super().__init__(daemon=True)
-        self.host, self.port, self.interval = host, port, interval
-        self.stop = threading.Event()
-        self.reads = 0
+        self.stop = multiprocessing.Event()
+        self.count = multiprocessing.Value("i", 0)
+        self.p = multiprocessing.Process(
+            target=Scraper.run, args=(host, port, interval, self.stop, self.count), daemon=True)
 
-    def run(self):
-        c = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        while not self.stop.is_set():
+    def start(self):
+        self.p.start()
+
+    def join(self):
+        self.stop.set()
+        self.p.join()
+        return self.count.value
+
+    @staticmethod
+    def run(host, port, interval, stop, count):
+        c = http.client.HTTPConnection(host, port, timeout=30)
+        while not stop.is_set():
             for path in ("/metrics", "/console"):
                 c.request("GET", path)
                 r = c.getresponse()
                 r.read()
                 if r.status != 200:
                     sys.exit(f"GET {path}: {r.status}")
-                self.reads += 1
-            self.stop.wait(self.interval)
+                with count.get_lock():
+                    count.value += 1
+            stop.wait(interval)
 
 
 class Collector(http.server.BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that counts what it is sent."""
-    posts = 0
-    bytes = 0
+    """An OTLP/HTTP receiver that counts what it is sent (in a process of
+    its own: see `collect`)."""
     protocol_version = "HTTP/1.1"
+    counts = None
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
         self.rfile.read(n)
-        Collector.posts += 1
-        Collector.bytes += n
+        with Collector.counts.get_lock():
+            Collector.counts[0] += 1
+            Collector.counts[1] += n
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -156,6 +170,11 @@ class Collector(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def collect(server, counts):
+    Collector.counts = counts
+    server.serve_forever()
 
 
 def serve(tmp, name, extra):
@@ -183,39 +202,48 @@ def bench_calls(calls, rounds, interval):
     tmp = tempfile.mkdtemp(prefix="cordon-bench-observe-")
     os.chmod(tmp, 0o755)
     collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    counts = multiprocessing.Array("q", 2)
+    receiver = multiprocessing.Process(target=collect, args=(collector, counts), daemon=True)
+    receiver.start()
     otlp = f"http://127.0.0.1:{collector.server_address[1]}"
     procs = []
     try:
         gws = {}
         for name, extra in (("off", ["--no-metrics"]), ("metrics", []),
+                            ("traces", ["--no-metrics", "--otlp", otlp]),
                             ("on", ["--otlp", otlp])):
             p, host, port = serve(tmp, name, extra)
             procs.append(p)
-            gws[name] = (host, port, Mcp(host, port, traced=(name == "on")))
+            gws[name] = (host, port, Mcp(host, port, traced=(name in ("traces", "on"))))
         for _, _, mcp in gws.values():
             for _ in range(20):  # warm up
                 mcp.call("a b\nc\n")
         times = {name: [] for name in gws}
         reads = 0
-        for _ in range(rounds):
-            for name, (host, port, mcp) in gws.items():
+        names = list(gws)
+        for r in range(rounds):
+            # Each round in another order: no configuration always runs
+            # first, or last.
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                host, port, mcp = gws[name]
                 s = None
                 if name == "on":
                     s = Scraper(host, port, interval)
                     s.start()
                 times[name].extend(mcp.call("a b\nc\n") for _ in range(calls))
                 if s:
-                    s.stop.set()
-                    s.join()
-                    reads += s.reads
+                    reads += s.join()
         medians = {name: statistics.median(t) for name, t in times.items()}
-        return medians, reads, calls * rounds, Collector.posts, Collector.bytes
+        for p in procs:
+            p.terminate()
+            p.wait()
+        procs = []
+        return medians, reads, calls * rounds, counts[0], counts[1]
     finally:
         for p in procs:
             p.terminate()
             p.wait()
-        collector.shutdown()
+        receiver.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -297,7 +325,9 @@ def main():
         print(f"| off: `--no-metrics`, no traces | {off:.2f} | 1.000 |")
         print(f"| metrics and console kept, not read | {med['metrics']:.2f} | "
               f"{med['metrics'] / off:.3f} |")
-        print(f"| on: read every {a.scrape_interval} s, spans exported (`--otlp`) | "
+        print(f"| spans exported (`--no-metrics --otlp`), each call with a traceparent | "
+              f"{med['traces']:.2f} | {med['traces'] / off:.3f} |")
+        print(f"| on: metrics and console read every {a.scrape_interval} s, spans exported (`--otlp`) | "
               f"{med['on']:.2f} | {med['on'] / off:.3f} |")
     if a.only in (None, "probe"):
         rows = bench_probe(a.manifest, a.probe_rounds)
