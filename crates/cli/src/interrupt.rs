@@ -13,9 +13,11 @@ use cordon_broker::Broker;
 use cordon_secrets::CredentialBroker;
 
 /// What a signal ends: the broker (for the audit record), its credential
-/// broker (whose leases are revoked) and the tool called.
+/// broker (whose leases are revoked) and the tool called. The broker is
+/// not kept alive by the watcher: when the call has ended and the broker
+/// with it (its sandbox's host directories removed), a signal only exits.
 pub struct Interrupted {
-    pub broker: Arc<Broker>,
+    pub broker: std::sync::Weak<Broker>,
     pub credentials: Option<Arc<CredentialBroker>>,
     pub tool: String,
     pub profile: &'static str,
@@ -65,8 +67,12 @@ fn stop(what: &Interrupted, (num, name): (i32, &str)) -> i32 {
     {
         eprintln!("cordon: {e}");
     }
+    let Some(broker) = what.broker.upgrade() else {
+        // The call has ended, and was audited.
+        return 128 + num;
+    };
     let mut rec = cordon_audit::AuditRecord::new(&what.tool, what.profile);
-    rec.session = what.broker.session().to_string();
+    rec.session = broker.session().to_string();
     rec.caller = "cli".into();
     rec.status = cordon_audit::Status::Killed;
     rec.signal = Some(num);
@@ -75,6 +81,6 @@ fn stop(what: &Interrupted, (num, name): (i32, &str)) -> i32 {
         what.tool
     ));
     // One that cannot be written is said on stderr by the auditor.
-    what.broker.record_after(&rec);
+    broker.record_after(&rec);
     128 + num
 }

@@ -127,7 +127,7 @@ pub fn call_and_print(policy: &ToolPolicy, opts: &RunOpts) -> anyhow::Result<Exi
     // SIGTERM or SIGINT from here on: the credentials are revoked and the
     // end audited before cordon exits (128 + the signal).
     crate::interrupt::on_signal(crate::interrupt::Interrupted {
-        broker: broker.clone(),
+        broker: std::sync::Arc::downgrade(&broker),
         credentials: credentials.clone(),
         tool: policy.name.clone(),
         profile: cordon_broker::profile_name(policy.profile),

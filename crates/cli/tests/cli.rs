@@ -40,18 +40,34 @@ fn modes() -> Vec<As> {
     }
 }
 
-fn audit_file(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cordon-cli-test-{}-{tag}", std::process::id()));
+/// This process's scratch directory, open to uid 65534 (removed by the
+/// next test process's sweep once this one has exited).
+fn scratch() -> &'static Path {
+    static DIR: std::sync::LazyLock<cordon_testkit::Scratch> = std::sync::LazyLock::new(|| {
+        let d = cordon_testkit::scratch::named("cordon-cli-");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        d
+    });
+    DIR.path()
+}
+
+/// A directory of this process's scratch for `tag`, open to uid 65534.
+fn dir_for(tag: &str) -> PathBuf {
+    let dir = scratch().join(tag);
     std::fs::create_dir_all(&dir).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir.join("audit.jsonl")
+    dir
+}
+
+fn audit_file(tag: &str) -> PathBuf {
+    dir_for(&format!("audit-{tag}")).join("audit.jsonl")
 }
 
 /// Write a manifest for one test; its path.
 fn manifest(tag: &str, yaml: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cordon-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir_for(&format!("manifest-{tag}"));
     let m = dir.join("m.yaml");
     std::fs::write(&m, yaml).unwrap();
     m
@@ -119,7 +135,7 @@ fn check_accepts_the_example_and_refuses_a_typo_with_its_line() {
         "{s}"
     );
 
-    let bad = std::env::temp_dir().join(format!("cordon-bad-{}.yaml", std::process::id()));
+    let bad = dir_for("bad").join("bad.yaml");
     std::fs::write(
         &bad,
         "tools:\n  a:\n    profile: P1\n    command: [x]\n    netwrok: none\n",
@@ -188,8 +204,7 @@ fn explain_prints_the_resolved_policy() {
 
 #[test]
 fn diff_exits_1_on_a_weakening_change() {
-    let dir = std::env::temp_dir().join(format!("cordon-diff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir_for("diff");
     let a = dir.join("a.yaml");
     let b = dir.join("b.yaml");
     std::fs::write(
@@ -1333,5 +1348,72 @@ fn broker_in_a_once_killed_cgroup_still_runs_tools() {
         text(&doctor.stdout).contains("killed at birth"),
         "{}",
         text(&doctor.stdout)
+    );
+}
+
+/// A one-shot run leaves nothing on the host: where no shared mount point
+/// for sandbox roots can be used (uid 65534 without `XDG_RUNTIME_DIR`),
+/// cordon makes its own `cordon-root-*` under `TMPDIR`; it is there while
+/// the tool runs (the control) and gone when cordon has exited, for a run
+/// that succeeds and one whose tool fails.
+#[test]
+fn a_one_shot_run_leaves_no_root_directory_behind() {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        skip_or_fail(
+            &this_test(),
+            "the run as uid 65534 needs root and /usr/bin/setpriv",
+        );
+        return;
+    }
+    let tmp = dir_for("own-tmp");
+    let roots = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cordon-root-"))
+            .collect()
+    };
+    let audit = audit_file("own-tmp");
+    let run = |script: &str| {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(CORDON)
+            .args(["exec", "--audit"])
+            .arg(&audit)
+            .args(["--", "/bin/sh", "-c", script])
+            .current_dir(repo())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("TMPDIR", &tmp)
+            .env("HOME", &tmp)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    // The control: the directory exists while a tool runs.
+    let child = run("sleep 3");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while roots().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cordon-root-* appeared in {}",
+            tmp.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(roots(), Vec::<String>::new(), "left behind after a run");
+    let out = run("exit 3").wait_with_output().unwrap();
+    assert!(
+        text(&out.stderr).contains("exit 3"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        roots(),
+        Vec::<String>::new(),
+        "left behind after a failed run"
     );
 }
