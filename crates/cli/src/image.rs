@@ -60,13 +60,13 @@ pub enum ImageCmd {
     /// use, and every temporary left by an interrupted pull; and from the
     /// wasm cache (`wasm-cache` in the state directory) the compiled code
     /// of every module the named manifests do not pin (without a manifest:
-    /// compiled more than --wasm-max-age days ago).
+    /// not used for more than --wasm-max-age days).
     Gc {
         /// Keep the images and wasm modules this manifest names. Repeatable.
         #[arg(short = 'm', long = "manifest")]
         manifests: Vec<PathBuf>,
-        /// Without a manifest: remove wasm code compiled more than this
-        /// many days ago.
+        /// Without a manifest: remove wasm code not used (run, or
+        /// compiled) for more than this many days.
         #[arg(long, value_name = "DAYS", default_value_t = 30)]
         wasm_max_age: u64,
     },

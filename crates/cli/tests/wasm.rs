@@ -300,12 +300,28 @@ fn image_gc_removes_the_wasm_code_no_manifest_pins_or_too_old() {
     );
     assert_eq!(names(&cache), example);
 
-    // Without a manifest: only what was compiled too long ago goes.
+    // Without a manifest: only what was last used too long ago goes.
     let o = s.cordon(&["image", "--store", &store, "gc"], b"");
     assert_eq!(o.status.code(), Some(0));
     assert!(text(&o.stdout).contains(": removed 0 compiled modules"));
     assert_eq!(names(&cache), example);
+    // Compiled 31 days ago, and used by a call since: kept.
+    let digest = cache.join(format!("{code}.sha256"));
     age_by_days(&cache.join(&code), 31);
+    age_by_days(&digest, 31);
+    let used = s.cordon(&["run", "-m", &m, "json_check"], b"[]");
+    assert_eq!(used.status.code(), Some(0));
+    let o = s.cordon(&["image", "--store", &store, "gc"], b"");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        text(&o.stdout).contains(": removed 0 compiled modules"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert_eq!(names(&cache), example);
+    // Neither compiled nor used in 31 days: removed.
+    age_by_days(&cache.join(&code), 31);
+    age_by_days(&digest, 31);
     let o = s.cordon(&["image", "--store", &store, "gc"], b"");
     assert_eq!(o.status.code(), Some(0));
     let out = text(&o.stdout);

@@ -94,9 +94,14 @@ pub struct Wasm {
 /// A file's identity: device, inode, size and modification time.
 type FileId = (u64, u64, u64, i64, i64);
 
-/// A pinned module (path, sha256), its compiled code, and the identity of
-/// the code's cache file when it was found.
-type Known = ((PathBuf, String), Compiled, FileId);
+/// A pinned module (path, sha256), its compiled code, the identity of
+/// the code's cache file when it was found, and when it was last marked
+/// used.
+type Known = ((PathBuf, String), Compiled, FileId, std::time::Instant);
+
+/// How often a call that skips the compile step marks its cache entry
+/// used (the compile step marks it each time it finds it).
+const MARK_USED_EVERY: Duration = Duration::from_secs(3600);
 
 fn file_id(p: &Path) -> Option<FileId> {
     use std::os::unix::fs::MetadataExt;
@@ -227,11 +232,15 @@ impl Wasm {
             return Err(RunError::Setup(format!("{}: no module", spec.tool)));
         };
         let key = (m.path.clone(), m.sha256.clone());
-        if let Ok(known) = self.known.lock()
-            && let Some((_, c, id)) = known.iter().find(|(k, _, _)| *k == key)
+        if let Ok(mut known) = self.known.lock()
+            && let Some((_, c, id, marked)) = known.iter_mut().find(|(k, _, _, _)| *k == key)
             && file_id(&c.path).as_ref() == Some(id)
         {
             self.hits.fetch_add(1, Ordering::Relaxed);
+            if marked.elapsed() >= MARK_USED_EVERY {
+                *marked = std::time::Instant::now();
+                mark_used(&c.path);
+            }
             return Ok(c.clone());
         }
         let out = Command::new(runner)
@@ -263,8 +272,8 @@ impl Wasm {
                     sha256: sha.to_string(),
                 };
                 if let (Ok(mut known), Some(id)) = (self.known.lock(), file_id(&c.path)) {
-                    known.retain(|(k, _, _)| *k != key);
-                    known.push((key, c.clone(), id));
+                    known.retain(|(k, _, _, _)| *k != key);
+                    known.push((key, c.clone(), id, std::time::Instant::now()));
                 }
                 Ok(c)
             }
@@ -478,13 +487,29 @@ impl Runtime for Wasm {
     }
 }
 
+/// Record that the compiled code at `code` was used now: the modification
+/// time of the digest file beside it, which [`gc_cache`] ages entries by
+/// (as the runner's compile step does when it finds an entry). Best
+/// effort: an entry whose time cannot be set ages from its last use.
+fn mark_used(code: &Path) {
+    let mut sum = code.as_os_str().to_owned();
+    sum.push(".sha256");
+    if let Ok(f) = std::fs::File::options()
+        .write(true)
+        .open(PathBuf::from(sum))
+    {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
 /// Which compiled modules [`gc_cache`] keeps.
 #[derive(Debug, Clone)]
 pub enum Keep {
     /// The modules with these sha256 digests (those the manifests pin),
     /// whatever engine compiled them.
     Pinned(std::collections::BTreeSet<String>),
-    /// Entries written (compiled) less than this long ago.
+    /// Entries used (found by a call, or compiled) less than this long
+    /// ago.
     NewerThan(Duration),
 }
 
@@ -554,14 +579,19 @@ pub fn gc_cache(cache: &Path, keep: &Keep) -> std::io::Result<CacheGc> {
         else {
             continue;
         };
+        let sum = cache.join(format!("{name}.sha256"));
         let kept = match keep {
             Keep::Pinned(pins) => pins.contains(&module.to_ascii_lowercase()),
-            Keep::NewerThan(bound) => age(&path).is_none_or(|a| a < *bound),
+            // Aged from its last use: the newer of its code's time and
+            // its digest file's.
+            Keep::NewerThan(bound) => match (age(&path), age(&sum)) {
+                (Some(a), Some(b)) => a.min(b) < *bound,
+                _ => true,
+            },
         };
         if kept {
             continue;
         }
-        let sum = cache.join(format!("{name}.sha256"));
         let n = size(&path) + size(&sum);
         std::fs::remove_file(&path)?;
         match std::fs::remove_file(&sum) {
@@ -618,12 +648,21 @@ mod gc_tests {
         assert!(!d.path().join(format!("{b}.sha256")).exists());
         assert!(fresh_tmp.exists() && d.path().join("notes.txt").exists());
 
-        // By age: the entry compiled long ago goes, a fresh one stays.
+        // By last use: the entry compiled and last used long ago goes; one
+        // compiled as long ago but used since (its digest file's time)
+        // stays, as does a fresh one.
         let c = entry(d.path(), 'c', 10);
-        age_by(&d.path().join(&a), Duration::from_secs(40 * 86400));
+        let e = entry(d.path(), 'e', 10);
+        let long_ago = Duration::from_secs(40 * 86400);
+        age_by(&d.path().join(&a), long_ago);
+        age_by(&d.path().join(format!("{a}.sha256")), long_ago);
+        age_by(&d.path().join(&e), long_ago);
+        age_by(&d.path().join(format!("{e}.sha256")), long_ago);
+        mark_used(&d.path().join(&e));
         let g = gc_cache(d.path(), &Keep::NewerThan(Duration::from_secs(30 * 86400))).unwrap();
         assert_eq!(g.removed, vec![(a, 102)]);
         assert!(d.path().join(&c).exists());
+        assert!(d.path().join(&e).exists(), "used since: kept");
         // No cache yet: nothing to do.
         let none = gc_cache(&d.path().join("absent"), &Keep::NewerThan(Duration::ZERO)).unwrap();
         assert_eq!(none, CacheGc::default());

@@ -166,6 +166,7 @@ pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compi
     if let (Ok(code), Ok(sum)) = (fs::read(&path), fs::read_to_string(&sum_path)) {
         let recorded = sum.trim();
         if sha256_hex(&code) == recorded {
+            mark_used(&sum_path);
             return Ok(Compiled {
                 path,
                 code_sha256: recorded.to_string(),
@@ -188,6 +189,16 @@ pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compi
         code_sha256,
         hit: false,
     })
+}
+
+/// Record that the cache entry whose digest file is `sum_path` was used
+/// now (its modification time: `cordon image gc` ages entries from their
+/// last use). Best effort: an entry whose time cannot be set ages from
+/// its last recorded use.
+fn mark_used(sum_path: &Path) {
+    if let Ok(f) = fs::File::options().write(true).open(sum_path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
 }
 
 /// Write `bytes` to a temporary file beside `path`, then rename it there.
