@@ -18,20 +18,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
-const MANIFEST: &str = r#"version: 1
-tools:
-  word_count:
-    profile: P1
-    description: Count lines, words and bytes of a text.
-    command: ["/usr/bin/wc"]
-    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
-    network: none
-    input: {stdin: text}
-    input_schema:
-      type: object
-      properties: {text: {type: string}}
-      required: [text]
-"#;
+const MANIFEST: &str = common::WORD_COUNT;
 
 fn npm_dir() -> PathBuf {
     std::env::var_os("CORDON_E2E_NPM")

@@ -18,25 +18,10 @@ use std::process::{Command, Stdio};
 
 use common::{Serve, tempdir, text_of};
 use cordon_mcp::rmcp;
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
-const MANIFEST: &str = r#"version: 1
-tools:
-  word_count:
-    profile: P1
-    description: Count lines, words and bytes of a text.
-    command: ["/usr/bin/wc"]
-    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
-    network: none
-    input: {stdin: text}
-    input_schema:
-      type: object
-      properties: {text: {type: string}}
-      required: [text]
-"#;
+const MANIFEST: &str = common::WORD_COUNT;
 
 /// What the successful call sends, and the refused one: neither may be on
 /// the page.
@@ -66,22 +51,7 @@ fn get_status(addr: &str, path: &str, authorization: Option<&str>) -> (u16, Stri
     (status, head)
 }
 
-async fn client(
-    url: &str,
-    token: Option<&str>,
-) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
-    cordon_mcp::install_crypto_provider();
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
-    if let Some(t) = token {
-        cfg = cfg.auth_header(t);
-    }
-    ().serve(rmcp::transport::StreamableHttpClientTransport::with_client(
-        http, cfg,
-    ))
-    .await
-    .unwrap()
-}
+use common::http_client as client;
 
 async fn call(
     c: &rmcp::service::RunningService<rmcp::RoleClient, ()>,

@@ -18,25 +18,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
 use prost::Message;
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
-const MANIFEST: &str = r#"version: 1
-tools:
-  word_count:
-    profile: P1
-    description: Count lines, words and bytes of a text.
-    command: ["/usr/bin/wc"]
-    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
-    network: none
-    input: {stdin: text}
-    input_schema:
-      type: object
-      properties: {text: {type: string}}
-      required: [text]
-"#;
+const MANIFEST: &str = common::WORD_COUNT;
 
 /// What the agent sends: a text no attribute may carry.
 const INPUT: &str = "quokka-zebra-7731 never leaves the audit log";
@@ -164,17 +149,6 @@ fn attr(s: &Span, key: &str) -> Option<String> {
         })
 }
 
-async fn client(url: &str) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
-    cordon_mcp::install_crypto_provider();
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let cfg = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
-    ().serve(rmcp::transport::StreamableHttpClientTransport::with_client(
-        http, cfg,
-    ))
-    .await
-    .unwrap()
-}
-
 /// `tools/call` with `traceparent` in its `_meta` when given.
 async fn call(
     c: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
@@ -236,7 +210,7 @@ async fn each_call_is_a_span_under_the_agents_traceparent_with_its_phases() {
         "{:?}",
         s.stderr
     );
-    let c = client(&s.url).await;
+    let c = common::http_client(&s.url, None).await;
     let tp = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01");
     assert!(call(&c, json!({"text": INPUT}), Some(&tp)).await);
     // No traceparent: a trace of its own. A refused call (arguments not
@@ -405,7 +379,7 @@ async fn without_an_endpoint_nothing_is_exported() {
         "{:?}",
         s.stderr
     );
-    let c = client(&s.url).await;
+    let c = common::http_client(&s.url, None).await;
     let tp = format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01");
     assert!(call(&c, json!({"text": INPUT}), Some(&tp)).await);
     assert!(call(&c, json!({"text": "no trace"}), None).await);

@@ -68,3 +68,40 @@ pub fn audit_records(path: &Path) -> Vec<Value> {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
+
+/// One P1 tool, `word_count` (`/usr/bin/wc`, its text on stdin): the
+/// manifest of the tests of what the gateway shows of its calls (metrics,
+/// console, traces, authentication).
+pub const WORD_COUNT: &str = r#"version: 1
+tools:
+  word_count:
+    profile: P1
+    description: Count lines, words and bytes of a text.
+    command: ["/usr/bin/wc"]
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
+    network: none
+    input: {stdin: text}
+    input_schema:
+      type: object
+      properties: {text: {type: string}}
+      required: [text]
+"#;
+
+/// An MCP client of the streamable-HTTP endpoint `url`, with the
+/// `Authorization` value `token` when given, never through a proxy.
+pub async fn http_client(
+    url: &str,
+    token: Option<&str>,
+) -> cordon_mcp::rmcp::service::RunningService<cordon_mcp::rmcp::RoleClient, ()> {
+    use cordon_mcp::rmcp::ServiceExt;
+    use cordon_mcp::rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    cordon_mcp::install_crypto_provider();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    if let Some(t) = token {
+        cfg = cfg.auth_header(t);
+    }
+    ().serve(cordon_mcp::rmcp::transport::StreamableHttpClientTransport::with_client(http, cfg))
+        .await
+        .unwrap()
+}
