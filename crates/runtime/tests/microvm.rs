@@ -379,6 +379,21 @@ fn a_guests_writes_never_reach_the_templates_ram_file() {
         record["ram_sha256"].as_str().unwrap(),
         "a guest's writes reached the template's RAM file"
     );
+    // The template's zero pages are holes: none is left to punch (the
+    // file, as root, opens for writing despite its mode; it is changed
+    // only if this fails).
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&ram).unwrap();
+    eprintln!(
+        "template RAM file: {} MiB, {} MiB allocated",
+        meta.len() >> 20,
+        (meta.blocks() * 512) >> 20
+    );
+    assert_eq!(
+        cordon_vm_init::holes::punch_zero_pages(&ram).unwrap(),
+        cordon_vm_init::holes::Punched::default(),
+        "whole zero pages were left in the template's RAM file"
+    );
     let fresh = Microvm::new(opts, Default::default()).unwrap();
     let o = run(&fresh, &sh("echo again"), b"");
     assert_eq!(o.status, Status::Ok, "{o:?}");

@@ -209,8 +209,13 @@ fn run(dir: &Path) -> Result<Status, String> {
     .map_err(|e| format!("start the guest: {e}"))?;
     let ready_ms = ms(vm.ready_after);
     if job.start == Start::Template {
-        vm.snapshot(&vm_dir.join(TEMPLATE_SNAPSHOT))
+        let snap = vm
+            .snapshot(&vm_dir.join(TEMPLATE_SNAPSHOT))
             .map_err(|e| format!("snapshot the template: {e}"))?;
+        // Before the RAM file is hashed and recorded: its zero pages
+        // made holes.
+        crate::holes::punch_zero_pages(&snap.ram)
+            .map_err(|e| format!("the template's RAM file {}: {e}", snap.ram.display()))?;
         return Ok(Status {
             end: End::Snapshotted,
             ready_ms,

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod devices;
+pub mod holes;
 pub mod host;
 pub mod image;
 pub mod initramfs;
