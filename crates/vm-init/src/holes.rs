@@ -59,7 +59,7 @@ pub fn punch_zero_pages(path: &Path) -> io::Result<Punched> {
             f.read_exact_at(&mut buf[..want], at)?;
             for (i, page) in buf[..want].chunks(PAGE).enumerate() {
                 let offset = at + (i * PAGE) as u64;
-                let whole = page.len() == PAGE && offset % PAGE as u64 == 0;
+                let whole = page.len() == PAGE && offset.is_multiple_of(PAGE as u64);
                 if whole && page == zero {
                     run = Some(match run {
                         Some((start, n)) => (start, n + PAGE as u64),
