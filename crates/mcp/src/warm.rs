@@ -91,6 +91,9 @@ struct Ready {
     since: Instant,
 }
 
+/// The caller of a warm pool's own records.
+pub(crate) const CALLER: &str = "mcp-pool";
+
 /// Numbers the warm servers of this process (their ids).
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -217,7 +220,7 @@ impl WarmPools {
         let id = format!("mcp-warm-{}-{n}", std::process::id());
         let who = Caller {
             session: id.clone(),
-            client: "mcp-pool".into(),
+            client: CALLER.into(),
             principal: None,
             tenant: tenant.clone(),
         };
@@ -421,7 +424,7 @@ impl WarmPools {
         );
         rec.runtime = "mcp".into();
         rec.session = who.session.clone();
-        rec.caller = "mcp-pool".into();
+        rec.caller = CALLER.into();
         rec.principal = who.principal.clone();
         rec.tenant = Some(who.tenant.clone());
         rec.status = match event {
