@@ -5,9 +5,11 @@
 //! record goes through the broker's one [`Auditor`].
 #![forbid(unsafe_code)]
 
+mod pool_audit;
 mod server;
 pub mod tenant_uids;
 
+pub use pool_audit::POOL_CALLER;
 pub use server::{EgressObserver, ServerControl, StartedServer, egress_record};
 
 use std::path::PathBuf;
@@ -371,7 +373,7 @@ impl Broker {
         // One status file per tenant's pool of the tool.
         use sha2::Digest as _;
         let tenant_key = hex::encode(sha2::Sha256::digest(tenant.as_bytes()));
-        let made = Pool::labelled(
+        let made = Pool::observed(
             admitted.runtime.clone(),
             admitted.spec.clone(),
             host_ids,
@@ -381,6 +383,8 @@ impl Broker {
             },
             cordon_runtime::pool::status_dir(),
             &format!("{}.{}", policy.name, &tenant_key[..12]),
+            // Sandboxes that did not start or ended idle are audited.
+            Some(pool_audit::observer(self.audit.clone(), policy, tenant)),
         );
         Some(match made {
             Ok(p) => {

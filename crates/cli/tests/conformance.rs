@@ -18,6 +18,40 @@ use common::*;
 
 type Client = RunningService<RoleClient, ()>;
 
+/// A client that counts the `notifications/tools/list_changed` it is sent.
+#[derive(Clone, Default)]
+struct ListChanges(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ClientHandler for ListChanges {
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl ListChanges {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Wait (bounded) until `n` were sent; the count then.
+    async fn until(&self, n: usize) -> usize {
+        let begun = Instant::now();
+        while self.count() < n && begun.elapsed() < DEADLINE {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.count()
+    }
+}
+
+/// When the `lister` tool was last proved, from the metrics.
+fn last_proved(addr: &str) -> String {
+    let m = metrics(addr);
+    m.lines()
+        .find_map(|l| l.strip_prefix("cordon_tool_last_proved_timestamp_seconds{tool=\"lister\"} "))
+        .unwrap_or_else(|| panic!("no last proof of lister: {m}"))
+        .to_owned()
+}
+
 /// How long a change may take to be seen on a loaded machine. Polled, never
 /// timed.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -134,6 +168,21 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
         serve.stderr
     );
     let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    // A second session that counts the list changes it is told.
+    let changes = ListChanges::default();
+    let watcher = changes
+        .clone()
+        .serve(cordon_mcp::http_client(&serve.url))
+        .await
+        .unwrap();
+    let offered = watcher
+        .peer()
+        .peer_info()
+        .unwrap()
+        .capabilities
+        .tools
+        .clone();
+    assert_eq!(offered.and_then(|t| t.list_changed), Some(true));
 
     // Positive control: in service, listed, and a call lists the file.
     assert!(listed(&c).await);
@@ -151,6 +200,17 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
         "{row}"
     );
     assert!(row.contains("<td class=\"proof\">held at "), "{row}");
+    // A probe run that holds while nothing changed tells no session.
+    let proved = last_proved(&serve.addr());
+    let begun = Instant::now();
+    while last_proved(&serve.addr()) == proved {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no probe run after {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(changes.count(), 0, "a list change while nothing changed");
 
     // The directory is swapped for one holding a container runtime's
     // socket (a bound Unix socket, as a runtime leaves it).
@@ -195,6 +255,8 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
     // Left out of the listing; audited once; counted. (The record is
     // written just after the tool stops being served: polled.)
     assert!(!listed(&c).await, "an out-of-service tool is not listed");
+    // The live sessions are told to list again.
+    assert_eq!(changes.until(1).await, 1, "list_changed once it is out");
     let begun = Instant::now();
     let out = loop {
         let out = service_records(&audit, "out_of_service");
@@ -269,6 +331,7 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
     assert_ne!(r.is_error, Some(true), "{r:?}");
     assert!(text_of(&r).contains("notes.txt"), "{r:?}");
     assert!(listed(&c).await);
+    assert_eq!(changes.until(2).await, 2, "list_changed once it is back");
     assert_eq!(service_records(&audit, "in_service").len(), 1);
     assert!(
         metrics(&serve.addr()).contains("cordon_tool_in_service{tool=\"lister\"} 1"),
@@ -276,6 +339,7 @@ async fn a_tool_whose_mount_turns_leaky_is_taken_out_of_service_and_returns_when
         metrics(&serve.addr())
     );
     c.cancel().await.unwrap();
+    watcher.cancel().await.unwrap();
 }
 
 /// `kill -SIG pid`.
@@ -364,6 +428,12 @@ async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_se
     let mut serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit).http();
     let pid = serve.pid();
     let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let changes = ListChanges::default();
+    let watcher = changes
+        .clone()
+        .serve(cordon_mcp::http_client(&serve.url))
+        .await
+        .unwrap();
     // Positive control.
     count(&c).await;
     assert_eq!(description(&c).await, "Count v1");
@@ -385,6 +455,7 @@ async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_se
         "Count v1",
         "the running tool is kept"
     );
+    assert_eq!(changes.count(), 0, "a refused reload changes no listing");
 
     // Harmless: the limit lowered and the description changed. Applied,
     // on the same session.
@@ -403,6 +474,7 @@ async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_se
         "Count v2",
         "applied to the live session"
     );
+    assert_eq!(changes.until(1).await, 1, "list_changed after the reload");
     count(&c).await;
     let sessions: std::collections::BTreeSet<String> = audit_records(&audit)
         .into_iter()
@@ -436,7 +508,9 @@ async fn sighup_refuses_a_weakening_reload_and_applies_a_harmless_one_keeping_se
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    assert_eq!(changes.count(), 1, "a run that held changed no listing");
     c.cancel().await.unwrap();
+    watcher.cancel().await.unwrap();
     let _ = serve.child.0.kill();
     let stderr = serve.rest().join().unwrap().join("\n");
     assert!(

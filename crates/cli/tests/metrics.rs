@@ -15,7 +15,33 @@ use cordon_mcp::rmcp;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
-const MANIFEST: &str = common::WORD_COUNT;
+const MANIFEST: &str = r#"version: 1
+tools:
+  word_count:
+    profile: P1
+    description: Count lines, words and bytes of a text.
+    command: ["/usr/bin/wc"]
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
+    network: none
+    input: {stdin: text}
+    input_schema:
+      type: object
+      properties: {text: {type: string}}
+      required: [text]
+  pooled_count:
+    profile: P1
+    description: Count lines, words and bytes of a text, from a warm pool.
+    command: ["/usr/bin/wc"]
+    lifetime: pool
+    pool: {size: 1}
+    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
+    network: none
+    input: {stdin: text}
+    input_schema:
+      type: object
+      properties: {text: {type: string}}
+      required: [text]
+"#;
 
 /// `GET path` on `addr` with `authorization`: status, headers, body.
 fn get(addr: &str, path: &str, authorization: Option<&str>) -> (u16, String, String) {
@@ -358,6 +384,53 @@ async fn metrics_behind_authentication_count_the_calls() {
     assert_eq!(value(&after, "cordon_sessions", &[]), 1.0, "{body}");
     // Each command call's sandbox is gone once it answered.
     assert_eq!(value(&after, "cordon_sandboxes", &[]), 0.0, "{body}");
+
+    // A pooled tool: its first call makes the pool (and cold-starts);
+    // calls go on until one took a pooled sandbox. Each is counted once,
+    // the hand-overs as pool events too.
+    let pooled = |r: &Value| r["tool"] == "pooled_count" && r["pool"]["event"] == "handed_over";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let mut n = 0;
+    loop {
+        let out = call(&c, "pooled_count", json!({"text": "a b\nc\n"}))
+            .await
+            .unwrap();
+        assert!(out.contains('6'), "{out}");
+        n += 1;
+        let records = common::audit_records(&audit);
+        if records.iter().any(pooled) || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let handed = common::audit_records(&audit)
+        .iter()
+        .filter(|r| pooled(r))
+        .count();
+    assert!(handed >= 1, "no call took a pooled sandbox in {n} calls");
+    let (_, _, body) = get(&addr, "/metrics", Some(&bearer));
+    let Some(pool) = parse(&body) else { return };
+    assert_eq!(
+        value(
+            &pool,
+            "cordon_calls_total",
+            &[("tool", "pooled_count"), ("status", "ok")]
+        ),
+        n as f64,
+        "{n} calls, {handed} from the pool: {body}"
+    );
+    assert_eq!(
+        value(
+            &pool,
+            "cordon_pool_events_total",
+            &[("tool", "pooled_count"), ("event", "handed_over")]
+        ),
+        handed as f64,
+        "{body}"
+    );
+    // The other tool's counts did not move.
+    assert_eq!(total(&pool, "cordon_calls_total"), 4.0 + n as f64, "{body}");
+    println!("{n} calls of the pooled tool, {handed} from its pool");
     c.cancel().await.unwrap();
 }
 

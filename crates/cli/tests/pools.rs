@@ -3,7 +3,7 @@
 //! with one running the live state it publishes: ready servers once the
 //! pool fills, and a refill failure's reason when a server cannot start.
 //! A status file left by a serve that was killed is not taken for a live
-//! one.
+//! one. A command tool's pool audits each sandbox it could not make.
 
 mod common;
 use common::*;
@@ -158,4 +158,121 @@ async fn doctor_shows_pool_sizes_and_a_running_serves_pool_state() {
         "{out}"
     );
     assert!(!out.contains(&format!("serve {pid},")), "{out}");
+}
+
+/// The records of `tool`'s pool with `event`.
+fn pool_records(audit: &Path, tool: &str, event: &str) -> Vec<serde_json::Value> {
+    audit_records(audit)
+        .into_iter()
+        .filter(|r| r["tool"] == tool && r["pool"]["event"] == event)
+        .collect()
+}
+
+/// A command tool's pool (`lifetime: pool`) whose sandboxes cannot be made
+/// (the directory it mounts was removed after the tool was admitted):
+/// each failed start is an audit record of the pool's own
+/// (`pool: {event: failed}`, the sandbox's id, the reason), the last one
+/// saying the refill stopped. The control: a working pool beside it hands
+/// its sandboxes over and writes no `failed` record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_pools_failed_starts_are_audited() {
+    use cordon_mcp::rmcp::ServiceExt as _;
+    let dir = cordon_testkit::scratch();
+    let mut tools = String::from("version: 1\ntools:\n");
+    for name in ["good", "bad"] {
+        let data = dir.path().join(name);
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("notes.txt"), "a file\n").unwrap();
+        tools.push_str(&format!(
+            r#"  {name}:
+    profile: P1
+    description: List a directory, from a pool.
+    lifetime: pool
+    pool: {{size: 1}}
+    command: [/usr/bin/ls, /data]
+    limits: {{wall_seconds: 10, memory: 64M, tasks: 4}}
+    network: none
+    mounts: ["{}:/data"]
+"#,
+            data.display()
+        ));
+    }
+    let m = dir.path().join("cordon.yaml");
+    std::fs::write(&m, tools).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .arg("--no-probe")
+        .http();
+    // Admitted with its directory; gone before its pool is made (at the
+    // tool's first call).
+    std::fs::remove_dir_all(dir.path().join("bad")).unwrap();
+    let session = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let _ = call(&session, "bad", serde_json::json!({})).await;
+
+    // The control: the working pool hands a sandbox over (its first call
+    // made the pool and cold-started).
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let r = call(&session, "good", serde_json::json!({})).await.unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+        assert!(text_of(&r).contains("notes.txt"), "{r:?}");
+        if !pool_records(&audit, "good", "handed_over").is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        !pool_records(&audit, "good", "handed_over").is_empty(),
+        "{:#?}",
+        audit_records(&audit)
+    );
+
+    // The broken pool's failed starts, up to the one that stops its refill.
+    let stopped = |r: &serde_json::Value| {
+        r["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("refill stopped after 3 failed starts"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !pool_records(&audit, "bad", "failed").iter().any(stopped) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let failed = pool_records(&audit, "bad", "failed");
+    let of_bad: Vec<_> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "bad")
+        .collect();
+    assert_eq!(failed.len(), 3, "{of_bad:#?}");
+    assert!(failed.iter().any(stopped), "{failed:#?}");
+    for r in &failed {
+        let sandbox = r["pool"]["sandbox"].as_str().unwrap_or("");
+        assert!(sandbox.starts_with("pool-"), "{r}");
+        assert_eq!(r["session"], sandbox, "{r}");
+        assert_eq!(r["pool"]["pooled"], true, "{r}");
+        assert_eq!(r["caller"], "pool", "{r}");
+        assert_eq!(r["status"], "tool_error", "{r}");
+        assert!(
+            r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("pooled sandbox {sandbox} did not start: "))),
+            "{r}"
+        );
+    }
+    // Each sandbox once.
+    let mut ids: Vec<&str> = failed
+        .iter()
+        .filter_map(|r| r["pool"]["sandbox"].as_str())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "{failed:#?}");
+    // The control wrote none.
+    for event in ["failed", "discarded"] {
+        assert!(
+            pool_records(&audit, "good", event).is_empty(),
+            "{:#?}",
+            audit_records(&audit)
+        );
+    }
+    session.cancel().await.unwrap();
 }

@@ -112,7 +112,7 @@ fn shown_reason(reason: &str) -> String {
 fn is_call(rec: &AuditRecord) -> bool {
     rec.credential.is_none()
         && rec.service.is_none()
-        && rec.pool.as_ref().is_none_or(|p| p.event == "handed_over")
+        && !crate::metrics::pool_record(rec)
         && rec.egress.is_empty()
         && rec.status != Status::SessionEnded
         && !rec.tool.is_empty()
@@ -203,7 +203,7 @@ impl RecordObserver for Recent {
                 });
             }
         }
-        if rec.credential.is_some() || rec.pool.as_ref().is_some_and(|p| p.event != "handed_over") {
+        if rec.credential.is_some() || crate::metrics::pool_record(rec) {
             return;
         }
         if is_call(rec) {

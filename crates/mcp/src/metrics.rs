@@ -405,7 +405,18 @@ fn refusal_kind(status: Status) -> Option<&'static str> {
     }
 }
 
-/// A credential event's name, when it is one of the broker's.
+/// Whether `rec` is a pool's own record (a warm `mcp:` server made
+/// ready, handed to a session, discarded or failed; a command tool's
+/// pooled sandbox that failed or was discarded), not a call's: the record
+/// of a call that took a command tool's pooled sandbox carries `pool:
+/// {event: handed_over}` too, under the caller's client.
+pub(crate) fn pool_record(rec: &AuditRecord) -> bool {
+    rec.pool
+        .as_ref()
+        .is_some_and(|p| p.event != "handed_over" || rec.caller == crate::warm::CALLER)
+}
+
+/// A pool event's name, when it is one of the pools'.
 fn pool_event(e: &str) -> &'static str {
     match e {
         "ready" => "ready",
@@ -445,14 +456,17 @@ impl RecordObserver for Metrics {
             return;
         }
         if let Some(p) = &rec.pool {
-            // A warm pool's record is not a call of its tool.
             self.pools
                 .get_or_create(&PoolLabels {
-                    tool,
+                    tool: tool.clone(),
                     event: pool_event(&p.event).to_owned(),
                 })
                 .inc();
-            return;
+            // A pool's own record is not a call of its tool; the call
+            // that took a command tool's pooled sandbox is.
+            if pool_record(rec) {
+                return;
+            }
         }
         if !rec.egress.is_empty() {
             for e in &rec.egress {
@@ -682,6 +696,7 @@ mod tests {
         let m = Metrics::new(["browser".to_string()]);
         let mut handed = AuditRecord::new("browser", "P3");
         handed.runtime = "gvisor".into();
+        handed.caller = crate::warm::CALLER.into();
         handed.pool = Some(cordon_audit::PoolEvent {
             event: "handed_over".into(),
             sandbox: "mcp-warm-1-0".into(),
@@ -701,6 +716,42 @@ mod tests {
             out.contains(
                 r#"cordon_calls_total{tool="browser",profile="P3",runtime="gvisor",status="ok"} 1"#
             ),
+            "{out}"
+        );
+    }
+
+    /// The call that took a command tool's pooled sandbox is a call (and
+    /// a hand-over); its pool's failed start is neither.
+    #[test]
+    fn a_pooled_command_call_counts_as_a_call_once() {
+        let m = Metrics::new(["wc".to_string()]);
+        let pooled = |event: &str, caller: &str| {
+            let mut r = AuditRecord::new("wc", "P1");
+            r.runtime = "native".into();
+            r.caller = caller.into();
+            r.pool = Some(cordon_audit::PoolEvent {
+                event: event.into(),
+                sandbox: "pool-1-0".into(),
+                pooled: true,
+                waited_ms: 5,
+            });
+            r
+        };
+        m.recorded(&pooled("handed_over", "mcp:client"));
+        m.recorded(&pooled("failed", cordon_broker::POOL_CALLER));
+        let out = m.render();
+        assert!(
+            out.contains(
+                r#"cordon_calls_total{tool="wc",profile="P1",runtime="native",status="ok"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"cordon_pool_events_total{tool="wc",event="handed_over"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"cordon_pool_events_total{tool="wc",event="failed"} 1"#),
             "{out}"
         );
     }

@@ -118,6 +118,10 @@ impl Reloader {
             next.insert(name, Arc::new(t));
         }
         *commands = Arc::new(next);
+        drop(commands);
+        if !serve.is_empty() || !remove.is_empty() {
+            self.service.tools_changed();
+        }
         Ok(())
     }
 }

@@ -5,7 +5,10 @@
 //! [`crate::Refusal::OutOfService`] naming the probes and the time, its
 //! warm pool's sandboxes are stopped, an audit record is made and
 //! `cordon_tool_in_service{tool}` reads 0. It returns to service only when
-//! a later run holds (audited too).
+//! a later run holds (audited too). Each change of what `tools/list`
+//! answers (a tool out of service or back, a reload's tools) is told to
+//! every live session that was initialized, as
+//! `notifications/tools/list_changed` ([`Service::tell_changes`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,9 @@ pub struct Service {
     broker: Arc<Broker>,
     metrics: Arc<crate::metrics::Metrics>,
     warm: Arc<crate::warm::WarmPools>,
+    /// Counts the changes of the tools listed; each session's watcher
+    /// tells its client.
+    listing: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Service {
@@ -63,7 +69,34 @@ impl Service {
             broker,
             metrics,
             warm,
+            listing: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// The tools listed changed (in service or not, a reload's): every
+    /// session watching is told.
+    pub(crate) fn tools_changed(&self) {
+        self.listing.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tell `peer` `notifications/tools/list_changed` at each change of
+    /// the tools listed from now on (changes close together may be told
+    /// once), until its transport closes or the task is aborted (the
+    /// session ends). Within a tokio runtime.
+    pub(crate) fn tell_changes(
+        &self,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+    ) -> tokio::task::AbortHandle {
+        let mut changes = self.listing.subscribe();
+        changes.mark_unchanged();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if peer.notify_tool_list_changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .abort_handle()
     }
 
     /// The tools served (in service or not).
@@ -142,6 +175,8 @@ impl Service {
                 trigger: trigger.into(),
             });
             self.broker.record_after(&rec);
+            // No longer listed.
+            self.tools_changed();
         }
     }
 
@@ -175,6 +210,10 @@ impl Service {
             o.remove(tool);
         }
         self.warm.resume(tool);
+        if was.is_some() {
+            // Listed again.
+            self.tools_changed();
+        }
     }
 
     /// The refusal of a call of `tool` while it is out of service.

@@ -38,6 +38,9 @@ pub struct Session {
     /// The session counted against its principal's `sessions` (from
     /// `initialize` until the session is dropped).
     pub(crate) slot: std::sync::Mutex<Option<caps::SessionSlot>>,
+    /// Tells the client when the tools listed change (from `initialize`
+    /// until the session is dropped).
+    pub(crate) listing: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Gateway {
@@ -86,6 +89,7 @@ impl Gateway {
             upstreams,
             log_level,
             slot: std::sync::Mutex::new(None),
+            listing: std::sync::Mutex::new(None),
         }
     }
 }
@@ -101,6 +105,9 @@ pub(crate) fn not_started(server: &str, e: &ErrorData) -> String {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        if let Ok(Some(w)) = self.listing.lock().map(|mut l| l.take()) {
+            w.abort();
+        }
         for u in &self.upstreams {
             u.shutdown();
         }
@@ -387,11 +394,10 @@ impl Session {
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
-        // A server's tools can change (its `tools/list_changed`, a cached
-        // listing its start does not confirm): the agent is then told.
-        if !self.servers().is_empty()
-            && let Some(t) = caps.tools.as_mut()
-        {
+        // The tools listed can change (a tool out of service or back, a
+        // reload, a server's `tools/list_changed`, a cached listing its
+        // start does not confirm): the agent is then told.
+        if let Some(t) = caps.tools.as_mut() {
             t.list_changed = Some(true);
         }
         let offered = self.offered();
@@ -438,6 +444,10 @@ impl ServerHandler for Session {
         }
         self.open_slot(false)?;
         context.peer.set_peer_info(request.clone());
+        let told = self.gw.service.tell_changes(context.peer.clone());
+        if let Ok(Some(was)) = self.listing.lock().map(|mut l| l.replace(told)) {
+            was.abort();
+        }
         for u in &self.servers() {
             u.set_agent(&context.peer);
         }

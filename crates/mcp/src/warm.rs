@@ -20,6 +20,12 @@
 //!   `max_sandboxes`; a handed-over one holds one like a server started
 //!   for the session (refused the same way when the cap is full, and then
 //!   kept in the pool).
+//! - **Retried after a failed start**: a server that did not start (or
+//!   whose warm-up failed) is audited (`pool.event: failed`) and its pool
+//!   is refilled again in the background after a backoff (1 s, doubling
+//!   to 60 s, back to 1 s once a server is ready), without waiting for a
+//!   take; one retry at a time per pool, none once the gateway stops or
+//!   while the tool is out of service.
 //! - **Stopped with the gateway**: the sandboxes still waiting are killed
 //!   when serving ends.
 //!
@@ -50,7 +56,17 @@ struct Pool {
     /// one's reason.
     failures: u64,
     last_failure: Option<String>,
+    /// The wait before the next retry after a failed start (`None`: the
+    /// first, [`RETRY_FIRST`]).
+    backoff: Option<Duration>,
+    /// A retry is scheduled.
+    retrying: bool,
 }
+
+/// The first wait before a failed start is retried.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait before a retry (the backoff doubles up to it).
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Put `tenant`'s pool of `tool` on the pool status board (what `cordon
 /// doctor` shows of a running `cordon serve`).
@@ -74,6 +90,9 @@ struct Ready {
     /// When it became ready.
     since: Instant,
 }
+
+/// The caller of a warm pool's own records.
+pub(crate) const CALLER: &str = "mcp-pool";
 
 /// Numbers the warm servers of this process (their ids).
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -201,7 +220,7 @@ impl WarmPools {
         let id = format!("mcp-warm-{}-{n}", std::process::id());
         let who = Caller {
             session: id.clone(),
-            client: "mcp-pool".into(),
+            client: CALLER.into(),
             principal: None,
             tenant: tenant.clone(),
             trace: None,
@@ -242,6 +261,7 @@ impl WarmPools {
                 if !self.closed.load(Ordering::SeqCst) && !self.is_suspended(&policy.name) =>
             {
                 tracing::info!(tool = %policy.name, tenant = %tenant, sandbox = %id, "warm server ready");
+                pool.backoff = None;
                 pool.ready.push_back(Ready {
                     id: id.clone(),
                     launched,
@@ -271,11 +291,40 @@ impl WarmPools {
                 pool.failures += 1;
                 pool.last_failure = Some(why.clone());
                 report(&policy.name, &tenant, warm_of(&policy), pool);
+                let retry = (!pool.retrying).then(|| {
+                    pool.retrying = true;
+                    let wait = pool.backoff.unwrap_or(RETRY_FIRST);
+                    pool.backoff = Some((wait * 2).min(RETRY_MAX));
+                    wait
+                });
                 drop(pools);
                 tracing::warn!(tool = %policy.name, tenant = %tenant, "a warm server did not start: {why}");
                 self.record(&policy, &who, &id, "failed", 0, Some(why));
+                if let Some(wait) = retry {
+                    self.retry_after(wait, policy, tenant);
+                }
             }
         }
+    }
+
+    /// Refill `tenant`'s pool of `policy` after `wait` (a start failed):
+    /// not if the gateway stopped meanwhile (the task does not keep the
+    /// pools alive).
+    fn retry_after(self: &Arc<Self>, wait: Duration, policy: Arc<ToolPolicy>, tenant: String) {
+        let pools = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Some(me) = pools.upgrade() else {
+                return;
+            };
+            if let Ok(mut p) = me.pools.lock()
+                && let Some(pool) = p.get_mut(&(tenant.clone(), policy.name.clone()))
+            {
+                pool.retrying = false;
+            }
+            tracing::info!(tool = %policy.name, tenant = %tenant, "retrying a warm server's start after {}", cordon_sandbox::units::format_duration(wait));
+            me.refill(&policy, &tenant);
+        });
     }
 
     /// A ready server of `policy` for `who`'s session, bound to it
@@ -376,7 +425,7 @@ impl WarmPools {
         );
         rec.runtime = "mcp".into();
         rec.session = who.session.clone();
-        rec.caller = "mcp-pool".into();
+        rec.caller = CALLER.into();
         rec.principal = who.principal.clone();
         rec.tenant = Some(who.tenant.clone());
         rec.status = match event {

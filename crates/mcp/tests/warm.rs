@@ -3,7 +3,8 @@
 //! before they began, each its own (the control, `warm: 0`, starts them at
 //! the sessions' first calls); a pooled server that died while it waited is
 //! discarded and audited, never handed out; a session's pooled server is
-//! stopped at its end and never handed to another.
+//! stopped at its end and never handed to another; a failed start is
+//! retried in the background until a server is ready.
 //!
 //! Which sandbox ran for whom is read through the sandbox seam (each start's
 //! session id: `mcp-warm-*` for a pool's) and the audit log's pool records.
@@ -391,4 +392,64 @@ async fn a_server_is_pooled_only_after_its_warm_up_call_succeeds() {
     let audit = std::fs::read_to_string(&s.audit).unwrap();
     assert!(audit.contains("its warm-up call `crash` failed"), "{audit}");
     a.cancel().await.unwrap();
+}
+
+/// A warm server that cannot start yet (its program exits until a marker
+/// file exists) is audited as `failed`, and its pool is retried in the
+/// background: once the marker is there a server becomes ready without
+/// any session taking one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_warm_start_is_retried_until_a_server_is_ready() {
+    let marker = cordon_testkit::scratch();
+    let extra = format!(
+        r#"  flaky:
+    profile: P2
+    network: none
+    limits: {{wall_seconds: 20, memory: 256M, tasks: 16}}
+    mounts: ["{fixtures}:/fixture", "{marker}:/marker"]
+    mcp:
+      command: ["/bin/sh", "-c", "test -e /marker/ok || {{ echo 'no marker yet' >&2; exit 3; }}; exec /usr/bin/python3 /fixture/fixture_server.py"]
+      warm: 1
+"#,
+        fixtures = fixtures().display(),
+        marker = marker.path().display()
+    );
+    // `fx` is not pooled: every pool record is `flaky`'s.
+    let Some(s) = serve_with(0, &extra).await else {
+        return;
+    };
+    until("a failed warm start", || {
+        pool_records(&s).iter().any(|r| r.0 == "failed")
+    })
+    .await;
+    // The control: without the marker nothing is ready.
+    let recs = pool_records(&s);
+    assert!(!recs.iter().any(|r| r.0 == "ready"), "{recs:?}");
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    assert!(audit.contains("the server did not initialize"), "{audit}");
+
+    std::fs::write(marker.path().join("ok"), "").unwrap();
+    // The retries back off up to a minute: a generous bound.
+    for _ in 0..3600 {
+        if !ready(&s).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recs = pool_records(&s);
+    assert_eq!(ready(&s).len(), 1, "{recs:?}");
+    // No session took one, none was started for a session, and each
+    // failed start was audited once.
+    assert!(!recs.iter().any(|r| r.0 == "handed_over"), "{recs:?}");
+    assert!(
+        started(&s).iter().all(|id| warm_id(id)),
+        "{:?}",
+        started(&s)
+    );
+    let failed: Vec<_> = recs.iter().filter(|r| r.0 == "failed").collect();
+    let mut ids: Vec<&String> = failed.iter().map(|r| &r.2).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), failed.len(), "{recs:?}");
+    println!("{} failed starts before the marker was seen", failed.len());
 }

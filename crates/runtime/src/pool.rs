@@ -16,7 +16,10 @@
 //! call's audit record, and a status file in cordon's runtime directory
 //! tells `cordon doctor`). Each pool's size, idle and starting sandboxes,
 //! hand-overs and failed starts are on [`crate::pool_status`]'s board,
-//! which `cordon serve` publishes for `cordon doctor`.
+//! which `cordon serve` publishes for `cordon doctor`. A pool made with
+//! an observer ([`Pool::observed`]) also tells it of each sandbox that did
+//! not start (`failed`) or ended before a task took it (`discarded`): the
+//! broker audits them.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -28,7 +31,9 @@ use crate::outcome::{Outcome, RunError, Status};
 use crate::spec::{Root, SandboxSpec};
 use crate::{Context, EgressSink, Runtime, Spawned};
 
-/// Starts that fail in a row before the refill stops.
+/// Starts that fail in a row before the refill stops (a start is good
+/// once its sandbox was taken by a task or retired alive; one that ended
+/// before either counts as failed).
 pub const MAX_FAILURES: u32 = 3;
 
 /// How long an idle pooled sandbox is kept before it is replaced by a new
@@ -75,6 +80,27 @@ struct State {
     last_failure: Option<String>,
 }
 
+/// A pooled sandbox that did not serve a task, told to the pool's
+/// observer (the broker writes its audit record): `failed` when it could
+/// not be made (its runtime's error, at the start or reported later),
+/// `discarded` when it was made and ended before a task took it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// `failed` (its start failed) or `discarded` (it ended before a task
+    /// took it).
+    pub event: &'static str,
+    /// Its id (`pool-<pid>-<n>`).
+    pub sandbox: String,
+    /// `discarded`: how long it waited idle; `failed`: 0.
+    pub waited_ms: u64,
+    /// Why, and whether the pool stopped refilling because of it.
+    pub reason: String,
+}
+
+/// What a pool tells of its lost sandboxes ([`Pool::observed`]); called
+/// on the pool's own threads, never with its lock held.
+pub type Observer = Arc<dyn Fn(&Lost) + Send + Sync>;
+
 /// The pooled sandbox a task took: its id and how long it waited idle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Taken {
@@ -97,6 +123,8 @@ pub struct Pool {
     status_file: Option<PathBuf>,
     /// Its entry on the pool status board ([`crate::pool_status`]).
     label: String,
+    /// Told of each sandbox that did not serve a task.
+    observer: Option<Observer>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -190,6 +218,20 @@ impl Pool {
         status_dir: Option<PathBuf>,
         label: &str,
     ) -> Result<Arc<Pool>, String> {
+        Pool::observed(runtime, spec, host_ids, settings, status_dir, label, None)
+    }
+
+    /// [`Pool::labelled`] whose sandboxes that do not start or end before
+    /// a task are told to `observer` (each once, as it happens).
+    pub fn observed(
+        runtime: Arc<dyn Runtime>,
+        spec: SandboxSpec,
+        host_ids: Option<(u32, u32)>,
+        settings: Settings,
+        status_dir: Option<PathBuf>,
+        label: &str,
+        observer: Option<Observer>,
+    ) -> Result<Arc<Pool>, String> {
         poolable(&spec)?;
         let status_file = status_dir.map(|d| {
             d.join(format!(
@@ -207,6 +249,7 @@ impl Pool {
             wake: Condvar::new(),
             status_file,
             label: label.to_string(),
+            observer,
         });
         let weak = Arc::downgrade(&pool);
         std::thread::Builder::new()
@@ -282,7 +325,7 @@ impl Pool {
         s
     }
 
-    fn start_one(&self) -> Result<Idle, RunError> {
+    fn start_one(&self, id: String) -> Result<Idle, RunError> {
         let sink: Arc<Mutex<Option<EgressSink>>> = Arc::default();
         let fwd = sink.clone();
         let ctx = Context {
@@ -301,11 +344,7 @@ impl Pool {
         };
         let spawned = self.runtime.spawn(&self.pooled_spec(), &ctx)?;
         Ok(Idle {
-            id: format!(
-                "pool-{}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ),
+            id,
             spawned,
             sink,
             born: Instant::now(),
@@ -326,20 +365,30 @@ impl Pool {
         ctx: &Context,
     ) -> Result<(Outcome, Option<Taken>), RunError> {
         let taken = if ctx.credentials.is_empty() {
+            let mut lost = Vec::new();
             let mut st = self.lock();
             let mut t = None;
             while let Some(i) = st.idle.pop_front() {
-                if i.spawned.handle.outcome().is_none() {
-                    t = Some(i);
-                    break;
-                }
-                self.failed(&mut st, "a pooled sandbox ended before its task");
+                let (made, why) = match i.spawned.handle.outcome() {
+                    None => {
+                        t = Some(i);
+                        break;
+                    }
+                    Some(Ok(o)) => (true, o.reason),
+                    Some(Err(e)) => (false, e.to_string()),
+                };
+                let stop = self.failed(&mut st, "a pooled sandbox ended before its task");
+                lost.push(lost_idle(&i, made, &why, stop));
             }
             if t.is_some() {
                 st.handed_out += 1;
+                // It stayed up until a task took it: a good start.
+                st.failures = 0;
             }
             self.report(&st);
             self.wake.notify_all();
+            drop(st);
+            self.tell(&lost);
             t
         } else {
             None
@@ -443,8 +492,8 @@ impl Pool {
     }
 
     /// Count a failed start; the last of [`MAX_FAILURES`] in a row stops
-    /// the refill.
-    fn failed(&self, st: &mut State, why: &str) {
+    /// the refill (then `Some`: why it stopped).
+    fn failed(&self, st: &mut State, why: &str) -> Option<String> {
         st.failures += 1;
         st.failed_total += 1;
         st.last_failure = Some(why.to_string());
@@ -455,7 +504,18 @@ impl Pool {
             );
             tracing::warn!("{why}");
             self.write_status(&why);
-            st.stopped = Some(why);
+            st.stopped = Some(why.clone());
+            return Some(why);
+        }
+        None
+    }
+
+    /// Tell the observer of sandboxes lost (the pool's lock not held).
+    fn tell(&self, lost: &[Lost]) {
+        if let Some(o) = &self.observer {
+            for l in lost {
+                o(l);
+            }
         }
     }
 
@@ -480,6 +540,41 @@ impl Drop for Pool {
     }
 }
 
+/// The observer's word of `idle`, which ended before a task took it:
+/// `failed` when its sandbox could not be made (`made` false: its
+/// runtime's error), else `discarded`.
+fn lost_idle(idle: &Idle, made: bool, why: &str, stop: Option<String>) -> Lost {
+    let (event, waited_ms, reason) = if made {
+        (
+            "discarded",
+            idle.born.elapsed().as_millis() as u64,
+            format!(
+                "pooled sandbox {} discarded: it ended before a task took it ({why})",
+                idle.id
+            ),
+        )
+    } else {
+        (
+            "failed",
+            0,
+            format!("pooled sandbox {} did not start: {why}", idle.id),
+        )
+    };
+    Lost {
+        event,
+        sandbox: idle.id.clone(),
+        waited_ms,
+        reason: with_stop(reason, stop),
+    }
+}
+
+fn with_stop(reason: String, stop: Option<String>) -> String {
+    match stop {
+        Some(s) => format!("{reason}; {s}"),
+        None => reason,
+    }
+}
+
 /// The refill loop: keep `size` idle, replace the stale, stop after
 /// [`MAX_FAILURES`] failed starts in a row. Ends with the pool.
 fn refill(pool: Weak<Pool>) {
@@ -487,7 +582,7 @@ fn refill(pool: Weak<Pool>) {
         let Some(p) = pool.upgrade() else { return };
         // Replace sandboxes idle too long; a sandbox that ended before any
         // task took it is a failed start.
-        let stale: Vec<Idle> = {
+        let (stale, lost) = {
             let mut st = p.lock();
             if st.closing {
                 return;
@@ -497,10 +592,11 @@ fn refill(pool: Weak<Pool>) {
             let mut old = Vec::new();
             for i in st.idle.drain(..) {
                 if let Some(o) = i.spawned.handle.outcome() {
-                    dead.push(match o {
-                        Ok(o) => o.reason,
-                        Err(e) => e.to_string(),
-                    });
+                    let (made, why) = match o {
+                        Ok(o) => (true, o.reason),
+                        Err(e) => (false, e.to_string()),
+                    };
+                    dead.push((i, made, why));
                 } else if i.born.elapsed() > MAX_IDLE - Duration::from_secs(30) {
                     old.push(i);
                 } else {
@@ -508,15 +604,22 @@ fn refill(pool: Weak<Pool>) {
                 }
             }
             st.idle = keep;
+            if !old.is_empty() {
+                // They stayed up until they were retired: good starts.
+                st.failures = 0;
+            }
             let changed = !dead.is_empty();
-            for why in dead {
-                p.failed(&mut st, &why);
+            let mut lost = Vec::new();
+            for (i, made, why) in dead {
+                let stop = p.failed(&mut st, &why);
+                lost.push(lost_idle(&i, made, &why, stop));
             }
             if changed {
                 p.report(&st);
             }
-            old
+            (old, lost)
         };
+        p.tell(&lost);
         for i in stale {
             i.spawned.handle.kill();
         }
@@ -532,21 +635,43 @@ fn refill(pool: Weak<Pool>) {
             need
         };
         if need {
-            let r = p.start_one();
+            let id = format!(
+                "pool-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let r = p.start_one(id.clone());
             let mut st = p.lock();
             st.starting -= 1;
+            let mut lost = None;
             match r {
                 Ok(i) => {
-                    st.failures = 0;
+                    // Not yet a good start: a sandbox can end right after
+                    // it (its runtime reports a setup failure later);
+                    // the count goes back to 0 when one is taken or
+                    // retired alive.
                     st.started += 1;
                     st.idle.push_back(i);
                 }
-                Err(e) => p.failed(&mut st, &e.to_string()),
+                Err(e) => {
+                    let why = e.to_string();
+                    let stop = p.failed(&mut st, &why);
+                    lost = Some(Lost {
+                        event: "failed",
+                        reason: with_stop(
+                            format!("pooled sandbox {id} did not start: {why}"),
+                            stop,
+                        ),
+                        sandbox: id,
+                        waited_ms: 0,
+                    });
+                }
             }
             p.report(&st);
             p.wake.notify_all();
             // A sandbox that dies right after its start is counted too.
             drop(st);
+            p.tell(lost.as_slice());
             std::thread::sleep(Duration::from_millis(20));
             continue;
         }
