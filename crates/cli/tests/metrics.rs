@@ -15,33 +15,21 @@ use cordon_mcp::rmcp;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
-const MANIFEST: &str = r#"version: 1
-tools:
-  word_count:
-    profile: P1
-    description: Count lines, words and bytes of a text.
-    command: ["/usr/bin/wc"]
-    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
-    network: none
-    input: {stdin: text}
-    input_schema:
-      type: object
-      properties: {text: {type: string}}
-      required: [text]
-  pooled_count:
-    profile: P1
-    description: Count lines, words and bytes of a text, from a warm pool.
-    command: ["/usr/bin/wc"]
-    lifetime: pool
-    pool: {size: 1}
-    limits: {wall_seconds: 5, memory: 64M, tasks: 4, output_bytes: 4K}
-    network: none
-    input: {stdin: text}
-    input_schema:
-      type: object
-      properties: {text: {type: string}}
-      required: [text]
-"#;
+/// `word_count` (tests/common), and `pooled_count`: the same tool served
+/// from a pool of one sandbox.
+fn manifest() -> String {
+    let (_, tool) = common::WORD_COUNT
+        .split_once("tools:\n")
+        .expect("a manifest with tools");
+    let pooled = tool
+        .replacen("  word_count:", "  pooled_count:", 1)
+        .replacen(
+            "    command:",
+            "    lifetime: pool\n    pool: {size: 1}\n    command:",
+            1,
+        );
+    format!("{}{pooled}", common::WORD_COUNT)
+}
 
 /// `GET path` on `addr` with `authorization`: status, headers, body.
 fn get(addr: &str, path: &str, authorization: Option<&str>) -> (u16, String, String) {
@@ -212,7 +200,7 @@ async fn metrics_behind_authentication_count_the_calls() {
         0o600,
     );
     let m = dir.path().join("cordon.yaml");
-    std::fs::write(&m, MANIFEST).unwrap();
+    std::fs::write(&m, manifest()).unwrap();
     let audit = dir.path().join("audit.jsonl");
     let s = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
         .arg("--auth")
@@ -441,7 +429,7 @@ async fn metrics_behind_authentication_count_the_calls() {
 async fn a_separate_metrics_listener_on_loopback_only() {
     let dir = tempdir();
     let m = dir.path().join("cordon.yaml");
-    std::fs::write(&m, MANIFEST).unwrap();
+    std::fs::write(&m, manifest()).unwrap();
     let audit = dir.path().join("audit.jsonl");
 
     // Refused: the address is checked before it is bound (no packet).
@@ -504,7 +492,7 @@ async fn a_separate_metrics_listener_on_loopback_only() {
 async fn no_metrics_serves_neither_metrics_nor_console() {
     let dir = tempdir();
     let m = dir.path().join("cordon.yaml");
-    std::fs::write(&m, MANIFEST).unwrap();
+    std::fs::write(&m, manifest()).unwrap();
     let audit = dir.path().join("audit.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
         .args(["serve", "-m"])
@@ -528,8 +516,9 @@ async fn no_metrics_serves_neither_metrics_nor_console() {
     );
     let addr = s.addr();
     for path in ["/metrics", "/console"] {
-        let (st, head, _) = get(&addr, path, None);
+        let (st, head, body) = get(&addr, path, None);
         assert_eq!(st, 404, "{path}: {head}");
+        assert!(body.contains("--no-metrics"), "{path}: {body}");
     }
     let c = client(&s.url, None).await;
     let out = call(&c, "word_count", json!({"text": "a b"}))

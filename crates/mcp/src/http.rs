@@ -182,6 +182,19 @@ pub async fn serve_http(
     let mut router = router.merge(mcp);
     if gw.observed() {
         router = router.merge(metrics_route).merge(console_route);
+    } else {
+        // Not served, and said why.
+        for path in [crate::metrics::METRICS_PATH, crate::console::CONSOLE_PATH] {
+            router = router.route(
+                path,
+                axum::routing::get(|| async {
+                    (
+                        axum::http::StatusCode::NOT_FOUND,
+                        "not served: cordon serve runs with --no-metrics (no metrics, no console)\n",
+                    )
+                }),
+            );
+        }
     }
     let router = router.layer(axum::middleware::from_fn(session_delete_ok));
     gw.start_warm();

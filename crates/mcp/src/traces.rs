@@ -224,21 +224,26 @@ impl RecordObserver for Traces {
 /// trace context says), else a new one when traces are exported (`on`).
 /// The call's own span id is new either way.
 pub(crate) fn context_of(meta: &rmcp::model::MetaObject, on: bool) -> Option<TraceContext> {
+    let agents = meta.get_traceparent().and_then(parse_traceparent);
+    if agents.is_none() && !on {
+        // Nothing to record: no id is made.
+        return None;
+    }
     let ids = RandomIdGenerator::default();
     let span_id = ids.new_span_id().to_string();
-    if let Some((trace, parent, sampled)) = meta.get_traceparent().and_then(parse_traceparent) {
-        return Some(TraceContext {
+    Some(match agents {
+        Some((trace, parent, sampled)) => TraceContext {
             trace_id: trace.to_string(),
             span_id,
             parent_span_id: Some(parent.to_string()),
             sampled,
-        });
-    }
-    on.then(|| TraceContext {
-        trace_id: ids.new_trace_id().to_string(),
-        span_id,
-        parent_span_id: None,
-        sampled: true,
+        },
+        None => TraceContext {
+            trace_id: ids.new_trace_id().to_string(),
+            span_id,
+            parent_span_id: None,
+            sampled: true,
+        },
     })
 }
 

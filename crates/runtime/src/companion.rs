@@ -1,5 +1,5 @@
 //! Files cordon runs beside itself (the Wasm runner, the Wasm probe
-//! module): given by an option, else by a variable, else looked for at
+//! module, the microVM guest's init): given by an option, else by a variable, else looked for at
 //! fixed places relative to the running program.
 
 use std::path::{Path, PathBuf};
@@ -14,6 +14,19 @@ pub fn find(
     what: &str,
     hint: &str,
 ) -> Result<PathBuf, String> {
+    find_where(opt, env, beside, |_| true, what, hint)
+}
+
+/// [`find`] of a file `fits` accepts (a file that does not is passed
+/// over, as one that does not exist is).
+pub fn find_where(
+    opt: Option<&Path>,
+    env: &str,
+    beside: &[PathBuf],
+    fits: impl Fn(&Path) -> bool,
+    what: &str,
+    hint: &str,
+) -> Result<PathBuf, String> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(p) = opt
         .map(Path::to_path_buf)
@@ -25,15 +38,18 @@ pub fn find(
     {
         candidates.extend(beside.iter().map(|b| dir.join(b)));
     }
-    let found = candidates.iter().find(|p| p.is_file()).ok_or_else(|| {
-        format!(
-            "no {what} (looked at {}); {hint}",
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
+    let found = candidates
+        .iter()
+        .find(|p| p.is_file() && fits(p))
+        .ok_or_else(|| {
+            format!(
+                "no {what} (looked at {}); {hint}",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
     std::fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
 }

@@ -204,25 +204,14 @@ impl Pool {
         status_dir: Option<PathBuf>,
     ) -> Result<Arc<Pool>, String> {
         let label = spec.tool.clone();
-        Pool::labelled(runtime, spec, None, settings, status_dir, &label)
+        Pool::observed(runtime, spec, None, settings, status_dir, &label, None)
     }
 
     /// [`Pool::new`] of sandboxes run under `host_ids` (a tenant's own;
     /// `None`: the shared ones), whose status file is named by `label`
-    /// instead of the tool (a broker keeps one pool of a tool per tenant).
-    pub fn labelled(
-        runtime: Arc<dyn Runtime>,
-        spec: SandboxSpec,
-        host_ids: Option<(u32, u32)>,
-        settings: Settings,
-        status_dir: Option<PathBuf>,
-        label: &str,
-    ) -> Result<Arc<Pool>, String> {
-        Pool::observed(runtime, spec, host_ids, settings, status_dir, label, None)
-    }
-
-    /// [`Pool::labelled`] whose sandboxes that do not start or end before
-    /// a task are told to `observer` (each once, as it happens).
+    /// instead of the tool (a broker keeps one pool of a tool per tenant),
+    /// and whose sandboxes that do not start or end before a task are told
+    /// to `observer` (each once, as it happens).
     pub fn observed(
         runtime: Arc<dyn Runtime>,
         spec: SandboxSpec,

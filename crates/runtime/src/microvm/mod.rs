@@ -238,20 +238,6 @@ fn find_kernel(opt: Option<&Path>) -> Result<Kernel, String> {
 }
 
 fn find_init(opt: Option<&Path>) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = opt
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CORDON_VM_INIT").map(PathBuf::from))
-    {
-        candidates.push(p);
-    } else if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        candidates.push(dir.join("cordon-vm-init"));
-        for up in [dir.join(".."), dir.join("../..")] {
-            candidates.push(up.join("x86_64-unknown-linux-gnu/release/cordon-vm-init"));
-        }
-    }
     // A dynamic build of the same name (cargo's ordinary one, beside
     // cordon) is passed over for the static one.
     let is_static = |p: &Path| {
@@ -259,20 +245,19 @@ fn find_init(opt: Option<&Path>) -> Result<PathBuf, String> {
             .map(|e| e.interp.is_none())
             .unwrap_or(false)
     };
-    let found = candidates
-        .iter()
-        .find(|p| p.is_file() && is_static(p))
-        .ok_or_else(|| {
-            format!(
-                "no statically linked guest init cordon-vm-init (looked at {}); build it with scripts/build-vm-init.sh and set CORDON_VM_INIT to the path it prints",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-    fs::canonicalize(found).map_err(|e| format!("{}: {e}", found.display()))
+    let release = "x86_64-unknown-linux-gnu/release/cordon-vm-init";
+    crate::companion::find_where(
+        opt,
+        "CORDON_VM_INIT",
+        &[
+            PathBuf::from("cordon-vm-init"),
+            Path::new("..").join(release),
+            Path::new("../..").join(release),
+        ],
+        is_static,
+        "statically linked guest init cordon-vm-init",
+        "build it with scripts/build-vm-init.sh and set CORDON_VM_INIT to the path it prints",
+    )
 }
 
 /// A directory of cordon's, made 0711 (0755 for the store) and used only
