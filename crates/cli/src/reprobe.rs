@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use cordon_broker::Broker;
 use cordon_policy::ToolPolicy;
-use cordon_policy::policy::{Exec, PolicySet, Profile};
+use cordon_policy::policy::{PolicySet, Profile};
 
 /// How often the inputs of every proof are looked at (at most).
 const KEY_CHECK: Duration = Duration::from_secs(10);
@@ -344,7 +344,7 @@ impl Control {
             }
             if served(&new, n) {
                 serve.push(n.clone());
-            } else if self.reload.reloader.serves_command(n) {
+            } else if self.reload.reloader.serves(n) {
                 remove.push(n.clone());
             }
         }
@@ -437,9 +437,9 @@ impl Control {
 }
 
 /// Whether a reload from `old` to `new` can be applied while serving:
-/// changes of command tools can (added, changed, removed); a change of an
-/// `mcp:` tool, of a tool's `max_concurrent`, of the `gateway:` section
-/// (but `reprobe`) or of `access:` needs a restart.
+/// tools can be added, changed and removed (command tools and `mcp:`
+/// servers); a change of a tool's `max_concurrent`, of the `gateway:`
+/// section (but `reprobe`) or of `access:` needs a restart.
 fn reloadable(
     old: &PolicySet,
     new: &PolicySet,
@@ -457,16 +457,6 @@ fn reloadable(
             continue;
         }
         let (o, n) = (old.tools.get(&c.tool), new.tools.get(&c.tool));
-        if [o, n]
-            .into_iter()
-            .flatten()
-            .any(|p| matches!(p.exec, Exec::Mcp { .. }))
-        {
-            return Err(format!(
-                "`{}` is an `mcp:` tool, whose servers a reload does not restart",
-                c.tool
-            ));
-        }
         if o.and_then(|p| p.concurrency) != n.and_then(|p| p.concurrency) {
             return Err(format!("`{}`'s `max_concurrent` changed", c.tool));
         }
@@ -512,7 +502,7 @@ mod tests {
     }
 
     #[test]
-    fn only_command_tools_and_the_schedule_reload_while_serving() {
+    fn tools_and_the_schedule_reload_while_serving() {
         let base = "tools:\n  wc:\n    profile: P1\n    command: [/usr/bin/wc]\n    limits: {memory: 128M}\n";
         let old = set(base);
         let ok = |new: &str| {
@@ -534,10 +524,16 @@ mod tests {
         assert!(e.contains("max_sandboxes"), "{e}");
         let e = ok(&base.replace("limits: {memory: 128M}", "max_concurrent: 2")).unwrap_err();
         assert!(e.contains("max_concurrent"), "{e}");
+        assert_eq!(
+            ok(&format!(
+                "{base}  fs:\n    profile: P2\n    network: none\n    mcp: {{command: [/usr/bin/true]}}\n"
+            )),
+            Ok(())
+        );
         let e = ok(&format!(
-            "{base}  fs:\n    profile: P2\n    network: none\n    mcp: {{command: [/usr/bin/true]}}\n"
+            "{base}access:\n  grants:\n    - subject: bob\n      tools: [wc]\n"
         ))
         .unwrap_err();
-        assert!(e.contains("`fs` is an `mcp:` tool"), "{e}");
+        assert!(e.contains("access"), "{e}");
     }
 }

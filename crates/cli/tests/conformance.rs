@@ -571,3 +571,143 @@ async fn a_reload_whose_changed_tool_does_not_hold_is_refused_whole() {
     count(&c).await;
     c.cancel().await.unwrap();
 }
+
+/// `counter` and two `mcp:` servers (the fixture): `fx` exposing `allow`
+/// under `memory`, `fy` exposing `echo`, unchanged by every reload;
+/// without `fx` when `allow` is `None`.
+fn with_servers(allow: Option<&str>, memory: &str) -> String {
+    let server = |name: &str, allow: &str, memory: &str| {
+        format!(
+            r#"  {name}:
+    profile: P2
+    description: The fixture MCP server.
+    network: none
+    limits: {{wall_seconds: 10, memory: {memory}, tasks: 16}}
+    mounts: ["{fixtures}:/srv/fixtures"]
+    mcp:
+      command: ["/usr/bin/python3", "/srv/fixtures/fixture_server.py"]
+      tools: {{allow: [{allow}]}}
+"#,
+            fixtures = fixtures().display()
+        )
+    };
+    let mut m = counter("128M", "Count v1");
+    if let Some(a) = allow {
+        m.push_str(&server("fx", a, memory));
+    }
+    m.push_str(&server("fy", "echo, probe", "256M"));
+    m
+}
+
+/// The instance the fixture server answering `tool` was started as.
+async fn instance(c: &Client, tool: &str) -> String {
+    let r = call(c, tool, json!({})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    // The server's text, inside the gate's markers.
+    let t = text_of(&r);
+    let json = t
+        .find('{')
+        .zip(t.rfind('}'))
+        .map(|(a, b)| &t[a..=b])
+        .unwrap_or_else(|| panic!("no JSON in {t}"));
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {t}"));
+    v["instance"].as_str().unwrap().to_owned()
+}
+
+async fn names(c: &Client) -> Vec<String> {
+    let mut n: Vec<String> = c
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    n.sort();
+    n
+}
+
+/// A reload changes and removes `mcp:` servers while sessions live: the
+/// changed server is stopped in the live session and started anew from
+/// the new policy at its next call (its narrower `allow` listed), the
+/// removed one is refused, and the unchanged server keeps running (the
+/// same instance) as do the session and its command tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_restarts_a_changed_mcp_server_and_keeps_the_unchanged_one_and_the_session() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, with_servers(Some("echo, probe"), "256M")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit).http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let changes = ListChanges::default();
+    let watcher = changes
+        .clone()
+        .serve(cordon_mcp::http_client(&serve.url))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&c).await,
+        ["counter", "fx__echo", "fx__probe", "fy__echo", "fy__probe"]
+    );
+    let fx = instance(&c, "fx__probe").await;
+    let fy = instance(&c, "fy__probe").await;
+    // Positive control: a server lives for its session.
+    assert_eq!(instance(&c, "fx__probe").await, fx);
+    count(&c).await;
+
+    // `fx` changed: `echo` no longer allowed, a lower memory limit.
+    std::fs::write(&m, with_servers(Some("probe"), "192M")).unwrap();
+    signal("HUP", serve.pid());
+    let applied = wait_for_reload(&audit, "reloaded", 1).await;
+    assert_eq!(applied["status"], "ok", "{applied:#}");
+    assert_eq!(changes.until(1).await, 1, "list_changed after the reload");
+    assert_eq!(
+        names(&c).await,
+        ["counter", "fx__probe", "fy__echo", "fy__probe"]
+    );
+    let e = mcp_error(
+        call(&c, "fx__echo", json!({"text": "hi"}))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        e.message
+            .contains("unknown tool `fx__echo`; server fx exposes: fx__probe"),
+        "a tool the reload took out is refused: {e:?}"
+    );
+    let fx2 = instance(&c, "fx__probe").await;
+    assert_ne!(fx2, fx, "the changed server was started anew");
+    assert_eq!(
+        instance(&c, "fy__probe").await,
+        fy,
+        "the unchanged server kept"
+    );
+    count(&c).await;
+
+    // `fx` removed.
+    std::fs::write(&m, with_servers(None, "192M")).unwrap();
+    signal("HUP", serve.pid());
+    wait_for_reload(&audit, "reloaded", 2).await;
+    assert_eq!(changes.until(2).await, 2, "list_changed after the removal");
+    assert_eq!(names(&c).await, ["counter", "fy__echo", "fy__probe"]);
+    let e = mcp_error(call(&c, "fx__probe", json!({})).await.unwrap_err());
+    assert!(
+        e.message.contains("unknown tool `fx__probe`"),
+        "a removed server's tool is refused: {e:?}"
+    );
+    assert_eq!(
+        instance(&c, "fy__probe").await,
+        fy,
+        "the unchanged server kept"
+    );
+    count(&c).await;
+    let sessions: std::collections::BTreeSet<String> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["tool"] == "counter" && r["status"] == "ok" && r["service"].is_null())
+        .filter_map(|r| r["session"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(sessions.len(), 1, "every call on one session: {sessions:?}");
+    c.cancel().await.unwrap();
+    watcher.cancel().await.unwrap();
+}

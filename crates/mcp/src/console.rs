@@ -403,7 +403,7 @@ fn view(gw: &crate::Gateway) -> View {
         .commands()
         .values()
         .map(|c| c.policy.clone())
-        .chain(gw.servers.iter().map(|(p, _)| p.clone()))
+        .chain(gw.servers().iter().map(|(p, _)| p.clone()))
         .collect::<Vec<_>>();
     let tools = policies
         .iter()

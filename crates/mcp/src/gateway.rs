@@ -69,8 +69,12 @@ pub struct Gateway {
     pub(crate) broker: Arc<Broker>,
     /// The command tools, swapped whole by a reload ([`crate::reload`]).
     pub(crate) commands: crate::reload::Commands,
-    /// Each `mcp:` tool and what its server offers once known.
-    pub(crate) servers: Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>,
+    /// Each `mcp:` tool and what its server offers once known, swapped
+    /// whole by a reload ([`crate::reload`]).
+    pub(crate) servers: crate::reload::Servers,
+    /// The servers of every live session (a reload replaces those of the
+    /// tools it changes).
+    pub(crate) live: crate::reload::LiveSessions,
     pub(crate) sandbox: Arc<dyn ServerSandbox>,
     /// Which tool or server each exposed name belongs to.
     pub(crate) names: Arc<names::NameClaims>,
@@ -234,7 +238,8 @@ impl Gateway {
             warm,
             broker,
             commands: Arc::new(std::sync::RwLock::new(Arc::new(commands))),
-            servers,
+            servers: Arc::new(std::sync::RwLock::new(Arc::new(servers))),
+            live: Default::default(),
             sandbox,
             names,
             cache: cache::ListingCache::default(),
@@ -290,8 +295,27 @@ impl Gateway {
             broker: self.broker.clone(),
             names: self.names.clone(),
             commands: self.commands.clone(),
+            servers: self.servers.clone(),
+            live: self.live.clone(),
+            making: self.making(),
             metrics: self.metrics.clone(),
             service: self.service.clone(),
+        }
+    }
+
+    /// The `mcp:` servers served now, each with what it offers once known.
+    pub(crate) fn servers(&self) -> Arc<Vec<(Arc<ToolPolicy>, upstream::KnownOffers)>> {
+        crate::reload::servers_now(&self.servers)
+    }
+
+    /// What makes a session's server of an `mcp:` tool.
+    pub(crate) fn making(&self) -> crate::reload::Making {
+        crate::reload::Making {
+            sandbox: self.sandbox.clone(),
+            names: self.names.clone(),
+            cache: self.cache.clone(),
+            broker: self.broker.clone(),
+            warm: self.warm.clone(),
         }
     }
 
@@ -312,7 +336,7 @@ impl Gateway {
     /// like `list_changed`. `None`: every listing starts the server.
     pub fn with_listing_cache(mut self, dir: Option<PathBuf>) -> Gateway {
         self.cache = cache::ListingCache::new(dir);
-        for (p, offers) in &self.servers {
+        for (p, offers) in self.servers().iter() {
             // Only what each server offers is read here (shared by every
             // tenant); tool listings are read per tenant when listed.
             if let Some(l) = self.cache.get(p, cordon_auth::DEFAULT_TENANT)
@@ -335,7 +359,7 @@ impl Gateway {
         self.commands()
             .keys()
             .cloned()
-            .chain(self.servers.iter().map(|(p, _)| p.name.clone()))
+            .chain(self.servers().iter().map(|(p, _)| p.name.clone()))
             .collect()
     }
 }
@@ -354,9 +378,17 @@ fn claim_static(
     })
 }
 
-/// Claim the names an `mcp:` tool's manifest entry fixes: `rename`
-/// targets, `allow` entries and `prompts` entries in their exposed form.
+/// Claim the names an `mcp:` tool's manifest entry fixes.
 fn claim_server_names(names: &names::NameClaims, p: &ToolPolicy) -> Result<(), GatewayError> {
+    for (space, name, owner) in server_names(p) {
+        claim_static(names, space, &name, owner)?;
+    }
+    Ok(())
+}
+
+/// The names an `mcp:` tool's manifest entry fixes: `rename` targets,
+/// `allow` entries and `prompts` entries in their exposed form.
+pub(crate) fn server_names(p: &ToolPolicy) -> Vec<(names::Space, String, names::Owner)> {
     let Exec::Mcp {
         expose,
         allow,
@@ -365,7 +397,7 @@ fn claim_server_names(names: &names::NameClaims, p: &ToolPolicy) -> Result<(), G
         ..
     } = &p.exec
     else {
-        return Ok(());
+        return Vec::new();
     };
     let owner = || names::Owner::Server(p.name.clone());
     let exposed = |n: &String| {
@@ -374,14 +406,15 @@ fn claim_server_names(names: &names::NameClaims, p: &ToolPolicy) -> Result<(), G
             .is_none_or(|a| a.contains(n))
             .then(|| cordon_policy::policy::exposed_tool_name(&p.name, *expose, rename, n))
     };
+    let mut out = Vec::new();
     for n in rename.keys().chain(allow.iter().flatten()) {
         if let Some(full) = exposed(n) {
-            claim_static(names, names::Space::Tools, &full, owner())?;
+            out.push((names::Space::Tools, full, owner()));
         }
     }
     for n in prompts.iter().flatten() {
         let full = cordon_policy::policy::exposed_prompt_name(&p.name, *expose, n);
-        claim_static(names, names::Space::Prompts, &full, owner())?;
+        out.push((names::Space::Prompts, full, owner()));
     }
-    Ok(())
+    out
 }

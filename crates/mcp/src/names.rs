@@ -67,6 +67,39 @@ impl NameClaims {
         }
     }
 
+    /// A reload: every name of the owners in `release` is given up and
+    /// each of `claims` claimed, all or nothing. `Err` with the first name
+    /// another owner keeps (and that owner); then nothing changed.
+    pub fn replace(
+        &self,
+        release: &[Owner],
+        claims: &[(Space, String, Owner)],
+    ) -> Result<(), (String, Owner)> {
+        let (Ok(mut tools), Ok(mut prompts)) = (self.tools.lock(), self.prompts.lock()) else {
+            return Err(("(all)".into(), Owner::Command("(a thread panicked)".into())));
+        };
+        let mut next = [tools.clone(), prompts.clone()];
+        for m in next.iter_mut() {
+            m.retain(|_, o| !release.contains(o));
+        }
+        for (space, name, owner) in claims {
+            let m = &mut next[match space {
+                Space::Tools => 0,
+                Space::Prompts => 1,
+            }];
+            match m.get(name) {
+                Some(o) if o != owner => return Err((name.clone(), o.clone())),
+                _ => {
+                    m.insert(name.clone(), owner.clone());
+                }
+            }
+        }
+        let [t, p] = next;
+        *tools = t;
+        *prompts = p;
+        Ok(())
+    }
+
     /// The owner of `name`, if any has claimed it.
     pub fn owner(&self, space: Space, name: &str) -> Option<Owner> {
         self.map(space).lock().ok()?.get(name).cloned()
@@ -108,5 +141,38 @@ mod tests {
             c.owner(Space::Tools, "read"),
             Some(Owner::Server("a".into()))
         );
+    }
+
+    #[test]
+    fn a_reload_releases_and_claims_all_or_nothing() {
+        let c = NameClaims::default();
+        let a = || Owner::Server("a".into());
+        let b = || Owner::Server("b".into());
+        c.claim(Space::Tools, "a__x", a()).unwrap();
+        c.claim(Space::Tools, "b__x", b()).unwrap();
+        // `b`'s name taken by `a`, `b` not released: refused, nothing changed.
+        assert_eq!(
+            c.replace(
+                &[a()],
+                &[
+                    (Space::Tools, "a__y".into(), a()),
+                    (Space::Tools, "b__x".into(), a())
+                ]
+            ),
+            Err(("b__x".into(), b()))
+        );
+        assert_eq!(c.owner(Space::Tools, "a__x"), Some(a()));
+        assert_eq!(c.owner(Space::Tools, "a__y"), None);
+        // `b` released, its name claimed by a command tool.
+        c.replace(
+            &[b()],
+            &[(Space::Tools, "b__x".into(), Owner::Command("b__x".into()))],
+        )
+        .unwrap();
+        assert_eq!(
+            c.owner(Space::Tools, "b__x"),
+            Some(Owner::Command("b__x".into()))
+        );
+        assert_eq!(c.owner(Space::Tools, "a__x"), Some(a()));
     }
 }

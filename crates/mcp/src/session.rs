@@ -30,7 +30,9 @@ pub struct Session {
     pub(crate) id: String,
     /// Who the session is for.
     pub(crate) principal: Who,
-    pub(crate) upstreams: Vec<Arc<upstream::Upstream>>,
+    /// Its `mcp:` servers (one per server tool; a reload replaces those
+    /// of the tools it changes).
+    pub(crate) upstreams: Arc<crate::reload::SessionServers>,
     /// The level the client set with `logging/setLevel` (`None`: not set,
     /// every level is sent). Shared with the session's servers, whose log
     /// messages pass at this level.
@@ -64,24 +66,21 @@ impl Gateway {
     fn session_with_id(self: &Arc<Self>, id: String) -> Session {
         let log_level = LogLevel::default();
         let principal = Who::default();
-        let upstreams = self
-            .servers
-            .iter()
-            .filter_map(|(p, offers)| {
-                upstream::Upstream::new(p.clone(), self.sandbox.clone(), &id, self.names.clone())
-                    .ok()
-                    .map(|u| {
-                        Arc::new(
-                            u.with_offers(offers.clone())
-                                .with_log_level(log_level.clone())
-                                .with_cache(self.cache.clone())
-                                .with_audit(self.broker.clone(), &id)
-                                .with_principal(principal.clone())
-                                .with_warm(self.warm.clone()),
-                        )
-                    })
-            })
-            .collect();
+        let upstreams = Arc::new(crate::reload::SessionServers::new(
+            &id,
+            principal.clone(),
+            log_level.clone(),
+        ));
+        let making = self.making();
+        {
+            // Registered and filled under the servers' read lock: a reload
+            // swaps them before or after, and then finds this session.
+            let servers = self.servers.read();
+            crate::reload::register(&self.live, &upstreams);
+            if let Ok(s) = &servers {
+                upstreams.fill(s, &making);
+            }
+        }
         Session {
             gw: self.clone(),
             id,
@@ -108,7 +107,8 @@ impl Drop for Session {
         if let Ok(Some(w)) = self.listing.lock().map(|mut l| l.take()) {
             w.abort();
         }
-        for u in &self.upstreams {
+        crate::reload::unregister(&self.gw.live, &self.upstreams);
+        for u in self.upstreams.all() {
             u.shutdown();
         }
         // Its workspace goes with it, or once the longest `retain` of the
@@ -118,7 +118,7 @@ impl Drop for Session {
             .commands()
             .values()
             .map(|c| c.policy.clone())
-            .chain(self.gw.servers.iter().map(|(p, _)| p.clone()))
+            .chain(self.gw.servers().iter().map(|(p, _)| p.clone()))
             .filter_map(|p| p.workspace.as_ref().map(|w| w.retain_seconds))
             .max()
             .unwrap_or(0);
@@ -133,9 +133,9 @@ impl Session {
     /// (every one without grants); the others are never started for it.
     pub(crate) fn servers(&self) -> Vec<Arc<upstream::Upstream>> {
         self.upstreams
-            .iter()
+            .all()
+            .into_iter()
             .filter(|u| self.may_use_server(u))
-            .cloned()
             .collect()
     }
 
@@ -377,6 +377,7 @@ impl Session {
     ) -> Result<(), ErrorData> {
         let maybe = self
             .upstreams
+            .all()
             .iter()
             .any(|u| u.known_offers().is_none_or(|o| has(&o)));
         if maybe {

@@ -82,6 +82,8 @@ fn report(tool: &str, tenant: &str, size: usize, pool: &Pool) {
 }
 
 struct Ready {
+    /// What it was started as (a reload can replace it).
+    policy: Arc<ToolPolicy>,
     /// The id it runs under.
     id: String,
     launched: Launched,
@@ -154,8 +156,11 @@ pub(crate) struct WarmPools {
     sandbox: Arc<dyn ServerSandbox>,
     caps: Arc<Caps>,
     broker: Arc<Broker>,
-    /// The servers kept warm.
-    servers: Vec<Arc<ToolPolicy>>,
+    /// The servers kept warm (replaced by a reload).
+    servers: Mutex<Vec<Arc<ToolPolicy>>>,
+    /// The runtime the pools fill in (from the first fill), for a
+    /// reload's refill, which comes from another thread.
+    runtime: OnceLock<tokio::runtime::Handle>,
     pools: Mutex<HashMap<(String, String), Pool>>,
     closed: AtomicBool,
     /// Tools out of service: none of their servers is kept or started.
@@ -173,7 +178,8 @@ impl WarmPools {
             sandbox,
             caps,
             broker,
-            servers: servers.into_iter().filter(|p| warm_of(p) > 0).collect(),
+            servers: Mutex::new(servers.into_iter().filter(|p| warm_of(p) > 0).collect()),
+            runtime: OnceLock::new(),
             pools: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             suspended: Mutex::new(Default::default()),
@@ -183,13 +189,74 @@ impl WarmPools {
     /// Fill every warm server's pool of `tenant` in the background (within
     /// a tokio runtime).
     pub(crate) fn fill(self: &Arc<Self>, tenant: &str) {
-        for p in &self.servers {
-            self.refill(p, tenant);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            let _ = self.runtime.set(h);
+        }
+        for p in self.kept() {
+            self.refill(&p, tenant);
         }
     }
 
-    /// Start as many servers as `tenant`'s pool of `policy` lacks.
+    /// The servers kept warm now.
+    fn kept(&self) -> Vec<Arc<ToolPolicy>> {
+        self.servers.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The policy of `tool` kept warm now, if it is.
+    fn current(&self, tool: &str) -> Option<Arc<ToolPolicy>> {
+        self.kept().into_iter().find(|p| p.name == tool)
+    }
+
+    /// Whether `policy` is still the one of its tool kept warm (a reload
+    /// may have replaced it while a server of it started).
+    fn is_current(&self, policy: &ToolPolicy) -> bool {
+        self.current(&policy.name).is_some_and(|p| *p == *policy)
+    }
+
+    /// A reload changed, added or removed the tools in `changed`
+    /// (`servers`: every server of the new manifest): the waiting servers
+    /// of each are stopped (every tenant's) and the pools of those still
+    /// kept warm refill with the new policy, in the gateway's runtime.
+    pub(crate) fn replace(self: &Arc<Self>, servers: Vec<Arc<ToolPolicy>>, changed: &[String]) {
+        if let Ok(mut s) = self.servers.lock() {
+            *s = servers.into_iter().filter(|p| warm_of(p) > 0).collect();
+        }
+        let mut tenants = std::collections::BTreeSet::new();
+        tenants.insert(cordon_auth::DEFAULT_TENANT.to_string());
+        if let Ok(mut pools) = self.pools.lock() {
+            pools.retain(|(tenant, tool), pool| {
+                if !changed.contains(tool) {
+                    return true;
+                }
+                for r in pool.ready.drain(..) {
+                    r.launched.handle.kill();
+                }
+                tenants.insert(tenant.clone());
+                cordon_runtime::pool_status::remove("mcp", &format!("{tenant}/{tool}"));
+                // One still starting finds its policy replaced and stops.
+                pool.starting > 0
+            });
+        }
+        let Some(rt) = self.runtime.get() else {
+            // Not filled yet: the pools fill when serving starts.
+            return;
+        };
+        let _in = rt.enter();
+        for p in self.kept().iter().filter(|p| changed.contains(&p.name)) {
+            for t in &tenants {
+                self.refill(p, t);
+            }
+        }
+    }
+
+    /// Start as many servers as `tenant`'s pool of `policy`'s tool lacks,
+    /// of the tool's policy kept now (a retry may name one a reload
+    /// replaced).
     fn refill(self: &Arc<Self>, policy: &Arc<ToolPolicy>, tenant: &str) {
+        let Some(policy) = self.current(&policy.name) else {
+            return;
+        };
+        let policy = &policy;
         let want = warm_of(policy);
         if want == 0 || self.closed.load(Ordering::SeqCst) || self.is_suspended(&policy.name) {
             return;
@@ -258,11 +325,14 @@ impl WarmPools {
         pool.starting = pool.starting.saturating_sub(1);
         match started {
             Ok(launched)
-                if !self.closed.load(Ordering::SeqCst) && !self.is_suspended(&policy.name) =>
+                if !self.closed.load(Ordering::SeqCst)
+                    && !self.is_suspended(&policy.name)
+                    && self.is_current(&policy) =>
             {
                 tracing::info!(tool = %policy.name, tenant = %tenant, sandbox = %id, "warm server ready");
                 pool.backoff = None;
                 pool.ready.push_back(Ready {
+                    policy: policy.clone(),
                     id: id.clone(),
                     launched,
                     bound,
@@ -285,7 +355,13 @@ impl WarmPools {
             }
             Ok(launched) => {
                 report(&policy.name, &tenant, warm_of(&policy), pool);
-                launched.handle.kill()
+                drop(pools);
+                launched.handle.kill();
+                if !self.is_current(&policy) {
+                    // Replaced by a reload while it started: its place is
+                    // taken by one of the new policy.
+                    self.refill(&policy, &tenant);
+                }
             }
             Err(why) => {
                 pool.failures += 1;
@@ -352,6 +428,12 @@ impl WarmPools {
                 break None;
             };
             let waited = r.since.elapsed().as_millis() as u64;
+            if *r.policy != **policy {
+                // Started before a reload replaced its tool: never handed
+                // to a session of the new one.
+                r.launched.handle.kill();
+                continue;
+            }
             if !r.launched.alive() {
                 // Ended while it waited: never handed out.
                 r.launched.handle.kill();
@@ -460,11 +542,7 @@ impl WarmPools {
                     for r in pool.ready.drain(..) {
                         r.launched.handle.kill();
                     }
-                    let size = self
-                        .servers
-                        .iter()
-                        .find(|p| p.name == *t)
-                        .map_or(0, |p| warm_of(p));
+                    let size = self.current(t).map_or(0, |p| warm_of(&p));
                     report(t, tenant, size, pool);
                 }
             }

@@ -26,8 +26,9 @@ use serde_json::Value;
 
 type Client = RunningService<RoleClient, ()>;
 
-/// Each server start: the session it was started under, and its handle.
-type Starts = Arc<Mutex<Vec<(String, Arc<dyn ServerHandle>)>>>;
+/// Each server start: the session it was started under, its handle and
+/// its policy's memory limit.
+type Starts = Arc<Mutex<Vec<(String, Arc<dyn ServerHandle>, u64)>>>;
 
 /// Records every server started through it.
 struct Recording {
@@ -43,16 +44,20 @@ impl cordon_mcp::ServerSandbox for Recording {
         argv: &[String],
     ) -> Result<cordon_mcp::ServerProcess, String> {
         let p = self.inner.start(who, policy, argv)?;
-        self.starts
-            .lock()
-            .unwrap()
-            .push((who.session.clone(), p.handle.clone()));
+        self.starts.lock().unwrap().push((
+            who.session.clone(),
+            p.handle.clone(),
+            policy.limits.map_or(0, |l| l.memory_bytes),
+        ));
         Ok(p)
     }
 }
 
 struct Served {
     url: String,
+    /// The manifest (a reload's edits start from it).
+    manifest: String,
+    reloader: cordon_mcp::reload::Reloader,
     audit: PathBuf,
     starts: Starts,
     _gateway: cordon_testkit::serve::Gateway,
@@ -113,6 +118,7 @@ async fn serve_with(warm: u32, extra: &str) -> Option<Served> {
     });
     let loaded = cordon_policy::load(&m).unwrap();
     let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
+    let reloader = gw.reloader();
     assert!(
         gw.tool_names().iter().any(|n| n == "fx"),
         "{:?}",
@@ -121,6 +127,8 @@ async fn serve_with(warm: u32, extra: &str) -> Option<Served> {
     let gateway = cordon_testkit::serve::gateway(gw, HttpOptions::default()).await;
     Some(Served {
         url: gateway.url.clone(),
+        manifest: std::fs::read_to_string(&m).unwrap(),
+        reloader,
         audit,
         starts,
         _gateway: gateway,
@@ -157,7 +165,7 @@ fn started(s: &Served) -> Vec<String> {
         .lock()
         .unwrap()
         .iter()
-        .map(|(id, _)| id.clone())
+        .map(|(id, _, _)| id.clone())
         .collect()
 }
 
@@ -166,8 +174,8 @@ fn handle_of(s: &Served, id: &str) -> Arc<dyn ServerHandle> {
         .lock()
         .unwrap()
         .iter()
-        .find(|(i, _)| i == id)
-        .map(|(_, h)| h.clone())
+        .find(|(i, _, _)| i == id)
+        .map(|(_, h, _)| h.clone())
         .unwrap()
 }
 
@@ -452,4 +460,57 @@ async fn a_failed_warm_start_is_retried_until_a_server_is_ready() {
     ids.dedup();
     assert_eq!(ids.len(), failed.len(), "{recs:?}");
     println!("{} failed starts before the marker was seen", failed.len());
+}
+
+/// A reload that changes a pooled server's policy (a lower memory limit)
+/// stops the servers waiting with the old one and refills the pool with
+/// the new one: a session begun after the reload is handed a server of
+/// the new policy, never one started before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_replaces_the_waiting_servers_of_a_changed_pool() {
+    let Some(s) = serve(1).await else { return };
+    until("a warm server ready", || ready(&s).len() == 1).await;
+    let old = ready(&s)[0].clone();
+    let mem = |id: &str| {
+        s.starts
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(i, _, _)| i == id)
+            .map(|(_, _, m)| *m)
+            .unwrap()
+    };
+    assert_eq!(mem(&old), 256 << 20);
+    let changed = s.manifest.replace("memory: 256M", "memory: 192M");
+    assert_ne!(changed, s.manifest);
+    let new = cordon_policy::load_str(Path::new("cordon.yaml"), &changed)
+        .unwrap()
+        .policy;
+    s.reloader.apply(&new, &["fx".to_string()], &[]).unwrap();
+    // The waiting server of the old policy is stopped, one of the new
+    // policy made ready in its place.
+    until("the old waiting server stopped", || {
+        handle_of(&s, &old).exited().is_some()
+    })
+    .await;
+    until("a server of the new policy ready", || {
+        ready(&s)
+            .iter()
+            .any(|id| *id != old && mem(id) == 192 << 20)
+    })
+    .await;
+    let c = client(&s.url).await;
+    instance(&c).await;
+    let handed: Vec<String> = pool_records(&s)
+        .into_iter()
+        .filter(|r| r.0 == "handed_over")
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    assert_ne!(
+        handed[0], old,
+        "the old policy's server is never handed out"
+    );
+    assert_eq!(mem(&handed[0]), 192 << 20);
+    c.cancel().await.unwrap();
 }
