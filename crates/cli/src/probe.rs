@@ -380,7 +380,16 @@ pub struct NotHeld {
 /// Probe one served tool again (`serve`'s continuous conformance): as
 /// [`probe_tool_at_start`] does, keeping the names of the probes that did
 /// not hold. A run still out of time at the longest wall does not hold.
-pub fn reprobe_tool(p: &ToolPolicy, registry: &Registry) -> Result<(), NotHeld> {
+/// The run's report comes with the verdict (`None`: the run did not
+/// happen).
+pub fn reprobe_tool(p: &ToolPolicy, registry: &Registry) -> (Result<(), NotHeld>, Option<Report>) {
+    match reprobe_report(p, registry) {
+        Ok(report) => (judge(&report), Some(report)),
+        Err(not) => (Err(not), None),
+    }
+}
+
+fn reprobe_report(p: &ToolPolicy, registry: &Registry) -> Result<Report, NotHeld> {
     let setup = |e: anyhow::Error| NotHeld {
         probes: vec!["(set-up)".into()],
         why: format!("{e:#}"),
@@ -399,7 +408,12 @@ pub fn reprobe_tool(p: &ToolPolicy, registry: &Registry) -> Result<(), NotHeld> 
             .0
         }
     };
-    let (n, lines) = not_held_once(&report);
+    Ok(report)
+}
+
+/// Whether `report` holds: `Err` naming every probe that did not.
+fn judge(report: &Report) -> Result<(), NotHeld> {
+    let (n, lines) = not_held_once(report);
     if n == 0 {
         return Ok(());
     }

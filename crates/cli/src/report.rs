@@ -370,6 +370,92 @@ pub fn run(cmd: ReportCmd) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(exit::OK))
 }
 
+/// How many reports of one tool `cordon serve` keeps (the oldest go).
+pub const KEPT_PER_TOOL: usize = 50;
+
+/// Where `cordon serve` keeps a signed report of every probe run it makes
+/// (scheduled, on SIGUSR1, on a changed input, on a reload), and the key
+/// that signs them.
+pub struct Keeper {
+    dir: PathBuf,
+    key: SigningKey,
+}
+
+impl Keeper {
+    /// Reports in `dir` (made, mode 0700, when missing), signed with `key`.
+    pub fn new(dir: PathBuf, key: SigningKey) -> anyhow::Result<Keeper> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("making the report directory {}", dir.display()))?;
+        Ok(Keeper { dir, key })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sign and write the report of one run of `p`'s probes
+    /// (`<tool>-<started>-<trigger>.json`), and remove that tool's oldest
+    /// beyond [`KEPT_PER_TOOL`]. The file written.
+    pub fn keep(
+        &self,
+        p: &ToolPolicy,
+        report: &Report,
+        started: &str,
+        ended: &str,
+        trigger: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let host = doctor::collect(None).0;
+        let tools = [(Subject::tool(p), report.clone())];
+        let bytes = sign(
+            &Run {
+                started,
+                ended,
+                host: &host,
+                tools: &tools,
+                not_probed: &[],
+            },
+            &self.key,
+        )?;
+        let stamp: String = started
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = self.dir.join(format!("{}-{stamp}-{trigger}.json", p.name));
+        write(&path, &bytes)?;
+        self.prune(&p.name);
+        Ok(path)
+    }
+
+    /// Keep the newest [`KEPT_PER_TOOL`] reports of `tool` (names sort by
+    /// time: the stamp is RFC 3339 in UTC).
+    fn prune(&self, tool: &str) {
+        let prefix = format!("{tool}-");
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut mine: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix(&prefix).is_some_and(|rest| {
+                        rest.starts_with(|c: char| c.is_ascii_digit()) && n.ends_with(".json")
+                    })
+                })
+            })
+            .collect();
+        mine.sort();
+        let excess = mine.len().saturating_sub(KEPT_PER_TOOL);
+        for old in &mine[..excess] {
+            let _ = std::fs::remove_file(old);
+        }
+    }
+}
+
 /// The key `probe --report` signs with: an error naming `cordon key init`
 /// when there is none.
 pub fn signing_key(given: Option<&Path>) -> anyhow::Result<SigningKey> {
@@ -389,6 +475,42 @@ pub fn signing_key(given: Option<&Path>) -> anyhow::Result<SigningKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keeper_keeps_the_newest_reports_of_each_tool() {
+        let dir = cordon_testkit::scratch::scratch();
+        crate::key::init(&dir.path().join("k.pem"), false).unwrap();
+        let k = Keeper::new(
+            dir.path().join("r"),
+            SigningKey::load(&dir.path().join("k.pem")).unwrap(),
+        )
+        .unwrap();
+        for i in 0..KEPT_PER_TOOL + 3 {
+            for tool in ["wc", "wc-x"] {
+                std::fs::write(
+                    k.dir()
+                        .join(format!("{tool}-2026-01-01T00-00-{i:02}Z-schedule.json")),
+                    "",
+                )
+                .unwrap();
+            }
+        }
+        k.prune("wc");
+        let names: Vec<String> = std::fs::read_dir(k.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let of = |t: &str| {
+            names
+                .iter()
+                .filter(|n| n.starts_with(&format!("{t}-2026")))
+                .count()
+        };
+        assert_eq!(of("wc"), KEPT_PER_TOOL);
+        // Another tool whose name starts alike is not touched.
+        assert_eq!(of("wc-x"), KEPT_PER_TOOL + 3);
+        assert!(!names.contains(&"wc-2026-01-01T00-00-00Z-schedule.json".to_string()));
+    }
 
     #[test]
     fn an_envelope_verifies_only_unchanged_and_with_its_key() {

@@ -58,6 +58,8 @@ pub struct Reload {
     /// `--reprobe-every`, which a reloaded `gateway: {reprobe}` does not
     /// override.
     pub every_override: Option<Duration>,
+    /// Where a signed report of every run is kept (`None`: no key).
+    pub reports: Option<crate::report::Keeper>,
 }
 
 /// One served tool as the re-prober sees it.
@@ -248,19 +250,38 @@ impl Control {
     ) -> Result<(), crate::probe::NotHeld> {
         let started = Instant::now();
         let at = SystemTime::now();
+        let began = crate::state::now_rfc3339();
         // Blocking, on purpose: this runtime is this thread's alone
         // (a signal that comes meanwhile is kept for the next wait); the
         // sandboxes run and are waited for here, one tool at a time.
         let b = self.broker.clone();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (r, report) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crate::probe::reprobe_tool(p, b.registry())
         }))
         .unwrap_or_else(|_| {
-            Err(crate::probe::NotHeld {
-                probes: vec!["(set-up)".into()],
-                why: "its probe run failed (a panic)".into(),
-            })
+            (
+                Err(crate::probe::NotHeld {
+                    probes: vec!["(set-up)".into()],
+                    why: "its probe run failed (a panic)".into(),
+                }),
+                None,
+            )
         });
+        if let (Some(keeper), Some(report)) = (&self.reload.reports, &report) {
+            match keeper.keep(
+                p,
+                report,
+                &began,
+                &crate::state::now_rfc3339(),
+                trigger.as_str(),
+            ) {
+                Ok(f) => eprintln!("cordon: {}: signed report {}", p.name, f.display()),
+                Err(e) => eprintln!(
+                    "cordon: {}: the signed report was not written: {e:#}",
+                    p.name
+                ),
+            }
+        }
         let took = started.elapsed().as_secs_f64();
         let name = &p.name;
         let t = trigger.as_str();

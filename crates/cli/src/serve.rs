@@ -51,6 +51,16 @@ pub struct ServeArgs {
     /// isolation (by default such a reload is refused, the diff said).
     #[arg(long)]
     pub accept_weakening: bool,
+    /// Keep a signed report of every probe run while serving (scheduled,
+    /// SIGUSR1, a changed input, a reload) in DIR, the newest 50 per tool
+    /// (`cordon report verify` checks one). Default: `reports` in cordon's
+    /// state directory when the signing key exists (`cordon key init`).
+    #[arg(long, value_name = "DIR")]
+    pub reports: Option<std::path::PathBuf>,
+    /// The private key that signs those reports (default: report-key.pem
+    /// in cordon's configuration directory).
+    #[arg(long, value_name = "FILE")]
+    pub report_key: Option<std::path::PathBuf>,
     /// Go on when an audit record cannot be written (default: the call
     /// fails and its result is withheld).
     #[arg(long, env = "CORDON_AUDIT_FAIL_OPEN")]
@@ -482,6 +492,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             accept_weakening: args.accept_weakening,
             no_probe: args.no_probe,
             every_override,
+            reports: report_keeper(args)?,
         },
     )?;
     let transport = match args.http {
@@ -537,6 +548,41 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     served.map_err(|e| anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where `serve` keeps the signed report of each probe run: `--reports`
+/// (its key must exist), else the state directory's `reports` when the
+/// key exists; `None` (said) when there is no key.
+fn report_keeper(args: &ServeArgs) -> anyhow::Result<Option<crate::report::Keeper>> {
+    if args.no_probe {
+        return Ok(None);
+    }
+    let key = crate::key::key_path(args.report_key.as_deref());
+    let key = match (&args.reports, key) {
+        (Some(_), _) => crate::report::signing_key(args.report_key.as_deref())?,
+        (None, Ok(k)) if k.exists() => crate::key::SigningKey::load(&k)?,
+        (None, Ok(k)) => {
+            eprintln!(
+                "cordon: probe runs keep no signed report: no signing key at {} (`cordon key init` makes one)",
+                k.display()
+            );
+            return Ok(None);
+        }
+        (None, Err(e)) => {
+            eprintln!("cordon: probe runs keep no signed report: {e:#}");
+            return Ok(None);
+        }
+    };
+    let dir = match &args.reports {
+        Some(d) => d.clone(),
+        None => crate::state::state_dir()?.join("reports"),
+    };
+    let keeper = crate::report::Keeper::new(dir, key)?;
+    eprintln!(
+        "cordon: probe runs: a signed report of each kept in {}",
+        keeper.dir().display()
+    );
+    Ok(Some(keeper))
 }
 
 #[cfg(test)]

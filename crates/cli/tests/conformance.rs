@@ -711,3 +711,90 @@ async fn a_reload_restarts_a_changed_mcp_server_and_keeps_the_unchanged_one_and_
     c.cancel().await.unwrap();
     watcher.cancel().await.unwrap();
 }
+
+/// `cordon` itself, its output.
+fn cordon(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Every run of a tool's probes while serving (here SIGUSR1's) keeps a
+/// signed report that `cordon report verify` accepts with the key and
+/// refuses with another key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_run_while_serving_keeps_a_signed_report() {
+    let d = tempdir();
+    let m = d.path().join("m.yaml");
+    std::fs::write(&m, counter("128M", "Count v1")).unwrap();
+    let audit = d.path().join("audit.jsonl");
+    let key = d.path().join("k.pem");
+    let other = d.path().join("other.pem");
+    for k in [&key, &other] {
+        let o = cordon(&["key", "init", "--key", k.to_str().unwrap()]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    let reports = d.path().join("reports");
+    let serve = Serve::manifest(env!("CARGO_BIN_EXE_cordon"), &m, &audit)
+        .arg("--reports")
+        .arg(&reports)
+        .arg("--report-key")
+        .arg(&key)
+        .http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    count(&c).await;
+    let kept = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&reports)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    // Only the start's proof so far, which keeps none.
+    assert!(kept().is_empty(), "{:?}", kept());
+    signal("USR1", serve.pid());
+    let begun = Instant::now();
+    let file = loop {
+        if let Some(f) = kept()
+            .into_iter()
+            .find(|f| f.to_string_lossy().ends_with("-signal.json"))
+        {
+            break f;
+        }
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no report {DEADLINE:?} after SIGUSR1"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        file.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("counter-"),
+        "{file:?}"
+    );
+    let f = file.to_str().unwrap();
+    let o = cordon(&[
+        "report",
+        "verify",
+        f,
+        "--key",
+        &format!("{}.pub", key.display()),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("tool counter (P1, native, policy sha256:"),
+        "{out}"
+    );
+    assert!(out.contains("no probe escaped"), "{out}");
+    let o = cordon(&[
+        "report",
+        "verify",
+        f,
+        "--key",
+        &format!("{}.pub", other.display()),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "another key refuses it: {o:?}");
+    c.cancel().await.unwrap();
+}
