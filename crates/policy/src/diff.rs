@@ -496,6 +496,39 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 out.push(change(t, "command", &show(c1), &show(c2), true));
             }
         }
+        (
+            Exec::Wasm {
+                module: m1,
+                sha256: s1,
+                argv: a1,
+                worker: w1,
+            },
+            Exec::Wasm {
+                module: m2,
+                sha256: s2,
+                argv: a2,
+                worker: w2,
+            },
+        ) => {
+            if m1 != m2 || s1 != s2 {
+                let show = |m: &str, s: &str| format!("{m} (sha256 {s})");
+                // The same pinned bytes elsewhere are the same module.
+                out.push(change(t, "module", &show(m1, s1), &show(m2, s2), s1 != s2));
+            }
+            if a1 != a2 {
+                out.push(change(t, "command", &a1.join(" "), &a2.join(" "), true));
+            }
+            if w1 != w2 {
+                // A worker's calls share one jail: only Wasm separates them.
+                out.push(change(
+                    t,
+                    "module.worker",
+                    &w1.to_string(),
+                    &w2.to_string(),
+                    *w2,
+                ));
+            }
+        }
         (Exec::Command { argv: a }, Exec::Command { argv: b }) => {
             out.push(change(t, "command", &a.join(" "), &b.join(" "), true));
         }

@@ -302,6 +302,12 @@ pub struct WasmModule {
     pub path: String,
     /// Its sha256, 64 hex digits: a module with other bytes is refused.
     pub sha256: String,
+    /// Serve calls from a warm worker: one runner in one jail kept
+    /// between calls, each call a fresh instance of the module (nothing of
+    /// one call's memory or WASI state is kept for the next; the jail
+    /// around them is shared). Default false: a jail per call.
+    #[serde(default)]
+    pub worker: bool,
 }
 
 /// The only value `network:` takes.

@@ -132,6 +132,9 @@ pub enum Exec {
         module: String,
         sha256: String,
         argv: Vec<String>,
+        /// Calls served by a warm worker (`module: {worker: true}`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        worker: bool,
     },
     /// The manifest names no program yet (allowed, e.g. a P3 runtime still
     /// to be given an image); such a tool is refused at run time.

@@ -1639,6 +1639,7 @@ fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
             module: module.to_string_lossy().into_owned(),
             sha256: m.value.sha256.to_ascii_lowercase(),
             argv,
+            worker: m.value.worker,
         }
     } else if let Some(img) = &t.image {
         let (reference, digest) =

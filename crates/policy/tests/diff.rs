@@ -318,3 +318,35 @@ fn allowing_sampling_or_elicitation_is_a_weakening() {
         assert!(!hit[0].weakens, "{}", hit[0]);
     }
 }
+
+/// A Wasm tool: another module weakens (other code), the same pinned bytes
+/// at another path do not; serving from a warm worker weakens (its calls
+/// share one jail), back to a jail per call does not.
+#[test]
+fn a_wasm_tools_module_and_worker() {
+    let h = "a".repeat(64);
+    let h2 = "b".repeat(64);
+    let wasm = |path: &str, sha: &str, worker: bool| {
+        format!(
+            "tools:\n  w:\n    profile: P1\n    runtime: wasm\n    network: none\n    module: {{path: {path}, sha256: {sha}, worker: {worker}}}\n"
+        )
+    };
+    let diff_of = |a: &str, b: &str| {
+        let a = load_str(Path::new("a.yaml"), a).unwrap();
+        let b = load_str(Path::new("a.yaml"), b).unwrap();
+        diff(&a.policy, &b.policy)
+    };
+    let only = |c: Vec<Change>, field: &str| {
+        assert_eq!(c.len(), 1, "{c:#?}");
+        assert_eq!(c[0].field, field, "{c:#?}");
+        c[0].weakens
+    };
+    let base = wasm("/m.wasm", &h, false);
+    assert!(only(diff_of(&base, &wasm("/m.wasm", &h2, false)), "module"));
+    assert!(!only(diff_of(&base, &wasm("/elsewhere/m.wasm", &h, false)), "module"));
+    assert!(only(diff_of(&base, &wasm("/m.wasm", &h, true)), "module.worker"));
+    assert!(!only(
+        diff_of(&wasm("/m.wasm", &h, true), &base),
+        "module.worker"
+    ));
+}

@@ -778,6 +778,7 @@ fn a_wasm_tool_needs_its_pinned_module_and_p1() {
             module: "dir/m.wasm".into(),
             sha256: h.clone(),
             argv: vec!["m".into()],
+            worker: false,
         }
     );
     assert_one(

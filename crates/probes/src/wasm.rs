@@ -126,6 +126,8 @@ impl WasmTarget {
         spec.wasm = Some(WasmModule {
             path: self.module.clone(),
             sha256: hex::encode(Sha256::digest(&bytes)),
+            // A tool served by a warm worker is probed through one.
+            worker: self.spec.wasm.as_ref().is_some_and(|w| w.worker),
         });
         spec.argv = std::iter::once("cordon-probe".to_string())
             .chain(args.iter().cloned())

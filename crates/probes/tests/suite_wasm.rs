@@ -92,6 +92,7 @@ fn spec(s: &Setup) -> SandboxSpec {
     spec.wasm = Some(WasmModule {
         path: s.module.clone(),
         sha256: cordon_wasm_sha(&s.module),
+        worker: false,
     });
     spec.limits.memory_bytes = 128 << 20;
     spec.limits.output_bytes = 64 << 10;

@@ -29,6 +29,7 @@ pub mod spec;
 pub mod supervisor;
 pub mod volume;
 pub mod wasm;
+pub mod wasm_worker;
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;

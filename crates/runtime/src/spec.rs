@@ -64,6 +64,8 @@ pub struct WasmModule {
     pub path: std::path::PathBuf,
     /// Its pinned sha256 (lowercase hex).
     pub sha256: String,
+    /// Calls served by a warm worker ([`crate::wasm_worker`]).
+    pub worker: bool,
 }
 
 /// The longest message a spawned sandbox may write when its results are
@@ -157,9 +159,15 @@ pub fn lower(
         state: p.state.clone(),
         user,
         wasm: match &p.exec {
-            Exec::Wasm { module, sha256, .. } => Some(WasmModule {
+            Exec::Wasm {
+                module,
+                sha256,
+                worker,
+                ..
+            } => Some(WasmModule {
                 path: module.into(),
                 sha256: sha256.clone(),
+                worker: *worker,
             }),
             _ => None,
         },

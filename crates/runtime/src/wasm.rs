@@ -89,6 +89,8 @@ pub struct Wasm {
     /// the compile step's process (the module's digest is still checked
     /// on every call, and the runner checks the code's before loading it).
     known: Mutex<Vec<Known>>,
+    /// Warm workers of `module: {worker: true}` tools.
+    workers: crate::wasm_worker::Workers,
 }
 
 /// A file's identity: device, inode, size and modification time.
@@ -131,7 +133,179 @@ impl Wasm {
             compiled: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             known: Mutex::new(Vec::new()),
+            workers: Default::default(),
         }
+    }
+
+    /// Warm workers started so far.
+    pub fn workers_started(&self) -> u64 {
+        self.workers.started()
+    }
+
+    /// Warm workers waiting for a call now.
+    pub fn idle_workers(&self) -> usize {
+        self.workers.idle()
+    }
+
+    /// The native spec of a warm worker of `spec`: the runner serving
+    /// calls (`cordon-wasm serve`) with the call's caps, in a jail whose
+    /// wall clock is the worker's life and whose output bound is a whole
+    /// reply's.
+    fn lower_worker(&self, spec: &SandboxSpec, code: &Compiled) -> SandboxSpec {
+        let mut n = self.lower(spec, Some(code));
+        let run = n.argv.split_off(2);
+        n.argv.truncate(1);
+        n.argv.extend([
+            "serve".to_string(),
+            "--output-bytes".into(),
+            spec.limits.output_bytes.to_string(),
+            "--stderr-bytes".into(),
+            spec.limits.stderr_bytes.to_string(),
+        ]);
+        n.argv.extend(run);
+        n.limits.wall = crate::wasm_worker::WORKER_WALL;
+        n.limits.output_bytes =
+            cordon_wasm_wire::reply_max(spec.limits.output_bytes, spec.limits.stderr_bytes);
+        n
+    }
+
+    /// One call on a warm worker of `spec` (`module: {worker: true}`).
+    fn run_on_worker(
+        &self,
+        spec: &SandboxSpec,
+        code: &Compiled,
+        input: &[u8],
+        ctx: &Context,
+    ) -> Result<Outcome, RunError> {
+        use crate::wasm_worker::Failed;
+        use cordon_wasm_wire::End;
+        let lowered = self.lower_worker(spec, code);
+        let key = format!("{lowered:?}");
+        let began = std::time::Instant::now();
+        let wait = spec.limits.wall.saturating_add(WALL_MARGIN);
+        let bounds = cordon_wasm_wire::Bounds {
+            stdout: spec.limits.output_bytes,
+            stderr: spec.limits.stderr_bytes,
+            text: cordon_wasm_wire::TEXT_MAX,
+        };
+        let r = self.workers.call(
+            &key,
+            || self.native.spawn(&lowered, ctx),
+            input,
+            wait,
+            bounds,
+        );
+        let duration = began.elapsed();
+        let landlock = self.landlock(spec);
+        let mut o = Outcome {
+            status: Status::Ok,
+            exit_code: None,
+            signal: None,
+            duration,
+            setup: None,
+            peak_memory_bytes: None,
+            stdout: Vec::new(),
+            output_bytes: 0,
+            stderr: Vec::new(),
+            stderr_total: 0,
+            reason: String::new(),
+            warnings: vec![format!(
+                "{}: served by a warm Wasm worker (module: {{worker: true}}): a fresh instance of the module, in a jail shared with the tool's earlier calls",
+                spec.tool
+            )],
+            landlock,
+        };
+        let (reply, _fresh) = match r {
+            Ok(r) => r,
+            Err(Failed::Start(e)) => return Err(e),
+            Err(Failed::Timeout) => {
+                o.status = Status::TimedOut;
+                o.reason = format!(
+                    "{}: timed out after {}: the worker did not answer and was killed",
+                    spec.tool,
+                    cordon_sandbox::units::format_duration(spec.limits.wall)
+                );
+                return Ok(o);
+            }
+            Err(Failed::Broken(why, jail)) => {
+                return match jail {
+                    Some(j) if j.status == Status::MemoryLimit => {
+                        o.status = Status::MemoryLimit;
+                        o.peak_memory_bytes = j.peak_memory_bytes;
+                        o.reason = format!(
+                            "{}: the worker's jail reached its memory limit and was killed",
+                            spec.tool
+                        );
+                        Ok(o)
+                    }
+                    Some(j) => {
+                        // The runner said why it could not serve (the code
+                        // does not load...): that is the reason.
+                        let text = String::from_utf8_lossy(&j.stderr);
+                        let said = text.lines().find_map(|l| l.strip_prefix(SETUP_MARKER));
+                        Err(RunError::Setup(match said {
+                            Some(s) => format!("{}: {s}", spec.tool),
+                            None => format!("{}: the wasm worker failed: {why}", spec.tool),
+                        }))
+                    }
+                    None => Err(RunError::Setup(format!(
+                        "{}: the wasm worker failed: {why}",
+                        spec.tool
+                    ))),
+                };
+            }
+        };
+        o.setup = Some(duration.saturating_sub(reply.run));
+        o.output_bytes = reply.stdout.len() as u64 + u64::from(reply.stdout_over);
+        o.stdout = reply.stdout;
+        o.stderr = reply.stderr;
+        o.stderr_total = reply.stderr_total;
+        // As the runner's own process would have ended: its markers on
+        // stderr, read by `finish` as for a call in a jail of its own.
+        match reply.end {
+            _ if reply.stdout_over => {
+                o.status = Status::OutputCap;
+                o.reason = format!(
+                    "{}: output over cap ({} bytes)",
+                    spec.tool, spec.limits.output_bytes
+                );
+                return Ok(o);
+            }
+            End::Exit(c) => {
+                o.exit_code = Some(c);
+                o.status = if c == 0 { Status::Ok } else { Status::Exited };
+                if c != 0 {
+                    o.reason = format!("{}: exited with {c}", spec.tool);
+                }
+            }
+            End::Trap { kind, detail } => {
+                o.exit_code = Some(TRAP_EXIT);
+                o.status = Status::Exited;
+                o.stderr
+                    .extend_from_slice(format!("{detail}\n{TRAP_MARKER}{kind}\n").as_bytes());
+            }
+            End::Setup(why) => {
+                o.exit_code = Some(SETUP_EXIT);
+                o.status = Status::Exited;
+                o.stderr
+                    .extend_from_slice(format!("{SETUP_MARKER}{why}\n").as_bytes());
+            }
+        }
+        finish(spec, o)
+    }
+
+    /// Landlock as the jail applies it to `spec`'s sandboxes.
+    fn landlock(&self, spec: &SandboxSpec) -> cordon_sandbox::LandlockStatus {
+        use cordon_sandbox::LandlockStatus as L;
+        self.native
+            .mechanisms(spec)
+            .into_iter()
+            .find(|m| m.mechanism == crate::mechanism::Mechanism::Landlock)
+            .map_or(L::NotEnforced, |m| match m.state {
+                State::Enforced => L::FullyEnforced,
+                State::Partial(_) => L::PartiallyEnforced,
+                State::Missing(_) => L::NotEnforced,
+            })
     }
 
     /// With a jail of its own.
@@ -424,6 +598,20 @@ impl Runtime for Wasm {
 
     fn run(&self, spec: &SandboxSpec, input: Vec<u8>, ctx: &Context) -> Result<Outcome, RunError> {
         let code = self.compile(spec)?;
+        if spec.wasm.as_ref().is_some_and(|w| w.worker) {
+            return match self.run_on_worker(spec, &code, &input, ctx) {
+                // As below: the cache file changed under a remembered
+                // entry; compile (or find) it again, once.
+                Err(RunError::Setup(why)) if why.contains("refusing to load it") => {
+                    if let Ok(mut known) = self.known.lock() {
+                        known.clear();
+                    }
+                    let code = self.compile(spec)?;
+                    self.run_on_worker(spec, &code, &input, ctx)
+                }
+                other => other,
+            };
+        }
         let lowered = self.lower(spec, Some(&code));
         match self
             .native

@@ -35,6 +35,8 @@ use wasmtime::{Config, Engine, Linker, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
 
+pub mod worker;
+
 /// The runner's exit code for a trap (the kind is on stderr's last line).
 pub const TRAP_EXIT: i32 = 125;
 /// The start of the runner's last stderr line for a trap.
@@ -294,6 +296,9 @@ pub enum Failure {
     Trap(TrapKind, String),
     /// Nothing ran: why.
     Setup(String),
+    /// It wrote past its output cap and was stopped there (a worker's
+    /// call; a runner alone is stopped by the jail).
+    OutputCap,
 }
 
 /// One run inside the jail.
@@ -367,8 +372,17 @@ struct State {
     limiter: Limiter,
 }
 
-/// Run the compiled module: its exit code, or how it failed.
-pub fn run(o: &RunOptions) -> Result<i32, Failure> {
+/// A module loaded and linked once, run any number of times, each run in a
+/// fresh [`Store`] and instance (the warm worker, [`crate::worker`]).
+pub struct Loaded {
+    engine: Engine,
+    module: wasmtime::Module,
+    linker: Linker<State>,
+}
+
+/// Load the compiled code (only when its sha256 is the one recorded) and
+/// link WASI preview 1.
+pub fn load(o: &RunOptions) -> Result<Loaded, Failure> {
     let engine = engine().map_err(Failure::Setup)?;
     let code = fs::read(&o.code)
         .map_err(|e| Failure::Setup(format!("compiled code {}: {e}", o.code.display())))?;
@@ -383,17 +397,74 @@ pub fn run(o: &RunOptions) -> Result<i32, Failure> {
     let module = cordon_sys_wasm::deserialize_verified(&engine, &code)
         .map_err(|e| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display())))?;
     drop(code);
+    let mut linker: Linker<State> = Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
+        .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
+    Ok(Loaded {
+        engine,
+        module,
+        linker,
+    })
+}
 
+/// Where a run's stdio goes.
+pub(crate) enum Stdio {
+    /// The runner's own (one run per process).
+    Inherit,
+    /// In memory (a worker's call): stdin given, stdout and stderr kept
+    /// up to their caps.
+    Memory {
+        stdin: Vec<u8>,
+        stdout: worker::Capped,
+        stderr: worker::Capped,
+    },
+}
+
+/// Run the compiled module: its exit code, or how it failed.
+pub fn run(o: &RunOptions) -> Result<i32, Failure> {
+    let loaded = load(o)?;
+    // The deadline: one epoch tick when the wall clock runs out.
+    let ticker = loaded.engine.clone();
+    let wall = o.wall;
+    std::thread::Builder::new()
+        .name("wasm-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(wall);
+            ticker.increment_epoch();
+        })
+        .map_err(|e| Failure::Setup(format!("deadline thread: {e}")))?;
+    run_in(&loaded, o, Stdio::Inherit, 1)
+}
+
+/// One run of `loaded` in a fresh store and instance, stopped at the
+/// `deadline`-th epoch tick from now.
+pub(crate) fn run_in(
+    loaded: &Loaded,
+    o: &RunOptions,
+    stdio: Stdio,
+    deadline: u64,
+) -> Result<i32, Failure> {
     let mut b = WasiCtxBuilder::new();
     b.args(&o.argv)
         .inherit_env()
-        .inherit_stdin()
-        .inherit_stdout()
-        .inherit_stderr()
         .allow_blocking_current_thread(true)
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
+    match stdio {
+        Stdio::Inherit => {
+            b.inherit_stdin().inherit_stdout().inherit_stderr();
+        }
+        Stdio::Memory {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            b.stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(stdin))
+                .stdout(stdout)
+                .stderr(stderr);
+        }
+    }
     for d in &o.dirs {
         b.preopened_dir(d, d, DirPerms::READ, FilePerms::READ)
             .map_err(|e| Failure::Setup(format!("preopen {d}: {e:#}")))?;
@@ -404,28 +475,14 @@ pub fn run(o: &RunOptions) -> Result<i32, Failure> {
             memory: usize::try_from(o.memory).unwrap_or(usize::MAX),
         },
     };
-    let mut store = Store::new(&engine, state);
+    let mut store = Store::new(&loaded.engine, state);
     store.limiter(|s| &mut s.limiter);
-    store.set_epoch_deadline(1);
+    store.set_epoch_deadline(deadline);
     store.epoch_deadline_trap();
 
-    let mut linker: Linker<State> = Linker::new(&engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
-        .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
-
-    // The deadline: one epoch tick when the wall clock runs out.
-    let ticker = engine.clone();
-    let wall = o.wall;
-    std::thread::Builder::new()
-        .name("wasm-deadline".into())
-        .spawn(move || {
-            std::thread::sleep(wall);
-            ticker.increment_epoch();
-        })
-        .map_err(|e| Failure::Setup(format!("deadline thread: {e}")))?;
-
-    let result = linker
-        .instantiate(&mut store, &module)
+    let result = loaded
+        .linker
+        .instantiate(&mut store, &loaded.module)
         .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
         .and_then(|start| start.call(&mut store, ()));
     match result {
@@ -445,6 +502,11 @@ enum Classified {
 fn classify(e: wasmtime::Error) -> Classified {
     if let Some(x) = e.downcast_ref::<I32Exit>() {
         return Classified::Exit(x.0);
+    }
+    if e.downcast_ref::<worker::OutputCapHit>().is_some()
+        || format!("{e:#}").contains(worker::OUTPUT_CAP_HIT)
+    {
+        return Classified::Failure(Failure::OutputCap);
     }
     if let Some(m) = e.downcast_ref::<MemoryLimitHit>() {
         return Classified::Failure(Failure::Trap(TrapKind::MemoryLimit, m.to_string()));

@@ -5,6 +5,8 @@
 //!     -> stdout: `hit|compiled CODE_SHA256 CODE_PATH`
 //! cordon-wasm run --code PATH --code-sha256 HEX --memory BYTES --wall-ms MS
 //!     [--dir PATH]... -- ARGV0 [ARG]...
+//! cordon-wasm serve --output-bytes N --stderr-bytes N (then as run)
+//!     -> one call per request on stdin, one reply each on stdout
 //! ```
 //!
 //! cordon starts it; it is not meant to be run by hand.
@@ -22,6 +24,13 @@ fn main() -> ExitCode {
         Some("compile") => compile(&args[1..]),
         Some("run") => match parse_run(&args[1..]) {
             Ok(o) => run(&o),
+            Err(e) => setup_failed(&e),
+        },
+        Some("serve") => match parse_serve(&args[1..]) {
+            Ok((o, out, err)) => match cordon_wasm::worker::serve(&o, out, err) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => setup_failed(&e),
+            },
             Err(e) => setup_failed(&e),
         },
         Some("version") => {
@@ -97,6 +106,29 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
     Ok(o)
 }
 
+/// `serve`'s caps, then `run`'s options.
+fn parse_serve(args: &[String]) -> Result<(RunOptions, u64, u64), String> {
+    let mut caps = [None, None];
+    let mut rest = args;
+    while let [flag, value, tail @ ..] = rest {
+        let at = match flag.as_str() {
+            "--output-bytes" => 0,
+            "--stderr-bytes" => 1,
+            _ => break,
+        };
+        caps[at] = Some(
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag}: not a number"))?,
+        );
+        rest = tail;
+    }
+    let [Some(out), Some(err)] = caps else {
+        return Err("serve needs --output-bytes and --stderr-bytes".into());
+    };
+    Ok((parse_run(rest)?, out, err))
+}
+
 fn setup_failed(why: &str) -> ExitCode {
     eprintln!("{SETUP_MARKER}{why}");
     ExitCode::from(SETUP_EXIT as u8)
@@ -106,6 +138,8 @@ fn run(o: &RunOptions) -> ExitCode {
     match cordon_wasm::run(o) {
         Ok(code) => ExitCode::from((code & 0xff) as u8),
         Err(Failure::Setup(why)) => setup_failed(&why),
+        // Only a worker's calls have an output cap of their own.
+        Err(Failure::OutputCap) => setup_failed("output past its cap"),
         Err(Failure::Trap(kind, detail)) => {
             // Last: the runtime reads the kind from stderr's last line.
             eprintln!("{detail}");

@@ -83,6 +83,7 @@ fn spec(module: &Path, argv: &[&str]) -> SandboxSpec {
     s.wasm = Some(WasmModule {
         path: module.to_path_buf(),
         sha256: sha(module),
+        worker: false,
     });
     s.limits.wall = Duration::from_secs(20);
     s
@@ -194,6 +195,7 @@ fn a_module_whose_sha256_differs_is_refused() {
     wrong.wasm = Some(WasmModule {
         path: m.clone(),
         sha256: expected.clone(),
+        worker: false,
     });
     let want = format!("sha256 mismatch: expected {expected}, actual {actual}");
     let problems = rt.check(&wrong).problems;
@@ -354,4 +356,116 @@ fn the_examples_pin_is_the_module_its_source_builds() {
         pinned, built,
         "examples/wasm.yaml pins another build of examples/wasm/json-check.c"
     );
+}
+
+/// A module that prints a digit, then its stdin (up to 64 bytes): the
+/// digit is '0' + a global it increments + a byte of linear memory it sets,
+/// so a fresh instance prints `1`, and one whose globals and memory were
+/// kept from a run before prints `3`.
+fn stateful(d: &Path) -> PathBuf {
+    wat(
+        d,
+        "stateful",
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (global $g (mut i32) (i32.const 0))
+  (func (export "_start")
+    (global.set $g (i32.add (global.get $g) (i32.const 1)))
+    (i32.store8 (i32.const 100)
+      (i32.add (i32.const 48) (i32.add (global.get $g) (i32.load8_u (i32.const 600)))))
+    (i32.store8 (i32.const 600) (i32.const 1))
+    (i32.store (i32.const 16) (i32.const 300))
+    (i32.store (i32.const 20) (i32.const 64))
+    (drop (call $read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 24)))
+    (i32.store (i32.const 0) (i32.const 100))
+    (i32.store (i32.const 4) (i32.const 1))
+    (i32.store (i32.const 8) (i32.const 300))
+    (i32.store (i32.const 12) (i32.load (i32.const 24)))
+    ;; One iovec a call: WASI writes the first non-empty one.
+    (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 28)))
+    (drop (call $write (i32.const 1) (i32.const 8) (i32.const 1) (i32.const 28)))))"#,
+    )
+}
+
+fn worker(mut s: SandboxSpec) -> SandboxSpec {
+    if let Some(w) = s.wasm.as_mut() {
+        w.worker = true;
+    }
+    s
+}
+
+wasm_test!(a_warm_worker_serves_each_call_in_a_fresh_instance);
+fn a_warm_worker_serves_each_call_in_a_fresh_instance() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let m = stateful(&d);
+    // Positive control: in a jail per call, each run is a fresh process.
+    let o = call(&rt, &spec(&m, &["stateful"]), b"a");
+    assert_eq!((o.status, text(&o.stdout)), (Status::Ok, "1a".into()));
+    assert_eq!(rt.workers_started(), 0);
+    // Through one warm worker: every call its own stdin, and nothing of
+    // the call before (its global, its memory) is seen.
+    let s = worker(spec(&m, &["stateful"]));
+    for input in ["first", "second", "third"] {
+        let o = call(&rt, &s, input.as_bytes());
+        assert_eq!(
+            (o.status, text(&o.stdout)),
+            (Status::Ok, format!("1{input}")),
+            "{o:?}"
+        );
+        assert!(
+            o.warnings.iter().any(|w| w.contains("warm Wasm worker")),
+            "the call says how it ran: {:?}",
+            o.warnings
+        );
+    }
+    assert_eq!(rt.workers_started(), 1, "one worker served all three");
+    assert_eq!(rt.idle_workers(), 1);
+}
+
+wasm_test!(a_warm_workers_calls_keep_their_limits_and_a_failed_call_harms_no_other);
+fn a_warm_workers_calls_keep_their_limits_and_a_failed_call_harms_no_other() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let ok = worker(spec(&stateful(&d), &["stateful"]));
+    let spin = wat(
+        &d,
+        "spin",
+        r#"(module (func (export "_start") (loop $l (br $l))))"#,
+    );
+    let mut s = worker(spec(&spin, &["spin"]));
+    s.limits.wall = Duration::from_secs(1);
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::TimedOut, "{o:?} {}", text(&o.stderr));
+    assert!(o.reason.contains("wasm trap: time limit"), "{}", o.reason);
+
+    let mut s = worker(spec(&grower(&d, 1536), &["grow"]));
+    s.limits.memory_bytes = 256 << 20;
+    assert_eq!(call(&rt, &s, b"").status, Status::Ok);
+    s.limits.memory_bytes = 64 << 20;
+    let o = call(&rt, &s, b"");
+    assert_eq!(o.status, Status::MemoryLimit, "{o:?} {}", text(&o.stderr));
+
+    // 64 bytes of stdin echoed: past a cap of 10 the call is stopped.
+    let mut capped = ok.clone();
+    capped.limits.output_bytes = 10;
+    let o = call(&rt, &capped, &[b'x'; 64]);
+    assert_eq!(o.status, Status::OutputCap, "{o:?}");
+    assert!(o.stdout.len() <= 10, "{o:?}");
+    // Within the cap: the same worker answers.
+    let o = call(&rt, &capped, b"abc");
+    assert_eq!((o.status, text(&o.stdout)), (Status::Ok, "1abc".into()));
+
+    let mut trap = worker(spec(
+        &wat(&d, "unreachable", r#"(module (func (export "_start") unreachable))"#),
+        &["u"],
+    ));
+    trap.limits.wall = Duration::from_secs(5);
+    let o = call(&rt, &trap, b"");
+    assert!(o.reason.contains("wasm trap: unreachable"), "{o:?}");
+    // After all of it, a call is as on a fresh worker.
+    let o = call(&rt, &ok, b"z");
+    assert_eq!((o.status, text(&o.stdout)), (Status::Ok, "1z".into()));
 }
