@@ -343,8 +343,14 @@ fn a_wasm_tools_module_and_worker() {
     };
     let base = wasm("/m.wasm", &h, false);
     assert!(only(diff_of(&base, &wasm("/m.wasm", &h2, false)), "module"));
-    assert!(!only(diff_of(&base, &wasm("/elsewhere/m.wasm", &h, false)), "module"));
-    assert!(only(diff_of(&base, &wasm("/m.wasm", &h, true)), "module.worker"));
+    assert!(!only(
+        diff_of(&base, &wasm("/elsewhere/m.wasm", &h, false)),
+        "module"
+    ));
+    assert!(only(
+        diff_of(&base, &wasm("/m.wasm", &h, true)),
+        "module.worker"
+    ));
     assert!(!only(
         diff_of(&wasm("/m.wasm", &h, true), &base),
         "module.worker"

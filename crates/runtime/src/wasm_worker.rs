@@ -58,7 +58,7 @@ pub(crate) enum Failed {
     Timeout,
     /// The worker ended, or its reply was unreadable (why): it was killed;
     /// its jail's outcome, when it has one.
-    Broken(String, Option<cordon_sandbox::Outcome>),
+    Broken(String, Option<Box<cordon_sandbox::Outcome>>),
     /// No worker could be started.
     Start(RunError),
 }
@@ -118,7 +118,7 @@ impl Workers {
                 w.spawned.handle.kill();
                 Err(match f {
                     Failed::Broken(why, None) => {
-                        let o = w.spawned.handle.wait().ok();
+                        let o = w.spawned.handle.wait().ok().map(Box::new);
                         Failed::Broken(why, o)
                     }
                     other => other,
@@ -171,10 +171,7 @@ impl Drop for Workers {
 }
 
 impl Workers {
-    fn new_worker(
-        &self,
-        spawn: &impl Fn() -> Result<Spawned, RunError>,
-    ) -> Result<Worker, Failed> {
+    fn new_worker(&self, spawn: &impl Fn() -> Result<Spawned, RunError>) -> Result<Worker, Failed> {
         let w = new_worker(spawn)?;
         self.started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -220,7 +217,10 @@ impl std::io::Read for Deadline<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(std::io::Error::new(ErrorKind::TimedOut, "past the deadline"));
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "past the deadline",
+            ));
         }
         self.s.set_read_timeout(Some(left))?;
         self.s.read(buf)

@@ -128,7 +128,16 @@ pub fn read_reply(r: &mut impl Read, bounds: Bounds) -> io::Result<Reply> {
         r.read_exact(&mut b)?;
         *h = u64::from_le_bytes(b);
     }
-    let [tag, code, text_len, out_len, over, err_len, err_total, run_us] = head;
+    let [
+        tag,
+        code,
+        text_len,
+        out_len,
+        over,
+        err_len,
+        err_total,
+        run_us,
+    ] = head;
     for (what, len, max) in [
         ("text", text_len, bounds.text.min(TEXT_MAX)),
         ("stdout", out_len, bounds.stdout),
@@ -241,12 +250,12 @@ mod tests {
         };
         let mut buf = Vec::new();
         write_reply(&mut buf, &reply).unwrap();
-        let tight = Bounds {
-            stdout: 99,
-            ..WIDE
-        };
+        let tight = Bounds { stdout: 99, ..WIDE };
         let e = read_reply(&mut &buf[..], tight).unwrap_err();
-        assert!(e.to_string().contains("stdout of 100 bytes, past 99"), "{e}");
+        assert!(
+            e.to_string().contains("stdout of 100 bytes, past 99"),
+            "{e}"
+        );
         // A stream cut inside a reply.
         let e = read_reply(&mut &buf[..buf.len() - 1], WIDE).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

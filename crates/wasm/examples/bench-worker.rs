@@ -33,7 +33,8 @@ fn root() -> PathBuf {
 }
 
 fn document(size: usize) -> Vec<u8> {
-    let item = r#"{"id": 12345, "name": "caf\u00e9 \"x\"", "tags": [true, false, null], "v": -1.5e3}"#;
+    let item =
+        r#"{"id": 12345, "name": "caf\u00e9 \"x\"", "tags": [true, false, null], "v": -1.5e3}"#;
     let n = size / (item.len() + 1);
     format!("[{}]", vec![item; n].join(",")).into_bytes()
 }
@@ -113,9 +114,14 @@ fn main() -> Result<(), String> {
         }
         Ok(took)
     };
-    println!("| work | native P1 jail ms | wasm, jail per call ms (ratio) | wasm worker ms (ratio) |");
+    println!(
+        "| work | native P1 jail ms | wasm, jail per call ms (ratio) | wasm worker ms (ratio) |"
+    );
     println!("|---|---:|---:|---:|");
-    for (label, input) in [("`[]`", b"[]".to_vec()), ("1 MiB of JSON", document(1 << 20))] {
+    for (label, input) in [
+        ("`[]`", b"[]".to_vec()),
+        ("1 MiB of JSON", document(1 << 20)),
+    ] {
         // Warm-up: the cache filled, the worker started.
         run(&wasm, &per_call, &input)?;
         run(&wasm, &worker, &input)?;

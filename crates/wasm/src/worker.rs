@@ -283,9 +283,7 @@ mod tests {
             .linker
             .instantiate(&mut store, &loaded.module)
             .unwrap();
-        let start = inst
-            .get_typed_func::<(), ()>(&mut store, "_start")
-            .unwrap();
+        let start = inst.get_typed_func::<(), ()>(&mut store, "_start").unwrap();
         start.call(&mut store, ()).unwrap();
         start.call(&mut store, ()).unwrap();
         assert_eq!(printed(&out), "13", "a kept instance keeps its state");

@@ -459,7 +459,11 @@ fn a_warm_workers_calls_keep_their_limits_and_a_failed_call_harms_no_other() {
     assert_eq!((o.status, text(&o.stdout)), (Status::Ok, "1abc".into()));
 
     let mut trap = worker(spec(
-        &wat(&d, "unreachable", r#"(module (func (export "_start") unreachable))"#),
+        &wat(
+            &d,
+            "unreachable",
+            r#"(module (func (export "_start") unreachable))"#,
+        ),
         &["u"],
     ));
     trap.limits.wall = Duration::from_secs(5);
