@@ -6,8 +6,9 @@
 //!
 //! - **Filled in the background**: the default tenant's pools when the
 //!   gateway starts serving, another tenant's when one of its sessions
-//!   first finds its pool empty (that session starts its server cold), and
-//!   each pool again after every hand-over.
+//!   first finds its pool empty (that session starts its server cold),
+//!   each pool again after every hand-over, and a tool's pools when it
+//!   returns to service or a reload changes it.
 //! - **Checked before the hand-over**: a server whose sandbox has ended or
 //!   whose connection closed while it waited is discarded (stopped, an
 //!   audit record with `pool.event: discarded`), never handed out; the
@@ -549,11 +550,34 @@ impl WarmPools {
         }
     }
 
-    /// `tool` is back in service: its pools fill again at their next
-    /// take (a session asking for its server).
-    pub(crate) fn resume(&self, tool: &str) {
-        if let Ok(mut s) = self.suspended.lock() {
-            s.remove(tool);
+    /// `tool` is back in service: its pools (the default tenant's and
+    /// every tenant's that had one) fill again now, in the gateway's
+    /// runtime (before serving started: when it starts).
+    pub(crate) fn resume(self: &Arc<Self>, tool: &str) {
+        let was = self
+            .suspended
+            .lock()
+            .map(|mut s| s.remove(tool))
+            .unwrap_or(false);
+        if !was {
+            return;
+        }
+        let (Some(rt), Some(p)) = (self.runtime.get(), self.current(tool)) else {
+            return;
+        };
+        let mut tenants = std::collections::BTreeSet::new();
+        tenants.insert(cordon_auth::DEFAULT_TENANT.to_string());
+        if let Ok(pools) = self.pools.lock() {
+            tenants.extend(
+                pools
+                    .keys()
+                    .filter(|(_, t)| t == tool)
+                    .map(|(tenant, _)| tenant.clone()),
+            );
+        }
+        let _in = rt.enter();
+        for t in &tenants {
+            self.refill(&p, t);
         }
     }
 

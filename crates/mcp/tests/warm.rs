@@ -58,6 +58,7 @@ struct Served {
     /// The manifest (a reload's edits start from it).
     manifest: String,
     reloader: cordon_mcp::reload::Reloader,
+    service: Arc<cordon_mcp::Service>,
     audit: PathBuf,
     starts: Starts,
     _gateway: cordon_testkit::serve::Gateway,
@@ -119,6 +120,7 @@ async fn serve_with(warm: u32, extra: &str) -> Option<Served> {
     let loaded = cordon_policy::load(&m).unwrap();
     let gw = Gateway::new(&loaded.policy, broker, sandbox).unwrap();
     let reloader = gw.reloader();
+    let service = gw.service().clone();
     assert!(
         gw.tool_names().iter().any(|n| n == "fx"),
         "{:?}",
@@ -129,6 +131,7 @@ async fn serve_with(warm: u32, extra: &str) -> Option<Served> {
         url: gateway.url.clone(),
         manifest: std::fs::read_to_string(&m).unwrap(),
         reloader,
+        service,
         audit,
         starts,
         _gateway: gateway,
@@ -513,4 +516,39 @@ async fn a_reload_replaces_the_waiting_servers_of_a_changed_pool() {
     );
     assert_eq!(mem(&handed[0]), 192 << 20);
     c.cancel().await.unwrap();
+}
+
+/// A tool taken out of service has its waiting servers stopped; back in
+/// service, its pool fills again at once, before any session asks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_refills_as_soon_as_its_tool_is_back_in_service() {
+    let Some(s) = serve(1).await else { return };
+    until("a warm server ready", || ready(&s).len() == 1).await;
+    let first = ready(&s)[0].clone();
+    s.service.take_out(
+        "fx",
+        "test",
+        cordon_mcp::OutOfService {
+            probes: vec!["host_fs".into()],
+            at: "2026-12-04T00:00:00Z".into(),
+            why: "a test".into(),
+        },
+    );
+    until("the waiting server stopped", || {
+        handle_of(&s, &first).exited().is_some()
+    })
+    .await;
+    // Out of service: none is started.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ready(&s).len(), 1, "{:?}", ready(&s));
+    s.service.held("fx", "test", 0.0);
+    until("a new server ready without a session", || {
+        ready(&s).len() == 2
+    })
+    .await;
+    assert!(
+        started(&s).iter().all(|id| warm_id(id)),
+        "{:?}",
+        started(&s)
+    );
 }
