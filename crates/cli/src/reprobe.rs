@@ -20,6 +20,9 @@ use cordon_broker::Broker;
 use cordon_policy::ToolPolicy;
 use cordon_policy::policy::{PolicySet, Profile};
 
+/// The nice value of probe runs while serving (calls keep 0).
+const PROBE_NICE: i32 = 10;
+
 /// How often the inputs of every proof are looked at (at most).
 const KEY_CHECK: Duration = Duration::from_secs(10);
 
@@ -142,7 +145,14 @@ pub fn start(
     };
     std::thread::Builder::new()
         .name("cordon-reprobe".into())
-        .spawn(move || rt.block_on(ctl.run(usr1, hup)))
+        .spawn(move || {
+            // Probe runs yield the CPU to calls: this thread, and every
+            // sandbox and process it starts, at a lower priority.
+            if let Err(e) = cordon_sys::io::nice_this_thread(PROBE_NICE) {
+                eprintln!("cordon: probe runs keep the gateway's priority: setpriority: {e}");
+            }
+            rt.block_on(ctl.run(usr1, hup))
+        })
         .context("starting the re-probe thread")?;
     Ok(())
 }

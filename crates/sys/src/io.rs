@@ -437,3 +437,46 @@ mod tests {
         assert_eq!(read(r.as_fd(), &mut b), Ok(1));
     }
 }
+
+/// Lower the calling thread's scheduling priority to `nice` (0..=19;
+/// Linux keeps a nice value per thread, and processes and threads it
+/// starts inherit it). Only ever lowered: an unprivileged thread cannot
+/// raise it back.
+pub fn nice_this_thread(nice: i32) -> Result<(), Errno> {
+    // SAFETY: gettid takes no argument and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority reads its three integer arguments only; the
+    // thread id is this thread's own.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice.clamp(0, 19)) };
+    if r == -1 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// The calling thread's nice value (`/proc/thread-self/stat`, field 19).
+pub fn thread_nice() -> Option<i32> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(16)?.parse().ok()
+}
+
+#[cfg(test)]
+mod nice_tests {
+    #[test]
+    fn a_thread_lowers_its_own_priority_and_no_other() {
+        let before = super::thread_nice().unwrap();
+        let inside = std::thread::spawn(|| {
+            super::nice_this_thread(10).unwrap();
+            let mine = super::thread_nice().unwrap();
+            // What it starts inherits it.
+            let child = std::thread::spawn(super::thread_nice).join().unwrap();
+            (mine, child)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, (10.max(before), Some(10.max(before))));
+        assert_eq!(super::thread_nice(), Some(before), "the caller untouched");
+    }
+}
