@@ -376,7 +376,12 @@ struct State {
 /// fresh [`Store`] and instance (the warm worker, [`crate::worker`]).
 pub struct Loaded {
     engine: Engine,
+    /// The module with its imports resolved, once: each run only makes
+    /// the instance.
+    pre: wasmtime::InstancePre<State>,
+    #[cfg(test)]
     module: wasmtime::Module,
+    #[cfg(test)]
     linker: Linker<State>,
 }
 
@@ -400,9 +405,15 @@ pub fn load(o: &RunOptions) -> Result<Loaded, Failure> {
     let mut linker: Linker<State> = Linker::new(&engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
         .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
+    let pre = linker
+        .instantiate_pre(&module)
+        .map_err(|e| Failure::Setup(format!("linking the module: {e:#}")))?;
     Ok(Loaded {
         engine,
+        pre,
+        #[cfg(test)]
         module,
+        #[cfg(test)]
         linker,
     })
 }
@@ -481,8 +492,8 @@ pub(crate) fn run_in(
     store.epoch_deadline_trap();
 
     let result = loaded
-        .linker
-        .instantiate(&mut store, &loaded.module)
+        .pre
+        .instantiate(&mut store)
         .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
         .and_then(|start| start.call(&mut store, ()));
     match result {
