@@ -337,3 +337,59 @@ fn image_gc_removes_the_wasm_code_no_manifest_pins_or_too_old() {
     assert_eq!(text(&again.stdout), "ok: 2 values, depth 1\n");
     assert_eq!(names(&cache), example);
 }
+
+/// `cordon serve` with the example served from a warm worker
+/// (`module: {worker: true}`): calls answer as without one, the invalid
+/// document's failure is the tool's and the next call is whole, and every
+/// call's audit record says how it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_from_a_warm_worker_and_says_so_in_the_audit_record() {
+    use cordon_mcp::rmcp::ServiceExt as _;
+    use cordon_testkit::serve::{Serve, call};
+    let s = setup();
+    let from = "      sha256: ".to_string();
+    assert!(s.example.contains(&from));
+    let yaml = {
+        let yaml = &s.example;
+        let at = yaml.find(&from).expect("the pin");
+        let end = at + yaml[at..].find('\n').expect("its line");
+        format!("{}\n      worker: true{}", &yaml[..end], &yaml[end..])
+    };
+    let m = s.variant("worker.yaml", &yaml);
+    let audit = s.dir.join("serve-audit.jsonl");
+    let serve = Serve::manifest(CORDON, Path::new(&m), &audit)
+        .arg("--no-probe")
+        .env("CORDON_WASM_PROBE", s.dir.join("cordon-probe.wasm"))
+        .http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let doc = |d: &str| serde_json::json!({ "document": d });
+    for (d, ok, answer) in [
+        (r#"{"a": [1, 2]}"#, true, "ok: 4 values, depth 2"),
+        // A failure's result is its reason and stderr (as for any tool).
+        (r#"{"a": }"#, false, "json_check: exit 1"),
+        ("[true]", true, "ok: 2 values, depth 1"),
+    ] {
+        let r = call(&c, "json_check", doc(d)).await.unwrap();
+        let t: String = r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect();
+        assert_eq!(r.is_error != Some(true), ok, "{d}: {r:?}");
+        assert!(t.contains(answer), "{d}: {t}");
+    }
+    c.cancel().await.unwrap();
+    let recs: Vec<serde_json::Value> = fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &serde_json::Value| r["tool"] == "json_check")
+        .collect();
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    for r in &recs {
+        assert!(
+            r.to_string().contains("served by a warm Wasm worker"),
+            "{r:#}"
+        );
+    }
+}

@@ -274,9 +274,8 @@ impl Wasm {
             End::Exit(c) => {
                 o.exit_code = Some(c);
                 o.status = if c == 0 { Status::Ok } else { Status::Exited };
-                if c != 0 {
-                    o.reason = format!("{}: exited with {c}", spec.tool);
-                }
+                // As the jail says it of a process.
+                o.reason = format!("{}: exit {c}", spec.tool);
             }
             End::Trap { kind, detail } => {
                 o.exit_code = Some(TRAP_EXIT);
