@@ -86,11 +86,14 @@ pub struct Wasm {
     hits: AtomicU64,
     /// The compiled code found for each pinned module, with the identity
     /// of its cache file then: a later call whose file is unchanged skips
-    /// the compile step's process (the module's digest is still checked
-    /// on every call, and the runner checks the code's before loading it).
+    /// the compile step's process (the runner checks the code's digest
+    /// before loading it).
     known: Mutex<Vec<Known>>,
     /// Warm workers of `module: {worker: true}` tools.
     workers: crate::wasm_worker::Workers,
+    /// Module files found to hold their pinned bytes, with their identity
+    /// then.
+    pinned: Mutex<std::collections::HashMap<(PathBuf, String), FileId>>,
 }
 
 /// A file's identity: device, inode, size and modification time.
@@ -134,6 +137,7 @@ impl Wasm {
             hits: AtomicU64::new(0),
             known: Mutex::new(Vec::new()),
             workers: Default::default(),
+            pinned: Mutex::default(),
         }
     }
 
@@ -371,10 +375,31 @@ impl Wasm {
                 });
             }
         }
+        // The file was found to hold the pinned bytes, and is the same
+        // file (device, inode, size, modification time) still: not read
+        // again. What runs is always code compiled from the pinned bytes
+        // (the cache is keyed by that digest, and the runner checks the
+        // code's own digest when it loads it); this only says when a
+        // changed file is noticed.
+        let id = file_id(&m.path);
+        let key = (m.path.clone(), m.sha256.clone());
+        if id.is_some()
+            && self
+                .pinned
+                .lock()
+                .is_ok_and(|v| v.get(&key).is_some_and(|seen| Some(*seen) == id))
+        {
+            return out;
+        }
         match std::fs::read(&m.path) {
             Err(e) => out.push(format!("{tool}: module {}: {e}", m.path.display()).into()),
             Ok(bytes) => {
                 let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+                if actual == m.sha256
+                    && let (Some(id), Ok(mut v)) = (id, self.pinned.lock())
+                {
+                    v.insert(key, id);
+                }
                 if actual != m.sha256 {
                     out.push(
                         format!(
