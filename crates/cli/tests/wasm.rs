@@ -393,3 +393,73 @@ async fn serve_answers_from_a_warm_worker_and_says_so_in_the_audit_record() {
         );
     }
 }
+
+/// A one-shot run on a warm worker leaves nothing behind: as uid 65534
+/// without `XDG_RUNTIME_DIR`, cordon's own `cordon-root-*` under `TMPDIR`
+/// is there while the run waits for its input (the control) and gone once
+/// cordon has exited, the worker's jail torn down before the process ends.
+#[test]
+fn a_one_shot_run_on_a_worker_leaves_no_root_directory_behind() {
+    assert!(
+        cordon_testkit::is_root() && Path::new("/usr/bin/setpriv").exists(),
+        "the run as uid 65534 needs root and /usr/bin/setpriv"
+    );
+    let s = setup();
+    let from = "      sha256: ";
+    let at = s.example.find(from).expect("the pin");
+    let end = at + s.example[at..].find('\n').expect("its line");
+    let yaml = format!(
+        "{}\n      worker: true{}",
+        &s.example[..end],
+        &s.example[end..]
+    );
+    let m = s.variant("worker-once.yaml", &yaml);
+    let tmp = s.dir.join("own-tmp");
+    fs::create_dir(&tmp).unwrap();
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o777)).unwrap();
+    let roots = || -> Vec<String> {
+        fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cordon-root-"))
+            .collect()
+    };
+    let mut c = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args([CORDON, "run", "-m", &m, "json_check"])
+        .current_dir(repo())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("CORDON_WASM")
+        .env("TMPDIR", &tmp)
+        .env("HOME", &tmp)
+        .env("CORDON_STATE_DIR", tmp.join("state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while roots().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cordon-root-* appeared in {}",
+            tmp.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    c.stdin.take().unwrap().write_all(b"[1]").unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(
+        text(&o.stdout),
+        "ok: 2 values, depth 1\n",
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(
+        text(&o.stderr).contains("served by a warm Wasm worker"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(roots(), Vec::<String>::new(), "left behind after the run");
+}

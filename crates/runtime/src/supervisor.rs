@@ -543,6 +543,11 @@ pub(crate) fn spawn_jail<K: Send + 'static>(
                 (f.0)(o);
             }
             drop(keep);
+            // Before the end is told: whoever waits for it may then drop
+            // the last reference to the jail (its temporary root directory
+            // goes with it) and exit.
+            drop(jail);
+            drop(net);
             h.finish(r);
         })
         .map_err(|e| io("start the sandbox thread", e))?;

@@ -161,10 +161,16 @@ impl Workers {
 }
 
 impl Drop for Workers {
+    /// Every idle worker killed, and waited for: its jail is torn down
+    /// (its root directory removed) before the runtime is gone, even when
+    /// the process ends right after.
     fn drop(&mut self) {
         if let Ok(idle) = self.idle.get_mut() {
             for w in idle.values().flatten() {
                 w.spawned.handle.kill();
+            }
+            for w in idle.values().flatten() {
+                let _ = w.spawned.handle.wait();
             }
         }
     }
