@@ -1417,3 +1417,90 @@ fn a_one_shot_run_leaves_no_root_directory_behind() {
         "left behind after a failed run"
     );
 }
+
+/// `cordon serve` as uid 65534 without `XDG_RUNTIME_DIR`, with a sticky
+/// `TMPDIR` (as `/tmp` is): its sandboxes' roots are mounted on the one
+/// reused `TMPDIR/cordon-65534/root` (made on the first run, owned by
+/// 65534, mode 0755), and nothing else is left when it ends at its stdin's
+/// end: before, each such broker made a `cordon-root-*` it never removed.
+#[test]
+fn serve_as_an_unprivileged_user_leaves_only_its_reused_root_directory() {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        skip_or_fail(
+            &this_test(),
+            "the run as uid 65534 needs root and /usr/bin/setpriv",
+        );
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = dir_for("sticky-tmp");
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let m = manifest(
+        "sticky-tmp",
+        "accept: [cgroup]\ntools:\n  count:\n    profile: P1\n    command: [/usr/bin/wc, -c]\n    input: {stdin: text}\n    input_schema: {type: object, properties: {text: {type: string}}, required: [text]}\n",
+    );
+    let audit = audit_file("sticky-tmp");
+    let entries = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let requests = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"count","arguments":{"text":"abcd"}}}"#,
+        "\n",
+    );
+    for round in 0..2 {
+        let mut child = Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(CORDON)
+            .args(["serve", "-m"])
+            .arg(&m)
+            .args(["--audit"])
+            .arg(&audit)
+            .current_dir(repo())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("CORDON_MANIFEST")
+            .env("TMPDIR", &tmp)
+            .env("HOME", dir_for("sticky-home"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The answer is read before stdin ends: the call has run.
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(requests.as_bytes()).unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let answer = lines
+            .find(|l| l.as_ref().map(|l| l.contains(r#""id":2"#)).unwrap_or(true))
+            .expect("no answer to the call")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(
+            v["result"]["content"][0]["text"].as_str().map(str::trim),
+            Some("4"),
+            "round {round}: {answer}"
+        );
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "round {round}: {}", text(&out.stderr));
+        assert_eq!(
+            entries(),
+            vec!["cordon-65534".to_owned()],
+            "round {round}: left in TMPDIR"
+        );
+        let root = tmp.join("cordon-65534/root");
+        let md = std::fs::symlink_metadata(&root).unwrap();
+        assert!(md.is_dir());
+        assert_eq!((md.uid(), md.mode() & 0o7777), (65534, 0o755));
+    }
+}

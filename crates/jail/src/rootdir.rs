@@ -8,11 +8,16 @@
 //! after the sandbox's mount namespace is torn down).
 //!
 //! The shared directory is `/run/cordon/root` for a root broker and
-//! `$XDG_RUNTIME_DIR/cordon/root` for an unprivileged one. It is used only
-//! when every component is a real directory that nobody else can replace:
-//! owned by the broker's uid (the top one by root or the broker), writable
-//! by its owner alone. Otherwise a private temporary directory is made, as
-//! before.
+//! `$XDG_RUNTIME_DIR/cordon/root` for an unprivileged one; without
+//! `XDG_RUNTIME_DIR`, `$TMPDIR/cordon-<uid>/root` (`/tmp` by default). It
+//! is used only when every component is a real directory that nobody else
+//! can replace: owned by the broker's uid (the top one by root or the
+//! broker), writable by its owner alone (the top one may be a sticky
+//! directory such as `/tmp`, whose entries only their owner can rename or
+//! remove). Otherwise (another user made `cordon-<uid>` first, say) a
+//! private temporary directory is made, removed when the broker lets go of
+//! it; a broker killed before then leaves it behind, which the shared
+//! directories never do.
 
 use std::fs;
 use std::io;
@@ -31,10 +36,10 @@ pub(crate) enum RootDir {
 impl RootDir {
     /// The shared directory when it is safe, else a new temporary one.
     pub(crate) fn new(euid: u32) -> io::Result<RootDir> {
-        if let Some(p) = shared_candidate(euid)
-            && prepare(&p, euid).is_ok()
-        {
-            return Ok(RootDir::Shared(p));
+        for p in shared_candidates(euid) {
+            if prepare(&p, euid).is_ok() {
+                return Ok(RootDir::Shared(p));
+            }
         }
         let t = tempfile::Builder::new().prefix("cordon-root-").tempdir()?;
         fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755))?;
@@ -62,12 +67,22 @@ impl RootDir {
     }
 }
 
-fn shared_candidate(euid: u32) -> Option<PathBuf> {
+/// Where the shared directory may be, best first.
+fn shared_candidates(euid: u32) -> Vec<PathBuf> {
     if euid == 0 {
-        return Some(PathBuf::from("/run/cordon/root"));
+        return vec![PathBuf::from("/run/cordon/root")];
     }
-    let xdg = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?);
-    xdg.is_absolute().then(|| xdg.join("cordon").join("root"))
+    let mut v = Vec::new();
+    if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
+        && xdg.is_absolute()
+    {
+        v.push(xdg.join("cordon").join("root"));
+    }
+    let tmp = std::env::temp_dir();
+    if tmp.is_absolute() {
+        v.push(tmp.join(format!("cordon-{euid}")).join("root"));
+    }
+    v
 }
 
 /// Create `root` (and its parent `cordon` directory) as needed and check
@@ -77,7 +92,7 @@ fn prepare(root: &Path, euid: u32) -> io::Result<()> {
     let top = cordon
         .parent()
         .ok_or_else(|| refuse(cordon, "has no parent"))?;
-    check(top, &[0, euid])?;
+    check_top(top, &[0, euid])?;
     for d in [cordon, root] {
         let m = existing_or_new(d, 0o755)?;
         check_meta(d, &m, &[euid])?;
@@ -107,10 +122,15 @@ fn existing_or_new(d: &Path, mode: u32) -> io::Result<fs::Metadata> {
     }
 }
 
-/// A real directory (not a symlink), owned by one of `owners`, writable
-/// by its owner alone.
-fn check(d: &Path, owners: &[u32]) -> io::Result<()> {
-    check_meta(d, &fs::symlink_metadata(d)?, owners)
+/// The directory the broker's own `cordon` directory is made in: as
+/// [`check_meta`] asks, or writable by others but sticky (`/tmp`), where
+/// nobody but its owner (or root) can rename or remove `cordon`.
+fn check_top(d: &Path, owners: &[u32]) -> io::Result<()> {
+    let m = fs::symlink_metadata(d)?;
+    if m.file_type().is_dir() && owners.contains(&m.uid()) && m.mode() & 0o1000 != 0 {
+        return Ok(());
+    }
+    check_meta(d, &m, owners)
 }
 
 fn check_meta(d: &Path, m: &fs::Metadata, owners: &[u32]) -> io::Result<()> {
@@ -179,6 +199,39 @@ mod tests {
         .unwrap();
         let e = prepare(&top3.path().join("cordon").join("root"), euid).unwrap_err();
         assert!(e.to_string().contains("writable by group or others"), "{e}");
+    }
+
+    #[test]
+    fn a_sticky_top_is_accepted_and_a_squatted_one_is_not_used() {
+        let euid = nix_euid();
+        let top = tempfile::tempdir().unwrap();
+        // World-writable without the sticky bit: refused (the control).
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let root = top.path().join(format!("cordon-{euid}")).join("root");
+        let e = prepare(&root, euid).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        // Sticky, as /tmp is: accepted, and made 0755.
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        prepare(&root, euid).unwrap();
+        assert_eq!(fs::metadata(&root).unwrap().mode() & 0o777, 0o755);
+        // `cordon-<uid>` made writable by others (as a squatter would
+        // leave it): refused, so a private directory is used instead.
+        fs::set_permissions(root.parent().unwrap(), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare(&root, euid).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+    }
+
+    #[test]
+    fn without_xdg_runtime_dir_the_temporary_directory_is_a_candidate() {
+        if nix_euid() == 0 {
+            assert_eq!(shared_candidates(0), vec![PathBuf::from("/run/cordon/root")]);
+            return;
+        }
+        let c = shared_candidates(nix_euid());
+        let want = std::env::temp_dir()
+            .join(format!("cordon-{}", nix_euid()))
+            .join("root");
+        assert_eq!(c.last(), Some(&want), "{c:?}");
     }
 
     fn nix_euid() -> u32 {

@@ -26,6 +26,7 @@
 use std::fmt;
 use std::fs;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -464,7 +465,17 @@ pub(crate) fn run_in(
         .allow_ip_name_lookup(false);
     match stdio {
         Stdio::Inherit => {
-            b.inherit_stdin().inherit_stdout().inherit_stderr();
+            // Stdin read straight from the runner's fd 0 on the calling
+            // thread: `inherit_stdin` hands every read to a helper thread,
+            // which costs tens of milliseconds on a 1 MiB input read in
+            // small pieces.
+            let fd = std::io::stdin()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| Failure::Setup(format!("stdin: {e}")))?;
+            b.stdin(wasmtime_wasi::cli::InputFile::new(fs::File::from(fd)))
+                .inherit_stdout()
+                .inherit_stderr();
         }
         Stdio::Memory {
             stdin,
