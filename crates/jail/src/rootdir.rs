@@ -224,7 +224,10 @@ mod tests {
     #[test]
     fn without_xdg_runtime_dir_the_temporary_directory_is_a_candidate() {
         if nix_euid() == 0 {
-            assert_eq!(shared_candidates(0), vec![PathBuf::from("/run/cordon/root")]);
+            assert_eq!(
+                shared_candidates(0),
+                vec![PathBuf::from("/run/cordon/root")]
+            );
             return;
         }
         let c = shared_candidates(nix_euid());
