@@ -29,6 +29,9 @@ use std::path::{Path, PathBuf};
 pub(crate) enum RootDir {
     /// Shared by every broker of this uid.
     Shared(PathBuf),
+    /// Shared too, but under `TMPDIR` (no `XDG_RUNTIME_DIR`): a mount
+    /// point only; no cgroup slots are kept there, as with a private one.
+    InTmp(PathBuf),
     /// This broker's own, removed on drop.
     Temp(tempfile::TempDir),
 }
@@ -36,9 +39,13 @@ pub(crate) enum RootDir {
 impl RootDir {
     /// The shared directory when it is safe, else a new temporary one.
     pub(crate) fn new(euid: u32) -> io::Result<RootDir> {
-        for p in shared_candidates(euid) {
+        for (p, in_tmp) in shared_candidates(euid) {
             if prepare(&p, euid).is_ok() {
-                return Ok(RootDir::Shared(p));
+                return Ok(if in_tmp {
+                    RootDir::InTmp(p)
+                } else {
+                    RootDir::Shared(p)
+                });
             }
         }
         let t = tempfile::Builder::new().prefix("cordon-root-").tempdir()?;
@@ -61,26 +68,27 @@ impl RootDir {
 
     pub(crate) fn path(&self) -> &Path {
         match self {
-            RootDir::Shared(p) => p,
+            RootDir::Shared(p) | RootDir::InTmp(p) => p,
             RootDir::Temp(t) => t.path(),
         }
     }
 }
 
-/// Where the shared directory may be, best first.
-fn shared_candidates(euid: u32) -> Vec<PathBuf> {
+/// Where the shared directory may be, best first; `true` for the one
+/// under `TMPDIR`.
+fn shared_candidates(euid: u32) -> Vec<(PathBuf, bool)> {
     if euid == 0 {
-        return vec![PathBuf::from("/run/cordon/root")];
+        return vec![(PathBuf::from("/run/cordon/root"), false)];
     }
     let mut v = Vec::new();
     if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
         && xdg.is_absolute()
     {
-        v.push(xdg.join("cordon").join("root"));
+        v.push((xdg.join("cordon").join("root"), false));
     }
     let tmp = std::env::temp_dir();
     if tmp.is_absolute() {
-        v.push(tmp.join(format!("cordon-{euid}")).join("root"));
+        v.push((tmp.join(format!("cordon-{euid}")).join("root"), true));
     }
     v
 }
@@ -226,7 +234,7 @@ mod tests {
         if nix_euid() == 0 {
             assert_eq!(
                 shared_candidates(0),
-                vec![PathBuf::from("/run/cordon/root")]
+                vec![(PathBuf::from("/run/cordon/root"), false)]
             );
             return;
         }
@@ -234,7 +242,7 @@ mod tests {
         let want = std::env::temp_dir()
             .join(format!("cordon-{}", nix_euid()))
             .join("root");
-        assert_eq!(c.last(), Some(&want), "{c:?}");
+        assert_eq!(c.last(), Some(&(want, true)), "{c:?}");
     }
 
     fn nix_euid() -> u32 {
