@@ -120,6 +120,31 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// `cordon` as uid 65534 with no `XDG_RUNTIME_DIR` and `TMPDIR` (and
+/// `HOME`, unless set again) at `tmp`, from the repository: where the
+/// mount point for its sandboxes' roots is made under `tmp`.
+fn nobody_with_tmpdir(tmp: &Path) -> Command {
+    let mut c = Command::new("/usr/bin/setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(CORDON)
+        .current_dir(repo())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", tmp)
+        .env("HOME", tmp);
+    c
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 #[test]
 fn check_accepts_the_example_and_refuses_a_typo_with_its_line() {
     let o = cordon(
@@ -1367,25 +1392,17 @@ fn a_one_shot_run_leaves_no_root_directory_behind() {
     }
     let tmp = dir_for("own-tmp");
     let roots = || -> Vec<String> {
-        std::fs::read_dir(&tmp)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+        names_in(&tmp)
+            .into_iter()
             .filter(|n| n.starts_with("cordon-root-"))
             .collect()
     };
     let audit = audit_file("own-tmp");
     let run = |script: &str| {
-        let mut c = Command::new("/usr/bin/setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(CORDON)
-            .args(["exec", "--audit"])
+        let mut c = nobody_with_tmpdir(&tmp);
+        c.args(["exec", "--audit"])
             .arg(&audit)
             .args(["--", "/bin/sh", "-c", script])
-            .current_dir(repo())
-            .env_remove("XDG_RUNTIME_DIR")
-            .env("TMPDIR", &tmp)
-            .env("HOME", &tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -1440,15 +1457,6 @@ fn serve_as_an_unprivileged_user_leaves_only_its_reused_root_directory() {
         "accept: [cgroup]\ntools:\n  count:\n    profile: P1\n    command: [/usr/bin/wc, -c]\n    input: {stdin: text}\n    input_schema: {type: object, properties: {text: {type: string}}, required: [text]}\n",
     );
     let audit = audit_file("sticky-tmp");
-    let entries = || -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&tmp)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
     let requests = concat!(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
         "\n",
@@ -1458,17 +1466,12 @@ fn serve_as_an_unprivileged_user_leaves_only_its_reused_root_directory() {
         "\n",
     );
     for round in 0..2 {
-        let mut child = Command::new("/usr/bin/setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(CORDON)
+        let mut child = nobody_with_tmpdir(&tmp)
             .args(["serve", "-m"])
             .arg(&m)
             .args(["--audit"])
             .arg(&audit)
-            .current_dir(repo())
-            .env_remove("XDG_RUNTIME_DIR")
             .env_remove("CORDON_MANIFEST")
-            .env("TMPDIR", &tmp)
             .env("HOME", dir_for("sticky-home"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1494,7 +1497,7 @@ fn serve_as_an_unprivileged_user_leaves_only_its_reused_root_directory() {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "round {round}: {}", text(&out.stderr));
         assert_eq!(
-            entries(),
+            names_in(&tmp),
             vec!["cordon-65534".to_owned()],
             "round {round}: left in TMPDIR"
         );

@@ -39,13 +39,9 @@ pub(crate) enum RootDir {
 impl RootDir {
     /// The shared directory when it is safe, else a new temporary one.
     pub(crate) fn new(euid: u32) -> io::Result<RootDir> {
-        for (p, in_tmp) in shared_candidates(euid) {
-            if prepare(&p, euid).is_ok() {
-                return Ok(if in_tmp {
-                    RootDir::InTmp(p)
-                } else {
-                    RootDir::Shared(p)
-                });
+        for c in shared_candidates(euid) {
+            if prepare(c.path(), euid).is_ok() {
+                return Ok(c);
             }
         }
         let t = tempfile::Builder::new().prefix("cordon-root-").tempdir()?;
@@ -74,21 +70,22 @@ impl RootDir {
     }
 }
 
-/// Where the shared directory may be, best first; `true` for the one
-/// under `TMPDIR`.
-fn shared_candidates(euid: u32) -> Vec<(PathBuf, bool)> {
+/// Where the shared directory may be, best first.
+fn shared_candidates(euid: u32) -> Vec<RootDir> {
     if euid == 0 {
-        return vec![(PathBuf::from("/run/cordon/root"), false)];
+        return vec![RootDir::Shared(PathBuf::from("/run/cordon/root"))];
     }
     let mut v = Vec::new();
     if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
         && xdg.is_absolute()
     {
-        v.push((xdg.join("cordon").join("root"), false));
+        v.push(RootDir::Shared(xdg.join("cordon").join("root")));
     }
     let tmp = std::env::temp_dir();
     if tmp.is_absolute() {
-        v.push((tmp.join(format!("cordon-{euid}")).join("root"), true));
+        v.push(RootDir::InTmp(
+            tmp.join(format!("cordon-{euid}")).join("root"),
+        ));
     }
     v
 }
@@ -210,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sticky_top_is_accepted_and_a_squatted_one_is_not_used() {
+    fn a_sticky_top_is_accepted_and_a_cordon_directory_of_others_is_not() {
         let euid = nix_euid();
         let top = tempfile::tempdir().unwrap();
         // World-writable without the sticky bit: refused (the control).
@@ -222,19 +219,28 @@ mod tests {
         fs::set_permissions(top.path(), fs::Permissions::from_mode(0o1777)).unwrap();
         prepare(&root, euid).unwrap();
         assert_eq!(fs::metadata(&root).unwrap().mode() & 0o777, 0o755);
-        // `cordon-<uid>` made writable by others (as a squatter would
-        // leave it): refused, so a private directory is used instead.
-        fs::set_permissions(root.parent().unwrap(), fs::Permissions::from_mode(0o777)).unwrap();
+        // `cordon-<uid>` writable by others: refused (`new` then makes a
+        // private directory instead).
+        let cordon = root.parent().unwrap();
+        fs::set_permissions(cordon, fs::Permissions::from_mode(0o777)).unwrap();
         let e = prepare(&root, euid).unwrap_err();
         assert!(e.to_string().contains("writable by group or others"), "{e}");
+        // Made first by another user (a squatter): refused too.
+        if euid == 0 {
+            fs::set_permissions(cordon, fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::lchown(cordon, Some(65534), Some(65534)).unwrap();
+            let e = prepare(&root, euid).unwrap_err();
+            assert!(e.to_string().contains("is owned by another user"), "{e}");
+        }
     }
 
     #[test]
     fn without_xdg_runtime_dir_the_temporary_directory_is_a_candidate() {
         if nix_euid() == 0 {
-            assert_eq!(
-                shared_candidates(0),
-                vec![(PathBuf::from("/run/cordon/root"), false)]
+            let c = shared_candidates(0);
+            assert!(
+                matches!(&c[..], [RootDir::Shared(p)] if p == Path::new("/run/cordon/root")),
+                "{c:?}"
             );
             return;
         }
@@ -242,7 +248,10 @@ mod tests {
         let want = std::env::temp_dir()
             .join(format!("cordon-{}", nix_euid()))
             .join("root");
-        assert_eq!(c.last(), Some(&(want, true)), "{c:?}");
+        assert!(
+            matches!(c.last(), Some(RootDir::InTmp(p)) if *p == want),
+            "{c:?}"
+        );
     }
 
     fn nix_euid() -> u32 {

@@ -472,7 +472,7 @@ pub(crate) fn run_in(
             let fd = std::io::stdin()
                 .as_fd()
                 .try_clone_to_owned()
-                .map_err(|e| Failure::Setup(format!("stdin: {e}")))?;
+                .map_err(|e| Failure::Setup(format!("duplicating stdin (fd 0): {e}")))?;
             b.stdin(wasmtime_wasi::cli::InputFile::new(fs::File::from(fd)))
                 .inherit_stdout()
                 .inherit_stderr();
