@@ -4,8 +4,15 @@
 # natively (target/wasm/json-check, the benchmark's native P1 comparison),
 # and cordon's probe module crates/probes/wasm/probe.c
 # (target/wasm/cordon-probe.wasm, run by `cordon probe` against wasm tools).
+# Then the same parser as two WebAssembly components (examples/wasm.yaml):
+# target/wasm/json-check.component.wasm, the module as a WASI 0.2 command,
+# target/wasm/json-tools.wasm, examples/wasm/json-tools.c exporting the
+# typed functions of examples/wasm/json-tools.wit, and the probe module as a
+# command component (target/wasm/cordon-probe.component.wasm, which probes
+# component tools); cordon-wasm-componentize
+# (crates/wasm-componentize, built here) makes both.
 # Needs clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32
-# (scripts/setup.sh installs them). Prints the module's sha256.
+# (scripts/setup.sh installs them). Prints the modules' sha256.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/target/wasm
@@ -15,5 +22,14 @@ clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -o "$out/json-check.wasm" "$src
 cc -O2 -o "$out/json-check" "$src"
 clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -o "$out/cordon-probe.wasm" \
     "$root/crates/probes/wasm/probe.c"
-chmod a+rX "$root/target" "$out" "$out/json-check.wasm" "$out/json-check" "$out/cordon-probe.wasm"
-sha256sum "$out/json-check.wasm"
+clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -mexec-model=reactor \
+    -o "$out/json-tools.core.wasm" "$root/examples/wasm/json-tools.c"
+(cd "$root" && cargo build -q -p cordon-wasm-componentize)
+componentize=$root/target/debug/cordon-wasm-componentize
+"$componentize" command "$out/json-check.wasm" "$out/json-check.component.wasm"
+"$componentize" command "$out/cordon-probe.wasm" "$out/cordon-probe.component.wasm"
+"$componentize" exports "$out/json-tools.core.wasm" "$root/examples/wasm/json-tools.wit" \
+    json-tools "$out/json-tools.wasm"
+chmod a+rX "$root/target" "$out" "$out/json-check.wasm" "$out/json-check" "$out/cordon-probe.wasm" \
+    "$out/json-check.component.wasm" "$out/json-tools.wasm" "$out/cordon-probe.component.wasm"
+sha256sum "$out/json-check.wasm" "$out/json-check.component.wasm" "$out/json-tools.wasm"

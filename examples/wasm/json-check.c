@@ -5,7 +5,8 @@
  * and exits 0, or
  *   invalid: byte N: REASON
  * and exits 1. It is built for wasm32-wasi (runtime: wasm) and natively (the
- * benchmark's native P1 comparison) from this one source. */
+ * benchmark's native P1 comparison) from this one source; json-tools.c
+ * includes it with JSON_CHECK_LIBRARY defined (the parser without main). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,7 @@ static int value(size_t depth) {
     }
 }
 
+#ifndef JSON_CHECK_LIBRARY
 int main(int argc, char **argv) {
     FILE *in = stdin;
     if (argc > 2) {
@@ -238,3 +240,4 @@ int main(int argc, char **argv) {
     printf("ok: %zu values, depth %zu\n", values, max_depth);
     return 0;
 }
+#endif

@@ -514,6 +514,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
             stdin: None,
             encoding: cordon_policy::policy::Encoding::Text,
             argv: vec![],
+            json: false,
         },
         input_schema: None,
         output_schema: None,

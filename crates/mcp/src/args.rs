@@ -165,6 +165,11 @@ impl ArgMapper {
             }
         }
         let mut out = Prepared::default();
+        if self.input.json {
+            // A typed function's arguments: the whole object, which its
+            // runner lifts into the parameters' types (checked again there).
+            out.stdin = serde_json::to_vec(args).unwrap_or_default();
+        }
         if let Some(name) = &self.input.stdin
             && let Some(v) = args.get(name)
         {

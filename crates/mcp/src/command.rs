@@ -23,6 +23,24 @@ pub(crate) struct CommandTool {
     pub(crate) tool: Tool,
 }
 
+impl CommandTool {
+    /// A command tool served with the policy `p`, admitted as `admitted`:
+    /// its arguments' schema the manifest's `input_schema`, else the one
+    /// the program declares (a Wasm component's typed function).
+    pub(crate) fn new(p: &ToolPolicy, admitted: Admitted) -> Result<CommandTool, String> {
+        let mut p = p.clone();
+        if p.input_schema.is_none() {
+            p.input_schema = admitted.input_schema.clone();
+        }
+        Ok(CommandTool {
+            args: ArgMapper::new(&p)?,
+            tool: command_tool(&p),
+            policy: Arc::new(p),
+            admitted,
+        })
+    }
+}
+
 /// The MCP tool a command tool is listed as: its name, description and
 /// schemas from the manifest, its profile and `untrusted` in `_meta`.
 pub(crate) fn command_tool(p: &ToolPolicy) -> Tool {

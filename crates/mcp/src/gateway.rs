@@ -11,8 +11,7 @@ use std::time::Duration;
 use cordon_broker::{Broker, Use};
 use cordon_policy::policy::{Exec, PolicySet, ToolPolicy};
 
-use crate::args::ArgMapper;
-use crate::command::{CommandTool, command_tool};
+use crate::command::CommandTool;
 use crate::sandbox::{RuntimeServers, ServerSandbox};
 use crate::{cache, caps, names, upstream};
 
@@ -179,23 +178,14 @@ impl Gateway {
             }
             match use_ {
                 Use::Call => {
-                    let args = ArgMapper::new(p).map_err(GatewayError::Tool)?;
-                    let tool = command_tool(p);
+                    let tool = CommandTool::new(p, admitted).map_err(GatewayError::Tool)?;
                     claim_static(
                         &names,
                         names::Space::Tools,
                         name,
                         names::Owner::Command(name.clone()),
                     )?;
-                    commands.insert(
-                        name.clone(),
-                        Arc::new(CommandTool {
-                            policy: Arc::new(p.clone()),
-                            admitted,
-                            args,
-                            tool,
-                        }),
-                    );
+                    commands.insert(name.clone(), Arc::new(tool));
                 }
                 Use::Serve => {
                     let p = Arc::new(p.clone());

@@ -23,9 +23,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use cordon_broker::{Broker, Use};
 use cordon_policy::policy::{PolicySet, ToolPolicy};
 
-use crate::args::ArgMapper;
 use crate::caller::Who;
-use crate::command::{CommandTool, command_tool};
+use crate::command::CommandTool;
 use crate::logging::LogLevel;
 use crate::names;
 use crate::sandbox::ServerSandbox;
@@ -205,12 +204,7 @@ impl Reloader {
         let use_ = Use::of(p);
         let admitted = self.broker.admit(p, use_).map_err(|e| e.to_string())?;
         match use_ {
-            Use::Call => Ok(Built::Command(Box::new(CommandTool {
-                policy: Arc::new(p.clone()),
-                admitted,
-                args: ArgMapper::new(p)?,
-                tool: command_tool(p),
-            }))),
+            Use::Call => Ok(Built::Command(Box::new(CommandTool::new(p, admitted)?))),
             Use::Serve => {
                 let p = Arc::new(p.clone());
                 // What a session's server needs of the manifest (its

@@ -502,12 +502,14 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
                 sha256: s1,
                 argv: a1,
                 worker: w1,
+                function: f1,
             },
             Exec::Wasm {
                 module: m2,
                 sha256: s2,
                 argv: a2,
                 worker: w2,
+                function: f2,
             },
         ) => {
             if m1 != m2 || s1 != s2 {
@@ -517,6 +519,10 @@ fn diff_exec(t: &str, o: &Exec, n: &Exec, out: &mut Vec<Change>) {
             }
             if a1 != a2 {
                 out.push(change(t, "command", &a1.join(" "), &a2.join(" "), true));
+            }
+            if f1 != f2 {
+                let show = |f: &Option<String>| f.clone().unwrap_or_else(|| "(command)".into());
+                out.push(change(t, "module.function", &show(f1), &show(f2), true));
             }
             if w1 != w2 {
                 // A worker's calls share one jail: only Wasm separates them.

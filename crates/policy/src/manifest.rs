@@ -169,12 +169,13 @@ pub struct Tool {
     #[serde(default)]
     pub mcp: Option<McpServer>,
     /// Sandbox runtime. native (default): namespaces, seccomp, Landlock, cgroups.
-    /// wasm: a WASI preview 1 `module` run by wasmtime inside the native jail.
+    /// wasm: a WASI preview 1 `module` or a component run by wasmtime inside the native jail.
     #[serde(default)]
     #[schemars(with = "Option<Runtime>")]
     pub runtime: Option<Spanned<Runtime>>,
-    /// With `runtime: wasm`: the WASI preview 1 module to run, pinned by
-    /// sha256 (`command`, when given, is the argv it sees).
+    /// With `runtime: wasm`: the WASI preview 1 module or WebAssembly
+    /// component to run, pinned by sha256 (`command`, when given, is the
+    /// argv it sees).
     #[serde(default)]
     #[schemars(with = "Option<WasmModule>")]
     pub module: Option<Spanned<WasmModule>>,
@@ -308,6 +309,13 @@ pub struct WasmModule {
     /// around them is shared). Default false: a jail per call.
     #[serde(default)]
     pub worker: bool,
+    /// A component's exported function this tool calls: its parameters
+    /// are the tool's arguments (their JSON Schema, from the function's
+    /// types, is the tool's input schema), its result the tool's output,
+    /// as JSON. Absent: the module or component is a command (`_start`,
+    /// `wasi:cli/run`) with stdin and stdout.
+    #[serde(default)]
+    pub function: Option<String>,
 }
 
 /// The only value `network:` takes.

@@ -126,8 +126,8 @@ pub enum Exec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prompts: Option<Vec<String>>,
     },
-    /// A WASI preview 1 module (`runtime: wasm`), pinned by sha256, run
-    /// with `argv` (`argv[0]`: its name).
+    /// A WASI preview 1 module or a component (`runtime: wasm`), pinned
+    /// by sha256, run with `argv` (`argv[0]`: its name).
     Wasm {
         module: String,
         sha256: String,
@@ -135,6 +135,10 @@ pub enum Exec {
         /// Calls served by a warm worker (`module: {worker: true}`).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         worker: bool,
+        /// The component's typed function each call calls, its arguments
+        /// as JSON on stdin (`module: {function: NAME}`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        function: Option<String>,
     },
     /// The manifest names no program yet (allowed, e.g. a P3 runtime still
     /// to be given an image); such a tool is refused at run time.
@@ -281,6 +285,10 @@ pub struct Input {
     pub encoding: Encoding,
     /// Arguments appended to argv, one slot each.
     pub argv: Vec<String>,
+    /// The whole arguments object, as JSON, on stdin (a component's typed
+    /// function: `module: {function: NAME}`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

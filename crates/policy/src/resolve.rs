@@ -350,6 +350,29 @@ fn rule_wasm(c: &Ctx<'_>) -> Vec<Diagnostic> {
                     None,
                 ));
             }
+            if let Some(f) = &m.value.function {
+                if f.is_empty() {
+                    out.push(c.diag(m.referenced, "module function is empty".into(), None));
+                }
+                if t.input.is_some() {
+                    out.push(c.diag(
+                        m.referenced,
+                        format!(
+                            "`input` does not apply to a typed function (`function: {f}`): its arguments are its parameters, given as one JSON object"
+                        ),
+                        Some("remove `input`"),
+                    ));
+                }
+                if t.command.is_some() {
+                    out.push(c.diag(
+                        m.referenced,
+                        format!(
+                            "`command` does not apply to a typed function (`function: {f}`): it is called, not run with an argv"
+                        ),
+                        Some("remove `command`"),
+                    ));
+                }
+            }
         }
         (None, false) => {}
     }
@@ -1532,6 +1555,10 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
                 stdin: i.stdin,
                 encoding: i.encoding.unwrap_or(manifest::Encoding::Text),
                 argv: i.argv,
+                json: t
+                    .module
+                    .as_ref()
+                    .is_some_and(|m| m.value.function.is_some()),
             }
         },
         input_schema: t.input_schema.clone(),
@@ -1640,6 +1667,7 @@ fn resolve_exec(c: &Ctx<'_>) -> Result<Exec, Diagnostic> {
             sha256: m.value.sha256.to_ascii_lowercase(),
             argv,
             worker: m.value.worker,
+            function: m.value.function.clone(),
         }
     } else if let Some(img) = &t.image {
         let (reference, digest) =

@@ -779,6 +779,7 @@ fn a_wasm_tool_needs_its_pinned_module_and_p1() {
             sha256: h.clone(),
             argv: vec!["m".into()],
             worker: false,
+            function: None,
         }
     );
     assert_one(

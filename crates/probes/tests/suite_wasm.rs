@@ -93,6 +93,7 @@ fn spec(s: &Setup) -> SandboxSpec {
         path: s.module.clone(),
         sha256: cordon_wasm_sha(&s.module),
         worker: false,
+        function: None,
     });
     spec.limits.memory_bytes = 128 << 20;
     spec.limits.output_bytes = 64 << 10;

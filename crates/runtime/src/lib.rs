@@ -217,6 +217,13 @@ pub trait Runtime: Send + Sync {
     fn jail(&self) -> Option<Arc<cordon_jail::Jail>> {
         None
     }
+    /// The JSON Schema of a call's arguments that the sandboxed program
+    /// itself declares (a component's typed function), read when the tool
+    /// is admitted; `Ok(None)`: it declares none. `Err`: why the tool
+    /// cannot be admitted (e.g. no such function).
+    fn input_schema(&self, _spec: &SandboxSpec) -> Result<Option<serde_json::Value>, String> {
+        Ok(None)
+    }
 }
 
 /// A policy admitted to run: its spec, the runtime that builds it, and how
@@ -233,6 +240,8 @@ pub struct Admitted {
     /// because not required or accepted): for every call's audit record,
     /// the client and `cordon doctor`.
     pub warnings: Vec<String>,
+    /// The arguments' schema the program declares ([`Runtime::input_schema`]).
+    pub input_schema: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for Admitted {
@@ -242,6 +251,7 @@ impl std::fmt::Debug for Admitted {
             .field("spec", &self.spec)
             .field("mechanisms", &self.mechanisms)
             .field("warnings", &self.warnings)
+            .field("input_schema", &self.input_schema)
             .finish()
     }
 }
@@ -556,11 +566,17 @@ impl Registry {
             why,
             problems: Vec::new(),
         })?;
+        let input_schema = runtime.input_schema(&spec).map_err(|why| Refusal {
+            tool: policy.name.clone(),
+            why,
+            problems: Vec::new(),
+        })?;
         Ok(Admitted {
             runtime,
             spec,
             mechanisms: check.mechanisms,
             warnings,
+            input_schema,
         })
     }
 }

@@ -57,7 +57,7 @@ pub struct SandboxSpec {
     pub wasm: Option<WasmModule>,
 }
 
-/// A WASI preview 1 module pinned by sha256 (`runtime: wasm`).
+/// A WASI preview 1 module or a component pinned by sha256 (`runtime: wasm`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WasmModule {
     /// The `.wasm` file on the host.
@@ -66,6 +66,9 @@ pub struct WasmModule {
     pub sha256: String,
     /// Calls served by a warm worker ([`crate::wasm_worker`]).
     pub worker: bool,
+    /// A component's typed function to call (arguments as JSON on
+    /// stdin, the result as JSON on stdout); `None`: a command.
+    pub function: Option<String>,
 }
 
 /// The longest message a spawned sandbox may write when its results are
@@ -163,11 +166,13 @@ pub fn lower(
                 module,
                 sha256,
                 worker,
+                function,
                 ..
             } => Some(WasmModule {
                 path: module.into(),
                 sha256: sha256.clone(),
                 worker: *worker,
+                function: function.clone(),
             }),
             _ => None,
         },

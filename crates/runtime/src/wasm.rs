@@ -99,10 +99,15 @@ pub struct Wasm {
 /// A file's identity: device, inode, size and modification time.
 type FileId = (u64, u64, u64, i64, i64);
 
-/// A pinned module (path, sha256), its compiled code, the identity of
-/// the code's cache file when it was found, and when it was last marked
-/// used.
-type Known = ((PathBuf, String), Compiled, FileId, std::time::Instant);
+/// A pinned module (path, sha256, the typed function called), its
+/// compiled code, the identity of the code's cache file when it was found,
+/// and when it was last marked used.
+type Known = (
+    (PathBuf, String, Option<String>),
+    Compiled,
+    FileId,
+    std::time::Instant,
+);
 
 /// How often a call that skips the compile step marks its cache entry
 /// used (the compile step marks it each time it finds it).
@@ -119,6 +124,9 @@ fn file_id(p: &Path) -> Option<FileId> {
 struct Compiled {
     path: PathBuf,
     sha256: String,
+    /// A typed function's arguments schema, as the compile step read it
+    /// from the component's types.
+    schema: Option<serde_json::Value>,
 }
 
 impl Wasm {
@@ -429,7 +437,7 @@ impl Wasm {
         let (Some(m), Ok(runner), Ok(cache)) = (&spec.wasm, &self.runner, &self.cache) else {
             return Err(RunError::Setup(format!("{}: no module", spec.tool)));
         };
-        let key = (m.path.clone(), m.sha256.clone());
+        let key = (m.path.clone(), m.sha256.clone(), m.function.clone());
         if let Ok(mut known) = self.known.lock()
             && let Some((_, c, id, marked)) = known.iter_mut().find(|(k, _, _, _)| *k == key)
             && file_id(&c.path).as_ref() == Some(id)
@@ -446,6 +454,7 @@ impl Wasm {
             .arg(&m.path)
             .arg(&m.sha256)
             .arg(cache)
+            .args(m.function.iter())
             .env_clear()
             .stdin(Stdio::null())
             .output()
@@ -455,7 +464,26 @@ impl Wasm {
             let why = String::from_utf8_lossy(&out.stderr);
             return Err(RunError::Refused(format!("{}: {}", spec.tool, why.trim())));
         }
-        let line = stdout.lines().next().unwrap_or_default();
+        let mut lines = stdout.lines();
+        let line = lines.next().unwrap_or_default();
+        let schema = match (
+            &m.function,
+            lines.next().and_then(|l| l.strip_prefix("schema ")),
+        ) {
+            (None, _) => None,
+            (Some(_), Some(s)) => Some(serde_json::from_str(s).map_err(|e| {
+                RunError::Setup(format!(
+                    "{}: the wasm compile step's schema is not JSON: {e}",
+                    spec.tool
+                ))
+            })?),
+            (Some(f), None) => {
+                return Err(RunError::Setup(format!(
+                    "{}: the wasm compile step gave no schema for function `{f}`",
+                    spec.tool
+                )));
+            }
+        };
         let mut it = line.splitn(3, ' ');
         let (kind, sha256, path) = (it.next(), it.next(), it.next());
         match (kind, sha256, path) {
@@ -468,6 +496,7 @@ impl Wasm {
                 let c = Compiled {
                     path: PathBuf::from(path),
                     sha256: sha.to_string(),
+                    schema,
                 };
                 if let (Ok(mut known), Some(id)) = (self.known.lock(), file_id(&c.path)) {
                     known.retain(|(k, _, _, _)| *k != key);
@@ -518,6 +547,10 @@ impl Wasm {
         for mo in &spec.mounts {
             argv.push("--dir".into());
             argv.push(mo.dst.to_string_lossy().into_owned());
+        }
+        if let Some(f) = spec.wasm.as_ref().and_then(|w| w.function.as_ref()) {
+            argv.push("--call".into());
+            argv.push(f.clone());
         }
         argv.push("--".into());
         argv.extend(spec.argv.iter().cloned());
@@ -696,6 +729,17 @@ impl Runtime for Wasm {
 
     fn jail(&self) -> Option<Arc<Jail>> {
         Some(self.native.jail().clone())
+    }
+
+    /// A typed function's arguments schema: the module compiled (or found
+    /// in the cache) and the function's types read by the compile step.
+    fn input_schema(&self, spec: &SandboxSpec) -> Result<Option<serde_json::Value>, String> {
+        if spec.wasm.as_ref().is_none_or(|w| w.function.is_none()) {
+            return Ok(None);
+        }
+        self.compile(spec)
+            .map(|c| c.schema)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -89,6 +89,7 @@ fn main() -> Result<(), String> {
         path: module.clone(),
         sha256: sha.clone(),
         worker: false,
+        function: None,
     });
     limits(&mut per_call);
     let mut worker = per_call.clone();

@@ -32,10 +32,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{Config, Engine, Linker, ResourceLimiter, Store, Trap};
+use wasmtime::component::ResourceTable;
+use wasmtime::{Config, Engine, Linker, Precompiled, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+pub mod component;
 pub mod worker;
 
 /// The runner's exit code for a trap (the kind is on stderr's last line).
@@ -47,6 +50,11 @@ pub const TRAP_MARKER: &str = "cordon-wasm: trap: ";
 pub const SETUP_MARKER: &str = "cordon-wasm: setup: ";
 /// The runner's exit code for such a failure.
 pub const SETUP_EXIT: i32 = 126;
+/// The start of the runner's stderr line when a typed function's
+/// arguments do not fit its parameters.
+pub const ARGUMENTS_MARKER: &str = "cordon-wasm: arguments: ";
+/// The runner's exit code then (nothing of the module ran).
+pub const ARGUMENTS_EXIT: i32 = 2;
 
 /// Elements a table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
@@ -116,17 +124,26 @@ pub struct Compiled {
     pub code_sha256: String,
     /// Whether it was already there (`false`: compiled now).
     pub hit: bool,
+    /// For a typed function (`compile --function NAME`): the JSON Schema
+    /// of its arguments, one line of JSON.
+    pub schema: Option<String>,
 }
 
 impl Compiled {
-    /// The compile step's answer on stdout: `hit|compiled SHA256 PATH`.
+    /// The compile step's answer on stdout: `hit|compiled SHA256 PATH`,
+    /// and for a typed function a second line, `schema JSON`.
     pub fn line(&self) -> String {
-        format!(
+        let mut l = format!(
             "{} {} {}",
             if self.hit { "hit" } else { "compiled" },
             self.code_sha256,
             self.path.display()
-        )
+        );
+        if let Some(s) = &self.schema {
+            l.push_str("\nschema ");
+            l.push_str(s);
+        }
+        l
     }
 
     /// [`Compiled::line`] read back.
@@ -143,14 +160,81 @@ impl Compiled {
             path,
             code_sha256,
             hit,
+            schema: None,
         })
+    }
+}
+
+/// What the bytes of a `.wasm` file are, by their header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A core module (version 1).
+    Module,
+    /// A component (version 0x0d, layer 1).
+    Component,
+}
+
+/// The format of `bytes`, or why it is neither.
+pub fn format_of(bytes: &[u8]) -> Result<Format, String> {
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => Ok(Format::Module),
+        Some([0, b'a', b's', b'm', _, _, 1, 0]) => Ok(Format::Component),
+        _ => Err("not a WebAssembly module or component (its header)".into()),
     }
 }
 
 /// Check `module` against its pinned `sha256`, and have its compiled code
 /// in `cache`: the entry already there when its bytes match the digest
-/// recorded beside it, else compiled now and written atomically.
-pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compiled, String> {
+/// recorded beside it, else compiled now and written atomically. With a
+/// `function`, the module must be a component exporting that function
+/// with types JSON can carry, and the answer has its arguments' schema;
+/// without, a component must be a WASI command.
+pub fn compile_cached(
+    module: &Path,
+    sha256: &str,
+    cache: &Path,
+    function: Option<&str>,
+) -> Result<Compiled, String> {
+    let mut c = compile_code(module, sha256, cache)?;
+    let bytes = fs::read(&c.path)
+        .map_err(|e| format!("wasm cache {}: cannot read: {e}", c.path.display()))?;
+    let what = |e: String| format!("module {}: {e}", module.display());
+    if sha256_hex(&bytes) != c.code_sha256 {
+        return Err(what("its compiled code changed as it was read".into()));
+    }
+    let engine = engine()?;
+    match (Engine::detect_precompiled(&bytes), function) {
+        (Some(Precompiled::Module), None) => {}
+        (Some(Precompiled::Module), Some(f)) => {
+            return Err(what(format!(
+                "a core module: `function: {f}` names a typed function of a component"
+            )));
+        }
+        (Some(Precompiled::Component), f) => {
+            let comp = cordon_sys_wasm::deserialize_component_verified(&engine, &bytes)
+                .map_err(|e| what(format!("{e:#}")))?;
+            component::refuse_sockets(&engine, &comp).map_err(what)?;
+            match f {
+                None if !component::is_command(&engine, &comp) => {
+                    return Err(what(
+                        "a component that exports no `wasi:cli/run`: name the typed function to serve (`function: NAME`)".into(),
+                    ));
+                }
+                None => {}
+                Some(f) => {
+                    let func = component::find(&engine, &comp, f).map_err(what)?;
+                    let schema = component::schema(&func)
+                        .map_err(|e| what(format!("function `{f}`: {e}")))?;
+                    c.schema = Some(schema.to_string());
+                }
+            }
+        }
+        (None, _) => return Err(what("its compiled code is not wasmtime's".into())),
+    }
+    Ok(c)
+}
+
+fn compile_code(module: &Path, sha256: &str, cache: &Path) -> Result<Compiled, String> {
     let bytes =
         fs::read(module).map_err(|e| format!("module {}: cannot read: {e}", module.display()))?;
     let actual = sha256_hex(&bytes);
@@ -174,13 +258,17 @@ pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compi
                 path,
                 code_sha256: recorded.to_string(),
                 hit: true,
+                schema: None,
             });
         }
         // A torn or altered entry: compiled again below, never loaded.
     }
-    let code = engine
-        .precompile_module(&bytes)
-        .map_err(|e| format!("module {}: does not compile: {e:#}", module.display()))?;
+    let code = match format_of(&bytes) {
+        Ok(Format::Module) => engine.precompile_module(&bytes),
+        Ok(Format::Component) => engine.precompile_component(&bytes),
+        Err(e) => return Err(format!("module {}: {e}", module.display())),
+    }
+    .map_err(|e| format!("module {}: does not compile: {e:#}", module.display()))?;
     let code_sha256 = sha256_hex(&code);
     fs::create_dir_all(cache)
         .and_then(|()| fs::set_permissions(cache, fs::Permissions::from_mode(0o755)))
@@ -191,6 +279,7 @@ pub fn compile_cached(module: &Path, sha256: &str, cache: &Path) -> Result<Compi
         path,
         code_sha256,
         hit: false,
+        schema: None,
     })
 }
 
@@ -300,6 +389,8 @@ pub enum Failure {
     /// It wrote past its output cap and was stopped there (a worker's
     /// call; a runner alone is stopped by the jail).
     OutputCap,
+    /// A typed function's arguments do not fit its parameters: why.
+    Arguments(String),
 }
 
 /// One run inside the jail.
@@ -317,6 +408,10 @@ pub struct RunOptions {
     pub dirs: Vec<String>,
     /// The module's argv (`argv[0]` its name).
     pub argv: Vec<String>,
+    /// The typed function of a component to call (its arguments, a JSON
+    /// object, on stdin; its result, JSON, on stdout); `None`: run the
+    /// module's or component's command (`_start`, `wasi:cli/run`).
+    pub call: Option<String>,
 }
 
 /// Linear memory past its limit.
@@ -373,15 +468,44 @@ struct State {
     limiter: Limiter,
 }
 
+/// A component's store: WASI 0.2 and its resources.
+struct P2State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+}
+
+impl WasiView for P2State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// What was loaded, its imports resolved once: each run only makes the
+/// instance.
+enum Pre {
+    /// A WASI preview 1 command module (`_start`).
+    Module(wasmtime::InstancePre<State>),
+    /// A WASI 0.2 command component (`wasi:cli/run`).
+    Command(CommandPre<P2State>),
+    /// A component's typed function.
+    Function {
+        pre: wasmtime::component::InstancePre<P2State>,
+        name: String,
+        ty: wasmtime::component::types::ComponentFunc,
+    },
+}
+
 /// A module loaded and linked once, run any number of times, each run in a
 /// fresh [`Store`] and instance (the warm worker, [`crate::worker`]).
 pub struct Loaded {
     engine: Engine,
-    /// The module with its imports resolved, once: each run only makes
-    /// the instance.
-    pre: wasmtime::InstancePre<State>,
+    pre: Pre,
     #[cfg(test)]
-    module: wasmtime::Module,
+    module: Option<wasmtime::Module>,
     #[cfg(test)]
     linker: Linker<State>,
 }
@@ -400,20 +524,57 @@ pub fn load(o: &RunOptions) -> Result<Loaded, Failure> {
             o.code_sha256
         )));
     }
-    let module = cordon_sys_wasm::deserialize_verified(&engine, &code)
-        .map_err(|e| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display())))?;
-    drop(code);
+    let bad =
+        |e: wasmtime::Error| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display()));
+    let link = |e: wasmtime::Error| Failure::Setup(format!("linking the module: {e:#}"));
     let mut linker: Linker<State> = Linker::new(&engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
         .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
-    let pre = linker
-        .instantiate_pre(&module)
-        .map_err(|e| Failure::Setup(format!("linking the module: {e:#}")))?;
+    #[cfg(test)]
+    let mut kept = None;
+    let pre = match Engine::detect_precompiled(&code) {
+        Some(Precompiled::Component) => {
+            let comp =
+                cordon_sys_wasm::deserialize_component_verified(&engine, &code).map_err(bad)?;
+            component::refuse_sockets(&engine, &comp).map_err(Failure::Setup)?;
+            let mut l = wasmtime::component::Linker::<P2State>::new(&engine);
+            wasmtime_wasi::p2::add_to_linker_sync(&mut l)
+                .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
+            let pre = l.instantiate_pre(&comp).map_err(link)?;
+            match &o.call {
+                None => Pre::Command(CommandPre::new(pre).map_err(|e| {
+                    Failure::Setup(format!(
+                        "the component is not a WASI command (no `wasi:cli/run`): {e:#}"
+                    ))
+                })?),
+                Some(name) => Pre::Function {
+                    ty: component::find(&engine, &comp, name).map_err(Failure::Setup)?,
+                    name: name.clone(),
+                    pre,
+                },
+            }
+        }
+        _ if o.call.is_some() => {
+            return Err(Failure::Setup(
+                "a core module has no typed functions to call".into(),
+            ));
+        }
+        _ => {
+            let module = cordon_sys_wasm::deserialize_verified(&engine, &code).map_err(bad)?;
+            let pre = linker.instantiate_pre(&module).map_err(link)?;
+            #[cfg(test)]
+            {
+                kept = Some(module);
+            }
+            Pre::Module(pre)
+        }
+    };
+    drop(code);
     Ok(Loaded {
         engine,
         pre,
         #[cfg(test)]
-        module,
+        module: kept,
         #[cfg(test)]
         linker,
     })
@@ -463,7 +624,29 @@ pub(crate) fn run_in(
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
+    let function = matches!(loaded.pre, Pre::Function { .. });
+    // A typed function's arguments come on stdin, its result goes on
+    // stdout: the component itself gets no stdin, and its own writes to
+    // stdout go to stderr.
+    let mut call_input = Vec::new();
+    let mut call_output: Option<worker::Capped> = None;
     match stdio {
+        Stdio::Inherit if function => {
+            use std::io::Read;
+            std::io::stdin()
+                .read_to_end(&mut call_input)
+                .map_err(|e| Failure::Setup(format!("reading the arguments (stdin): {e}")))?;
+            b.stdout(std::io::stderr()).inherit_stderr();
+        }
+        Stdio::Memory {
+            stdin,
+            stdout,
+            stderr,
+        } if function => {
+            call_input = stdin;
+            call_output = Some(stdout);
+            b.stdout(stderr.clone()).stderr(stderr);
+        }
         Stdio::Inherit => {
             // Stdin read straight from the runner's fd 0 on the calling
             // thread: `inherit_stdin` hands every read to a helper thread,
@@ -491,29 +674,86 @@ pub(crate) fn run_in(
         b.preopened_dir(d, d, DirPerms::READ, FilePerms::READ)
             .map_err(|e| Failure::Setup(format!("preopen {d}: {e:#}")))?;
     }
-    let state = State {
-        wasi: b.build_p1(),
-        limiter: Limiter {
-            memory: usize::try_from(o.memory).unwrap_or(usize::MAX),
-        },
+    let limiter = Limiter {
+        memory: usize::try_from(o.memory).unwrap_or(usize::MAX),
     };
-    let mut store = Store::new(&loaded.engine, state);
-    store.limiter(|s| &mut s.limiter);
-    store.set_epoch_deadline(deadline);
-    store.epoch_deadline_trap();
-
-    let result = loaded
-        .pre
-        .instantiate(&mut store)
-        .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
-        .and_then(|start| start.call(&mut store, ()));
+    let result = match &loaded.pre {
+        Pre::Module(pre) => {
+            let mut store = Store::new(
+                &loaded.engine,
+                State {
+                    wasi: b.build_p1(),
+                    limiter,
+                },
+            );
+            store.limiter(|s| &mut s.limiter);
+            store.set_epoch_deadline(deadline);
+            store.epoch_deadline_trap();
+            pre.instantiate(&mut store)
+                .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
+                .and_then(|start| start.call(&mut store, ()))
+                .map(|()| 0)
+        }
+        Pre::Command(pre) => {
+            let mut store = p2_store(loaded, b.build(), limiter, deadline);
+            pre.instantiate(&mut store)
+                .and_then(|cmd| cmd.wasi_cli_run().call_run(&mut store))
+                .map(|r| i32::from(r.is_err()))
+        }
+        Pre::Function { pre, name, ty } => {
+            let args = match component::arguments(ty, &call_input) {
+                Ok(a) => a,
+                Err(why) => return Err(Failure::Arguments(why)),
+            };
+            let mut store = p2_store(loaded, b.build(), limiter, deadline);
+            let mut results = vec![wasmtime::component::Val::Bool(false); ty.results().len()];
+            let called = pre
+                .instantiate(&mut store)
+                .and_then(|inst| {
+                    inst.get_func(&mut store, name.as_str())
+                        .ok_or_else(|| wasmtime::Error::msg(format!("no function `{name}`")))
+                })
+                .and_then(|f| {
+                    f.call(&mut store, &args, &mut results)?;
+                    f.post_return(&mut store)
+                });
+            called.and_then(|()| {
+                let (bytes, code) = component::output(&results);
+                match &call_output {
+                    Some(out) => out.put(&bytes).map_err(wasmtime::Error::new)?,
+                    None => {
+                        let mut out = std::io::stdout().lock();
+                        out.write_all(&bytes)
+                            .and_then(|()| out.flush())
+                            .map_err(|e| wasmtime::Error::msg(format!("stdout: {e}")))?;
+                    }
+                }
+                Ok(code)
+            })
+        }
+    };
     match result {
-        Ok(()) => Ok(0),
+        Ok(code) => Ok(code),
         Err(e) => match classify(e) {
             Classified::Exit(c) => Ok(c),
             Classified::Failure(f) => Err(f),
         },
     }
+}
+
+fn p2_store(loaded: &Loaded, wasi: WasiCtx, limiter: Limiter, deadline: u64) -> Store<P2State> {
+    let mut store = Store::new(
+        &loaded.engine,
+        P2State {
+            wasi,
+            table: ResourceTable::new(),
+            limiter,
+        },
+    );
+    store.limiter(|s| &mut s.limiter);
+    store.set_epoch_deadline(deadline);
+    store.epoch_deadline_trap();
+    store
 }
 
 enum Classified {

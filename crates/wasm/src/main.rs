@@ -1,10 +1,11 @@
 //! `cordon-wasm`: the runner of `runtime: wasm` tools (see the library).
 //!
 //! ```text
-//! cordon-wasm compile MODULE SHA256 CACHE_DIR
+//! cordon-wasm compile MODULE SHA256 CACHE_DIR [FUNCTION]
 //!     -> stdout: `hit|compiled CODE_SHA256 CODE_PATH`
+//!        (and with a FUNCTION, `schema JSON`: its arguments' schema)
 //! cordon-wasm run --code PATH --code-sha256 HEX --memory BYTES --wall-ms MS
-//!     [--dir PATH]... -- ARGV0 [ARG]...
+//!     [--dir PATH]... [--call FUNCTION] -- ARGV0 [ARG]...
 //! cordon-wasm serve --output-bytes N --stderr-bytes N (then as run)
 //!     -> one call per request on stdin, one reply each on stdout
 //! ```
@@ -16,7 +17,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cordon_wasm::{Failure, RunOptions, SETUP_EXIT, SETUP_MARKER, TRAP_EXIT, TRAP_MARKER};
+use cordon_wasm::{
+    ARGUMENTS_EXIT, ARGUMENTS_MARKER, Failure, RunOptions, SETUP_EXIT, SETUP_MARKER, TRAP_EXIT,
+    TRAP_MARKER,
+};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -45,11 +49,15 @@ fn main() -> ExitCode {
 }
 
 fn compile(args: &[String]) -> ExitCode {
-    let [module, sha, cache] = args else {
-        eprintln!("usage: cordon-wasm compile MODULE SHA256 CACHE_DIR");
-        return ExitCode::from(2);
+    let (module, sha, cache, function) = match args {
+        [m, s, c] => (m, s, c, None),
+        [m, s, c, f] => (m, s, c, Some(f.as_str())),
+        _ => {
+            eprintln!("usage: cordon-wasm compile MODULE SHA256 CACHE_DIR [FUNCTION]");
+            return ExitCode::from(2);
+        }
     };
-    match cordon_wasm::compile_cached(module.as_ref(), sha, cache.as_ref()) {
+    match cordon_wasm::compile_cached(module.as_ref(), sha, cache.as_ref(), function) {
         Ok(c) => {
             println!("{}", c.line());
             ExitCode::SUCCESS
@@ -69,6 +77,7 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
         wall: Duration::ZERO,
         dirs: Vec::new(),
         argv: Vec::new(),
+        call: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -93,6 +102,7 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
                 )
             }
             "--dir" => o.dirs.push(value()?),
+            "--call" => o.call = Some(value()?),
             "--" => {
                 o.argv = it.cloned().collect();
                 break;
@@ -140,6 +150,10 @@ fn run(o: &RunOptions) -> ExitCode {
         Err(Failure::Setup(why)) => setup_failed(&why),
         // Only a worker's calls have an output cap of their own.
         Err(Failure::OutputCap) => setup_failed("output past its cap"),
+        Err(Failure::Arguments(why)) => {
+            eprintln!("{ARGUMENTS_MARKER}{why}");
+            ExitCode::from(ARGUMENTS_EXIT as u8)
+        }
         Err(Failure::Trap(kind, detail)) => {
             // Last: the runtime reads the kind from stderr's last line.
             eprintln!("{detail}");

@@ -76,7 +76,7 @@ impl Capped {
     }
 
     /// Keep what fits; `Err` when past the cap and stopping.
-    fn put(&self, bytes: &[u8]) -> Result<(), OutputCapHit> {
+    pub(crate) fn put(&self, bytes: &[u8]) -> Result<(), OutputCapHit> {
         self.total.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         let Ok(mut kept) = self.kept.lock() else {
             return Err(OutputCapHit);
@@ -189,8 +189,6 @@ pub fn serve(o: &RunOptions, output_cap: u64, stderr_cap: u64) -> Result<(), Str
             deadline,
         );
         let run = began.elapsed();
-        let (out, out_total) = stdout.taken();
-        let (err, err_total) = stderr.taken();
         let (end, over) = match r {
             Ok(code) => (End::Exit(code), false),
             Err(Failure::OutputCap) => (End::Exit(0), true),
@@ -202,7 +200,15 @@ pub fn serve(o: &RunOptions, output_cap: u64, stderr_cap: u64) -> Result<(), Str
                 false,
             ),
             Err(Failure::Setup(why)) => (End::Setup(why), false),
+            Err(Failure::Arguments(why)) => {
+                let line = format!("{}{why}\n", crate::ARGUMENTS_MARKER);
+                // stderr drops what is past its cap: never an error.
+                let _ = stderr.put(line.as_bytes());
+                (End::Exit(crate::ARGUMENTS_EXIT), false)
+            }
         };
+        let (out, out_total) = stdout.taken();
+        let (err, err_total) = stderr.taken();
         let reply = Reply {
             end,
             stdout_over: over || out_total > out.len() as u64,
@@ -255,6 +261,7 @@ mod tests {
             &module,
             &crate::sha256_hex(&bytes),
             &dir.path().join("cache"),
+            None,
         )
         .unwrap();
         let o = RunOptions {
@@ -264,6 +271,7 @@ mod tests {
             wall: Duration::from_secs(10),
             dirs: Vec::new(),
             argv: vec!["m".into()],
+            call: None,
         };
         let loaded = crate::load(&o).unwrap();
 
@@ -281,7 +289,7 @@ mod tests {
         store.set_epoch_deadline(1 << 30);
         let inst = loaded
             .linker
-            .instantiate(&mut store, &loaded.module)
+            .instantiate(&mut store, loaded.module.as_ref().unwrap())
             .unwrap();
         let start = inst.get_typed_func::<(), ()>(&mut store, "_start").unwrap();
         start.call(&mut store, ()).unwrap();

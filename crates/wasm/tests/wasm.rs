@@ -84,6 +84,7 @@ fn spec(module: &Path, argv: &[&str]) -> SandboxSpec {
         path: module.to_path_buf(),
         sha256: sha(module),
         worker: false,
+        function: None,
     });
     s.limits.wall = Duration::from_secs(20);
     s
@@ -196,6 +197,7 @@ fn a_module_whose_sha256_differs_is_refused() {
         path: m.clone(),
         sha256: expected.clone(),
         worker: false,
+        function: None,
     });
     let want = format!("sha256 mismatch: expected {expected}, actual {actual}");
     let problems = rt.check(&wrong).problems;
