@@ -59,11 +59,54 @@ fn setup() -> Setup {
     let module = dir.join("json-check.wasm");
     build_wasm("examples/wasm/json-check.c", &module);
     build_wasm("crates/probes/wasm/probe.c", &dir.join("cordon-probe.wasm"));
-    let example =
+    // The components, as scripts/build-wasm-example.sh makes them.
+    componentize(
+        &["command", "json-check.wasm", "json-check.component.wasm"],
+        &dir,
+    );
+    componentize(
+        &[
+            "command",
+            "cordon-probe.wasm",
+            "cordon-probe.component.wasm",
+        ],
+        &dir,
+    );
+    let r = Command::new("clang-14")
+        .args([
+            "--target=wasm32-wasi",
+            "--sysroot=/usr",
+            "-O2",
+            "-mexec-model=reactor",
+            "-o",
+        ])
+        .arg(dir.join("json-tools.core.wasm"))
+        .arg(repo().join("examples/wasm/json-tools.c"))
+        .output()
+        .expect("clang-14");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let wit = repo().join("examples/wasm/json-tools.wit");
+    componentize(
+        &[
+            "exports",
+            "json-tools.core.wasm",
+            &wit.display().to_string(),
+            "json-tools",
+            "json-tools.wasm",
+        ],
+        &dir,
+    );
+    let mut example =
         fs::read_to_string(repo().join("examples/wasm.yaml")).expect("read examples/wasm.yaml");
-    let from = "path: ../target/wasm/json-check.wasm";
-    assert!(example.contains(from), "examples/wasm.yaml names {from}");
-    let example = example.replace(from, &format!("path: {}", module.display()));
+    for name in [
+        "json-check.wasm",
+        "json-check.component.wasm",
+        "json-tools.wasm",
+    ] {
+        let from = format!("path: ../target/wasm/{name}\n");
+        assert!(example.contains(&from), "examples/wasm.yaml names {from}");
+        example = example.replace(&from, &format!("path: {}\n", dir.join(name).display()));
+    }
     let manifest = dir.join("wasm.yaml");
     fs::write(&manifest, &example).expect("write manifest");
     Setup {
@@ -108,6 +151,29 @@ impl Setup {
         let p = self.dir.join(name);
         fs::write(&p, yaml).expect("write manifest");
         p.display().to_string()
+    }
+}
+
+/// `cordon-wasm-componentize` (built beside cordon) with `args`, in `dir`.
+fn componentize(args: &[&str], dir: &Path) {
+    let tool = Path::new(CORDON).with_file_name("cordon-wasm-componentize");
+    let r = Command::new(&tool)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: build it with `cargo build -p cordon-wasm-componentize`",
+                tool.display()
+            )
+        });
+    assert!(
+        r.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    if let Some(out) = args.last() {
+        fs::set_permissions(dir.join(out), fs::Permissions::from_mode(0o644)).expect("chmod");
     }
 }
 
@@ -184,8 +250,28 @@ fn probe_holds_every_probe_of_the_example() {
             "{p} not held:\n{out}"
         );
     }
+    // The module, and its three component tools probed by the probe
+    // module as a component (`network` said not to apply, with why).
     assert!(
         out.contains("10 held, 0 escaped, 0 error, 22 skipped, 0 void"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("9 held, 0 escaped, 0 error, 23 skipped, 0 void")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("cordon-probe.component.wasm as the module of")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "SKIPPED  network        not applicable: a component is linked with no socket"
+        ),
         "{out}"
     );
     assert!(
@@ -462,4 +548,111 @@ fn a_one_shot_run_on_a_worker_leaves_no_root_directory_behind() {
         text(&o.stderr)
     );
     assert_eq!(roots(), Vec::<String>::new(), "left behind after the run");
+}
+
+/// `cordon serve` lists each typed function of the example's component as
+/// a tool whose input schema is read from the component's types, calls it
+/// with the caller's arguments as JSON and answers its result as JSON;
+/// arguments the schema refuses never reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_lists_a_components_typed_functions_with_their_schemas_and_calls_them() {
+    use cordon_mcp::rmcp::ServiceExt as _;
+    use cordon_testkit::serve::{Serve, call};
+    let s = setup();
+    let audit = s.dir.join("serve-audit.jsonl");
+    let serve = Serve::manifest(CORDON, &s.manifest, &audit)
+        .arg("--no-probe")
+        .env("CORDON_WASM_PROBE", s.dir.join("cordon-probe.wasm"))
+        .http();
+    let c = ().serve(cordon_mcp::http_client(&serve.url)).await.unwrap();
+    let tools = c.list_all_tools().await.unwrap();
+    let schema = |name: &str| {
+        let t = tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name} listed: {tools:?}"));
+        serde_json::Value::Object((*t.input_schema).clone())
+    };
+    assert_eq!(
+        schema("json_parse"),
+        serde_json::json!({"type": "object", "properties": {"document": {"type": "string"}},
+                           "required": ["document"], "additionalProperties": false})
+    );
+    assert_eq!(
+        schema("json_check_all")["properties"]["max-depth"],
+        serde_json::json!({"anyOf": [{"type": "null"},
+                                     {"type": "integer", "minimum": 0, "maximum": 4294967295u64}]})
+    );
+    let texts = |r: &cordon_mcp::rmcp::model::CallToolResult| -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect()
+    };
+    let ok = call(
+        &c,
+        "json_parse",
+        serde_json::json!({"document": "[1, {\"a\": 2}]"}),
+    )
+    .await
+    .unwrap();
+    assert_ne!(ok.is_error, Some(true), "{ok:?}");
+    assert!(texts(&ok).contains(r#"{"depth":2,"values":4}"#), "{ok:?}");
+    // The function's own error: the tool failed, its value answered.
+    let bad = call(&c, "json_parse", serde_json::json!({"document": "[1,"}))
+        .await
+        .unwrap();
+    assert_eq!(bad.is_error, Some(true), "{bad:?}");
+    assert!(
+        texts(&bad).contains(r#"{"byte":3,"reason":"value expected"}"#),
+        "{bad:?}"
+    );
+    let all = call(
+        &c,
+        "json_check_all",
+        serde_json::json!({"documents": ["[1]", "nope"], "max-depth": 3}),
+    )
+    .await
+    .unwrap();
+    assert!(texts(&all).contains("[true,false]"), "{all:?}");
+    // Refused by the schema before anything runs.
+    let refused = call(&c, "json_parse", serde_json::json!({"document": 7}))
+        .await
+        .expect_err("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("json_parse: arguments refused by input_schema at /document"),
+        "{refused}"
+    );
+    c.cancel().await.unwrap();
+    let runs = fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["tool"] == "json_parse")
+        .count();
+    assert_eq!(runs, 3, "two calls and the refusal, each audited");
+}
+
+/// A function the component does not export: the tool is refused at
+/// `cordon check`, naming the functions there are.
+#[test]
+fn check_refuses_a_function_the_component_does_not_export() {
+    let s = setup();
+    let m = s.variant(
+        "nope.yaml",
+        &s.example
+            .replace("      function: check\n", "      function: parse\n"),
+    );
+    let o = s.cordon(&["check", "-m", &m], b"");
+    assert_ne!(o.status.code(), Some(0));
+    let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(
+        all.contains("the component exports no function `parse`; its functions: check, check-all"),
+        "{all}"
+    );
+    // The control: the example as it is passes.
+    let ok = s.cordon(&["check", "-m", &s.manifest.display().to_string()], b"");
+    assert_eq!(ok.status.code(), Some(0));
 }

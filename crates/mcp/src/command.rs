@@ -135,6 +135,13 @@ pub(crate) async fn call(
     }
     if matches!(o.status, Status::Exited | Status::Killed) {
         let mut msg = o.reason.clone().into_bytes();
+        // A typed function's error is a value of its own (its `result`'s
+        // error, as JSON on stdout): the answer, through the same gate
+        // path as the message.
+        if policy.input.json && o.status == Status::Exited && !o.stdout.is_empty() {
+            msg.extend_from_slice(b"\n");
+            msg.extend_from_slice(o.stdout.trim_ascii_end());
+        }
         let stderr = String::from_utf8_lossy(&o.stderr);
         if !stderr.trim().is_empty() {
             msg.extend_from_slice(b"\n");

@@ -806,4 +806,29 @@ fn a_wasm_tool_needs_its_pinned_module_and_p1() {
         4,
         "`runtime: wasm` runs P1 tools only",
     );
+    // A typed function: its input is its parameters, not `input` or an argv.
+    let f = format!(
+        "version: 1\ntools:\n  w:\n    profile: P1\n    runtime: wasm\n    module: {{path: m.wasm, sha256: {h}, function: check}}\n    network: none\n"
+    );
+    let l = load_str(Path::new("dir/m.yaml"), &f).expect("valid");
+    assert!(
+        matches!(&l.policy.tools["w"].exec, Exec::Wasm { function: Some(f), .. } if f == "check")
+    );
+    assert!(
+        l.policy.tools["w"].input.json,
+        "its arguments go on stdin as JSON"
+    );
+    assert_one(
+        &f.replace("    network: none\n", "    network: none\n    input: {}\n"),
+        6,
+        "`input` does not apply to a typed function (`function: check`)",
+    );
+    assert_one(
+        &f.replace(
+            "    network: none\n",
+            "    network: none\n    command: [check]\n",
+        ),
+        6,
+        "`command` does not apply to a typed function (`function: check`)",
+    );
 }

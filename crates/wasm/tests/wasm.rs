@@ -350,13 +350,248 @@ fn the_examples_pin_is_the_module_its_source_builds() {
     let manifest =
         fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm.yaml"))
             .expect("examples/wasm.yaml");
-    let pinned = manifest
+    let pins: Vec<&str> = manifest
         .lines()
-        .find_map(|l| l.trim().strip_prefix("sha256: "))
-        .expect("a sha256 pin");
+        .filter_map(|l| l.trim().strip_prefix("sha256: "))
+        .collect();
     assert_eq!(
-        pinned, built,
+        pins.first().copied(),
+        Some(built.as_str()),
         "examples/wasm.yaml pins another build of examples/wasm/json-check.c"
+    );
+    // Its components, built by scripts/build-wasm-example.sh's steps.
+    for (m, what) in [
+        (json_check_component(&d), "json-check.component.wasm"),
+        (json_tools(&d), "json-tools.wasm"),
+    ] {
+        let built = sha(&m);
+        assert!(
+            pins.contains(&built.as_str()),
+            "examples/wasm.yaml pins another build of {what} (built: {built})"
+        );
+    }
+}
+
+/// `cordon-wasm-componentize` (crates/wasm-componentize), built beside
+/// the runner by the workspace's build, with `args`.
+fn componentize(args: &[&Path]) {
+    let tool =
+        Path::new(env!("CARGO_BIN_EXE_cordon-wasm")).with_file_name("cordon-wasm-componentize");
+    let r = Command::new(&tool).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: build it with `cargo build -p cordon-wasm-componentize`",
+            tool.display()
+        )
+    });
+    assert!(
+        r.status.success(),
+        "{}: {}",
+        tool.display(),
+        String::from_utf8_lossy(&r.stderr)
+    );
+    for a in args {
+        if a.extension().is_some_and(|x| x == "wasm") && a.exists() {
+            fs::set_permissions(a, fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
+    }
+}
+
+/// The example parser as a WASI 0.2 command component, built into `dir`
+/// as scripts/build-wasm-example.sh builds it.
+fn json_check_component(dir: &Path) -> PathBuf {
+    let out = dir.join("json-check.component.wasm");
+    componentize(&[Path::new("command"), &json_check(dir), &out]);
+    out
+}
+
+/// The example's typed functions (examples/wasm/json-tools.c and .wit) as
+/// a component, built into `dir` as scripts/build-wasm-example.sh builds it.
+fn json_tools(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm");
+    let core = dir.join("json-tools.core.wasm");
+    let r = Command::new("clang-14")
+        .args([
+            "--target=wasm32-wasi",
+            "--sysroot=/usr",
+            "-O2",
+            "-mexec-model=reactor",
+            "-o",
+        ])
+        .arg(&core)
+        .arg(src.join("json-tools.c"))
+        .output()
+        .expect("clang-14 (scripts/setup.sh installs it)");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let out = dir.join("json-tools.wasm");
+    componentize(&[
+        Path::new("exports"),
+        &core,
+        &src.join("json-tools.wit"),
+        Path::new("json-tools"),
+        &out,
+    ]);
+    out
+}
+
+fn function(mut s: SandboxSpec, name: &str) -> SandboxSpec {
+    if let Some(w) = s.wasm.as_mut() {
+        w.function = Some(name.to_string());
+    }
+    s
+}
+
+wasm_test!(a_components_typed_function_takes_json_arguments_and_answers_json);
+fn a_components_typed_function_takes_json_arguments_and_answers_json() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let m = json_tools(&d);
+    for on_worker in [false, true] {
+        let mut s = function(spec(&m, &["json-tools"]), "check");
+        if on_worker {
+            s = worker(s);
+        }
+        // Its schema, read from the component's types.
+        let schema = rt.input_schema(&s).expect("admitted").expect("a schema");
+        assert_eq!(
+            schema,
+            serde_json::json!({"type": "object", "properties": {"document": {"type": "string"}},
+                               "required": ["document"], "additionalProperties": false})
+        );
+        let ok = call(&rt, &s, br#"{"document": "{\"a\": [1, 2]}"}"#);
+        assert_eq!(ok.status, Status::Ok, "{ok:?} {}", text(&ok.stderr));
+        assert_eq!(text(&ok.stdout), "{\"depth\":2,\"values\":4}\n");
+        // An error of the function's own `result`: exit 1, its value.
+        let bad = call(&rt, &s, br#"{"document": "[1,"}"#);
+        assert_eq!(
+            (bad.status, bad.exit_code),
+            (Status::Exited, Some(1)),
+            "{bad:?}"
+        );
+        assert_eq!(
+            text(&bad.stdout),
+            "{\"byte\":3,\"reason\":\"value expected\"}\n"
+        );
+        // Arguments that do not fit the parameters: refused before the
+        // function runs, naming the argument.
+        for (args, why) in [
+            (
+                &br#"{"document": 7}"#[..],
+                "`document`: expected a string, found a number",
+            ),
+            (b"{}", "argument `document` is missing"),
+            (
+                br#"{"document": "1", "more": 1}"#,
+                "argument `more`: the function has no such parameter",
+            ),
+            (b"not json", "not JSON"),
+        ] {
+            let o = call(&rt, &s, args);
+            assert_eq!(o.exit_code, Some(cordon_wasm::ARGUMENTS_EXIT), "{o:?}");
+            assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+            let err = text(&o.stderr);
+            assert!(
+                err.contains(&format!("{}{why}", cordon_wasm::ARGUMENTS_MARKER)),
+                "{err}"
+            );
+        }
+        // A list, an omitted option and a given one.
+        let all = function(s.clone(), "check-all");
+        let o = call(&rt, &all, br#"{"documents": ["[1]", "{", "[[[0]]]"]}"#);
+        assert_eq!(text(&o.stdout), "[true,false,true]\n", "{o:?}");
+        let o = call(
+            &rt,
+            &all,
+            br#"{"documents": ["[1]", "[[[0]]]"], "max-depth": 2}"#,
+        );
+        assert_eq!(text(&o.stdout), "[true,false]\n", "{o:?}");
+    }
+    assert_eq!(rt.workers_started(), 2, "one worker per function");
+}
+
+wasm_test!(a_command_component_runs_as_its_module_does);
+fn a_command_component_runs_as_its_module_does() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let module = spec(&json_check(&d), &["json-check"]);
+    let component = spec(&json_check_component(&d), &["json-check"]);
+    assert_eq!(rt.input_schema(&component).expect("admitted"), None);
+    for input in [&br#"{"a": [1, 2]}"#[..], b"[1, 2,]"] {
+        let (a, b) = (call(&rt, &module, input), call(&rt, &component, input));
+        assert_eq!((a.status, a.exit_code), (b.status, b.exit_code), "{b:?}");
+        assert_eq!(text(&a.stdout), text(&b.stdout));
+    }
+    // On a worker too.
+    let o = call(&rt, &worker(component), b"[true]");
+    assert_eq!(text(&o.stdout), "ok: 2 values, depth 1\n", "{o:?}");
+}
+
+/// A component exporting `seven: func() -> u32`, importing `imports`.
+fn seven(d: &Path, name: &str, imports: &str) -> PathBuf {
+    wat(
+        d,
+        name,
+        &format!(
+            r#"(component
+  {imports}
+  (core module $m (func (export "f") (result i32) i32.const 7))
+  (core instance $i (instantiate $m))
+  (func (export "seven") (result u32) (canon lift (core func $i "f"))))"#
+        ),
+    )
+}
+
+wasm_test!(a_component_importing_a_socket_interface_is_refused);
+fn a_component_importing_a_socket_interface_is_refused() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    // Positive control: the same component without the import is called.
+    let plain = function(spec(&seven(&d, "plain", ""), &["seven"]), "seven");
+    assert!(rt.input_schema(&plain).is_ok());
+    assert_eq!(text(&call(&rt, &plain, b"{}").stdout), "7\n");
+    let net = function(
+        spec(
+            &seven(&d, "net", r#"(import "wasi:sockets/tcp@0.2.0" (instance))"#),
+            &["seven"],
+        ),
+        "seven",
+    );
+    let why = rt.input_schema(&net).expect_err("refused");
+    assert!(
+        why.contains("the component imports wasi:sockets/tcp@0.2.0: a wasm tool has no network"),
+        "{why}"
+    );
+    let e = rt
+        .run(&net, b"{}".to_vec(), &Context::discard("t"))
+        .expect_err("refused");
+    assert!(matches!(e, RunError::Refused(_)), "{e:?}");
+}
+
+wasm_test!(a_function_that_is_not_there_or_of_a_core_module_is_refused);
+fn a_function_that_is_not_there_or_of_a_core_module_is_refused() {
+    let d = cordon_testkit::scratch();
+    let rt = runtime(&d.join("cache"));
+    let m = json_tools(&d);
+    let why = rt
+        .input_schema(&function(spec(&m, &["t"]), "parse"))
+        .expect_err("refused");
+    assert!(
+        why.contains("the component exports no function `parse`; its functions: check, check-all"),
+        "{why}"
+    );
+    // Without a function, a component that is no command is refused.
+    let e = rt
+        .run(&spec(&m, &["t"]), Vec::new(), &Context::discard("t"))
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("a component that exports no `wasi:cli/run`: name the typed function"),
+        "{e}"
+    );
+    let core = function(spec(&json_check(&d), &["t"]), "check");
+    let why = rt.input_schema(&core).expect_err("refused");
+    assert!(
+        why.contains("a core module: `function: check` names a typed function of a component"),
+        "{why}"
     );
 }
 
