@@ -191,6 +191,23 @@ static int value(size_t depth) {
 }
 
 #ifndef JSON_CHECK_LIBRARY
+#ifdef __wasm__
+/* The canonical ABI's allocator, for the component build of this program
+ * (scripts/build-wasm-example.sh): with it, wasmtime's preview 1 adapter
+ * takes the memory it keeps from malloc; without it, the adapter grows
+ * linear memory itself, under the feet of this wasi-libc's malloc, which
+ * then hands out the adapter's pages. */
+__attribute__((export_name("cabi_realloc")))
+void *cabi_realloc(void *old, size_t old_size, size_t align, size_t new_size) {
+    (void)old_size;
+    (void)align; /* malloc's alignment (16) covers the adapter's */
+    void *p = realloc(old, new_size ? new_size : 1);
+    if (!p)
+        abort();
+    return p;
+}
+#endif
+
 int main(int argc, char **argv) {
     FILE *in = stdin;
     if (argc > 2) {

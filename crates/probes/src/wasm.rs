@@ -66,7 +66,7 @@ fn not_applicable(probe: &str) -> Option<&'static str> {
         "processes" | "fork" | "daemon" => {
             "not applicable: WASI preview 1 has no call that starts a process or a thread; the runner's own tasks are bounded by the P1 jail (`cordon probe --profile P1`)"
         }
-        "tmp_persist" | "fresh_task" | "disk" => {
+        "tmp_persist" | "disk" => {
             "not applicable: the module has no writable directory (the runner preopens the manifest's mounts read-only, see `write`), so nothing it could leave for the next call"
         }
         "fd_limit" => {
@@ -426,6 +426,36 @@ pub fn run_wasm_suite(target: &WasmTarget, profile: &Profile, filter: &Filter) -
         return report(target, profile, results);
     }
 
+    // Two calls in a row (on one warm worker, for a tool served by one):
+    // the second must see nothing of the first's globals or memory.
+    if wanted("fresh_task") {
+        let started = Instant::now();
+        let calls = [0, 1].map(|_| target.call(&["fresh_task".to_string()]));
+        let took = started.elapsed();
+        let (v, ev, o) = match &calls {
+            [Ok(_), Ok(second)] => match lines(&second.stdout)
+                .iter()
+                .find(|l| l.probe == "fresh_task")
+            {
+                Some(l) => {
+                    let (v, ev) = judge_line(l);
+                    (
+                        v,
+                        format!("the second of two calls in a row: {ev}"),
+                        Some(second),
+                    )
+                }
+                None => (
+                    Verdict::Error,
+                    format!("no answer from the probe module ({})", ended(second)),
+                    Some(second),
+                ),
+            },
+            [Err(e), _] | [_, Err(e)] => (Verdict::Error, e.clone(), None),
+        };
+        results.push(result(info("fresh_task"), v, ev, took, o));
+    }
+
     // One call each: the runtime is expected to stop the module.
     let limits = &profile.limits;
     let limited: [(&str, Option<String>, Status, bool, &str); 3] = [
@@ -538,7 +568,7 @@ mod tests {
         for p in CATALOGUE {
             let run = p.name == "control"
                 || IN_ONE_CALL.contains(&p.name)
-                || ["memory", "time", "output"].contains(&p.name);
+                || ["fresh_task", "memory", "time", "output"].contains(&p.name);
             assert!(
                 run ^ not_applicable(p.name).is_some(),
                 "{}: run and not applicable, or neither",

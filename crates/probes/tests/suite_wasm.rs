@@ -157,11 +157,35 @@ fn every_probe_holds_in_the_example_shaped_tool() {
     let claimed = claims(&spec);
     let r = run(&s, spec, &claimed, &[]);
     for p in [
-        "control", "host_fs", "write", "env", "network", "fds", "tty", "memory", "time", "output",
+        "control",
+        "host_fs",
+        "write",
+        "env",
+        "network",
+        "fds",
+        "tty",
+        "fresh_task",
+        "memory",
+        "time",
+        "output",
     ] {
         let (v, ev) = verdict(&r, p);
         assert_eq!(v, Verdict::Held, "{p}: {ev}");
     }
+    // On a warm worker, two calls in a row share the jail, not the
+    // instance (the control, a kept instance that shows the first call's
+    // state, is crates/wasm/src/worker.rs's test).
+    let mut on_worker = self::spec(&s);
+    if let Some(w) = on_worker.wasm.as_mut() {
+        w.worker = true;
+    }
+    let w = run(&s, on_worker, &claimed, &["fresh_task"]);
+    let (v, ev) = verdict(&w, "fresh_task");
+    assert_eq!(v, Verdict::Held, "{ev}");
+    assert!(
+        ev.contains("the second of two calls in a row: no global or memory of an earlier call"),
+        "{ev}"
+    );
     assert_eq!(r.count(Verdict::Escaped), 0);
     assert_eq!(r.count(Verdict::Error), 0);
     // Every other probe says why it does not apply.

@@ -132,6 +132,26 @@ static int control(void) {
     return 0;
 }
 
+/* What a run leaves in its instance: a global and a mark in linear
+ * memory. A later run that sees either ran in an instance an earlier call
+ * used (a worker that kept it): allowed. */
+static int fresh_task_runs;
+static char fresh_task_mark[32];
+
+static int fresh_task(void) {
+    if (fresh_task_runs || fresh_task_mark[0]) {
+        note("FOUND the state of an earlier call: a global at %d, memory holding \"%s\"",
+             fresh_task_runs, fresh_task_mark);
+        report(stdout, "fresh_task", "allowed");
+    } else {
+        note("no global or memory of an earlier call: a fresh instance");
+        report(stdout, "fresh_task", "refused");
+    }
+    fresh_task_runs++;
+    strcpy(fresh_task_mark, "cordon-probe was here");
+    return 0;
+}
+
 /* Try to open each path for reading: allowed if one opens. */
 static int host_fs(void) {
     static const char *targets[] = {
@@ -423,6 +443,20 @@ static int output(const char *arg) {
     return 0;
 }
 
+/* The canonical ABI's allocator, for the probe built as a component: with
+ * it, wasmtime's preview 1 adapter takes the memory it keeps from malloc
+ * instead of growing linear memory under malloc's feet (Debian's wasi-libc
+ * does not export one). */
+__attribute__((export_name("cabi_realloc")))
+void *cabi_realloc(void *old, size_t old_size, size_t align, size_t new_size) {
+    (void)old_size;
+    (void)align;
+    void *p = realloc(old, new_size ? new_size : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
 int main(int argc, char **argv) {
     find_preopens();
     int status = 0;
@@ -451,6 +485,8 @@ int main(int argc, char **argv) {
             r = fds();
         else if (!strcmp(name, "tty"))
             r = tty();
+        else if (!strcmp(name, "fresh_task"))
+            r = fresh_task();
         else if (!strcmp(name, "memory"))
             r = memory(arg);
         else if (!strcmp(name, "time"))

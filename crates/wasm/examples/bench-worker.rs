@@ -11,7 +11,11 @@
 //!   one jail kept, each call a fresh instance.
 //!
 //! For trivial work (`[]`) and a parse of 1 MiB of JSON; calls
-//! interleaved, medians and the ratio of each to native. Run as root after
+//! interleaved, medians and the ratio of each to native. Then the same
+//! parser as components (target/wasm/json-check.component.wasm, a WASI 0.2
+//! command, and target/wasm/json-tools.wasm's typed function `check`, its
+//! argument the document as a JSON string), per call and on a worker,
+//! against the same native calls. Run as root after
 //! scripts/setup.sh: `cargo run --release -p cordon-wasm --example
 //! bench-worker -- [CALLS]` (the runner: target/release/cordon-wasm, built
 //! by the same command's workspace, or $CORDON_WASM). Nothing leaves the
@@ -118,7 +122,9 @@ fn main() -> Result<(), String> {
                 .borrow_mut()
                 .push(o.duration.saturating_sub(o.setup.unwrap_or_default()));
         }
-        if o.status != Status::Ok || !o.stdout.starts_with(b"ok:") {
+        if o.status != Status::Ok
+            || !(o.stdout.starts_with(b"ok:") || o.stdout.starts_with(b"{\"depth\""))
+        {
             return Err(format!("{}: {:?} {}", s.tool, o.status, o.reason));
         }
         Ok(took)
@@ -149,6 +155,67 @@ fn main() -> Result<(), String> {
             b / a,
             c / a
         );
+    }
+    // Components: the command, and the typed function (its argument the
+    // document as a JSON string: the runner parses the arguments, then
+    // the function parses the document).
+    let component = |name: &str, function: Option<&str>| -> Result<SandboxSpec, String> {
+        let path = root().join("target/wasm").join(name);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| format!("{}: {e}: run scripts/setup.sh", path.display()))?;
+        let mut s = SandboxSpec::new(name, ["json-check"]);
+        s.wasm = Some(WasmModule {
+            path,
+            sha256: cordon_wasm::sha256_hex(&bytes),
+            worker: false,
+            function: function.map(str::to_string),
+        });
+        limits(&mut s);
+        Ok(s)
+    };
+    let on_worker = |mut s: SandboxSpec| {
+        if let Some(w) = s.wasm.as_mut() {
+            w.worker = true;
+        }
+        s
+    };
+    let command = component("json-check.component.wasm", None)?;
+    let function = component("json-tools.wasm", Some("check"))?;
+    println!(
+        "\n| work | native P1 jail ms | command component, jail per call (ratio) | on a worker (ratio) | typed function, jail per call (ratio) | on a worker (ratio) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (label, input) in [
+        ("`[]`", b"[]".to_vec()),
+        ("1 MiB of JSON", document(1 << 20)),
+    ] {
+        let args = serde_json::to_vec(&serde_json::json!({
+            "document": String::from_utf8_lossy(&input)
+        }))
+        .map_err(|e| e.to_string())?;
+        let specs = [
+            (command.clone(), &input),
+            (on_worker(command.clone()), &input),
+            (function.clone(), &args),
+            (on_worker(function.clone()), &args),
+        ];
+        for (s, i) in &specs {
+            run(&wasm, s, i)?;
+        }
+        run(&native, &nat, &input)?;
+        let mut times = vec![Vec::new(); specs.len() + 1];
+        for _ in 0..calls {
+            times[0].push(run(&native, &nat, &input)?);
+            for (k, (s, i)) in specs.iter().enumerate() {
+                times[k + 1].push(run(&wasm, s, i)?);
+            }
+        }
+        let m: Vec<f64> = times.into_iter().map(median).collect();
+        print!("| {label} | {:.2} |", m[0]);
+        for x in &m[1..] {
+            print!(" {x:.2} ({:.3}x) |", x / m[0]);
+        }
+        println!();
     }
     println!(
         "\n{calls} calls of each, interleaved; workers started: {}",
