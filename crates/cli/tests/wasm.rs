@@ -22,20 +22,7 @@ fn repo() -> PathBuf {
 
 /// `src` (relative to the checkout) built for wasm32-wasi into `out`.
 fn build_wasm(src: &str, out: &Path) {
-    let r = Command::new("clang-14")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-o"])
-        .arg(out)
-        .arg(repo().join(src))
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("clang-14: {e}: install clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (scripts/setup.sh)")
-        });
-    assert!(
-        r.status.success(),
-        "clang-14 --target=wasm32-wasi {src} failed (scripts/setup.sh installs wasi-libc and libclang-rt-14-dev-wasm32):\n{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    fs::set_permissions(out, fs::Permissions::from_mode(0o644)).expect("chmod");
+    cordon_testkit::wasm::clang(src, out, &[]);
 }
 
 /// A scratch directory with the example's module and the probe module
@@ -60,42 +47,18 @@ fn setup() -> Setup {
     build_wasm("examples/wasm/json-check.c", &module);
     build_wasm("crates/probes/wasm/probe.c", &dir.join("cordon-probe.wasm"));
     // The components, as scripts/build-wasm-example.sh makes them.
-    componentize(
-        &["command", "json-check.wasm", "json-check.component.wasm"],
-        &dir,
-    );
-    componentize(
-        &[
-            "command",
-            "cordon-probe.wasm",
-            "cordon-probe.component.wasm",
-        ],
-        &dir,
-    );
-    let r = Command::new("clang-14")
-        .args([
-            "--target=wasm32-wasi",
-            "--sysroot=/usr",
-            "-O2",
-            "-mexec-model=reactor",
-            "-o",
-        ])
-        .arg(dir.join("json-tools.core.wasm"))
-        .arg(repo().join("examples/wasm/json-tools.c"))
-        .output()
-        .expect("clang-14");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let wit = repo().join("examples/wasm/json-tools.wit");
-    componentize(
-        &[
-            "exports",
-            "json-tools.core.wasm",
-            &wit.display().to_string(),
-            "json-tools",
-            "json-tools.wasm",
-        ],
-        &dir,
-    );
+    let bin_dir = Path::new(CORDON).parent().expect("cordon's directory");
+    for name in ["json-check", "cordon-probe"] {
+        cordon_testkit::wasm::componentize(
+            bin_dir,
+            &[
+                Path::new("command"),
+                &dir.join(format!("{name}.wasm")),
+                &dir.join(format!("{name}.component.wasm")),
+            ],
+        );
+    }
+    cordon_testkit::wasm::json_tools(bin_dir, &dir);
     let mut example =
         fs::read_to_string(repo().join("examples/wasm.yaml")).expect("read examples/wasm.yaml");
     for name in [
@@ -151,29 +114,6 @@ impl Setup {
         let p = self.dir.join(name);
         fs::write(&p, yaml).expect("write manifest");
         p.display().to_string()
-    }
-}
-
-/// `cordon-wasm-componentize` (built beside cordon) with `args`, in `dir`.
-fn componentize(args: &[&str], dir: &Path) {
-    let tool = Path::new(CORDON).with_file_name("cordon-wasm-componentize");
-    let r = Command::new(&tool)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}: build it with `cargo build -p cordon-wasm-componentize`",
-                tool.display()
-            )
-        });
-    assert!(
-        r.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    if let Some(out) = args.last() {
-        fs::set_permissions(dir.join(out), fs::Permissions::from_mode(0o644)).expect("chmod");
     }
 }
 

@@ -28,6 +28,7 @@ pub mod skip;
 #[cfg(feature = "upstream")]
 pub mod upstream;
 pub mod vm;
+pub mod wasm;
 
 pub use scratch::{Scratch, scratch};
 pub use skip::{skip_or_fail, this_test};

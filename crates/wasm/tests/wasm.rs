@@ -8,7 +8,6 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use cordon_runtime::spec::WasmModule;
@@ -29,28 +28,10 @@ macro_rules! wasm_test {
     };
 }
 
-/// The committed source of the example parser.
-fn json_check_source() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm/json-check.c")
-}
-
 /// The example parser built for wasm32-wasi into `dir`.
 fn json_check(dir: &Path) -> PathBuf {
     let out = dir.join("json-check.wasm");
-    let r = Command::new("clang-14")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-o"])
-        .arg(&out)
-        .arg(json_check_source())
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("clang-14: {e}: install clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (scripts/setup.sh)")
-        });
-    assert!(
-        r.status.success(),
-        "clang-14 --target=wasm32-wasi failed (scripts/setup.sh installs wasi-libc and libclang-rt-14-dev-wasm32):\n{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    fs::set_permissions(&out, fs::Permissions::from_mode(0o644)).expect("chmod");
+    cordon_testkit::wasm::clang("examples/wasm/json-check.c", &out, &[]);
     out
 }
 
@@ -372,65 +353,25 @@ fn the_examples_pin_is_the_module_its_source_builds() {
     }
 }
 
-/// `cordon-wasm-componentize` (crates/wasm-componentize), built beside
-/// the runner by the workspace's build, with `args`.
-fn componentize(args: &[&Path]) {
-    let tool =
-        Path::new(env!("CARGO_BIN_EXE_cordon-wasm")).with_file_name("cordon-wasm-componentize");
-    let r = Command::new(&tool).args(args).output().unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: build it with `cargo build -p cordon-wasm-componentize`",
-            tool.display()
-        )
-    });
-    assert!(
-        r.status.success(),
-        "{}: {}",
-        tool.display(),
-        String::from_utf8_lossy(&r.stderr)
-    );
-    for a in args {
-        if a.extension().is_some_and(|x| x == "wasm") && a.exists() {
-            fs::set_permissions(a, fs::Permissions::from_mode(0o644)).expect("chmod");
-        }
-    }
+/// The directory of the workspace's binaries (`cordon-wasm-componentize`
+/// is built there beside the runner).
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_cordon-wasm"))
+        .parent()
+        .expect("the runner's directory")
+        .to_path_buf()
 }
 
 /// The example parser as a WASI 0.2 command component, built into `dir`
 /// as scripts/build-wasm-example.sh builds it.
 fn json_check_component(dir: &Path) -> PathBuf {
     let out = dir.join("json-check.component.wasm");
-    componentize(&[Path::new("command"), &json_check(dir), &out]);
+    cordon_testkit::wasm::componentize(&bin_dir(), &[Path::new("command"), &json_check(dir), &out]);
     out
 }
 
-/// The example's typed functions (examples/wasm/json-tools.c and .wit) as
-/// a component, built into `dir` as scripts/build-wasm-example.sh builds it.
 fn json_tools(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wasm");
-    let core = dir.join("json-tools.core.wasm");
-    let r = Command::new("clang-14")
-        .args([
-            "--target=wasm32-wasi",
-            "--sysroot=/usr",
-            "-O2",
-            "-mexec-model=reactor",
-            "-o",
-        ])
-        .arg(&core)
-        .arg(src.join("json-tools.c"))
-        .output()
-        .expect("clang-14 (scripts/setup.sh installs it)");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let out = dir.join("json-tools.wasm");
-    componentize(&[
-        Path::new("exports"),
-        &core,
-        &src.join("json-tools.wit"),
-        Path::new("json-tools"),
-        &out,
-    ]);
-    out
+    cordon_testkit::wasm::json_tools(&bin_dir(), dir)
 }
 
 fn function(mut s: SandboxSpec, name: &str) -> SandboxSpec {
