@@ -103,7 +103,7 @@ type FileId = (u64, u64, u64, i64, i64);
 /// compiled code, the identity of the code's cache file when it was found,
 /// and when it was last marked used.
 type Known = (
-    (PathBuf, String, Option<String>),
+    (PathBuf, String, Option<String>, u64),
     Compiled,
     FileId,
     std::time::Instant,
@@ -437,7 +437,8 @@ impl Wasm {
         let (Some(m), Ok(runner), Ok(cache)) = (&spec.wasm, &self.runner, &self.cache) else {
             return Err(RunError::Setup(format!("{}: no module", spec.tool)));
         };
-        let key = (m.path.clone(), m.sha256.clone(), m.function.clone());
+        let memory = linear_memory(spec);
+        let key = (m.path.clone(), m.sha256.clone(), m.function.clone(), memory);
         if let Ok(mut known) = self.known.lock()
             && let Some((_, c, id, marked)) = known.iter_mut().find(|(k, _, _, _)| *k == key)
             && file_id(&c.path).as_ref() == Some(id)
@@ -454,6 +455,7 @@ impl Wasm {
             .arg(&m.path)
             .arg(&m.sha256)
             .arg(cache)
+            .arg(memory.to_string())
             .args(m.function.iter())
             .env_clear()
             .stdin(Stdio::null())
@@ -530,8 +532,7 @@ impl Wasm {
                 writable: false,
             });
         }
-        let memory = spec.limits.memory_bytes;
-        let linear = memory.saturating_sub(RUNNER_RESERVE.min(memory / 2));
+        let linear = linear_memory(spec);
         let mut argv = vec![
             RUNNER_IN_JAIL.to_string(),
             "run".into(),
@@ -575,6 +576,14 @@ impl Wasm {
             })
             .collect()
     }
+}
+
+/// The module's linear-memory limit: the memory limit less what is kept
+/// for the runner. The compile step and the runner both take it (the
+/// compiled code is made for it).
+fn linear_memory(spec: &SandboxSpec) -> u64 {
+    let memory = spec.limits.memory_bytes;
+    memory.saturating_sub(RUNNER_RESERVE.min(memory / 2))
 }
 
 /// The runner: `opt`, else `$CORDON_WASM`, else `cordon-wasm` beside this

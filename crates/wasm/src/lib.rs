@@ -59,26 +59,85 @@ pub const ARGUMENTS_EXIT: i32 = 2;
 /// Elements a table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
-/// The one engine configuration, used to compile and to run (compiled
-/// code is only valid for the configuration that made it, and the cache
-/// key includes it).
-pub fn engine() -> Result<Engine, String> {
+/// Bytes in a WebAssembly page.
+const WASM_PAGE: u64 = 64 << 10;
+
+/// Memories, tables and instances the worker's pool keeps slots for: one
+/// call runs at a time, and this is more than any one instance of a module
+/// or a component (its adapter and shims included) needs.
+const POOL_MEMORIES: u32 = 8;
+const POOL_MEMORIES_PER_MODULE: u32 = 4;
+const POOL_TABLES: u32 = 16;
+const POOL_TABLES_PER_MODULE: u32 = 8;
+/// Elements a worker's table may grow to. The pool's tables are mapped
+/// writable whole (8 bytes an element), so this is far below the per-call
+/// runner's [`MAX_TABLE_ELEMENTS`]: 2 MiB for all of them. A module that
+/// declares more is refused when the worker loads it.
+const POOL_TABLE_ELEMENTS: usize = 1 << 14;
+const POOL_CORE_INSTANCES: u32 = 64;
+const POOL_COMPONENT_INSTANCES: u32 = 4;
+
+/// How a runner makes each instance's memories and tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// Mapped when the instance is made, unmapped when it is dropped (one
+    /// run per process: `cordon-wasm run`).
+    OnDemand,
+    /// Slots reserved once and reused, each reset between instances (the
+    /// warm worker, `cordon-wasm serve`): a call's linear memory starts as
+    /// a private copy-on-write mapping of the module's initial image, and
+    /// what a call wrote is discarded (`madvise(MADV_DONTNEED)`) before the
+    /// slot is handed to the next.
+    Pooled,
+}
+
+/// The engine for a module whose linear memory may grow to `memory` bytes.
+///
+/// Compiled code is only valid for the configuration that made it (the
+/// cache key includes it), so the compile step and the runner derive it
+/// alike from the same `memory`. The allocation does not change compiled
+/// code: the per-call runner and the worker load the same entry.
+///
+/// Each linear memory gets a reservation of `memory` (rounded up to a
+/// WebAssembly page) and never moves: pages past its current size are
+/// inaccessible, so an access past them traps, and no guard region or
+/// multi-GiB reservation is made (the jail's memory limit, or its
+/// `RLIMIT_AS` backstop, bounds the runner's address space). Memory is
+/// initialised copy-on-write from the module's data segments.
+pub fn engine(memory: u64, allocation: Allocation) -> Result<Engine, String> {
+    let reservation = memory.div_ceil(WASM_PAGE).max(1) * WASM_PAGE;
     let mut c = Config::new();
     c.epoch_interruption(true)
         .cranelift_opt_level(wasmtime::OptLevel::Speed)
-        // Linear memory allocated as it grows, bounds-checked, with no
-        // multi-GiB virtual reservation: the jail's memory limit (or its
-        // RLIMIT_AS backstop) bounds the runner's address space.
-        .memory_reservation(0)
+        .memory_reservation(reservation)
         .memory_guard_size(0)
         .guard_before_linear_memory(false)
-        .memory_reservation_for_growth(16 << 20)
-        .memory_init_cow(false)
+        .memory_reservation_for_growth(0)
+        .memory_init_cow(true)
         .max_wasm_stack(1 << 20)
         // A trap is reported by its kind; no Wasm backtrace is kept (a
         // deep recursion's would drown stderr).
         .wasm_backtrace(false)
         .wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Disable);
+    if allocation == Allocation::Pooled {
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        pool.max_memory_size(usize::try_from(reservation).unwrap_or(usize::MAX))
+            .total_memories(POOL_MEMORIES)
+            .max_memories_per_module(POOL_MEMORIES_PER_MODULE)
+            .total_tables(POOL_TABLES)
+            .max_tables_per_module(POOL_TABLES_PER_MODULE)
+            .table_elements(POOL_TABLE_ELEMENTS)
+            .total_core_instances(POOL_CORE_INSTANCES)
+            .total_component_instances(POOL_COMPONENT_INSTANCES)
+            // Calls run on the worker's own thread, never on a fiber: no
+            // stacks are pooled (wasmtime's default maps 2 GiB of them).
+            .total_stacks(0)
+            // What a call wrote is discarded before the next: nothing of
+            // it stays resident for reuse.
+            .linear_memory_keep_resident(0)
+            .table_keep_resident(0);
+        c.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
     Engine::new(&c).map_err(|e| format!("wasmtime engine: {e:#}"))
 }
 
@@ -184,7 +243,8 @@ pub fn format_of(bytes: &[u8]) -> Result<Format, String> {
 }
 
 /// Check `module` against its pinned `sha256`, and have its compiled code
-/// in `cache`: the entry already there when its bytes match the digest
+/// for a linear memory of at most `memory` bytes (see [`engine`]) in
+/// `cache`: the entry already there when its bytes match the digest
 /// recorded beside it, else compiled now and written atomically. With a
 /// `function`, the module must be a component exporting that function
 /// with types JSON can carry, and the answer has its arguments' schema;
@@ -193,16 +253,17 @@ pub fn compile_cached(
     module: &Path,
     sha256: &str,
     cache: &Path,
+    memory: u64,
     function: Option<&str>,
 ) -> Result<Compiled, String> {
-    let mut c = compile_code(module, sha256, cache)?;
+    let mut c = compile_code(module, sha256, cache, memory)?;
     let bytes = fs::read(&c.path)
         .map_err(|e| format!("wasm cache {}: cannot read: {e}", c.path.display()))?;
     let what = |e: String| format!("module {}: {e}", module.display());
     if sha256_hex(&bytes) != c.code_sha256 {
         return Err(what("its compiled code changed as it was read".into()));
     }
-    let engine = engine()?;
+    let engine = engine(memory, Allocation::OnDemand)?;
     match (Engine::detect_precompiled(&bytes), function) {
         (Some(Precompiled::Module), None) => {}
         (Some(Precompiled::Module), Some(f)) => {
@@ -234,7 +295,12 @@ pub fn compile_cached(
     Ok(c)
 }
 
-fn compile_code(module: &Path, sha256: &str, cache: &Path) -> Result<Compiled, String> {
+fn compile_code(
+    module: &Path,
+    sha256: &str,
+    cache: &Path,
+    memory: u64,
+) -> Result<Compiled, String> {
     let bytes =
         fs::read(module).map_err(|e| format!("module {}: cannot read: {e}", module.display()))?;
     let actual = sha256_hex(&bytes);
@@ -245,7 +311,7 @@ fn compile_code(module: &Path, sha256: &str, cache: &Path) -> Result<Compiled, S
             module.display()
         ));
     }
-    let engine = engine()?;
+    let engine = engine(memory, Allocation::OnDemand)?;
     let id = engine_id(&engine);
     let name = format!("{actual}-{}.cwasm", &id[..32]);
     let path = cache.join(&name);
@@ -510,10 +576,10 @@ pub struct Loaded {
     linker: Linker<State>,
 }
 
-/// Load the compiled code (only when its sha256 is the one recorded) and
-/// link WASI preview 1.
-pub fn load(o: &RunOptions) -> Result<Loaded, Failure> {
-    let engine = engine().map_err(Failure::Setup)?;
+/// Load the compiled code (only when its sha256 is the one recorded) into
+/// an engine that makes instances by `allocation`, and link WASI.
+pub fn load(o: &RunOptions, allocation: Allocation) -> Result<Loaded, Failure> {
+    let engine = engine(o.memory, allocation).map_err(Failure::Setup)?;
     let code = fs::read(&o.code)
         .map_err(|e| Failure::Setup(format!("compiled code {}: {e}", o.code.display())))?;
     let actual = sha256_hex(&code);
@@ -595,7 +661,7 @@ pub(crate) enum Stdio {
 
 /// Run the compiled module: its exit code, or how it failed.
 pub fn run(o: &RunOptions) -> Result<i32, Failure> {
-    let loaded = load(o)?;
+    let loaded = load(o, Allocation::OnDemand)?;
     // The deadline: one epoch tick when the wall clock runs out.
     let ticker = loaded.engine.clone();
     let wall = o.wall;

@@ -1,7 +1,7 @@
 //! `cordon-wasm`: the runner of `runtime: wasm` tools (see the library).
 //!
 //! ```text
-//! cordon-wasm compile MODULE SHA256 CACHE_DIR [FUNCTION]
+//! cordon-wasm compile MODULE SHA256 CACHE_DIR MEMORY [FUNCTION]
 //!     -> stdout: `hit|compiled CODE_SHA256 CODE_PATH`
 //!        (and with a FUNCTION, `schema JSON`: its arguments' schema)
 //! cordon-wasm run --code PATH --code-sha256 HEX --memory BYTES --wall-ms MS
@@ -42,22 +42,29 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("usage: cordon-wasm compile MODULE SHA256 CACHE_DIR | run ... -- ARGV");
+            eprintln!(
+                "usage: cordon-wasm compile MODULE SHA256 CACHE_DIR MEMORY [FUNCTION] | run ... -- ARGV | serve ..."
+            );
             ExitCode::from(2)
         }
     }
 }
 
 fn compile(args: &[String]) -> ExitCode {
-    let (module, sha, cache, function) = match args {
-        [m, s, c] => (m, s, c, None),
-        [m, s, c, f] => (m, s, c, Some(f.as_str())),
+    const USAGE: &str = "usage: cordon-wasm compile MODULE SHA256 CACHE_DIR MEMORY [FUNCTION]";
+    let (module, sha, cache, memory, function) = match args {
+        [m, s, c, n] => (m, s, c, n, None),
+        [m, s, c, n, f] => (m, s, c, n, Some(f.as_str())),
         _ => {
-            eprintln!("usage: cordon-wasm compile MODULE SHA256 CACHE_DIR [FUNCTION]");
+            eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
-    match cordon_wasm::compile_cached(module.as_ref(), sha, cache.as_ref(), function) {
+    let Ok(memory) = memory.parse::<u64>() else {
+        eprintln!("MEMORY (the linear-memory limit, bytes): not a number: {memory}\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    match cordon_wasm::compile_cached(module.as_ref(), sha, cache.as_ref(), memory, function) {
         Ok(c) => {
             println!("{}", c.line());
             ExitCode::SUCCESS

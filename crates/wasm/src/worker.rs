@@ -155,7 +155,7 @@ impl tokio::io::AsyncWrite for Capped {
 /// at `output_cap` and stderr at `stderr_cap`. `Err` only when the module
 /// does not load or the stream fails (nothing more can be served).
 pub fn serve(o: &RunOptions, output_cap: u64, stderr_cap: u64) -> Result<(), String> {
-    let loaded = crate::load(o).map_err(|f| match f {
+    let loaded = crate::load(o, crate::Allocation::Pooled).map_err(|f| match f {
         Failure::Setup(why) => why,
         other => format!("{other:?}"),
     })?;
@@ -230,16 +230,19 @@ mod tests {
     use wasmtime::Store;
     use wasmtime_wasi::WasiCtxBuilder;
 
-    /// Prints '0' + a global it increments + a byte of memory it sets.
+    /// Prints '0' + a global it increments + a byte of memory it
+    /// increments, which a data segment sets to 2 (memory made from the
+    /// module's copy-on-write image).
     const STATEFUL: &str = r#"(module
   (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 1)
   (global $g (mut i32) (i32.const 0))
+  (data (i32.const 600) "\02")
   (func (export "_start")
     (global.set $g (i32.add (global.get $g) (i32.const 1)))
+    (i32.store8 (i32.const 600) (i32.add (i32.load8_u (i32.const 600)) (i32.const 1)))
     (i32.store8 (i32.const 100)
       (i32.add (i32.const 48) (i32.add (global.get $g) (i32.load8_u (i32.const 600)))))
-    (i32.store8 (i32.const 600) (i32.const 1))
     (i32.store (i32.const 0) (i32.const 100))
     (i32.store (i32.const 4) (i32.const 1))
     (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
@@ -261,6 +264,7 @@ mod tests {
             &module,
             &crate::sha256_hex(&bytes),
             &dir.path().join("cache"),
+            16 << 20,
             None,
         )
         .unwrap();
@@ -273,7 +277,9 @@ mod tests {
             argv: vec!["m".into()],
             call: None,
         };
-        let loaded = crate::load(&o).unwrap();
+        // The worker's engine: instances from the pool, each slot reset
+        // between them.
+        let loaded = crate::load(&o, crate::Allocation::Pooled).unwrap();
 
         // Control: one instance, `_start` twice.
         let out = Capped::new(1024, true);
@@ -294,7 +300,7 @@ mod tests {
         let start = inst.get_typed_func::<(), ()>(&mut store, "_start").unwrap();
         start.call(&mut store, ()).unwrap();
         start.call(&mut store, ()).unwrap();
-        assert_eq!(printed(&out), "13", "a kept instance keeps its state");
+        assert_eq!(printed(&out), "46", "a kept instance keeps its state");
 
         // The worker's way: a fresh store and instance each call.
         for _ in 0..3 {
@@ -310,7 +316,49 @@ mod tests {
                 1 << 30,
             );
             assert_eq!(r.ok(), Some(0));
-            assert_eq!(printed(&out), "1");
+            assert_eq!(printed(&out), "4");
+        }
+    }
+
+    /// The worker's instances come from the pool, whose slots have fixed
+    /// sizes: a module whose table could never fit one is refused when
+    /// the worker loads it, naming the limit, while the per-call runner
+    /// (instances mapped on demand) loads it.
+    #[test]
+    fn the_worker_pools_its_instances_and_refuses_a_module_no_slot_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("big-table.wasm");
+        let bytes = wat::parse_str(format!(
+            r#"(module (table {} funcref) (func (export "_start")))"#,
+            crate::POOL_TABLE_ELEMENTS + 1
+        ))
+        .unwrap();
+        std::fs::write(&module, &bytes).unwrap();
+        let c = crate::compile_cached(
+            &module,
+            &crate::sha256_hex(&bytes),
+            &dir.path().join("cache"),
+            16 << 20,
+            None,
+        )
+        .unwrap();
+        let o = RunOptions {
+            code: c.path.clone(),
+            code_sha256: c.code_sha256.clone(),
+            memory: 16 << 20,
+            wall: Duration::from_secs(10),
+            dirs: Vec::new(),
+            argv: vec!["m".into()],
+            call: None,
+        };
+        assert!(crate::load(&o, crate::Allocation::OnDemand).is_ok());
+        match crate::load(&o, crate::Allocation::Pooled) {
+            Err(Failure::Setup(why)) => assert!(
+                why.contains("table") && why.contains(&crate::POOL_TABLE_ELEMENTS.to_string()),
+                "{why}"
+            ),
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("a table past the pool's slots loaded"),
         }
     }
 }
