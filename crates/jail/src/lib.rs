@@ -72,6 +72,7 @@ pub mod delegate;
 pub mod elf;
 pub mod fallback;
 pub mod host;
+pub mod libs;
 mod netns;
 mod plan;
 pub mod preflight;

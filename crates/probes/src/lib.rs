@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
-pub mod elf;
+pub use cordon_jail::libs as elf;
 pub mod report;
 pub mod runtime;
 pub mod sandbox;

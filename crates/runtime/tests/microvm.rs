@@ -501,8 +501,19 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
     assert_eq!((allowed, refused), (1, 2), "{ev:?}");
 }
 
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
 #[test]
-fn qemu_sees_only_the_device_nodes_it_needs() {
+fn qemu_sees_only_its_own_files_and_the_device_nodes_it_needs() {
     let (m, state) = microvm_alone("dev");
     let mut s = sh("sleep 600");
     s.limits.wall = Duration::from_secs(20);
@@ -560,6 +571,52 @@ fn qemu_sees_only_the_device_nodes_it_needs() {
         // Positive control: the host's /dev has far more.
         let host = std::fs::read_dir("/dev").unwrap().count();
         assert!(host > 10, "{host}");
+        // QEMU's root: its binary, loader, libraries and firmware, the
+        // guest's files and the sandbox's own directory, nothing else.
+        let root = qemu.join("root");
+        let top = names_in(&root);
+        for host_only in ["home", "root", "proc", "sys", "srv", "opt", "run"] {
+            assert!(
+                !top.iter().any(|n| n == host_only),
+                "/{host_only} in QEMU's root: {top:?}"
+            );
+        }
+        assert!(top.iter().any(|n| n == "usr"), "{top:?}");
+        assert_eq!(names_in(&root.join("etc")), ["ld.so.cache"]);
+        assert!(!root.join("etc/shadow").exists());
+        assert!(
+            root.join("usr/bin").read_dir().unwrap().count() == 1,
+            "{:?}",
+            names_in(&root.join("usr/bin"))
+        );
+        // Of cordon's state, only this sandbox's directory; of the store,
+        // only the guest's image, not the template's snapshot.
+        let sandboxes = names_in(&root.join(state.strip_prefix("/").unwrap()));
+        assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+        let store = env().opts.store.clone().unwrap();
+        let in_store = root.join(store.strip_prefix("/").unwrap());
+        let mut shown = Vec::new();
+        let mut stack = vec![in_store.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    shown.push(e.path().strip_prefix(&in_store).unwrap().to_path_buf());
+                }
+            }
+        }
+        // The image and the initramfs (cached there per init and kernel).
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert!(
+            !shown.iter().any(|p| p.starts_with("snapshots")),
+            "{shown:?}"
+        );
+        // Positive control: the store holds the template too.
+        assert!(store.join("snapshots").read_dir().unwrap().count() > 0);
+        // Positive control: the host's side has them.
+        assert!(Path::new("/etc/shadow").exists() && Path::new("/proc/self").exists());
+        assert!(!names_in(&state).is_empty());
         let o = run.join().unwrap();
         assert_eq!(o.status, Status::TimedOut, "{o:?}");
         names

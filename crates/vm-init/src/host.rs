@@ -96,6 +96,12 @@ pub struct Job {
     /// QEMU needs ([`crate::devices`]) before QEMU starts.
     #[serde(default)]
     pub confine_dev: bool,
+    /// Give QEMU a root of its own ([`crate::root`]) holding only these
+    /// paths read-only (its loader, libraries and firmware) besides the
+    /// guest's kernel, initramfs and image, the sandbox's directory and
+    /// `/dev`; `None`: QEMU sees the helper's whole file view.
+    #[serde(default)]
+    pub qemu_root: Option<Vec<PathBuf>>,
 }
 
 /// How the task ended, as the helper saw it.
@@ -191,20 +197,54 @@ fn run(dir: &Path) -> Result<Status, String> {
     if job.confine_dev {
         crate::devices::confine(&dir.join("dev"), job.vm.accel == crate::qemu::Accel::Kvm)?;
     }
-    let vm = match &job.start {
-        Start::Cold => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
-        Start::Template => {
-            Vm::boot_template(&job.vm, &vm_dir, &vm_dir.join(TEMPLATE_RAM), job.qemu_ids)
-        }
+    // The snapshot is checked and bound before QEMU's root is made: its
+    // files are in the store, which that root does not hold.
+    let snap = match &job.start {
         Start::Restore {
             snapshot,
             state_sha256,
             ram,
             ram_id,
-        } => {
-            let snap = checked_snapshot(&vm_dir, snapshot, state_sha256, ram, ram_id)?;
-            Vm::restore_as(&job.vm, &snap, &vm_dir, job.qemu_ids)
+        } => Some(checked_snapshot(
+            &vm_dir,
+            snapshot,
+            state_sha256,
+            ram,
+            ram_id,
+        )?),
+        Start::Cold | Start::Template => None,
+    };
+    if let Some(own) = &job.qemu_root {
+        let mut readonly = vec![
+            job.vm.qemu.clone(),
+            job.vm.kernel.clone(),
+            job.vm.initramfs.clone(),
+            job.vm.image.path.clone(),
+        ];
+        readonly.extend(own.iter().cloned());
+        if let Some(s) = &snap {
+            readonly.push(s.ram.clone());
         }
+        // A template's guest directory is a link to the store's
+        // temporary directory, where its snapshot is written: bound
+        // writable too, at its own path.
+        let mut writable = vec![dir.to_path_buf()];
+        let real = fs::canonicalize(&vm_dir)
+            .map_err(|e| format!("QEMU's root: {}: {e}", vm_dir.display()))?;
+        let real_dir =
+            fs::canonicalize(dir).map_err(|e| format!("QEMU's root: {}: {e}", dir.display()))?;
+        if !real.starts_with(&real_dir) {
+            writable.push(real);
+        }
+        crate::root::confine(&dir.join("root"), &readonly, &writable)?;
+    }
+    let vm = match (&job.start, &snap) {
+        (Start::Cold, _) => Vm::boot_as(&job.vm, &vm_dir, job.qemu_ids),
+        (Start::Template, _) => {
+            Vm::boot_template(&job.vm, &vm_dir, &vm_dir.join(TEMPLATE_RAM), job.qemu_ids)
+        }
+        (Start::Restore { .. }, Some(snap)) => Vm::restore_as(&job.vm, snap, &vm_dir, job.qemu_ids),
+        (Start::Restore { .. }, None) => return Err("the snapshot was not checked".to_owned()),
     }
     .map_err(|e| format!("start the guest: {e}"))?;
     let ready_ms = ms(vm.ready_after);

@@ -27,3 +27,4 @@ pub mod protocol;
 pub mod qemu;
 pub mod qmp;
 pub mod relay;
+pub mod root;

@@ -108,6 +108,9 @@ struct Qemu {
     path: PathBuf,
     version: String,
     sandbox: bool,
+    /// What QEMU's own root holds besides the guest's files (its loader,
+    /// libraries and firmware), [`qemu_root`].
+    root: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,11 +196,38 @@ fn find_qemu(opt: Option<&Path>) -> Result<Qemu, String> {
         ));
     }
     let sandbox = qemu::qemu_has_sandbox(&path);
+    let root = qemu_root(&path)?;
     Ok(Qemu {
         path,
         version: text.lines().next().unwrap_or("").to_string(),
         sandbox,
+        root,
     })
+}
+
+/// Where QEMU looks for its firmware (`bios-microvm.bin`): its data
+/// directory, then the directories Debian's build adds.
+const QEMU_FIRMWARE: [&str; 3] = [
+    "/usr/share/qemu",
+    "/usr/share/seabios",
+    "/usr/lib/ipxe/qemu",
+];
+
+/// The paths QEMU's root holds for QEMU itself (`cordon_vm_init::root`):
+/// the directories of its loader and libraries by every path the loader
+/// may take to them, `/etc/ld.so.cache`, and its firmware directories,
+/// those that exist. Nothing else of the host is in its view.
+fn qemu_root(qemu: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut paths = cordon_jail::libs::dirs(qemu)
+        .map_err(|e| format!("QEMU's libraries (for its own root): {e}"))?;
+    paths.extend(
+        ["/etc/ld.so.cache"]
+            .iter()
+            .chain(QEMU_FIRMWARE.iter())
+            .map(PathBuf::from)
+            .filter(|p| p.exists()),
+    );
+    Ok(paths)
 }
 
 fn find_kernel(opt: Option<&Path>) -> Result<Kernel, String> {
@@ -453,6 +483,7 @@ impl Microvm {
                 task: None,
                 qemu_ids: parts.qemu_ids,
                 confine_dev: true,
+                qemu_root: self.qemu_root(),
             },
             template_out: None,
         })
@@ -748,6 +779,11 @@ impl Microvm {
         })
     }
 
+    /// What QEMU's own root holds for QEMU (found with it).
+    fn qemu_root(&self) -> Option<Vec<PathBuf>> {
+        self.found().qemu.as_ref().ok().map(|q| q.root.clone())
+    }
+
     /// Everything a task of `spec` needs, its template snapshot made if
     /// there is none yet.
     fn parts(&self, spec: &SandboxSpec, ctx: &Context) -> Result<Parts, RunError> {
@@ -928,6 +964,7 @@ impl Microvm {
                 task: None,
                 qemu_ids,
                 confine_dev: true,
+                qemu_root: self.qemu_root(),
             },
             template_out: Some(out.to_path_buf()),
         };

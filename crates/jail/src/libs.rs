@@ -6,14 +6,14 @@
 //! directory, then the usual system directories), each the first file of
 //! that name that is an ELF object of the program's class and machine.
 //!
-//! Read from the files only ([`cordon_jail::elf`]): nothing is run.
+//! Read from the files only ([`crate::elf`]): nothing is run.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use cordon_jail::elf::read;
+use crate::elf::read;
 
 /// More shared objects than any real program loads.
 const MAX_OBJECTS: usize = 256;
@@ -190,6 +190,42 @@ pub fn closure(exe: &Path) -> Result<Closure, String> {
         loader: Some(loader),
         libs,
     })
+}
+
+/// The directories, by every path the loader may take to them, that hold
+/// `exe`'s loader and libraries on this host: their own (canonical)
+/// directories, the directory of the loader's path as `exe` names it
+/// (`/lib64` for `/lib64/ld-linux-x86-64.so.2`), and each system library
+/// directory that is one of them by another path (`/lib/x86_64-linux-gnu`
+/// where `/lib` links to `/usr/lib`). Bound read-only at those paths with
+/// `/etc/ld.so.cache`, they are all a program's loader needs (QEMU's root
+/// in a microVM's helper).
+pub fn dirs(exe: &Path) -> Result<Vec<PathBuf>, String> {
+    let c = closure(exe)?;
+    let own: BTreeSet<PathBuf> = c
+        .libs
+        .iter()
+        .map(|(_, p)| p)
+        .chain(c.loader.iter())
+        .filter_map(|p| p.parent().map(Path::to_path_buf))
+        .collect();
+    let top = read(exe).map_err(|e| format!("read {}: {e}", exe.display()))?;
+    let mut out: Vec<PathBuf> = own.iter().cloned().collect();
+    if let Some(interp) = &top.interp {
+        if let Some(d) = interp.parent() {
+            out.push(d.to_path_buf());
+        }
+        for d in system_dirs(interp) {
+            if let Ok(real) = fs::canonicalize(&d)
+                && own.contains(&real)
+            {
+                out.push(d);
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    out.retain(|d| seen.insert(d.clone()));
+    Ok(out)
 }
 
 #[cfg(test)]
