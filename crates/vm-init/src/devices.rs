@@ -62,11 +62,18 @@ pub fn bind_file_readonly(file: &fs::File, dst: &Path) -> Result<(), String> {
     fs::File::create(dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
     let src = format!("/proc/self/fd/{}", file.as_raw_fd());
     mount_bind(src.as_str(), dst).map_err(|e| err("bind", e))?;
-    // A remount keeps the flags the source's mount has (a user
-    // namespace may not clear them) and adds read-only.
     let had = rustix::fs::fstatvfs(file)
         .map_err(|e| err("statvfs", e))?
         .f_flag;
+    let flags = readonly_remount(had);
+    mount_remount(dst, flags, c"").map_err(|e| err("read-only", e))?;
+    Ok(())
+}
+
+/// The flags of a read-only bind remount over a mount whose flags are
+/// `had`: read-only, nosuid and nodev added, and each flag the source's
+/// mount has kept (a user namespace may not clear them).
+pub fn readonly_remount(had: rustix::fs::StatVfsMountFlags) -> MountFlags {
     let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
     for (vfs, m) in [
         (rustix::fs::StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
@@ -84,6 +91,5 @@ pub fn bind_file_readonly(file: &fs::File, dst: &Path) -> Result<(), String> {
             flags |= m;
         }
     }
-    mount_remount(dst, flags, c"").map_err(|e| err("read-only", e))?;
-    Ok(())
+    flags
 }

@@ -119,23 +119,7 @@ fn bind(root: &Path, src: &Path, readonly: bool) -> Result<(), String> {
     let had = rustix::fs::statvfs(src)
         .map_err(|e| err("statvfs", e))?
         .f_flag;
-    let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
-    for (vfs, m) in [
-        (rustix::fs::StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
-        (rustix::fs::StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
-        (
-            rustix::fs::StatVfsMountFlags::NODIRATIME,
-            MountFlags::NODIRATIME,
-        ),
-        (
-            rustix::fs::StatVfsMountFlags::RELATIME,
-            MountFlags::RELATIME,
-        ),
-    ] {
-        if had.contains(vfs) {
-            flags |= m;
-        }
-    }
+    let flags = crate::devices::readonly_remount(had);
     mount_remount(&dst, flags, c"").map_err(|e| err("read-only", e))?;
     Ok(())
 }

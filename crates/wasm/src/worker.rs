@@ -247,6 +247,31 @@ mod tests {
     (i32.store (i32.const 4) (i32.const 1))
     (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
+    /// `wat` compiled into `dir`'s cache for a 16 MiB linear memory, and
+    /// the options that run it.
+    fn compiled(dir: &std::path::Path, wat: &str) -> RunOptions {
+        let module = dir.join("m.wasm");
+        let bytes = wat::parse_str(wat).unwrap();
+        std::fs::write(&module, &bytes).unwrap();
+        let c = crate::compile_cached(
+            &module,
+            &crate::sha256_hex(&bytes),
+            &dir.join("cache"),
+            16 << 20,
+            None,
+        )
+        .unwrap();
+        RunOptions {
+            code: c.path.clone(),
+            code_sha256: c.code_sha256.clone(),
+            memory: 16 << 20,
+            wall: Duration::from_secs(10),
+            dirs: Vec::new(),
+            argv: vec!["m".into()],
+            call: None,
+        }
+    }
+
     fn printed(c: &Capped) -> String {
         String::from_utf8_lossy(&c.taken().0).into_owned()
     }
@@ -257,26 +282,7 @@ mod tests {
     #[test]
     fn each_call_is_a_fresh_instance_and_a_kept_one_would_show() {
         let dir = tempfile::tempdir().unwrap();
-        let module = dir.path().join("m.wasm");
-        let bytes = wat::parse_str(STATEFUL).unwrap();
-        std::fs::write(&module, &bytes).unwrap();
-        let c = crate::compile_cached(
-            &module,
-            &crate::sha256_hex(&bytes),
-            &dir.path().join("cache"),
-            16 << 20,
-            None,
-        )
-        .unwrap();
-        let o = RunOptions {
-            code: c.path.clone(),
-            code_sha256: c.code_sha256.clone(),
-            memory: 16 << 20,
-            wall: Duration::from_secs(10),
-            dirs: Vec::new(),
-            argv: vec!["m".into()],
-            call: None,
-        };
+        let o = compiled(dir.path(), STATEFUL);
         // The worker's engine: instances from the pool, each slot reset
         // between them.
         let loaded = crate::load(&o, crate::Allocation::Pooled).unwrap();
@@ -327,30 +333,13 @@ mod tests {
     #[test]
     fn the_worker_pools_its_instances_and_refuses_a_module_no_slot_fits() {
         let dir = tempfile::tempdir().unwrap();
-        let module = dir.path().join("big-table.wasm");
-        let bytes = wat::parse_str(format!(
-            r#"(module (table {} funcref) (func (export "_start")))"#,
-            crate::POOL_TABLE_ELEMENTS + 1
-        ))
-        .unwrap();
-        std::fs::write(&module, &bytes).unwrap();
-        let c = crate::compile_cached(
-            &module,
-            &crate::sha256_hex(&bytes),
-            &dir.path().join("cache"),
-            16 << 20,
-            None,
-        )
-        .unwrap();
-        let o = RunOptions {
-            code: c.path.clone(),
-            code_sha256: c.code_sha256.clone(),
-            memory: 16 << 20,
-            wall: Duration::from_secs(10),
-            dirs: Vec::new(),
-            argv: vec!["m".into()],
-            call: None,
-        };
+        let o = compiled(
+            dir.path(),
+            &format!(
+                r#"(module (table {} funcref) (func (export "_start")))"#,
+                crate::POOL_TABLE_ELEMENTS + 1
+            ),
+        );
         assert!(crate::load(&o, crate::Allocation::OnDemand).is_ok());
         match crate::load(&o, crate::Allocation::Pooled) {
             Err(Failure::Setup(why)) => assert!(
