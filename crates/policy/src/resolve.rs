@@ -354,23 +354,27 @@ fn rule_wasm(c: &Ctx<'_>) -> Vec<Diagnostic> {
                 if f.is_empty() {
                     out.push(c.diag(m.referenced, "module function is empty".into(), None));
                 }
-                if t.input.is_some() {
-                    out.push(c.diag(
-                        m.referenced,
-                        format!(
-                            "`input` does not apply to a typed function (`function: {f}`): its arguments are its parameters, given as one JSON object"
-                        ),
-                        Some("remove `input`"),
-                    ));
-                }
-                if t.command.is_some() {
-                    out.push(c.diag(
-                        m.referenced,
-                        format!(
-                            "`command` does not apply to a typed function (`function: {f}`): it is called, not run with an argv"
-                        ),
-                        Some("remove `command`"),
-                    ));
+                for (key, given, why) in [
+                    (
+                        "input",
+                        t.input.is_some(),
+                        "its arguments are its parameters, given as one JSON object",
+                    ),
+                    (
+                        "command",
+                        t.command.is_some(),
+                        "it is called, not run with an argv",
+                    ),
+                ] {
+                    if given {
+                        out.push(c.diag(
+                            m.referenced,
+                            format!(
+                                "`{key}` does not apply to a typed function (`function: {f}`): {why}"
+                            ),
+                            Some(&format!("remove `{key}`")),
+                        ));
+                    }
                 }
             }
         }

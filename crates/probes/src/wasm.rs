@@ -147,6 +147,15 @@ impl WasmTarget {
         )
     }
 
+    /// Why `probe` does not apply to this tool, if it does not: the
+    /// module's catalogue, and for a component also `network`.
+    fn not_applicable(&self, probe: &str) -> Option<&'static str> {
+        match not_applicable(probe) {
+            None if self.component && probe == "network" => Some(COMPONENT_NETWORK),
+            why => why,
+        }
+    }
+
     /// One call of the probe module with `args`: the runtime's outcome,
     /// or why there is none.
     fn call(&self, args: &[String]) -> Result<Outcome, String> {
@@ -341,7 +350,7 @@ fn judge_limit(probe: &str, o: &Outcome, stop: Status, from_stderr: bool) -> (Ve
 pub fn run_wasm_suite(target: &WasmTarget, profile: &Profile, filter: &Filter) -> Report {
     let mut results: Vec<ProbeResult> = Vec::new();
     let wanted = |name: &str| probe_info(name).is_some_and(|p| filter.allows(p));
-    let in_one_call = |name: &&&str| wanted(name) && !(target.component && **name == "network");
+    let in_one_call = |name: &&&str| wanted(name) && target.not_applicable(name).is_none();
     let info = |name: &str| -> &'static ProbeInfo {
         // Every name used here is in the catalogue (a test says so).
         probe_info(name).unwrap_or(&CATALOGUE[0])
@@ -530,13 +539,7 @@ pub fn run_wasm_suite(target: &WasmTarget, profile: &Profile, filter: &Filter) -
     }
 
     for p in CATALOGUE.iter().filter(|p| filter.allows(p)) {
-        let why = match not_applicable(p.name) {
-            None if control_ok && target.component && p.name == "network" => {
-                Some(COMPONENT_NETWORK)
-            }
-            why => why,
-        };
-        if let Some(why) = why {
+        if let Some(why) = target.not_applicable(p.name) {
             results.push(result(
                 p,
                 Verdict::Skipped,

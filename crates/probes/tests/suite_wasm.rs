@@ -12,7 +12,6 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,22 +23,8 @@ use cordon_runtime::{Mount, SandboxSpec};
 
 /// The probe module built from its committed source into `dir`.
 fn probe_module(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("wasm/probe.c");
     let out = dir.join("cordon-probe.wasm");
-    let r = Command::new("clang-14")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("clang-14: {e}: install clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (scripts/setup.sh)")
-        });
-    assert!(
-        r.status.success(),
-        "clang-14 --target=wasm32-wasi failed (scripts/setup.sh installs wasi-libc and libclang-rt-14-dev-wasm32):\n{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    fs::set_permissions(&out, fs::Permissions::from_mode(0o644)).expect("chmod");
+    cordon_testkit::wasm::clang("crates/probes/wasm/probe.c", &out, &[]);
     out
 }
 

@@ -24,20 +24,12 @@ pub const NODES: [&str; 4] = ["null", "zero", "random", "urandom"];
 /// in `scratch` (a directory of the sandbox's own).
 pub fn confine(scratch: &Path, kvm: bool) -> Result<(), String> {
     let err = |what: &str, e: rustix::io::Errno| format!("QEMU's /dev: {what}: {e}");
-    mount_change(
-        "/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .map_err(|e| err("make the mounts private", e))?;
-    fs::create_dir_all(scratch).map_err(|e| format!("QEMU's /dev: {}: {e}", scratch.display()))?;
-    mount(
-        "tmpfs",
+    private_tmpfs(
         scratch,
-        "tmpfs",
         MountFlags::NOSUID | MountFlags::NOEXEC,
         c"mode=0755,size=64k",
     )
-    .map_err(|e| err("tmpfs", e))?;
+    .map_err(|e| format!("QEMU's /dev: {e}"))?;
     let kvm_node: &[&str] = if kvm { &["kvm"] } else { &[] };
     for n in NODES.iter().chain(kvm_node) {
         let dst = scratch.join(n);
@@ -46,6 +38,19 @@ pub fn confine(scratch: &Path, kvm: bool) -> Result<(), String> {
     }
     mount_bind_recursive(scratch, "/dev").map_err(|e| err("bind over /dev", e))?;
     Ok(())
+}
+
+/// Makes this mount namespace's mounts private (nothing done here
+/// reaches the host's), then mounts a tmpfs with `flags` and `data` at
+/// `dir`, made first.
+pub fn private_tmpfs(dir: &Path, flags: MountFlags, data: &std::ffi::CStr) -> Result<(), String> {
+    mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(|e| format!("make the mounts private: {e}"))?;
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    mount("tmpfs", dir, "tmpfs", flags, data).map_err(|e| format!("tmpfs: {e}"))
 }
 
 /// Binds the file open as `file` (that very inode, whatever its path

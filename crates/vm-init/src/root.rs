@@ -17,8 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{
-    MountFlags, MountPropagationFlags, UnmountFlags, mount, mount_bind, mount_bind_recursive,
-    mount_change, mount_remount, unmount,
+    MountFlags, UnmountFlags, mount_bind, mount_bind_recursive, mount_remount, unmount,
 };
 
 /// Where the old root is put while pivoting (removed at once).
@@ -28,20 +27,12 @@ const OLD: &str = ".old-root";
 /// paths and `/dev` bound whole, then pivots into it.
 pub fn confine(root: &Path, readonly: &[PathBuf], writable: &[PathBuf]) -> Result<(), String> {
     let err = |what: &str, e: rustix::io::Errno| format!("QEMU's root: {what}: {e}");
-    mount_change(
-        "/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .map_err(|e| err("make the mounts private", e))?;
-    fs::create_dir_all(root).map_err(|e| format!("QEMU's root: {}: {e}", root.display()))?;
-    mount(
-        "tmpfs",
+    crate::devices::private_tmpfs(
         root,
-        "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV,
         c"mode=0755,size=1m",
     )
-    .map_err(|e| err("tmpfs", e))?;
+    .map_err(|e| format!("QEMU's root: {e}"))?;
     for src in writable {
         bind(root, src, false)?;
     }

@@ -256,13 +256,9 @@ pub fn compile_cached(
     memory: u64,
     function: Option<&str>,
 ) -> Result<Compiled, String> {
-    let mut c = compile_code(module, sha256, cache, memory)?;
-    let bytes = fs::read(&c.path)
-        .map_err(|e| format!("wasm cache {}: cannot read: {e}", c.path.display()))?;
+    // The compiled bytes as compile_code hashed them (read or made there).
+    let (mut c, bytes) = compile_code(module, sha256, cache, memory)?;
     let what = |e: String| format!("module {}: {e}", module.display());
-    if sha256_hex(&bytes) != c.code_sha256 {
-        return Err(what("its compiled code changed as it was read".into()));
-    }
     let engine = engine(memory, Allocation::OnDemand)?;
     match (Engine::detect_precompiled(&bytes), function) {
         (Some(Precompiled::Module), None) => {}
@@ -300,7 +296,7 @@ fn compile_code(
     sha256: &str,
     cache: &Path,
     memory: u64,
-) -> Result<Compiled, String> {
+) -> Result<(Compiled, Vec<u8>), String> {
     let bytes =
         fs::read(module).map_err(|e| format!("module {}: cannot read: {e}", module.display()))?;
     let actual = sha256_hex(&bytes);
@@ -320,12 +316,15 @@ fn compile_code(
         let recorded = sum.trim();
         if sha256_hex(&code) == recorded {
             mark_used(&sum_path);
-            return Ok(Compiled {
-                path,
-                code_sha256: recorded.to_string(),
-                hit: true,
-                schema: None,
-            });
+            return Ok((
+                Compiled {
+                    path,
+                    code_sha256: recorded.to_string(),
+                    hit: true,
+                    schema: None,
+                },
+                code,
+            ));
         }
         // A torn or altered entry: compiled again below, never loaded.
     }
@@ -341,12 +340,15 @@ fn compile_code(
         .map_err(|e| format!("wasm cache {}: {e}", cache.display()))?;
     write_atomic(&path, &code)?;
     write_atomic(&sum_path, format!("{code_sha256}\n").as_bytes())?;
-    Ok(Compiled {
-        path,
-        code_sha256,
-        hit: false,
-        schema: None,
-    })
+    Ok((
+        Compiled {
+            path,
+            code_sha256,
+            hit: false,
+            schema: None,
+        },
+        code,
+    ))
 }
 
 /// Record that the cache entry whose digest file is `sum_path` was used
@@ -570,10 +572,9 @@ enum Pre {
 pub struct Loaded {
     engine: Engine,
     pre: Pre,
+    /// A core module and its linker, for tests that run it by hand.
     #[cfg(test)]
-    module: Option<wasmtime::Module>,
-    #[cfg(test)]
-    linker: Linker<State>,
+    module: Option<(wasmtime::Module, Linker<State>)>,
 }
 
 /// Load the compiled code (only when its sha256 is the one recorded) into
@@ -593,9 +594,6 @@ pub fn load(o: &RunOptions, allocation: Allocation) -> Result<Loaded, Failure> {
     let bad =
         |e: wasmtime::Error| Failure::Setup(format!("compiled code {}: {e:#}", o.code.display()));
     let link = |e: wasmtime::Error| Failure::Setup(format!("linking the module: {e:#}"));
-    let mut linker: Linker<State> = Linker::new(&engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
-        .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
     #[cfg(test)]
     let mut kept = None;
     let pre = match Engine::detect_precompiled(&code) {
@@ -627,10 +625,14 @@ pub fn load(o: &RunOptions, allocation: Allocation) -> Result<Loaded, Failure> {
         }
         _ => {
             let module = cordon_sys_wasm::deserialize_verified(&engine, &code).map_err(bad)?;
+            // WASI preview 1, linked only for a core module.
+            let mut linker: Linker<State> = Linker::new(&engine);
+            wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
+                .map_err(|e| Failure::Setup(format!("WASI: {e:#}")))?;
             let pre = linker.instantiate_pre(&module).map_err(link)?;
             #[cfg(test)]
             {
-                kept = Some(module);
+                kept = Some((module, linker));
             }
             Pre::Module(pre)
         }
@@ -641,8 +643,6 @@ pub fn load(o: &RunOptions, allocation: Allocation) -> Result<Loaded, Failure> {
         pre,
         #[cfg(test)]
         module: kept,
-        #[cfg(test)]
-        linker,
     })
 }
 

@@ -299,10 +299,8 @@ mod tests {
             },
         );
         store.set_epoch_deadline(1 << 30);
-        let inst = loaded
-            .linker
-            .instantiate(&mut store, loaded.module.as_ref().unwrap())
-            .unwrap();
+        let (module, linker) = loaded.module.as_ref().unwrap();
+        let inst = linker.instantiate(&mut store, module).unwrap();
         let start = inst.get_typed_func::<(), ()>(&mut store, "_start").unwrap();
         start.call(&mut store, ()).unwrap();
         start.call(&mut store, ()).unwrap();
@@ -348,6 +346,53 @@ mod tests {
             ),
             Err(other) => panic!("{other:?}"),
             Ok(_) => panic!("a table past the pool's slots loaded"),
+        }
+    }
+
+    /// The runner refuses a component importing a socket interface when
+    /// it loads it, even when its compiled code got past the compile
+    /// step's check (here: compiled by hand, as a tampered cache would
+    /// hold it). Positive control: the same component without the import
+    /// loads.
+    #[test]
+    fn the_runner_refuses_a_component_that_imports_sockets_when_it_loads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let component = |name: &str, import: &str| {
+            let bytes = wat::parse_str(format!(
+                r#"(component {import} (core module $m (func (export "f") (result i32) i32.const 7))
+                     (core instance $i (instantiate $m))
+                     (func (export "seven") (result u32) (canon lift (core func $i "f"))))"#
+            ))
+            .unwrap();
+            let engine = crate::engine(16 << 20, crate::Allocation::OnDemand).unwrap();
+            let code = engine.precompile_component(&bytes).unwrap();
+            let path = dir.path().join(name);
+            std::fs::write(&path, &code).unwrap();
+            RunOptions {
+                code: path,
+                code_sha256: crate::sha256_hex(&code),
+                memory: 16 << 20,
+                wall: Duration::from_secs(10),
+                dirs: Vec::new(),
+                argv: vec!["c".into()],
+                call: Some("seven".into()),
+            }
+        };
+        let plain = component("plain.cwasm", "");
+        assert!(crate::load(&plain, crate::Allocation::OnDemand).is_ok());
+        let net = component(
+            "net.cwasm",
+            r#"(import "wasi:sockets/tcp@0.2.0" (instance))"#,
+        );
+        for allocation in [crate::Allocation::OnDemand, crate::Allocation::Pooled] {
+            match crate::load(&net, allocation) {
+                Err(Failure::Setup(why)) => assert!(
+                    why.contains("the component imports wasi:sockets/tcp@0.2.0"),
+                    "{why}"
+                ),
+                Err(other) => panic!("{other:?}"),
+                Ok(_) => panic!("a component importing sockets loaded"),
+            }
         }
     }
 }

@@ -504,7 +504,10 @@ fn a_component_importing_a_socket_interface_is_refused() {
     let e = rt
         .run(&net, b"{}".to_vec(), &Context::discard("t"))
         .expect_err("refused");
-    assert!(matches!(e, RunError::Refused(_)), "{e:?}");
+    assert!(
+        matches!(&e, RunError::Refused(why) if why.contains("the component imports wasi:sockets/tcp@0.2.0")),
+        "{e:?}"
+    );
 }
 
 wasm_test!(a_function_that_is_not_there_or_of_a_core_module_is_refused);
