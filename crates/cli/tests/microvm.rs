@@ -241,14 +241,18 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(21), "{err}");
     assert!(err.contains("kvm: missing"), "{err}");
-    // Served: probes cannot go into a guest yet, so `serve` refuses the
-    // tool at start saying so; with `--no-probe` an MCP client calls it.
-    let o = cordon(&s, &["serve", "-m", ms], b"");
-    let err = text(&o.stderr);
+    // `cordon probe` runs the catalogue inside the guest, the agent carried
+    // in on a disk of its own: everything holds.
+    let o = cordon(
+        &s,
+        &["probe", "--tool", "vm_count", "--skip", "time", "-m", ms],
+        b"",
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
     assert!(
-        err.contains("vm_count: refusing to start")
-            && err.contains("probe agent is not carried into guests"),
-        "{err}"
+        out.contains("HELD     processes") && out.contains(" 0 escaped, 0 error"),
+        "{out}"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -256,8 +260,8 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
         .build()
         .unwrap();
     rt.block_on(async {
+        // Served, probed at start like any tool (no `--no-probe`).
         let c = cordon_testkit::serve::Serve::manifest(CORDON, &m, &s.dir.join("serve.jsonl"))
-            .arg("--no-probe")
             .env("CORDON_STORE", s.path())
             .env("CORDON_VM_INIT", init())
             .env("CORDON_VM_ACCEL", "tcg")
@@ -300,8 +304,10 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let o = cordon(&s, &["image", "gc"], b"");
     let out = text(&o.stdout);
+    // The image's disk and template, and the probes' carried disk and
+    // their template: all of the image's.
     assert!(
-        out.contains("microVM: 1 disks, 1 snapshots, 1 initramfs"),
+        out.contains("microVM: 2 disks, 2 snapshots, 1 initramfs"),
         "{out}"
     );
     assert_eq!(disks(&s), 0, "{out}");

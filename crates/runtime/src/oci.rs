@@ -215,7 +215,7 @@ fn write_trust_bundle(etc: &Path, bundle: &[u8]) -> Result<(), String> {
 
 /// Whether `path` (absolute, in the sandbox) is a regular file of the
 /// image at `root`, reached without a symlink.
-fn image_regular_file(root: &Path, path: &Path) -> bool {
+pub(crate) fn image_regular_file(root: &Path, path: &Path) -> bool {
     let mut p = root.to_path_buf();
     let mut comps = path
         .components()

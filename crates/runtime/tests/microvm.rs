@@ -501,6 +501,112 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
     assert_eq!((allowed, refused), (1, 2), "{ev:?}");
 }
 
+/// A token source that always gives one token.
+struct Fixed(&'static str);
+
+impl cordon_egress::TokenSource for Fixed {
+    fn current(&self) -> Result<zeroize::Zeroizing<String>, String> {
+        Ok(zeroize::Zeroizing::new(self.0.to_string()))
+    }
+}
+
+#[test]
+fn a_secret_delivered_at_the_door_reaches_a_guest_as_a_placeholder_with_the_session_ca() {
+    use cordon_egress::{Binding, Injection, Injections, Placement};
+    use cordon_runtime::{Credentials, EgressPolicy, Network};
+    use std::sync::Arc;
+    const PH: &str = "cordon-ph-Vm3Qc8Wd2Lx6Kb0Tz5Hn9Rs4";
+    const TOKEN: &str = "vm-real-token-7c2e0d9a55b1f3";
+    let m = microvm();
+    // An image with a trust bundle of its own, linked from cert.pem.
+    let img = cordon_testkit::image::busybox();
+    let root = img.path();
+    std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
+    std::fs::write(
+        root.join("etc/ssl/certs/ca-certificates.crt"),
+        "IMAGE ROOTS\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).unwrap();
+    for d in ["etc/ssl", "etc/ssl/certs"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (up, seen) = cordon_testkit::loopback::request_heads(|_| "upstream answered".into());
+    let port = up.port();
+    let mut ep = EgressPolicy::allowlist("vm", [format!("api.test:{port}")]).unwrap();
+    ep.resolve.insert("api.test".into(), up.ip());
+    ep.allow_cidrs.push("127.0.0.1/32".parse().unwrap());
+    let mut s = sh(&format!(
+        "/bin/busybox grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; \
+         /bin/busybox head -n 1 /etc/ssl/cert.pem; echo \"env $SSL_CERT_FILE\"; echo \"ph $JIRA_TOKEN\"; \
+         /bin/busybox wget -q -O- --header \"Authorization: Bearer $JIRA_TOKEN\" http://api.test:{port}/rest/x 2>&1; echo"
+    ));
+    s.root = Root::Image {
+        rootfs: root.to_path_buf(),
+        digest: String::new(),
+    };
+    s.network = Network::Doors(Box::new(ep));
+    let run_with = |ctx: &Context| {
+        let _slot = slot();
+        let o = m.run(&s, Vec::new(), ctx).expect("run");
+        assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    // Positive control: without a secret at the door, the image's own
+    // bundle and no token.
+    let out = run_with(&Context::discard("t"));
+    assert!(out.starts_with("0\nIMAGE ROOTS\nenv \nph \n"), "{out}");
+    let ctx = Context {
+        session: "s".into(),
+        tenant: cordon_runtime::DEFAULT_TENANT.into(),
+        on_egress: Arc::new(|_| {}),
+        credentials: Credentials {
+            env: vec![("JIRA_TOKEN".into(), zeroize::Zeroizing::new(PH.to_string()))],
+            injections: Injections::new(vec![Injection {
+                secret: "JIRA_TOKEN".into(),
+                placeholder: PH.into(),
+                binding: Binding {
+                    host: "api.test".into(),
+                    port,
+                    path_prefix: Some("/rest".into()),
+                    placement: Placement::Header {
+                        name: "Authorization".into(),
+                        template: "Bearer {token}".into(),
+                    },
+                    upstream_ca: None,
+                },
+                source: Arc::new(Fixed(TOKEN)),
+            }]),
+        },
+        placement: Default::default(),
+    };
+    let out = run_with(&ctx);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 5, "{out}");
+    // The host's roots and the session CA, over the image's bundle and
+    // through its link, named by the variables.
+    assert!(lines[0].parse::<usize>().unwrap() >= 2, "{out}");
+    assert_eq!(lines[1], "-----BEGIN CERTIFICATE-----", "{out}");
+    assert_eq!(lines[2], "env /dev/cordon-ca-bundle.crt", "{out}");
+    // The guest holds the placeholder; the upstream got the token.
+    assert_eq!(lines[3], format!("ph {PH}"), "{out}");
+    assert_eq!(lines[4], "upstream answered", "{out}");
+    assert!(!out.contains(TOKEN), "{out}");
+    // The control's request (no token) and this one's (the token, never
+    // the placeholder).
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[0].contains(TOKEN), "{heads:?}");
+    assert!(heads[1].contains(&format!("Bearer {TOKEN}")), "{heads:?}");
+    assert!(!heads.iter().any(|h| h.contains(PH)), "{heads:?}");
+    // The image itself is untouched.
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
+        "IMAGE ROOTS\n"
+    );
+}
+
 /// The names in `dir`, sorted.
 fn names_in(dir: &Path) -> Vec<String> {
     let mut n: Vec<String> = std::fs::read_dir(dir)

@@ -96,6 +96,7 @@ fn main() -> Res<()> {
         extra_append: Vec::new(),
         boot_timeout: Duration::from_secs(120),
         image_verified: false,
+        carry: None,
     };
     let task = Task {
         argv: vec!["/bin/true".into()],
@@ -107,6 +108,8 @@ fn main() -> Res<()> {
         entropy: String::new(),
         time_ns: 0,
         net: Vec::new(),
+        seccomp: Vec::new(),
+        trust: None,
     };
     let run_dir = dir.path().join("run");
     let (mut cold_ready, mut cold_result, mut cold_cpu) = (vec![], vec![], vec![]);

@@ -9,10 +9,13 @@
 //!    EROFS as modules);
 //! 3. finds its five virtio-serial ports by name and opens them (the fifth,
 //!    `cordon.net`, is the network channel), and brings the loopback up;
-//! 4. mounts the tool's read-only root (`/dev/vda`, EROFS, else ext4) and
-//!    builds the tool's root tree on a tmpfs: each top-level entry of the
-//!    image bound in read-only, a fresh `/proc`, a `/dev` of six device
-//!    nodes (none of the guest's virtio devices), an empty `/sys`;
+//! 4. mounts the tool's read-only root (the disk whose virtio serial is
+//!    `cordon-root`, EROFS, else ext4) and builds the tool's root tree on a
+//!    tmpfs: each top-level entry of the image bound in read-only, a fresh
+//!    `/proc`, a `/dev` of six device nodes (none of the guest's virtio
+//!    devices), an empty `/sys`, and, when the command line says
+//!    `cordon.carry=1`, the `cordon-carry` disk (cordon's own files, such
+//!    as the probe agent) read-only at `/.cordon`;
 //! 5. says `ready` on the control port and waits for one task (a template
 //!    guest is snapshotted here);
 //! 6. mixes the task's host entropy into the kernel's pool and reseeds it
@@ -26,10 +29,12 @@
 //!    and `pids.max` (rlimits when the kernel has no cgroup v2) and a
 //!    memory-pressure watch that kills a tool thrashing at its limit as out
 //!    of memory (the kernel's OOM killer waits while reclaim frees
-//!    anything), chroots into
-//!    the tool's root, empties the capability bounding set, sets
-//!    `no_new_privs`, and starts the tool as the task's uid/gid (no
-//!    supplementary groups) with stdin, stdout and stderr on their ports;
+//!    anything), and starts the tool as the native jail does
+//!    ([`spawn_tool`]: its own user, mount, pid, IPC and UTS namespaces,
+//!    the task's ids inside mapped to an unprivileged pair, a `/proc` of
+//!    its own, chrooted into its root, no capabilities, `no_new_privs`,
+//!    the task's seccomp filters) with stdin, stdout and stderr on their
+//!    ports;
 //! 8. writes the exit status (or signal, and whether the guest's OOM killer
 //!    fired) on the control port, and powers the guest off.
 //!
@@ -37,20 +42,18 @@
 //! `error` line; before that, on the console. Either way the guest powers
 //! off: the host never waits on a guest that gave up.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cordon_vm_init::protocol::{
-    ENTROPY_BYTES, GuestMessage, LimitKind, PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN,
-    PORT_STDOUT, Task,
+    CARRY_ARG, CARRY_MOUNT, DISK_CARRY, DISK_ROOT, ENTROPY_BYTES, GuestMessage, LimitKind,
+    PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task, Trust,
 };
 use cordon_vm_init::relay::GuestNet;
 use rustix::event::{PollFd, PollFlags};
@@ -153,7 +156,11 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     // ports needs it, so only such a task fails without it.
     let loopback = cordon_sys::net::loopback_up().map_err(|e| format!("bring lo up: {e}"));
     mount_image()?;
-    build_root()?;
+    let carry = fs::read_to_string("/proc/cmdline")
+        .map_err(fail("cmdline"))?
+        .split_whitespace()
+        .any(|a| a == CARRY_ARG);
+    build_root(carry)?;
     let cgroup_ready = match prepare_cgroup() {
         Ok(()) => true,
         Err(e) => {
@@ -291,20 +298,54 @@ fn open_ports() -> Result<(Control, Stdio3), Fail> {
     Ok((control, stdio))
 }
 
-/// Mounts `/dev/vda` read-only: EROFS, else ext4.
+/// The device node of the disk whose virtio serial number is `serial`.
+fn disk(serial: &str) -> Option<PathBuf> {
+    for e in fs::read_dir("/sys/block").ok()?.flatten() {
+        let s = fs::read_to_string(e.path().join("serial")).ok();
+        if s.as_deref().map(str::trim_end) == Some(serial) {
+            let dev = Path::new("/dev").join(e.file_name());
+            return dev.exists().then_some(dev);
+        }
+    }
+    None
+}
+
+/// Mounts the tool's image read-only: EROFS, else ext4.
 fn mount_image() -> Result<(), Fail> {
-    wait_for("/dev/vda", || Path::new("/dev/vda").exists().then_some(()))?;
+    let dev = wait_for("the image's disk", || disk(DISK_ROOT))?;
     mkdir_p(IMAGE_MNT)?;
     let flags = MountFlags::RDONLY | MountFlags::NODEV;
-    let erofs = mount("/dev/vda", IMAGE_MNT, "erofs", flags, None);
+    let erofs = mount(&dev, IMAGE_MNT, "erofs", flags, None);
     let Err(erofs) = erofs else { return Ok(()) };
-    mount("/dev/vda", IMAGE_MNT, "ext4", flags, c"noload")
-        .map_err(|ext4| failed("image", format!("/dev/vda: erofs: {erofs}; ext4: {ext4}")))
+    mount(&dev, IMAGE_MNT, "ext4", flags, c"noload").map_err(|ext4| {
+        failed(
+            "image",
+            format!("{}: erofs: {erofs}; ext4: {ext4}", dev.display()),
+        )
+    })
+}
+
+/// The carried disk (cordon's own files), read-only at [`CARRY_MOUNT`] in
+/// the tool's root.
+fn mount_carry() -> Result<(), Fail> {
+    let dev = wait_for("the carried disk", || disk(DISK_CARRY))?;
+    let dst = format!("{ROOT}{CARRY_MOUNT}");
+    mkdir_p(&dst)?;
+    mount(
+        &dev,
+        &dst,
+        "erofs",
+        MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID,
+        None,
+    )
+    .map_err(|e| failed("carry", format!("{} on {dst}: {e}", dev.display())))
 }
 
 /// The tool's root: a tmpfs holding the image's top-level entries (bound
-/// in read-only), and its own `/proc`, `/dev`, `/sys` and `/tmp`.
-fn build_root() -> Result<(), Fail> {
+/// in read-only), and its own `/proc`, `/dev`, `/sys` and `/tmp`; with
+/// `carry`, the carried disk at [`CARRY_MOUNT`] in place of any entry of
+/// the image's there.
+fn build_root(carry: bool) -> Result<(), Fail> {
     mkdir_p(ROOT)?;
     mount_fs(
         "root",
@@ -318,7 +359,9 @@ fn build_root() -> Result<(), Fail> {
     for e in entries {
         let e = e.map_err(fail("root"))?;
         let name = e.file_name();
-        if OWN.iter().any(|o| name == *o) {
+        if OWN.iter().any(|o| name == *o)
+            || (carry && Path::new("/").join(&name) == Path::new(CARRY_MOUNT))
+        {
             continue;
         }
         let src = e.path();
@@ -342,6 +385,9 @@ fn build_root() -> Result<(), Fail> {
     }
     for d in OWN {
         mkdir_p(&format!("{ROOT}/{d}"))?;
+    }
+    if carry {
+        mount_carry()?;
     }
     mount_fs(
         "proc",
@@ -552,8 +598,7 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
     }
     let flag = Arc::new(AtomicBool::new(false));
     let set = flag.clone();
-    // Opened now: the init chroots into the tool's root before the tool
-    // starts, and no path of the guest's resolves from there.
+    // Opened now, before the tool starts.
     let kill_path = format!("{dir}/cgroup.kill");
     let mut kill = OpenOptions::new()
         .write(true)
@@ -605,14 +650,6 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
     Ok(Some(flag))
 }
 
-fn rlimit(res: rustix::process::Resource, n: u64) -> Result<(), Fail> {
-    let l = rustix::process::Rlimit {
-        current: Some(n),
-        maximum: Some(n),
-    };
-    rustix::process::setrlimit(res, l).map_err(|e| failed("limits", format!("{res:?}: {e}")))
-}
-
 /// Listens on `127.0.0.1:PORT` for each of the task's `net` ports and
 /// carries each connection over the network channel `port`; the threads
 /// live until the guest powers off.
@@ -653,9 +690,14 @@ fn start_net(ports: &[u16], port: File) -> Result<(), Fail> {
 }
 
 fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessage, Fail> {
-    use rustix::process::Resource;
+    let Stdio3 {
+        stdin,
+        stdout,
+        stderr,
+        net,
+    } = stdio;
     if !task.net.is_empty() {
-        start_net(&task.net, stdio.net)?;
+        start_net(&task.net, net)?;
     }
     mount_fs(
         "tmp",
@@ -675,55 +717,257 @@ fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessa
     )
     .map_err(|e| failed("root", format!("read-only: {e}")))?;
 
+    if let Some(t) = &task.trust {
+        install_trust(t)?;
+    }
     let (mut cg, kind) = if cgroup_ready {
         let cg = cgroup(task).map_err(fail("cgroup"))?;
         (Some(cg), LimitKind::Cgroup)
     } else {
-        if let Some(m) = task.limits.memory_mib {
-            rlimit(Resource::As, m * 1024 * 1024)?;
-        }
-        if let Some(p) = task.limits.pids {
-            rlimit(Resource::Nproc, p)?;
-        }
         (None, LimitKind::Rlimit)
     };
-    rlimit(Resource::Nofile, task.limits.nofile)?;
-    rlimit(Resource::Core, 0)?;
-
-    rustix::process::chroot(ROOT).map_err(fail("chroot"))?;
-    std::env::set_current_dir("/").map_err(fail("chroot"))?;
-    for cap in rustix::thread::CapabilitySet::all().iter() {
-        match rustix::thread::remove_capability_from_bounding_set(cap) {
-            // Capabilities this kernel does not know.
-            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
-            Err(e) => return Err(failed("capabilities", format!("{cap:?}: {e}"))),
+    let mut rlimits = vec![
+        (libc::RLIMIT_NOFILE, task.limits.nofile, task.limits.nofile),
+        (libc::RLIMIT_CORE, 0, 0),
+    ];
+    if !cgroup_ready {
+        if let Some(m) = task.limits.memory_mib {
+            rlimits.push((libc::RLIMIT_AS, m << 20, m << 20));
+        }
+        if let Some(p) = task.limits.pids {
+            rlimits.push((libc::RLIMIT_NPROC, p, p));
         }
     }
-    rustix::thread::set_no_new_privs(true).map_err(fail("no_new_privs"))?;
-
-    let mut cmd = Command::new(&task.argv[0]);
-    cmd.args(&task.argv[1..])
-        .env_clear()
-        .envs(task.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&task.cwd)
-        .uid(task.uid)
-        .gid(task.gid)
-        .stdin(Stdio::from(stdio.stdin))
-        .stdout(Stdio::from(stdio.stdout))
-        .stderr(Stdio::from(stdio.stderr));
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| failed("exec", format!("{}: {e}", task.argv[0])))?;
-    drop(cmd);
-    let status = child.wait().map_err(fail("wait"))?;
-    if let Some(code) = status.code() {
-        return Ok(GuestMessage::Exited { code, limits: kind });
-    }
-    let signal = status.signal().unwrap_or(0);
+    let status = spawn_tool(task, [stdin, stdout, stderr], rlimits)?;
+    let signal = match status {
+        cordon_sys::io::ExitStatus::Exited(code) => {
+            return Ok(GuestMessage::Exited { code, limits: kind });
+        }
+        cordon_sys::io::ExitStatus::Signaled(s) => s,
+    };
     let oom = cg.as_mut().is_some_and(Cgroup::out_of_memory);
     Ok(GuestMessage::Signaled {
         signal,
         oom,
         limits: kind,
     })
+}
+
+/// Writes the task's trust bundle into the tool's `/dev` (made writable
+/// for it, read-only again after) and binds it read-only over each of the
+/// image's own bundle files.
+fn install_trust(t: &Trust) -> Result<(), Fail> {
+    let simple = |p: &str, under: &str| {
+        p.strip_prefix(under).is_some_and(|rest| {
+            !rest.is_empty()
+                && Path::new(rest)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+        })
+    };
+    if !simple(&t.path, "/dev/") || t.path[5..].contains('/') {
+        return Err(failed(
+            "trust",
+            format!("{}: not a file directly in /dev", t.path),
+        ));
+    }
+    let dev = format!("{ROOT}/dev");
+    let writable = MountFlags::NOSUID | MountFlags::NOEXEC;
+    // Room for the bundle besides the device nodes' 64 KiB.
+    let size = CString::new(format!("size={}k", 64 + t.pem.len().div_ceil(1024) + 8))
+        .map_err(fail("trust"))?;
+    mount_remount(&dev, writable, &size)
+        .map_err(|e| failed("trust", format!("{dev} writable: {e}")))?;
+    let file = format!("{ROOT}{}", t.path);
+    let written = fs::write(&file, &t.pem)
+        .and_then(|()| {
+            fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444))
+        })
+        .map_err(|e| failed("trust", format!("{file}: {e}")));
+    mount_remount(&dev, writable | MountFlags::RDONLY, c"")
+        .map_err(|e| failed("trust", format!("{dev} read-only: {e}")))?;
+    written?;
+    for over in &t.over {
+        if !simple(over, "/") {
+            return Err(failed("trust", format!("{over}: not an absolute path")));
+        }
+        let target = format!("{ROOT}{over}");
+        mount_bind(&file, &target)
+            .and_then(|()| {
+                mount_remount(
+                    &target,
+                    MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                    c"",
+                )
+            })
+            .map_err(|e| failed("trust", format!("{target}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The tool's uid and gid outside its user namespace, in the guest: an
+/// unprivileged pair, whatever ids the tool has inside (root included).
+const OUTER_ID: u32 = 1000;
+
+/// `PATH` when the task's environment has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn cstring(what: &'static str, s: &str) -> Result<CString, Fail> {
+    CString::new(s).map_err(|_| failed(what, format!("{s:?} contains a NUL byte")))
+}
+
+/// Where `argv[0]` is looked for: itself when it has a `/`, else each
+/// absolute entry of the task's `PATH`.
+fn exec_paths(task: &Task) -> Result<Vec<CString>, Fail> {
+    let arg0 = task.argv.first().map(String::as_str).unwrap_or("");
+    if arg0.contains('/') {
+        return Ok(vec![cstring("exec", arg0)?]);
+    }
+    let path = task
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    let out: Vec<CString> = path
+        .split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|d| cstring("exec", &format!("{}/{arg0}", d.trim_end_matches('/'))))
+        .collect::<Result<_, _>>()?;
+    if out.is_empty() {
+        return Err(failed(
+            "exec",
+            format!("{arg0}: no absolute PATH entry to look it up in"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Starts the tool as the native jail starts one (`cordon_sys::spawn`):
+/// new user, mount, pid, IPC and UTS namespaces (the network stays the
+/// guest's: it has no device, and the egress listeners are on its
+/// loopback), the task's ids inside mapped to [`OUTER_ID`], a fresh
+/// `/proc` of its own pid namespace, chrooted into the tool's root (the
+/// initramfs cannot be pivoted away from), every capability dropped,
+/// `no_new_privs`, its rlimits and the task's seccomp filters; stdio on
+/// the ports. Waits for it.
+fn spawn_tool(
+    task: &Task,
+    stdio: [File; 3],
+    rlimits: Vec<(u32, u64, u64)>,
+) -> Result<cordon_sys::io::ExitStatus, Fail> {
+    use cordon_sys::spawn::{ChildFailure, ChildPlan, Op, Step};
+    use std::os::fd::AsRawFd;
+    let io = |what: &'static str| move |e: cordon_sys::Errno| failed(what, e.to_string());
+    let (sync_r, sync_w) = cordon_sys::io::pipe().map_err(io("spawn"))?;
+    let (fail_r, fail_w) = cordon_sys::io::pipe().map_err(io("spawn"))?;
+    let step = |op| Step {
+        op,
+        skip_if_missing: false,
+    };
+    let steps = vec![
+        step(Op::Mount {
+            src: Some(cstring("proc", "proc")?),
+            target: cstring("proc", &format!("{ROOT}/proc"))?,
+            fstype: Some(cstring("proc", "proc")?),
+            flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data: None,
+        }),
+        step(Op::Chroot {
+            path: cstring("chroot", ROOT)?,
+        }),
+        step(Op::Chdir {
+            path: cstring("cwd", &task.cwd)?,
+        }),
+    ];
+    let cap_last = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    let argv = task
+        .argv
+        .iter()
+        .map(|a| cstring("argv", a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = task
+        .env
+        .iter()
+        .map(|(k, v)| cstring("env", &format!("{k}={v}")).map(zeroize::Zeroizing::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = ChildPlan {
+        namespaces: (libc::CLONE_NEWUSER
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS) as u64,
+        cgroup_fd: None,
+        stdin: stdio[0].as_raw_fd(),
+        stdout: stdio[1].as_raw_fd(),
+        stderr: stdio[2].as_raw_fd(),
+        sync_read: sync_r.as_raw_fd(),
+        err_write: fail_w.as_raw_fd(),
+        doors_sock: None,
+        cgroup_ns: false,
+        join_cgroups: Vec::new(),
+        join_net: None,
+        clear_groups: true,
+        uid: task.uid,
+        gid: task.gid,
+        steps,
+        doors: None,
+        rlimits,
+        landlock: None,
+        cap_last,
+        keep_capabilities: false,
+        seccomp: task
+            .seccomp
+            .iter()
+            .map(|f| cordon_vm_init::protocol::unpack_filter(f))
+            .collect(),
+        exec_paths: exec_paths(task)?,
+        argv,
+        envp,
+    };
+    let mut child = cordon_sys::spawn::spawn(plan).map_err(|e| {
+        failed(
+            "spawn",
+            format!("clone3 with new user, mount, pid, ipc and uts namespaces: {e}"),
+        )
+    })?;
+    // The child has its own copies now.
+    drop((sync_r, fail_w, stdio));
+    let proc = format!("/proc/{}", child.pid());
+    for (file, inner) in [("uid_map", task.uid), ("gid_map", task.gid)] {
+        write_file(
+            &format!("{proc}/{file}"),
+            &format!("{inner} {OUTER_ID} 1\n"),
+        )
+        .map_err(|e| failed("ids", format!("{file} ({inner} -> {OUTER_ID}): {e}")))?;
+    }
+    // Kept open until the tool has been executed: the child takes a hung-up
+    // go-ahead pipe for its parent's death.
+    cordon_sys::io::write(sync_w.as_fd(), b"g").map_err(io("spawn"))?;
+    // Eight bytes: a step failed; end of file: the tool was executed.
+    let mut buf = [0u8; 8];
+    let mut got = 0;
+    while got < buf.len() {
+        match cordon_sys::io::read(fail_r.as_fd(), &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(cordon_sys::Errno::EINTR) => {}
+            Err(e) => return Err(failed("spawn", format!("the error pipe: {e}"))),
+        }
+    }
+    if got == buf.len() {
+        let f = ChildFailure::decode(buf);
+        let _ = child.wait(true);
+        return Err(failed(
+            "exec",
+            format!("{}: {}: {}", task.argv[0], f.step, f.errno),
+        ));
+    }
+    drop(sync_w);
+    child
+        .wait(true)
+        .map_err(io("wait"))?
+        .ok_or_else(|| failed("wait", "the tool did not end".to_owned()))
 }

@@ -221,6 +221,7 @@ fn run(dir: &Path) -> Result<Status, String> {
             job.vm.initramfs.clone(),
             job.vm.image.path.clone(),
         ];
+        readonly.extend(job.vm.carry.iter().map(|c| c.path.clone()));
         readonly.extend(own.iter().cloned());
         if let Some(s) = &snap {
             readonly.push(s.ram.clone());

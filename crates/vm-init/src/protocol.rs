@@ -21,6 +21,16 @@ pub const PORT_STDERR: &str = "cordon.stderr";
 /// with [`Task::net`] ports.
 pub const PORT_NET: &str = "cordon.net";
 
+/// The disks' virtio serial numbers (`/sys/block/vd*/serial`): the guest
+/// finds each by its own, whatever order the devices probe in.
+pub const DISK_ROOT: &str = "cordon-root";
+pub const DISK_CARRY: &str = "cordon-carry";
+/// On the kernel command line when the guest has the carried disk.
+pub const CARRY_ARG: &str = "cordon.carry=1";
+/// Where the carried disk appears in the tool's root (read-only): the
+/// paths of the files cordon carries in start with it.
+pub const CARRY_MOUNT: &str = "/.cordon";
+
 /// Bytes of host entropy a task carries.
 pub const ENTROPY_BYTES: usize = 64;
 
@@ -51,6 +61,57 @@ pub struct Task {
     /// loopback (cordon's egress proxy door). Empty: no network at all.
     #[serde(default)]
     pub net: Vec<u16>,
+    /// seccomp filters the tool runs under, in install order, each
+    /// instruction packed by [`pack_filter`] (the host builds them as the
+    /// native jail does; the guest installs them last before `execve`).
+    #[serde(default)]
+    pub seccomp: Vec<Vec<u64>>,
+    /// The trust bundle the tool's TLS clients use when credentials are
+    /// substituted at the egress door (the host's roots plus the session
+    /// CA): the init writes it into the tool's `/dev` and binds it over the
+    /// image's own bundle files.
+    #[serde(default)]
+    pub trust: Option<Trust>,
+}
+
+/// A trust bundle for the tool's root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trust {
+    /// The PEM bundle.
+    pub pem: String,
+    /// Where it is written: a file directly in `/dev` (the variables that
+    /// name the trust bundle point there).
+    pub path: String,
+    /// The image's own bundle files it is bound over, read-only (regular
+    /// files of the image, absolute).
+    pub over: Vec<String>,
+}
+
+/// A BPF program as the task carries it: each instruction's code, jt, jf
+/// and k in one `u64` (code in the top 16 bits, k in the low 32).
+pub fn pack_filter(prog: &[libc::sock_filter]) -> Vec<u64> {
+    prog.iter()
+        .map(|i| {
+            (u64::from(i.code) << 48)
+                | (u64::from(i.jt) << 40)
+                | (u64::from(i.jf) << 32)
+                | u64::from(i.k)
+        })
+        .collect()
+}
+
+/// [`pack_filter`] undone.
+pub fn unpack_filter(packed: &[u64]) -> Vec<libc::sock_filter> {
+    packed
+        .iter()
+        .map(|&w| libc::sock_filter {
+            code: (w >> 48) as u16,
+            jt: (w >> 40) as u8,
+            jf: (w >> 32) as u8,
+            k: w as u32,
+        })
+        .collect()
 }
 
 fn default_cwd() -> String {
@@ -143,6 +204,35 @@ mod tests {
     }
 
     #[test]
+    fn a_filter_survives_packing() {
+        let prog = [
+            libc::sock_filter {
+                code: 0x20,
+                jt: 0,
+                jf: 0,
+                k: 4,
+            },
+            libc::sock_filter {
+                code: 0x15,
+                jt: 1,
+                jf: 255,
+                k: 0xc000_003e,
+            },
+            libc::sock_filter {
+                code: 0x06,
+                jt: 0,
+                jf: 0,
+                k: 0x7fff_0000,
+            },
+        ];
+        let back = unpack_filter(&pack_filter(&prog));
+        assert_eq!(back.len(), prog.len());
+        for (a, b) in prog.iter().zip(&back) {
+            assert_eq!((a.code, a.jt, a.jf, a.k), (b.code, b.jt, b.jf, b.k));
+        }
+    }
+
+    #[test]
     fn a_task_takes_defaults_and_refuses_unknown_fields() {
         let t: Task = serde_json::from_str(
             r#"{"argv":["/bin/true"],"uid":0,"gid":0,"entropy":"00","time_ns":1}"#,
@@ -151,6 +241,8 @@ mod tests {
         assert_eq!(t.cwd, "/");
         assert_eq!(t.limits, Limits::default());
         assert!(t.net.is_empty());
+        assert!(t.seccomp.is_empty());
+        assert!(t.trust.is_none());
         assert!(
             serde_json::from_str::<Task>(
                 r#"{"argv":["/bin/true"],"uid":0,"gid":0,"entropy":"00","time_ns":1,"x":1}"#

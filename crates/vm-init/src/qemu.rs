@@ -42,8 +42,11 @@ use serde_json::json;
 use thiserror::Error;
 
 use crate::image::{BlockImage, ImageError};
+#[cfg(doc)]
+use crate::protocol::CARRY_MOUNT;
 use crate::protocol::{
-    ENTROPY_BYTES, GuestMessage, PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task,
+    CARRY_ARG, DISK_CARRY, DISK_ROOT, ENTROPY_BYTES, GuestMessage, PORT_CONTROL, PORT_NET,
+    PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task,
 };
 use crate::qmp::{Qmp, QmpError};
 
@@ -67,6 +70,12 @@ pub struct VmConfig {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub image: BlockImage,
+    /// A second read-only disk of cordon's own files (the probe agent),
+    /// mounted at [`CARRY_MOUNT`] in the tool's root: copied in, never
+    /// shared. Part of the device set, so a template and its restores
+    /// have it alike.
+    #[serde(default)]
+    pub carry: Option<BlockImage>,
     pub memory_mib: u32,
     pub cpus: u32,
     pub accel: Accel,
@@ -235,6 +244,9 @@ impl VmConfig {
             append.push(format!("tsc_early_khz={khz}"));
             append.push("tsc=reliable".to_owned());
         }
+        if self.carry.is_some() {
+            append.push(CARRY_ARG.to_owned());
+        }
         append.extend(self.extra_append.iter().cloned());
         let p = |name: &str| paths.sock(name).display().to_string();
         let mut a: Vec<String> = vec![
@@ -280,7 +292,7 @@ impl VmConfig {
                 self.image.path.display()
             ),
             "-device".into(),
-            "virtio-blk-device,drive=root".into(),
+            format!("virtio-blk-device,drive=root,serial={DISK_ROOT}"),
             "-device".into(),
             "virtio-serial-device".into(),
             "-chardev".into(),
@@ -288,6 +300,17 @@ impl VmConfig {
             "-mon".into(),
             "chardev=qmp,mode=control".into(),
         ]);
+        if let Some(c) = &self.carry {
+            a.extend([
+                "-drive".into(),
+                format!(
+                    "id=carry,file={},format=raw,if=none,read-only=on",
+                    c.path.display()
+                ),
+                "-device".into(),
+                format!("virtio-blk-device,drive=carry,serial={DISK_CARRY}"),
+            ]);
+        }
         for (id, name) in [
             ("ctl", PORT_CONTROL),
             ("stdin", PORT_STDIN),
@@ -368,6 +391,9 @@ impl Vm {
     ) -> Result<Vm, VmError> {
         if !cfg.image_verified {
             cfg.image.verify()?;
+            if let Some(c) = &cfg.carry {
+                c.verify()?;
+            }
         }
         fs::create_dir_all(dir).map_err(io(format!("{}", dir.display())))?;
         let paths = Paths {
@@ -950,6 +976,7 @@ mod tests {
             extra_append: Vec::new(),
             boot_timeout: Duration::from_secs(30),
             image_verified: false,
+            carry: None,
         };
         let paths = Paths {
             dir: "/run/x".into(),

@@ -126,6 +126,7 @@ fn env() -> &'static Env {
                 .unwrap_or_default(),
             boot_timeout: Duration::from_secs(120),
             image_verified: false,
+            carry: None,
         };
         Env {
             root: dir.path().to_owned(),
@@ -169,6 +170,8 @@ fn task(argv: &[&str]) -> Task {
         entropy: String::new(),
         time_ns: 0,
         net: Vec::new(),
+        seccomp: Vec::new(),
+        trust: None,
     }
 }
 

@@ -35,6 +35,10 @@ pub struct SnapRecord {
     pub image: String,
     /// The initramfs's file name in `initramfs/`.
     pub initramfs: String,
+    /// The carried disk's digest (`images/<digest>.img`), for a template
+    /// of guests that have one.
+    #[serde(default)]
+    pub carry: Option<String>,
 }
 
 /// `<key>.verified`: the version of a template's RAM file last hashed in
@@ -119,6 +123,7 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
     // Snapshots of kept disks; their initramfs.
     let snaps = vm.join("snapshots");
     let mut initramfs = BTreeSet::new();
+    let mut carried = BTreeSet::new();
     for n in names(&snaps) {
         let Some(key) = n.strip_suffix(".json") else {
             continue;
@@ -132,6 +137,7 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
         match rec {
             Some(r) if disks.contains(&r.image) || busy => {
                 initramfs.insert(r.initramfs);
+                carried.extend(r.carry);
             }
             _ if busy => {}
             _ => {
@@ -153,6 +159,20 @@ pub fn gc(vm: &Path, keep: &BTreeSet<String>) -> Removed {
             remove(&p, &mut out);
         }
     }
+    // Carried disks of kept templates, and their index entries.
+    let carry = vm.join("carry");
+    for n in names(&carry) {
+        let p = carry.join(&n);
+        let kept = fs::read_to_string(&p).is_ok_and(|d| carried.contains(d.trim()));
+        if n.starts_with('.') {
+            if old_enough(&p) {
+                remove(&p, &mut out);
+            }
+        } else if !kept {
+            remove(&p, &mut out);
+        }
+    }
+    disks.extend(carried);
     // Disks no kept image has.
     let images = vm.join("images");
     for n in names(&images) {
@@ -194,25 +214,43 @@ mod tests {
     fn gc_keeps_what_kept_images_need() {
         let d = tempfile::tempdir().unwrap();
         let vm = d.path();
-        for sub in ["index", "images", "snapshots", "initramfs"] {
+        for sub in ["index", "images", "snapshots", "initramfs", "carry"] {
             fs::create_dir_all(vm.join(sub)).unwrap();
         }
         let w = |p: &str, s: &str| fs::write(vm.join(p), s).unwrap();
         w("index/aaaa", "disk-a");
         w("index/bbbb", "disk-b");
-        for d in ["disk-a", "disk-b", "disk-anon"] {
+        for d in ["disk-a", "disk-b", "disk-anon", "carry-a", "carry-b"] {
             w(&format!("images/{d}.img"), "x");
             w(&format!("images/{d}.json"), "{}");
         }
-        let rec = |img: &str, init: &str| {
+        let rec_with = |img: &str, init: &str, carry: Option<&str>| {
             serde_json::to_string(&SnapRecord {
                 sha256: "s".into(),
                 ram_sha256: "r".into(),
                 image: img.into(),
                 initramfs: init.into(),
+                carry: carry.map(str::to_string),
             })
             .unwrap()
         };
+        let rec = |img: &str, init: &str| rec_with(img, init, None);
+        // A template of a kept image with a carried disk, and one of a
+        // removed image with another: the first disk stays, the second
+        // goes with its template, each index entry with its disk.
+        w("snapshots/k6.snap", "x");
+        w("snapshots/k6.ram", "x");
+        w(
+            "snapshots/k6.json",
+            &rec_with("disk-a", "i1.cpio", Some("carry-a")),
+        );
+        w("snapshots/k7.snap", "x");
+        w(
+            "snapshots/k7.json",
+            &rec_with("disk-b", "i2.cpio", Some("carry-b")),
+        );
+        w("carry/c1", "carry-a");
+        w("carry/c2", "carry-b");
         w("snapshots/k1.snap", "x");
         w("snapshots/k1.ram", "x");
         w("snapshots/k1.json", &rec("disk-a", "i1.cpio"));
@@ -246,13 +284,20 @@ mod tests {
             v
         };
         assert_eq!(left("index"), ["aaaa"]);
-        assert_eq!(left("images"), ["disk-a.img", "disk-a.json"]);
+        assert_eq!(
+            left("images"),
+            ["carry-a.img", "carry-a.json", "disk-a.img", "disk-a.json"]
+        );
         assert_eq!(
             left("snapshots"),
-            ["k1.json", "k1.ram", "k1.snap", "k4.json", "k4.lock"]
+            [
+                "k1.json", "k1.ram", "k1.snap", "k4.json", "k4.lock", "k6.json", "k6.ram",
+                "k6.snap"
+            ]
         );
         assert_eq!(left("initramfs"), ["i1.cpio", "i4.cpio"]);
-        assert_eq!((r.disks, r.snapshots, r.initramfs), (2, 2, 2));
+        assert_eq!(left("carry"), ["c1"]);
+        assert_eq!((r.disks, r.snapshots, r.initramfs), (3, 3, 2));
         drop(held);
     }
 }

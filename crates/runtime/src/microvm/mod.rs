@@ -32,9 +32,10 @@
 //!   are the jail's, and the in-guest end (exit, signal, an OOM inside the
 //!   guest, a guest error or panic) comes back in `DIR/status.json`.
 //!
-//! Not yet: egress (the guest has no NIC; `network: none` only), host
-//! binds, workspaces and state (nothing of the host is shared into the
-//! guest), a root that is not an image.
+//! Not yet: DNS and non-HTTP egress (the guest has no NIC; only the proxy
+//! door is carried over a virtio channel), host binds, workspaces and
+//! state (nothing of the host is shared into the guest; cordon's own
+//! read-only files go in by copy, [`carry`]), a root that is not an image.
 
 use std::collections::HashMap;
 use std::fs;
@@ -48,11 +49,12 @@ use cordon_jail::{Jail, JailOptions};
 use cordon_sandbox::Status;
 use cordon_vm_init::host::{self, End, Job, Start};
 use cordon_vm_init::image::{self, BlockImage, FileId, FsKind};
-use cordon_vm_init::protocol::{Limits as TaskLimits, Task};
+use cordon_vm_init::protocol::{Limits as TaskLimits, Task, Trust};
 use cordon_vm_init::qemu::{self, Accel, VmConfig};
 use sha2::{Digest, Sha256};
 
 pub mod artifacts;
+pub mod carry;
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::outcome::{Outcome, RunError};
@@ -137,7 +139,7 @@ fn file_id(p: &Path) -> Option<FileId> {
 /// The format of a template's files: part of its key, so that a store
 /// holding templates of another format makes new ones (and `gc` removes
 /// the old).
-const SNAPSHOT_FORMAT: &str = "cow-ram-file v1";
+const SNAPSHOT_FORMAT: &str = "cow-ram-file v2";
 
 /// The microVM runtime.
 pub struct Microvm {
@@ -459,16 +461,6 @@ impl Microvm {
                 problems.join("; ")
             )));
         }
-        if let Some(m) = spec.mounts.first() {
-            // Admission refuses these; a caller that runs a spec directly
-            // (the probes bind their agent) is told the same.
-            return Err(RunError::Refused(format!(
-                "{}: runtime microvm shares no host file or directory into the guest (mount {}:{}); the probe agent is not carried into guests yet: `cordon serve --no-probe` serves such a tool unprobed",
-                spec.tool,
-                m.src.display(),
-                m.dst.display()
-            )));
-        }
         let parts = self.parts(spec, ctx)?;
         Ok(VmChild {
             rt: self,
@@ -679,6 +671,43 @@ impl Microvm {
         Ok(img)
     }
 
+    /// The carried disk of `files` (none for no files): found through the
+    /// index of their versions, else copied and built now; verified
+    /// against its record once per version of the file.
+    fn carried_disk(&self, files: &[carry::Carried]) -> Result<Option<BlockImage>, String> {
+        if files.is_empty() {
+            return Ok(None);
+        }
+        let Ok(store) = &self.found().store else {
+            return Err(self.parts_problem().unwrap_or_default());
+        };
+        let images = store.join("images");
+        let index = store.join("carry");
+        let key = carry::key(files);
+        let entry = index.join(&key[..32]);
+        if let Ok(d) = fs::read_to_string(&entry)
+            && let Ok(img) = BlockImage::open_unverified(&images, d.trim())
+        {
+            self.verify(&img.path, &img.sha256, false)?;
+            return Ok(Some(img));
+        }
+        let staged = index.join(format!(".stage-{}.tmp{}", &key[..16], std::process::id()));
+        let _ = fs::remove_dir_all(&staged);
+        let built = carry::stage(files, &staged).and_then(|()| {
+            image::build(&staged, &images, FsKind::Erofs)
+                .map_err(|e| format!("build the carried disk: {e}"))
+        });
+        let _ = fs::remove_dir_all(&staged);
+        let img = built?;
+        let _ = fs::set_permissions(&img.path, fs::Permissions::from_mode(0o644));
+        let tmp = index.join(format!(".{}.tmp{}", &key[..32], std::process::id()));
+        if fs::write(&tmp, &img.digest).is_ok() {
+            let _ = fs::rename(&tmp, &entry);
+        }
+        self.remember(&img.path);
+        Ok(Some(img))
+    }
+
     fn remember(&self, path: &Path) {
         if let Some(id) = file_id(path) {
             self.remember_as(path, id);
@@ -776,6 +805,7 @@ impl Microvm {
             extra_append: Vec::new(),
             boot_timeout: BOOT_TIMEOUT,
             image_verified: true,
+            carry: None,
         })
     }
 
@@ -794,11 +824,18 @@ impl Microvm {
                 spec.tool
             )));
         };
+        // Admission refuses mounts for a microvm tool; a caller that runs a
+        // spec directly (the probes, their agent) gets read-only files
+        // under /.cordon carried in on a disk of their own.
+        let carried =
+            carry::files(spec).map_err(|e| RunError::Refused(format!("{}: {e}", spec.tool)))?;
         let img = self.block_image(rootfs, digest).map_err(refuse)?;
+        let carried = self.carried_disk(&carried).map_err(refuse)?;
         let (accel, _) = self.accel();
-        let vm = self
+        let mut vm = self
             .vm_config(img, guest_mib(spec), vcpus(spec), accel)
             .map_err(refuse)?;
+        vm.carry = carried;
         let qemu_ids = self.qemu_ids(ctx.placement.host_ids, accel);
         let snapshot = self.template(spec, &vm, qemu_ids, ctx)?;
         Ok(Parts {
@@ -834,6 +871,7 @@ impl Microvm {
             &vm.memory_mib.to_le_bytes(),
             &vm.cpus.to_le_bytes(),
             format!("{:?} {:?}", vm.accel, vm.tsc_khz).as_bytes(),
+            vm.carry.as_ref().map_or(&b""[..], |c| c.sha256.as_bytes()),
         ]);
         let key = &key[..32];
         let dir = store.join("snapshots");
@@ -914,6 +952,7 @@ impl Microvm {
                 sha256: sha256.clone(),
                 ram_sha256,
                 image: vm.image.digest.clone(),
+                carry: vm.carry.as_ref().map(|c| c.digest.clone()),
                 initramfs: vm
                     .initramfs
                     .file_name()
@@ -971,6 +1010,10 @@ impl Microvm {
         let mut tspec = SandboxSpec::new(&spec.tool, ["template"]);
         tspec.network = Network::None;
         tspec.limits = spec.limits;
+        // The template is cordon's own boot, not the tool's task: it gets
+        // a boot's time, however short the tool's wall clock (a start-up
+        // probe's is 3 s).
+        tspec.limits.wall = tspec.limits.wall.max(BOOT_TIMEOUT);
         let mut o = self.sup.run(&t, &tspec, Vec::new(), ctx)?;
         if o.status == Status::TimedOut {
             // An emulated boot that stalled (a loaded host, or a guest
@@ -1056,7 +1099,7 @@ const NET_THREADS: u64 = 1 + 2 * 32 + 4;
 /// listens on the guest's loopback at the proxy door's port and carries
 /// each connection to the door in the helper's network namespace (the
 /// tool's `HTTP_PROXY`/`HTTPS_PROXY` name that address already).
-fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
+fn task(spec: &SandboxSpec, guest: &Guest) -> Result<Task, cordon_jail::JailError> {
     let (uid, gid) = spec.user.unwrap_or((1000, 1000));
     let net: Vec<u16> = match &spec.network {
         Network::Doors(ep) if guest.doors => cordon_egress::plan(ep)
@@ -1067,7 +1110,29 @@ fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
         _ => Vec::new(),
     };
     let pids = spec.limits.tasks + if net.is_empty() { 0 } else { NET_THREADS };
-    Task {
+    // The native jail's filters, installed by the guest's init before the
+    // tool's execve (sockets of the internet family only with egress).
+    let seccomp = cordon_jail::seccomp::filters(&spec.seccomp, !net.is_empty())?
+        .iter()
+        .map(|f| cordon_vm_init::protocol::pack_filter(f))
+        .collect();
+    // The session CA with the host's roots, where the jail puts an image
+    // root's (the variables name that path), and over the image's own.
+    let trust = match (&guest.trust_bundle, &spec.root) {
+        (Some(pem), Root::Image { rootfs, .. }) => Some(Trust {
+            pem: String::from_utf8_lossy(pem).into_owned(),
+            path: cordon_jail::TRUST_BUNDLE_IMAGE.to_owned(),
+            over: cordon_jail::TRUST_BUNDLE_PATHS
+                .iter()
+                .filter(|p| crate::oci::image_regular_file(rootfs, Path::new(p)))
+                .map(|p| p.to_string())
+                .collect(),
+        }),
+        _ => None,
+    };
+    Ok(Task {
+        trust,
+        seccomp,
         net,
         argv: spec.argv.clone(),
         env: guest.env.clone(),
@@ -1082,7 +1147,7 @@ fn task(spec: &SandboxSpec, guest: &Guest) -> Task {
         },
         entropy: String::new(),
         time_ns: 0,
-    }
+    })
 }
 
 /// The supervisor's limits for a VMM of `vm`: the tool's, with the memory
@@ -1160,16 +1225,12 @@ impl Child for VmChild<'_> {
                 RunError::Setup(format!("{}: microvm: {}: {e}", spec.tool, vm_dir.display()))
             })?;
         } else {
-            if guest.trust_bundle.is_some() {
-                // Credentials substituted at the door need the session CA
-                // in the guest's trust store, and nothing of the host's
-                // goes into a guest yet.
-                return Err(RunError::Refused(format!(
-                    "{}: runtime microvm cannot carry the session CA into the guest yet: a secret delivered at the door (`deliver: proxy`) needs it; use `runtime: gvisor` or `deliver: env`",
+            job.task = Some(task(spec, guest).map_err(|e| {
+                RunError::Setup(format!(
+                    "{}: microvm: the task's seccomp filters: {e}",
                     spec.tool
-                )));
-            }
-            job.task = Some(task(spec, guest));
+                ))
+            })?);
         }
         write_job(dir, &job)?;
         Ok(Launch {

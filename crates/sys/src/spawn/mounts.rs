@@ -288,6 +288,12 @@ fn run_op(op: &Op) -> Result<(), i32> {
             // SAFETY: chdir reads the static C string "/".
             ck(unsafe { sc!(libc::SYS_chdir, c"/".as_ptr()) })?;
         }
+        Op::Chroot { path } => {
+            // SAFETY: chroot reads the C string `path`.
+            ck(unsafe { sc!(libc::SYS_chroot, path.as_ptr()) })?;
+            // SAFETY: chdir reads the static C string "/".
+            ck(unsafe { sc!(libc::SYS_chdir, c"/".as_ptr()) })?;
+        }
         Op::Chdir { path } => {
             // SAFETY: chdir reads the C string `path`.
             ck(unsafe { sc!(libc::SYS_chdir, path.as_ptr()) })?;

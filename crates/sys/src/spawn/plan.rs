@@ -99,6 +99,13 @@ pub enum Op {
         /// A mount point.
         new_root: CString,
     },
+    /// `chroot(2)` into `path`, then `chdir("/")`: for a root that cannot
+    /// be pivoted away from (the initramfs of a guest, whose root is the
+    /// kernel's rootfs).
+    Chroot {
+        /// The new root.
+        path: CString,
+    },
     /// `chdir(2)`.
     Chdir {
         /// Path.
