@@ -97,20 +97,7 @@ fn every_probe_holds_in_a_busybox_image_as_uid_0() {
     });
     let human = report.to_human();
     println!("{human}");
-    assert!(report.control_ok(), "{human}");
-    let not_held: Vec<_> = report
-        .results
-        .iter()
-        .filter(|r| {
-            !(r.verdict == Verdict::Held || (r.probe == "egress" && r.verdict == Verdict::Skipped))
-        })
-        .map(|r| format!("{} {}: {}", r.verdict.label(), r.probe, r.evidence))
-        .collect();
-    assert!(
-        not_held.is_empty(),
-        "not held:\n{}\n\n{human}",
-        not_held.join("\n")
-    );
+    common::assert_all_held(&report);
     // The helpers (fork bomb children, the ptrace child) ran through the
     // loader too.
     for p in ["fork", "ptrace", "daemon"] {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cordon_probes::{Filter, RuntimeSandbox, Verdict, run_suite, runtime::AGENT_IN_JAIL};
+use cordon_probes::{Filter, RuntimeSandbox, run_suite, runtime::AGENT_IN_JAIL};
 use cordon_runtime::microvm::{Microvm, Options};
 use cordon_runtime::{Limits, Root, Runtime, SandboxSpec};
 use cordon_vm_init::qemu::Accel;
@@ -70,20 +70,7 @@ fn every_probe_holds_inside_a_guest_with_the_agent_carried_in() {
     println!("{human}");
     // The positive control: the agent ran in the guest, from the carried
     // disk, and saw the image's root.
-    assert!(report.control_ok(), "{human}");
-    let not_held: Vec<_> = report
-        .results
-        .iter()
-        .filter(|r| {
-            !(r.verdict == Verdict::Held || (r.probe == "egress" && r.verdict == Verdict::Skipped))
-        })
-        .map(|r| format!("{} {}: {}", r.verdict.label(), r.probe, r.evidence))
-        .collect();
-    assert!(
-        not_held.is_empty(),
-        "not held:\n{}\n\n{human}",
-        not_held.join("\n")
-    );
+    common::assert_all_held(&report);
     // Each held for the guest's reason, not by accident.
     let evidence = |p: &str| {
         report

@@ -415,19 +415,8 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
         skip::skip_or_fail(test, "not root: the egress doors need network namespaces");
         return;
     }
-    let img = image::busybox();
+    let img = image::busybox_with_bundle();
     let root = img.path();
-    std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
-    std::fs::write(
-        root.join("etc/ssl/certs/ca-certificates.crt"),
-        "IMAGE ROOTS\n",
-    )
-    .unwrap();
-    std::os::unix::fs::symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).unwrap();
-    for d in ["etc/ssl", "etc/ssl/certs"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
     let script = "cat /etc/ssl/certs/ca-certificates.crt | busybox grep -c 'BEGIN CERTIFICATE'; \
                   busybox head -n 1 /etc/ssl/cert.pem; echo \"env $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS\"; \
                   busybox grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"";
@@ -492,7 +481,7 @@ fn an_image_root_gets_the_session_ca_over_its_own_bundle() {
     // The image itself is untouched.
     assert_eq!(
         std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
-        "IMAGE ROOTS\n"
+        image::IMAGE_ROOTS
     );
 }
 

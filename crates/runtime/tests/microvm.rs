@@ -519,19 +519,8 @@ fn a_secret_delivered_at_the_door_reaches_a_guest_as_a_placeholder_with_the_sess
     const TOKEN: &str = "vm-real-token-7c2e0d9a55b1f3";
     let m = microvm();
     // An image with a trust bundle of its own, linked from cert.pem.
-    let img = cordon_testkit::image::busybox();
+    let img = cordon_testkit::image::busybox_with_bundle();
     let root = img.path();
-    std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
-    std::fs::write(
-        root.join("etc/ssl/certs/ca-certificates.crt"),
-        "IMAGE ROOTS\n",
-    )
-    .unwrap();
-    std::os::unix::fs::symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).unwrap();
-    for d in ["etc/ssl", "etc/ssl/certs"] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
     let (up, seen) = cordon_testkit::loopback::request_heads(|_| "upstream answered".into());
     let port = up.port();
     let mut ep = EgressPolicy::allowlist("vm", [format!("api.test:{port}")]).unwrap();
@@ -603,7 +592,7 @@ fn a_secret_delivered_at_the_door_reaches_a_guest_as_a_placeholder_with_the_sess
     // The image itself is untouched.
     assert_eq!(
         std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
-        "IMAGE ROOTS\n"
+        cordon_testkit::image::IMAGE_ROOTS
     );
 }
 

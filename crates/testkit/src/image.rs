@@ -62,6 +62,23 @@ pub fn busybox() -> Scratch {
     d
 }
 
+/// What [`busybox_with_bundle`] puts in the image's trust bundle.
+pub const IMAGE_ROOTS: &str = "IMAGE ROOTS\n";
+
+/// [`busybox`] with a trust bundle of its own
+/// (`/etc/ssl/certs/ca-certificates.crt` holding [`IMAGE_ROOTS`]) and
+/// `/etc/ssl/cert.pem` a symlink to it, as Debian has them.
+pub fn busybox_with_bundle() -> Scratch {
+    let d = busybox();
+    let root = d.path();
+    mkdir(&root.join("etc/ssl"));
+    mkdir(&root.join("etc/ssl/certs"));
+    fs::write(root.join("etc/ssl/certs/ca-certificates.crt"), IMAGE_ROOTS)
+        .expect("write the image's bundle");
+    symlink("certs/ca-certificates.crt", root.join("etc/ssl/cert.pem")).expect("symlink cert.pem");
+    d
+}
+
 /// A distroless image: one static binary, `/app/busybox`, and nothing
 /// else (no shell, no `/etc`).
 pub fn distroless() -> Scratch {

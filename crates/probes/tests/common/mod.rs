@@ -219,3 +219,24 @@ pub fn nft_allow_only(ip: &str, port: u16) {
         "admin-prohibited",
     ]);
 }
+
+/// Every probe of `report` held (its control first), but `egress` skipped
+/// for a profile granted none; a failure lists what did not.
+pub fn assert_all_held(report: &cordon_probes::Report) {
+    let human = report.to_human();
+    assert!(report.control_ok(), "{human}");
+    let not_held: Vec<_> = report
+        .results
+        .iter()
+        .filter(|r| {
+            !(r.verdict == cordon_probes::Verdict::Held
+                || (r.probe == "egress" && r.verdict == cordon_probes::Verdict::Skipped))
+        })
+        .map(|r| format!("{} {}: {}", r.verdict.label(), r.probe, r.evidence))
+        .collect();
+    assert!(
+        not_held.is_empty(),
+        "not held:\n{}\n\n{human}",
+        not_held.join("\n")
+    );
+}
