@@ -34,7 +34,7 @@ pub mod wasm_worker;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-pub use cordon_egress::{Decision, EgressEvent, EgressPolicy};
+pub use cordon_egress::{Decision, Door, EgressEvent, EgressPolicy};
 pub use cordon_jail::preflight::Problem;
 use cordon_policy::ToolPolicy;
 use cordon_policy::policy::Runtime as RuntimeKind;

@@ -110,6 +110,7 @@ fn main() -> Res<()> {
         net: Vec::new(),
         seccomp: Vec::new(),
         trust: None,
+        doors: None,
     };
     let run_dir = dir.path().join("run");
     let (mut cold_ready, mut cold_result, mut cold_cpu) = (vec![], vec![], vec![]);

@@ -55,9 +55,11 @@ use cordon_vm_init::protocol::{
     CARRY_ARG, CARRY_MOUNT, DISK_CARRY, DISK_ROOT, ENTROPY_BYTES, GuestMessage, LimitKind,
     PORT_CONTROL, PORT_NET, PORT_STDERR, PORT_STDIN, PORT_STDOUT, Task, Trust,
 };
+use cordon_vm_init::relay::DNS_PORT;
 use cordon_vm_init::relay::GuestNet;
 use rustix::event::{PollFd, PollFlags};
 use rustix::mount::{MountFlags, mount, mount_bind, mount_bind_recursive, mount_remount};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// Where the initramfs lists the modules to load, in order.
 const MODULES_LIST: &str = "/etc/cordon/modules";
@@ -175,7 +177,7 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     let task = read_task(ctl)?;
     reseed(&task)?;
     set_clock(task.time_ns)?;
-    if !task.net.is_empty() {
+    if !task.net.is_empty() || task.doors.is_some() {
         loopback.map_err(|e| failed("net", e))?;
     }
     run_task(&task, stdio, cgroup_ready)
@@ -650,35 +652,64 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
     Ok(Some(flag))
 }
 
-/// Listens on `127.0.0.1:PORT` for each of the task's `net` ports and
-/// carries each connection over the network channel `port`; the threads
-/// live until the guest powers off.
-fn start_net(ports: &[u16], port: File) -> Result<(), Fail> {
-    let mut ports = ports.to_vec();
-    ports.sort_unstable();
-    ports.dedup();
-    if ports.first() == Some(&0) {
-        return Err(failed("net", "port 0 in the task's net ports".to_owned()));
+/// The guest's side of the egress doors: listens on `127.0.0.1:PORT` for
+/// each of the task's `net` ports (the proxy door) and, with the task's
+/// `doors`, on
+/// `0.0.0.0:PORT` for each allowed port, with the doors' networks local on
+/// `lo` and DNS answered on `127.0.0.1:53`; each connection goes over the
+/// network channel `port` as the address the tool dialed. The threads live
+/// until the guest powers off.
+fn start_net(task: &Task, port: File) -> Result<(), Fail> {
+    let bind = |ip: Ipv4Addr, p: u16| {
+        std::net::TcpListener::bind((ip, p))
+            .map_err(|e| failed("net", format!("listen on {ip}:{p}: {e}")))
+    };
+    let mut listeners = Vec::new();
+    for &p in &task.net {
+        if p == 0 {
+            return Err(failed("net", "port 0 in the task's net ports".to_owned()));
+        }
+        listeners.push(bind(Ipv4Addr::LOCALHOST, p)?);
     }
-    let listeners = ports
-        .iter()
-        .map(|&p| {
-            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, p))
-                .map(|l| (l, p))
-                .map_err(|e| failed("net", format!("listen on 127.0.0.1:{p}: {e}")))
-        })
-        .collect::<Result<Vec<_>, Fail>>()?;
+    let mut dns = None;
+    if let Some(d) = &task.doors {
+        let route = cordon_sys::net::route_socket().map_err(|e| failed("net", e.to_string()))?;
+        for (seq, (ip, prefix)) in (1u32..).zip(&d.local) {
+            cordon_sys::net::add_local_address(route.as_fd(), IpAddr::V4(*ip), *prefix, seq)
+                .map_err(|e| failed("net", format!("make {ip}/{prefix} local: {e}")))?;
+        }
+        for &p in &d.ports {
+            listeners.push(bind(Ipv4Addr::UNSPECIFIED, p)?);
+        }
+        if d.dns.is_some() {
+            // DNS over TCP on the loopback, unless an allowed port 53
+            // catches it already.
+            if !d.ports.contains(&DNS_PORT) {
+                listeners.push(bind(Ipv4Addr::LOCALHOST, DNS_PORT)?);
+            }
+            let udp = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))
+                .map_err(|e| failed("net", format!("listen on 127.0.0.1:53 (udp): {e}")))?;
+            dns = Some((udp, route));
+        }
+    }
     let input = port.try_clone().map_err(fail("net"))?;
-    let net = std::sync::Arc::new(GuestNet::start(input, port).map_err(fail("net"))?);
-    for (listener, p) in listeners {
+    let net = Arc::new(GuestNet::start(input, port).map_err(fail("net"))?);
+    for listener in listeners {
         let net = net.clone();
+        let name = listener
+            .local_addr()
+            .map(|a| format!("accept-{}", a.port()))
+            .unwrap_or_default();
         std::thread::Builder::new()
-            .name(format!("accept-{p}"))
+            .name(name)
             .stack_size(128 * 1024)
             .spawn(move || {
                 for conn in listener.incoming() {
                     match conn {
-                        Ok(c) => net.open(c, p),
+                        Ok(c) => match c.local_addr() {
+                            Ok(SocketAddr::V4(to)) => net.open(c, to),
+                            _ => drop(c),
+                        },
                         // Out of descriptors, say: the client retries.
                         Err(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
@@ -686,7 +717,82 @@ fn start_net(ports: &[u16], port: File) -> Result<(), Fail> {
             })
             .map_err(fail("net"))?;
     }
+    if let Some((udp, route)) = dns {
+        std::thread::Builder::new()
+            .name("dns".to_owned())
+            .stack_size(128 * 1024)
+            .spawn(move || serve_dns(&udp, &route))
+            .map_err(fail("net"))?;
+    }
     Ok(())
+}
+
+/// Queries answered at once; more wait in the socket's queue.
+const DNS_AT_ONCE: usize = 8;
+
+/// Answers each UDP query on `udp` by carrying it over DNS-over-TCP to
+/// `127.0.0.1:53` (the init's own listener, whose streams the host relays
+/// to the DNS door), making each IPv4 address of the answer local on `lo`
+/// first (through `route`), then replying.
+fn serve_dns(udp: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let learned = Arc::new(std::sync::Mutex::new((
+        std::collections::HashSet::<Ipv4Addr>::new(),
+        1000u32,
+    )));
+    let Ok(route) = route.try_clone() else {
+        return;
+    };
+    let route = Arc::new(route);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let Ok((n, peer)) = udp.recv_from(&mut buf) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        while busy.load(Ordering::SeqCst) >= DNS_AT_ONCE {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (Ok(reply), query) = (udp.try_clone(), buf[..n].to_vec()) else {
+            continue;
+        };
+        let (busy2, learned, route) = (busy.clone(), learned.clone(), route.clone());
+        busy.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new()
+            .name("dns-query".to_owned())
+            .stack_size(128 * 1024)
+            .spawn(move || {
+                if let Some(answer) = dns_exchange(&query) {
+                    let mut l = learned.lock().unwrap_or_else(|p| p.into_inner());
+                    for ip in cordon_vm_init::dns::a_records(&answer) {
+                        if l.0.insert(ip) {
+                            l.1 = l.1.wrapping_add(1);
+                            let seq = l.1;
+                            let _ = cordon_sys::net::add_local_address(
+                                route.as_fd(),
+                                IpAddr::V4(ip),
+                                32,
+                                seq,
+                            );
+                        }
+                    }
+                    drop(l);
+                    let _ = reply.send_to(&answer, peer);
+                }
+                busy2.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            busy.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// One query over DNS-over-TCP to the guest's own `127.0.0.1:53`.
+fn dns_exchange(query: &[u8]) -> Option<Vec<u8>> {
+    let mut c = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, DNS_PORT)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    cordon_vm_init::dns::write_tcp(&mut c, query).ok()?;
+    cordon_vm_init::dns::read_tcp(&mut c).ok().flatten()
 }
 
 fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessage, Fail> {
@@ -696,8 +802,8 @@ fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessa
         stderr,
         net,
     } = stdio;
-    if !task.net.is_empty() {
-        start_net(&task.net, net)?;
+    if !task.net.is_empty() || task.doors.is_some() {
+        start_net(task, net)?;
     }
     mount_fs(
         "tmp",

@@ -7,6 +7,9 @@
 //!   a `newc` cpio archive.
 //! - `mux`, `relay`: the network channel (`cordon.net`): TCP streams
 //!   multiplexed over one virtio-serial port, its framing and both ends.
+//! - `dns`, `dns_relay`: the guest's DNS: an answer's A records, the
+//!   DNS-over-TCP framing that carries each query, and the host's relay of
+//!   those to the egress DNS door.
 //! - `qemu`, `qmp`: QEMU `-M microvm` as the VMM: a cold boot, a template
 //!   snapshot, a restore, one task per guest.
 //!
@@ -18,6 +21,8 @@
 #![forbid(unsafe_code)]
 
 pub mod devices;
+pub mod dns;
+pub mod dns_relay;
 pub mod holes;
 pub mod host;
 pub mod image;

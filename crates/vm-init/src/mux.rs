@@ -7,7 +7,7 @@
 //!
 //! | kind | frame | body | direction |
 //! |---|---|---|---|
-//! | 1 | `Open { id, port }` | port, 2 bytes BE | guest → host |
+//! | 1 | `Open { id, to }` | IPv4 address and port, 6 bytes BE | guest → host |
 //! | 2 | `Data { id, bytes }` | 1 to [`MAX_DATA`] bytes | both |
 //! | 3 | `Close { id }` | none | both: the sender's end of file |
 //! | 4 | `Reset { id }` | none | both: the stream is gone |
@@ -32,6 +32,7 @@
 //! error.
 
 use std::fmt;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The most bytes of one `Data` frame.
 pub const MAX_DATA: usize = 64 * 1024;
@@ -55,8 +56,9 @@ const CREDIT: u8 = 5;
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    /// A connection to `port` on the host's loopback (guest → host).
-    Open { id: u32, port: u16 },
+    /// A connection to `to` (guest → host): the address the tool dialed
+    /// in the guest, a loopback door's or one the egress doors made local.
+    Open { id: u32, to: SocketAddrV4 },
     /// Bytes of the stream.
     Data { id: u32, bytes: Vec<u8> },
     /// The sender sends no more on this stream (its read side saw EOF).
@@ -83,8 +85,15 @@ impl Frame {
     /// The frame on the wire. `Data` longer than [`MAX_DATA`] is the
     /// caller's bug: [`FrameError::Oversize`].
     pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let open;
         let (kind, body): (u8, &[u8]) = match self {
-            Frame::Open { port, .. } => (OPEN, &port.to_be_bytes()[..]),
+            Frame::Open { to, .. } => {
+                let mut b = [0u8; 6];
+                b[..4].copy_from_slice(&to.ip().octets());
+                b[4..].copy_from_slice(&to.port().to_be_bytes());
+                open = b;
+                (OPEN, &open[..])
+            }
             Frame::Data { bytes, .. } => {
                 if bytes.is_empty() {
                     return Err(FrameError::Body { kind: DATA, len: 0 });
@@ -220,10 +229,16 @@ impl Decoder {
             len: body.len(),
         };
         let f = match kind {
-            OPEN => Frame::Open {
-                id,
-                port: u16::from_be_bytes(body.try_into().map_err(|_| bad())?),
-            },
+            OPEN => {
+                let b: [u8; 6] = body.try_into().map_err(|_| bad())?;
+                Frame::Open {
+                    id,
+                    to: SocketAddrV4::new(
+                        Ipv4Addr::new(b[0], b[1], b[2], b[3]),
+                        u16::from_be_bytes([b[4], b[5]]),
+                    ),
+                }
+            }
             DATA if !body.is_empty() => Frame::Data {
                 id,
                 bytes: body.to_vec(),
@@ -247,7 +262,10 @@ mod tests {
 
     fn all() -> Vec<Frame> {
         vec![
-            Frame::Open { id: 1, port: 3128 },
+            Frame::Open {
+                id: 1,
+                to: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 3128),
+            },
             Frame::Data {
                 id: 1,
                 bytes: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
@@ -277,8 +295,13 @@ mod tests {
     #[test]
     fn the_layout_is_length_kind_id_body() {
         assert_eq!(
-            Frame::Open { id: 2, port: 3128 }.encode().unwrap(),
-            [0, 0, 0, 7, 1, 0, 0, 0, 2, 0x0c, 0x38]
+            Frame::Open {
+                id: 2,
+                to: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 7), 3128)
+            }
+            .encode()
+            .unwrap(),
+            [0, 0, 0, 11, 1, 0, 0, 0, 2, 198, 18, 0, 7, 0x0c, 0x38]
         );
         assert_eq!(
             Frame::Close { id: 3 }.encode().unwrap(),

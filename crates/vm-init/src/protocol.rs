@@ -61,6 +61,10 @@ pub struct Task {
     /// loopback (cordon's egress proxy door). Empty: no network at all.
     #[serde(default)]
     pub net: Vec<u16>,
+    /// Egress beyond the proxy door: the DNS door and the allowlist's
+    /// `host:port` entries, as the native jail's doors give them.
+    #[serde(default)]
+    pub doors: Option<Doors>,
     /// seccomp filters the tool runs under, in install order, each
     /// instruction packed by [`pack_filter`] (the host builds them as the
     /// native jail does; the guest installs them last before `execve`).
@@ -72,6 +76,25 @@ pub struct Task {
     /// image's own bundle files.
     #[serde(default)]
     pub trust: Option<Trust>,
+}
+
+/// The guest's side of the egress doors besides the proxy: what the
+/// native jail sets up in a sandbox's own network namespace, with the
+/// init's listeners standing for the doors and each connection carried to
+/// the host over the network channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Doors {
+    /// Networks made local on the guest's `lo` (the doors' reserved range,
+    /// the allowlist's IPv4 literals): address and prefix length.
+    pub local: Vec<(std::net::Ipv4Addr, u8)>,
+    /// TCP ports the init listens on at `0.0.0.0` (the allowlist's ports):
+    /// each connection goes to the host as the address the tool dialed.
+    pub ports: Vec<u16>,
+    /// The host's DNS door. The init answers DNS on `127.0.0.1:53` (UDP,
+    /// and TCP) by carrying each query to it, and makes each IPv4 address
+    /// of an answer local on `lo`, as the door does for a native sandbox.
+    pub dns: Option<std::net::SocketAddr>,
 }
 
 /// A trust bundle for the tool's root.
@@ -243,6 +266,7 @@ mod tests {
         assert!(t.net.is_empty());
         assert!(t.seccomp.is_empty());
         assert!(t.trust.is_none());
+        assert!(t.doors.is_none());
         assert!(
             serde_json::from_str::<Task>(
                 r#"{"argv":["/bin/true"],"uid":0,"gid":0,"entropy":"00","time_ns":1,"x":1}"#

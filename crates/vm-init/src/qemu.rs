@@ -739,12 +739,25 @@ impl Vm {
         if let Some(s) = self.stdin.take() {
             feed(stdin, s);
         }
-        let net = if task.net.is_empty() {
+        // The DNS relay lives as long as this run (dropped at its end).
+        let mut dns_relay = None;
+        let net = if task.net.is_empty() && task.doors.is_none() {
             None
         } else {
             let input = self.net.try_clone().map_err(io("net"))?;
             let output = self.net.try_clone().map_err(io("net"))?;
-            let ports = task.net.clone();
+            let mut reach = crate::relay::Reach {
+                loopback: task.net.clone(),
+                ..Default::default()
+            };
+            if let Some(d) = &task.doors {
+                reach.transparent = d.ports.clone();
+                if let Some(door) = d.dns {
+                    let r = crate::dns_relay::DnsRelay::start(door).map_err(io("the DNS relay"))?;
+                    reach.dns = Some(r.addr());
+                    dns_relay = Some(r);
+                }
+            }
             // Ends when QEMU does (the channel's EOF), shutting every
             // stream; a guest that breaks the protocol loses its network
             // at once, and the run says why (kept as it happens: nothing
@@ -754,7 +767,7 @@ impl Vm {
             std::thread::Builder::new()
                 .name("net".to_owned())
                 .spawn(move || {
-                    if let Err(e) = crate::relay::serve_host(input, output, &ports) {
+                    if let Err(e) = crate::relay::serve_host(input, output, &reach) {
                         *keep.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                     }
                 })
@@ -789,6 +802,7 @@ impl Vm {
         // The guest powers itself off after its status line; its ports
         // close with QEMU, which ends the pumps.
         self.reap(Duration::from_secs(10));
+        drop(dns_relay);
         let stdout = out
             .join()
             .map_err(|_| VmError::Protocol("the stdout pump panicked".to_owned()))?;

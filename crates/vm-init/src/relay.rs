@@ -1,8 +1,9 @@
 //! Both ends of the network channel (`cordon.net`), over [`crate::mux`]'s
-//! frames: the guest's ([`GuestNet`]: each connection its init accepted on
-//! the guest's loopback becomes a stream) and the host's ([`serve_host`]:
-//! each stream becomes a connection to the same port on the host's
-//! loopback, where cordon's egress door listens).
+//! frames: the guest's ([`GuestNet`]: each connection its init accepted
+//! becomes a stream to the address the tool dialed) and the host's
+//! ([`serve_host`]: each stream becomes a connection where its [`Reach`]
+//! says: the proxy door on the host's loopback, the DNS relay, or an
+//! address the egress doors made local).
 //!
 //! Threads, on both sides: one reads the channel and hands each frame to
 //! its stream; each stream has one thread reading its socket into `Data`
@@ -18,12 +19,56 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::mux::{self, Decoder, Frame};
+
+/// Where the host lets the guest's streams go (everything else is
+/// refused with `Reset`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// Ports at `127.0.0.1` exactly (the proxy door).
+    pub loopback: Vec<u16>,
+    /// Ports the guest may dial at any IPv4 address (the allowlist's):
+    /// connected to that same address in the host's network namespace, the
+    /// egress doors', where only the addresses the doors made local answer
+    /// (as in a native sandbox's own namespace).
+    pub transparent: Vec<u16>,
+    /// Where a stream to the guest's DNS port (`127.0.0.1:53`) goes: the
+    /// host's DNS-over-TCP relay to the DNS door.
+    pub dns: Option<SocketAddrV4>,
+}
+
+/// The guest's DNS port: its init answers there, and carries each query
+/// to the host.
+pub const DNS_PORT: u16 = 53;
+
+impl Reach {
+    /// Where the host connects for a stream the guest opened to `to`, or
+    /// `None`: refused. The host's end runs in the sandbox's own network
+    /// namespace, where nothing listens but the doors, and the doors judge
+    /// each connection as for a native sandbox.
+    pub fn target(&self, to: SocketAddrV4) -> Option<SocketAddrV4> {
+        let ip = *to.ip();
+        if ip == Ipv4Addr::LOCALHOST {
+            if to.port() == DNS_PORT
+                && let Some(dns) = self.dns
+            {
+                return Some(dns);
+            }
+            if self.loopback.contains(&to.port()) {
+                return Some(to);
+            }
+        }
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || to.port() == 0 {
+            return None;
+        }
+        self.transparent.contains(&to.port()).then_some(to)
+    }
+}
 
 /// Stack of each relay thread (they hold their buffers on the heap).
 const STACK: usize = 128 * 1024;
@@ -177,10 +222,10 @@ impl Shared {
     }
 
     /// Handles one frame from the peer; `Err` breaks the channel.
-    fn handle(self: &Arc<Shared>, f: Frame, host: Option<&[u16]>) -> Result<(), String> {
+    fn handle(self: &Arc<Shared>, f: Frame, host: Option<&Reach>) -> Result<(), String> {
         match f {
-            Frame::Open { id, port } => {
-                let Some(allowed) = host else {
+            Frame::Open { id, to } => {
+                let Some(reach) = host else {
                     return Err(format!("the host opened stream {id}"));
                 };
                 let stream = Stream::new(id);
@@ -201,12 +246,12 @@ impl Shared {
                         },
                     );
                 }
-                let allowed = allowed.contains(&port);
+                let target = reach.target(to);
                 let shared = self.clone();
                 std::thread::Builder::new()
                     .name(format!("net-{id}"))
                     .stack_size(STACK)
-                    .spawn(move || host_stream(&shared, &stream, rx, port, allowed))
+                    .spawn(move || host_stream(&shared, &stream, rx, target))
                     .map_err(|e| format!("a thread for stream {id}: {e}"))?;
             }
             Frame::Data { id, bytes } => {
@@ -268,7 +313,7 @@ impl Shared {
     fn read_loop(
         self: &Arc<Shared>,
         mut input: impl Read,
-        host: Option<&[u16]>,
+        host: Option<&Reach>,
     ) -> Result<(), String> {
         let r = (|| {
             let mut dec = Decoder::new();
@@ -412,19 +457,17 @@ fn attach(shared: &Arc<Shared>, s: &Arc<Stream>, sock: &TcpStream, rx: Receiver<
     true
 }
 
-/// The host's stream: a connection to `port` on the loopback, then the
-/// relay both ways; a refused (or not allowed) connect is a `Reset`.
+/// The host's stream: a connection to `target`, then the relay both ways;
+/// a refused (or not allowed: `None`) connect is a `Reset`.
 fn host_stream(
     shared: &Arc<Shared>,
     s: &Arc<Stream>,
     rx: Receiver<Down>,
-    port: u16,
-    allowed: bool,
+    target: Option<SocketAddrV4>,
 ) {
-    let conn = if allowed {
-        TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-    } else {
-        Err(ErrorKind::PermissionDenied.into())
+    let conn = match target {
+        Some(t) => TcpStream::connect(t),
+        None => Err(ErrorKind::PermissionDenied.into()),
     };
     let Ok(conn) = conn else {
         shared.reset_local(s);
@@ -436,18 +479,18 @@ fn host_stream(
 }
 
 /// The host's end: serves the channel read from `input` and written to
-/// `output` until it ends (the guest powered off, QEMU exited), opening a
-/// connection to `127.0.0.1:PORT` of the caller's network namespace for
-/// each stream the guest opens to a port of `ports` (any other port is
-/// refused with `Reset`). `Err` says how the guest broke the protocol (or
-/// the channel failed); either way every stream is shut when it returns.
+/// `output` until it ends (the guest powered off, QEMU exited), connecting
+/// each stream the guest opens where [`Reach::target`] says, in the
+/// caller's network namespace (anything else is refused with `Reset`).
+/// `Err` says how the guest broke the protocol (or the channel failed);
+/// either way every stream is shut when it returns.
 pub fn serve_host(
     input: impl Read,
     output: impl Write + Send + 'static,
-    ports: &[u16],
+    reach: &Reach,
 ) -> Result<(), String> {
     let shared = Shared::new(Box::new(output));
-    shared.read_loop(input, Some(ports))
+    shared.read_loop(input, Some(reach))
 }
 
 /// The guest's end of the channel.
@@ -470,10 +513,10 @@ impl GuestNet {
         Ok(GuestNet { shared })
     }
 
-    /// Carries `conn` (accepted on the guest's loopback port `port`) to
-    /// the same port on the host. A connection past [`mux::MAX_STREAMS`],
-    /// or on a channel torn down, is closed at once.
-    pub fn open(&self, conn: TcpStream, port: u16) {
+    /// Carries `conn` (accepted in the guest, dialed to `to`) to the host,
+    /// which connects where its [`Reach`] says. A connection past
+    /// [`mux::MAX_STREAMS`], or on a channel torn down, is closed at once.
+    pub fn open(&self, conn: TcpStream, to: SocketAddrV4) {
         let shared = &self.shared;
         if shared.dead.load(Ordering::SeqCst) {
             return;
@@ -506,7 +549,7 @@ impl GuestNet {
         let (sh, st) = (shared.clone(), stream.clone());
         let started = spawn(format!("net-{}-up", stream.id), move || {
             // `Open` first, from the thread that sends the stream's data.
-            if sh.send(&Frame::Open { id: st.id, port }) {
+            if sh.send(&Frame::Open { id: st.id, to }) {
                 up(&sh, &st, conn);
             }
         });
@@ -534,6 +577,47 @@ mod tests {
     use std::os::unix::net::UnixStream;
     use std::time::{Duration, Instant};
 
+    fn lo(port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)
+    }
+
+    fn reach(ports: Vec<u16>) -> Reach {
+        Reach {
+            loopback: ports,
+            ..Reach::default()
+        }
+    }
+
+    #[test]
+    fn the_host_reaches_the_proxy_door_the_dns_relay_and_allowed_ports_only() {
+        let dns = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40053);
+        let r = Reach {
+            loopback: vec![3128],
+            transparent: vec![5432, 443],
+            dns: Some(dns),
+        };
+        let at = |a: [u8; 4], p: u16| SocketAddrV4::new(Ipv4Addr::from(a), p);
+        // Positive controls: the proxy door, the DNS relay, an allowed
+        // port at a door address and at a loopback one (a name pinned
+        // there: the transparent door listens on every local address).
+        assert_eq!(r.target(lo(3128)), Some(lo(3128)));
+        assert_eq!(r.target(lo(53)), Some(dns));
+        for a in [[198, 18, 0, 9], [127, 0, 0, 1], [93, 184, 216, 34]] {
+            assert_eq!(r.target(at(a, 5432)), Some(at(a, 5432)), "{a:?}");
+        }
+        // A port the doors do not have, at any address; the proxy port
+        // anywhere but the loopback; addresses that are no host.
+        assert_eq!(r.target(lo(22)), None);
+        assert_eq!(r.target(at([198, 18, 0, 9], 22)), None);
+        assert_eq!(r.target(at([198, 18, 0, 9], 3128)), None);
+        for a in [[0, 0, 0, 0], [255, 255, 255, 255], [224, 0, 0, 1]] {
+            assert_eq!(r.target(at(a, 443)), None, "{a:?}");
+        }
+        // Without DNS, port 53 of the loopback is an ordinary one.
+        let no_dns = Reach { dns: None, ..r };
+        assert_eq!(no_dns.target(lo(53)), None);
+    }
+
     /// A guest end and a host end joined by a socket pair (the port);
     /// returns the guest end and the host's result.
     fn channel(ports: Vec<u16>) -> (GuestNet, std::thread::JoinHandle<Result<(), String>>) {
@@ -541,7 +625,7 @@ mod tests {
         let guest = GuestNet::start(g.try_clone().unwrap(), g).unwrap();
         let host = std::thread::spawn(move || {
             let out = h.try_clone().unwrap();
-            serve_host(h, out, &ports)
+            serve_host(h, out, &reach(ports))
         });
         (guest, host)
     }
@@ -555,7 +639,7 @@ mod tests {
         let n = net.clone();
         std::thread::spawn(move || {
             for c in l.incoming().flatten() {
-                n.open(c, port);
+                n.open(c, lo(port));
             }
         });
         (local, net)
@@ -634,7 +718,7 @@ mod tests {
         let g2 = guest.clone();
         std::thread::spawn(move || {
             for c in l2.incoming().flatten() {
-                g2.open(c, port2);
+                g2.open(c, lo(port2));
             }
         });
         let threads: Vec<_> = (0..4)
@@ -676,7 +760,7 @@ mod tests {
         let g = guest.clone();
         std::thread::spawn(move || {
             for c in l.incoming().flatten() {
-                g.open(c, listening);
+                g.open(c, lo(listening));
             }
         });
         let got = exchange(local2, b"x");
@@ -713,9 +797,10 @@ mod tests {
                 }
             }
         };
-        let Some(Frame::Open { id, port: 80 }) = next(&mut h, &mut dec) else {
+        let Some(Frame::Open { id, to }) = next(&mut h, &mut dec) else {
             panic!("no open");
         };
+        assert_eq!(to, lo(80));
         let mut outstanding: u32 = 0;
         let mut sent: u64 = 0;
         loop {
@@ -751,7 +836,7 @@ mod tests {
         let (mut g, h) = UnixStream::pair().unwrap();
         let host = std::thread::spawn(move || {
             let out = h.try_clone().unwrap();
-            serve_host(h, out, &ports)
+            serve_host(h, out, &reach(ports))
         });
         for f in frames {
             // The host may have given up already.
@@ -773,7 +858,12 @@ mod tests {
                 lock(&h).push(c);
             }
         });
-        let open = Frame::Open { id: 1, port }.encode().unwrap();
+        let open = Frame::Open {
+            id: 1,
+            to: lo(port),
+        }
+        .encode()
+        .unwrap();
         let data = |n: usize| {
             Frame::Data {
                 id: 1,
@@ -814,7 +904,7 @@ mod tests {
         }
         // Too many streams.
         let frames = (1..=mux::MAX_STREAMS as u32 + 1)
-            .map(|id| Frame::Open { id, port }.encode().unwrap())
+            .map(|id| Frame::Open { id, to: lo(port) }.encode().unwrap())
             .collect();
         let (r, _g) = host_fed(vec![port], frames);
         assert!(r.unwrap_err().contains("more than"));

@@ -172,6 +172,7 @@ fn task(argv: &[&str]) -> Task {
         net: Vec::new(),
         seccomp: Vec::new(),
         trust: None,
+        doors: None,
     }
 }
 

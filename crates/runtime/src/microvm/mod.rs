@@ -32,10 +32,13 @@
 //!   are the jail's, and the in-guest end (exit, signal, an OOM inside the
 //!   guest, a guest error or panic) comes back in `DIR/status.json`.
 //!
-//! Not yet: DNS and non-HTTP egress (the guest has no NIC; only the proxy
-//! door is carried over a virtio channel), host binds, workspaces and
-//! state (nothing of the host is shared into the guest; cordon's own
-//! read-only files go in by copy, [`carry`]), a root that is not an image.
+//! Egress: the guest has no NIC; its init stands for the doors (proxy,
+//! DNS, the allowlist's ports) and carries each connection over a virtio
+//! channel to the doors in the helper's namespace ([`task`]).
+//!
+//! Not yet: host binds, workspaces and state (nothing of the host is
+//! shared into the guest; cordon's own read-only files go in by copy,
+//! [`carry`]), a root that is not an image.
 
 use std::collections::HashMap;
 use std::fs;
@@ -49,7 +52,7 @@ use cordon_jail::{Jail, JailOptions};
 use cordon_sandbox::Status;
 use cordon_vm_init::host::{self, End, Job, Start};
 use cordon_vm_init::image::{self, BlockImage, FileId, FsKind};
-use cordon_vm_init::protocol::{Limits as TaskLimits, Task, Trust};
+use cordon_vm_init::protocol::{Doors, Limits as TaskLimits, Task, Trust};
 use cordon_vm_init::qemu::{self, Accel, VmConfig};
 use sha2::{Digest, Sha256};
 
@@ -1094,25 +1097,53 @@ fn vcpus(spec: &SandboxSpec) -> u32 {
 /// listener, two per open connection, at most 32 connections), which count
 /// in the task's cgroup beside the tool's own.
 const NET_THREADS: u64 = 1 + 2 * 32 + 4;
+/// The DNS threads beside them: the UDP listener, the TCP one, and the
+/// queries answered at once.
+const DNS_THREADS: u64 = 2 + 8;
 
 /// The task the guest's init runs for `spec`: with egress doors, the init
-/// listens on the guest's loopback at the proxy door's port and carries
-/// each connection to the door in the helper's network namespace (the
-/// tool's `HTTP_PROXY`/`HTTPS_PROXY` name that address already).
+/// listens on the guest's loopback at the proxy door's port (the tool's
+/// `HTTP_PROXY`/`HTTPS_PROXY` name that address already), on the
+/// allowlist's ports at the doors' local addresses, and for DNS, and
+/// carries each connection to the doors in the helper's network namespace.
 fn task(spec: &SandboxSpec, guest: &Guest) -> Result<Task, cordon_jail::JailError> {
     let (uid, gid) = spec.user.unwrap_or((1000, 1000));
-    let net: Vec<u16> = match &spec.network {
-        Network::Doors(ep) if guest.doors => cordon_egress::plan(ep)
-            .proxy
-            .map(|a| a.port())
-            .into_iter()
-            .collect(),
-        _ => Vec::new(),
+    // The doors' plan, as the native jail sets it up in a sandbox's own
+    // namespace: the proxy door on the loopback, the allowlist's ports at
+    // any local address, the doors' networks local, DNS.
+    let (net, doors): (Vec<u16>, Option<Doors>) = match &spec.network {
+        Network::Doors(ep) if guest.doors => {
+            let plan = cordon_egress::plan(ep);
+            let doors = (!plan.is_empty()).then(|| Doors {
+                local: plan
+                    .local_cidrs
+                    .iter()
+                    .filter_map(|n| match n {
+                        ipnet::IpNet::V4(v) => Some((v.addr(), v.prefix_len())),
+                        ipnet::IpNet::V6(_) => None,
+                    })
+                    .collect(),
+                ports: plan
+                    .tcp
+                    .iter()
+                    .filter(|a| a.ip().is_unspecified())
+                    .map(|a| a.port())
+                    .collect(),
+                dns: plan.udp.first().copied(),
+            });
+            (plan.proxy.map(|a| a.port()).into_iter().collect(), doors)
+        }
+        _ => (Vec::new(), None),
     };
-    let pids = spec.limits.tasks + if net.is_empty() { 0 } else { NET_THREADS };
+    let pids = spec.limits.tasks
+        + match &doors {
+            Some(d) => NET_THREADS + d.ports.len() as u64 + DNS_THREADS,
+            None if !net.is_empty() => NET_THREADS,
+            None => 0,
+        };
     // The native jail's filters, installed by the guest's init before the
     // tool's execve (sockets of the internet family only with egress).
-    let seccomp = cordon_jail::seccomp::filters(&spec.seccomp, !net.is_empty())?
+    let seccomp = cordon_jail::seccomp::filters(&spec.seccomp, !net.is_empty() || doors.is_some())?
         .iter()
         .map(|f| cordon_vm_init::protocol::pack_filter(f))
         .collect();
@@ -1131,6 +1162,7 @@ fn task(spec: &SandboxSpec, guest: &Guest) -> Result<Task, cordon_jail::JailErro
         _ => None,
     };
     Ok(Task {
+        doors,
         trust,
         seccomp,
         net,
@@ -1161,7 +1193,7 @@ fn vmm_limits(spec: &SandboxSpec, vm: &VmConfig) -> cordon_sandbox::Limits {
     l.memory_bytes = (u64::from(vm.memory_mib) + overhead) << 20;
     // QEMU's threads (vCPUs, I/O, RCU) beside the helper's (its stdio
     // pumps, and the egress channel's: two per open connection).
-    l.tasks = l.tasks.max(64) + NET_THREADS;
+    l.tasks = l.tasks.max(64) + NET_THREADS + DNS_THREADS;
     l
 }
 
