@@ -10,6 +10,10 @@
 #       server server-everything from NPM_DIR; entrypoint runs it on stdio.
 #       Also /app/fetch-server.js (tests/images/files), a server with one
 #       tool that fetches through the egress proxy door.
+#   tests/images/build.sh chromium OUT_LAYOUT
+#       Debian's Chromium (/usr/lib/chromium, scripts/setup.sh installs it)
+#       with its libraries and fonts, and busybox; for the browse tool on a
+#       microVM (examples/browse-microvm.yaml).
 #   tests/images/build.sh jira-mcp OUT_LAYOUT
 #       node (with its libraries) and /app/jira-server.js (tests/images/files),
 #       a Jira-shaped MCP server on stdio; entrypoint runs it. No npm needed.
@@ -56,6 +60,27 @@ case $kind in
     cp "$(dirname "$0")/files/jira-server.js" "$tree/app/"
     entry=(--config.entrypoint "$(command -v node)" --config.cmd /app/jira-server.js
            --config.workingdir /app --config.user 1000:1000 --config.env NODE_ENV=production)
+    ;;
+  chromium)
+    # Debian's headless Chromium with every library it links or loads
+    # (NSS's crypto modules are loaded at run time), its data, and the
+    # fonts; busybox for the shell, sed and mktemp of the browse tool.
+    cp /bin/busybox "$tree/bin/busybox"
+    for c in sh sed mktemp cat echo; do ln -s busybox "$tree/bin/$c"; done
+    mkdir -p "$tree/usr/lib"
+    cp -a /usr/lib/chromium "$tree/usr/lib/"
+    copy_with_libs /usr/lib/chromium/chromium
+    copy_with_libs /usr/lib/chromium/chrome_crashpad_handler
+    for lib in /usr/lib/x86_64-linux-gnu/lib{softokn3,freebl3,freeblpriv3,nssckbi}.so; do
+      [ -e "$lib" ] && copy_with_libs "$lib"
+    done
+    for lib in /usr/lib/x86_64-linux-gnu/lib{softokn3,freebl3,freeblpriv3}.chk; do
+      [ -e "$lib" ] && cp -L "$lib" "$tree$lib"
+    done
+    mkdir -p "$tree/usr/share" "$tree/etc"
+    cp -a /usr/share/fonts "$tree/usr/share/"
+    cp -a /etc/fonts "$tree/etc/"
+    entry=(--config.entrypoint /usr/lib/chromium/chromium)
     ;;
   *) echo "build.sh: unknown image kind $kind" >&2; exit 2 ;;
 esac
