@@ -4,7 +4,8 @@
 # example tool on bundled untrusted input inside its P1 jail, and a P2 tool
 # whose root is an OCI image built and loaded here (examples/images.yaml), the
 # same image as a P3 microVM (examples/microvm.yaml), a P3 browser under
-# gVisor (examples/browse.yaml), an agent's MCP session, and the P2
+# gVisor (examples/browse.yaml) and on a microVM (examples/browse-microvm.yaml),
+# an agent's MCP session, and the P2
 # `jira_search` of examples/jira.yaml: an MCP server image built and loaded
 # here, pinned by digest, whose token is minted per session and substituted
 # at the egress door on its one API (a local HTTPS stand-in).
@@ -42,10 +43,6 @@ for _ in 1 2; do
   echo "counted inside a microVM" | $cordon run guest_info -m examples/microvm.yaml
 done
 echo "== P3: headless Chromium under gVisor (examples/browse.yaml), twice: no cookie survives a task"
-echo "(browse says \`runtime: gvisor\`; the microVM runtime is used when a tool says \`runtime: microvm\`,"
-echo " as guest_info above does. browse is not on it yet: that needs an image holding Chromium,"
-echo " and on a host where KVM boots no guest (cordon doctor says) QEMU emulates, minutes per page;"
-echo " see docs/microvm.md, What is left)"
 $cordon check -m examples/browse.yaml
 # The page comes from a local upstream the example pins news.example to; no
 # public name resolves (CORDON_UPSTREAM_DNS points at a closed port), so
@@ -57,6 +54,19 @@ if [ "$(id -u)" -eq 0 ]; then
   for _ in 1 2; do
     echo http://news.example/ | CORDON_UPSTREAM_DNS=127.0.0.1:9 $cordon run browse -m examples/browse.yaml
   done
+  echo "== P3: the seed's browse as written, on a microVM (examples/browse-microvm.yaml): an image holding"
+  echo "   Chromium, a guest kernel per task restored from a template, twice: no cookie survives a task"
+  echo "   (where KVM boots no guest, cordon doctor says why, QEMU emulates: about half a minute a page here)"
+  bd=$(mktemp -d -t cordon-browse.XXXXXX)
+  tests/images/build.sh chromium "$bd/layout" >/dev/null
+  ref=$($cordon image load "$bd/layout" --name chromium)
+  sed "s|chromium@sha256:DIGEST|$ref|" examples/browse-microvm.yaml > "$bd/browse-microvm.yaml"
+  grep -qF "image: $ref" "$bd/browse-microvm.yaml"
+  $cordon check -m "$bd/browse-microvm.yaml"
+  for _ in 1 2; do
+    echo http://news.example/ | CORDON_UPSTREAM_DNS=127.0.0.1:9 $cordon run browse -m "$bd/browse-microvm.yaml"
+  done
+  rm -rf "$bd"
   kill "$web"
 else
   echo "(skipped: the demo's upstream binds port 80, which needs root)"

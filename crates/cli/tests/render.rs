@@ -106,6 +106,12 @@ fn manifests(dir: &Path) -> Vec<PathBuf> {
     let p = dir.join("jira.yaml");
     std::fs::write(&p, jira).unwrap();
     out.push(p);
+    let browse = std::fs::read_to_string(examples().join("browse-microvm.yaml"))
+        .unwrap()
+        .replace("sha256:DIGEST", &format!("sha256:{DIGEST}"));
+    let p = dir.join("browse-microvm.yaml");
+    std::fs::write(&p, browse).unwrap();
+    out.push(p);
     out
 }
 
