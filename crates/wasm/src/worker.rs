@@ -6,7 +6,8 @@
 //! their caps. The protocol is `cordon_wasm_wire`'s.
 //!
 //! The wall clock of each call is an epoch deadline counted in ticks of a
-//! thread that advances the engine's epoch every [`TICK`]; a module past
+//! thread that advances the engine's epoch once per [`TICK`] of real time
+//! (catching up when it wakes late, as it does on a loaded host); a module past
 //! its stdout cap is stopped there (a trap the worker reports as the
 //! output cap); stderr past its cap is counted and dropped.
 
@@ -26,6 +27,18 @@ use crate::{Failure, RunOptions, Stdio};
 /// How often the worker's epoch advances: a call's wall clock is kept to
 /// within about this.
 pub const TICK: Duration = Duration::from_millis(10);
+
+/// Advances the epoch (`bump`) to one tick per [`TICK`] of real time since
+/// `start`, `ticks` being how many it has had: a thread that wakes late (a
+/// loaded host stretches every sleep) catches up, so a call's wall clock
+/// is real time, never a count of sleeps.
+fn catch_up(start: Instant, ticks: &mut u64, mut bump: impl FnMut()) {
+    let due = u64::try_from(start.elapsed().as_micros() / TICK.as_micros()).unwrap_or(u64::MAX);
+    while *ticks < due {
+        bump();
+        *ticks += 1;
+    }
+}
 
 /// The longest request (a call's stdin) a worker reads.
 pub const REQUEST_MAX: u64 = 256 << 20;
@@ -160,12 +173,14 @@ pub fn serve(o: &RunOptions, output_cap: u64, stderr_cap: u64) -> Result<(), Str
         other => format!("{other:?}"),
     })?;
     let ticker = loaded.engine.clone();
+    let start = Instant::now();
     std::thread::Builder::new()
         .name("wasm-epoch".into())
         .spawn(move || {
+            let mut ticks = 0;
             loop {
                 std::thread::sleep(TICK);
-                ticker.increment_epoch();
+                catch_up(start, &mut ticks, || ticker.increment_epoch());
             }
         })
         .map_err(|e| format!("epoch thread: {e}"))?;
@@ -274,6 +289,21 @@ mod tests {
 
     fn printed(c: &Capped) -> String {
         String::from_utf8_lossy(&c.taken().0).into_owned()
+    }
+
+    /// The epoch counts real time: woken late, the thread catches up (a
+    /// count of sleeps would have advanced once, and a loaded host would
+    /// have let a call run past its wall clock).
+    #[test]
+    fn a_late_epoch_thread_catches_up_with_real_time() {
+        let start = Instant::now() - TICK * 5 - TICK / 2;
+        let mut ticks = 0;
+        let mut bumped = 0;
+        catch_up(start, &mut ticks, || bumped += 1);
+        assert_eq!((ticks, bumped), (5, 5));
+        // Nothing more is due until the next tick.
+        catch_up(start, &mut ticks, || bumped += 1);
+        assert_eq!(bumped, 5);
     }
 
     /// What the worker does per call (a fresh store and instance) sees
