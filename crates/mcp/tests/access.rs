@@ -375,11 +375,13 @@ async fn raw_initialize(http: &reqwest::Client, url: &str, who: &str) -> String 
     let id = r
         .headers()
         .get("mcp-session-id")
-        .expect("a session id")
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let _ = r.text().await;
+        .map(|v| v.to_str().unwrap().to_owned());
+    let status = r.status();
+    let headers = format!("{:?}", r.headers());
+    let body = r.text().await;
+    let Some(id) = id else {
+        panic!("no session id: {status} {headers} {body:?}");
+    };
     let r = raw(
         http,
         url,
