@@ -25,7 +25,12 @@ clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -o "$out/cordon-probe.wasm" \
 clang-14 --target=wasm32-wasi --sysroot=/usr -O2 -mexec-model=reactor \
     -o "$out/json-tools.core.wasm" "$root/examples/wasm/json-tools.c"
 (cd "$root" && cargo build -q -p cordon-wasm-componentize)
-componentize=$root/target/debug/cordon-wasm-componentize
+# Cargo's target directory (`CARGO_TARGET_DIR`, relative to the checkout
+# when it is relative); the modules themselves stay in the checkout's
+# target/wasm, where examples/wasm.yaml names them.
+cargo_target=${CARGO_TARGET_DIR:-target}
+case $cargo_target in /*) ;; *) cargo_target=$root/$cargo_target ;; esac
+componentize=$cargo_target/debug/cordon-wasm-componentize
 "$componentize" command "$out/json-check.wasm" "$out/json-check.component.wasm"
 "$componentize" command "$out/cordon-probe.wasm" "$out/cordon-probe.component.wasm"
 "$componentize" exports "$out/json-tools.core.wasm" "$root/examples/wasm/json-tools.wit" \

@@ -38,7 +38,10 @@ phase "cargo build" cargo build --workspace --all-targets
 # one binary after another).
 phase "cargo test, two binaries at a time" scripts/run-tests.py
 phase "fuzz targets, a short run of each (fuzz/run.sh, docs/fuzzing.md)" fuzz/run.sh 5
+# The cordon the test binaries were built with (Cargo's target directory,
+# `CARGO_TARGET_DIR` when set).
+export CORDON_BIN=${CARGO_TARGET_DIR:-target}/debug/cordon
 phase "MCP conformance suite, cordon in front of its reference server" \
   tests/e2e/conformance.sh --reference target/conformance
 phase "cordon probe -m examples/cordon.yaml" \
-  scripts/probe-standins.sh target/debug/cordon probe -m examples/cordon.yaml --junit target/probe-junit.xml
+  scripts/probe-standins.sh "$CORDON_BIN" probe -m examples/cordon.yaml --junit target/probe-junit.xml
