@@ -73,6 +73,28 @@ fn cordon(store: &Store, args: &[&str], input: &[u8]) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `tests/images/build.sh KIND` into `layout`.
+fn build_image(kind: &str, layout: &Path) {
+    let o = Command::new(repo().join("tests/images/build.sh"))
+        .arg(kind)
+        .arg(layout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "build.sh {kind}: {}", text(&o.stderr));
+}
+
+/// `cordon image load LAYOUT --name NAME` into `s`'s store: the pinned
+/// reference it prints.
+fn load_image(s: &Store, layout: &Path, name: &str) -> String {
+    let o = cordon(
+        s,
+        &["image", "load", layout.to_str().unwrap(), "--name", name],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    text(&o.stdout).trim().to_string()
+}
+
 fn store(nobody: bool) -> Store {
     let dir = cordon_testkit::scratch::named(if nobody {
         "cordon-vm-cli-nobody-"
@@ -80,12 +102,7 @@ fn store(nobody: bool) -> Store {
         "cordon-vm-cli-"
     });
     let layout = dir.join("layout");
-    let o = Command::new(repo().join("tests/images/build.sh"))
-        .arg("busybox")
-        .arg(&layout)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "build.sh: {}", text(&o.stderr));
+    build_image("busybox", &layout);
     if nobody {
         std::fs::create_dir_all(dir.join("run")).unwrap();
         for p in [dir.path().to_path_buf(), dir.join("run"), layout.clone()] {
@@ -101,19 +118,7 @@ fn store(nobody: bool) -> Store {
         reference: String::new(),
         nobody,
     };
-    let o = cordon(
-        &s,
-        &[
-            "image",
-            "load",
-            layout.to_str().unwrap(),
-            "--name",
-            "busybox",
-        ],
-        b"",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    s.reference = text(&o.stdout).trim().to_string();
+    s.reference = load_image(&s, &layout, "busybox");
     s
 }
 
@@ -490,25 +495,8 @@ fn the_seeds_browse_runs_on_a_microvm_through_the_proxy_and_keeps_no_cookie() {
     );
     let s = store(false);
     let layout = s.dir.join("chromium");
-    let o = Command::new(repo().join("tests/images/build.sh"))
-        .arg("chromium")
-        .arg(&layout)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "build.sh: {}", text(&o.stderr));
-    let o = cordon(
-        &s,
-        &[
-            "image",
-            "load",
-            layout.to_str().unwrap(),
-            "--name",
-            "chromium",
-        ],
-        b"",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    let reference = text(&o.stdout).trim().to_string();
+    build_image("chromium", &layout);
+    let reference = load_image(&s, &layout, "chromium");
     let example = std::fs::read_to_string(repo().join("examples/browse-microvm.yaml")).unwrap();
     assert!(
         example.contains("image: chromium@sha256:DIGEST")
@@ -534,7 +522,7 @@ fn the_seeds_browse_runs_on_a_microvm_through_the_proxy_and_keeps_no_cookie() {
             .spawn()
             .expect("python3 -m http.server"),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while std::net::TcpStream::connect((BROWSE_UPSTREAM, 80)).is_err() {
         assert!(
             std::time::Instant::now() < deadline,

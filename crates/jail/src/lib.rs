@@ -589,7 +589,14 @@ impl Jail {
         run::run_as(self, spec, stdin, on_doors, true)
     }
 
-    fn filters_for(&self, mode: &Seccomp, inet: bool) -> Result<Arc<seccomp::Filters>, JailError> {
+    /// The seccomp filters of `mode` (`inet`: sockets of the internet
+    /// family allowed), compiled once per jail and kept: a microVM's guest
+    /// installs the same ones, sent with each task.
+    pub fn filters_for(
+        &self,
+        mode: &Seccomp,
+        inet: bool,
+    ) -> Result<Arc<seccomp::Filters>, JailError> {
         if let Ok(cache) = self.filters.lock()
             && let Some((_, _, f)) = cache.iter().find(|(m, i, _)| m == mode && *i == inet)
         {

@@ -966,20 +966,10 @@ pub fn landlock(
 /// The `PATH` a bare argv[0] is looked up in: the spec environment's, or
 /// `/usr/local/bin:/usr/bin:/bin`.
 pub fn search_path(spec: &JailSpec) -> &str {
-    spec.env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+    cordon_sandbox::exec::search_path(&spec.env, "/usr/local/bin:/usr/bin:/bin")
 }
 
-/// Where `name` is looked for in `path`, in order (absolute entries only).
-pub fn path_candidates(path: &str, name: &str) -> Vec<String> {
-    path.split(':')
-        .filter(|d| d.starts_with('/'))
-        .map(|dir| format!("{}/{name}", dir.trim_end_matches('/')))
-        .collect()
-}
+pub use cordon_sandbox::exec::path_candidates;
 
 /// Exec candidates for argv[0].
 pub fn exec_paths(spec: &JailSpec) -> Result<Vec<CString>, JailError> {

@@ -109,6 +109,25 @@ fn run(m: &Microvm, s: &SandboxSpec, input: &[u8]) -> cordon_runtime::Outcome {
         .expect("run")
 }
 
+/// Runs `s` on `m` (one guest slot held): its outcome and the egress
+/// events its doors reported.
+fn run_with_egress(
+    m: &Microvm,
+    s: &SandboxSpec,
+) -> (cordon_runtime::Outcome, Vec<cordon_runtime::EgressEvent>) {
+    use std::sync::{Arc, Mutex};
+    let events: Arc<Mutex<Vec<cordon_runtime::EgressEvent>>> = Arc::default();
+    let ev = events.clone();
+    let mut ctx = Context::discard("t");
+    ctx.on_egress = Arc::new(move |e| ev.lock().unwrap().push(e));
+    let o = {
+        let _slot = slot();
+        m.run(s, Vec::new(), &ctx).expect("run")
+    };
+    let ev = events.lock().unwrap().clone();
+    (o, ev)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -444,8 +463,7 @@ fn a_pool_keeps_restored_guests_ready_one_task_each() {
 
 #[test]
 fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
-    use cordon_runtime::{EgressEvent, EgressPolicy, Network};
-    use std::sync::{Arc, Mutex};
+    use cordon_runtime::{EgressPolicy, Network};
     let m = microvm();
     let (up, seen) =
         cordon_testkit::loopback::request_lines(|first| format!("upstream saw {first}"));
@@ -466,14 +484,7 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
            /bin/busybox wget -q -O- -Y off http://{up}/direct 2>&1 | /bin/busybox head -c 80; echo"
     ));
     s.network = Network::Doors(Box::new(ep));
-    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
-    let ev = events.clone();
-    let mut ctx = Context::discard("t");
-    ctx.on_egress = Arc::new(move |e| ev.lock().unwrap().push(e));
-    let o = {
-        let _slot = slot();
-        m.run(&s, Vec::new(), &ctx).expect("run")
-    };
+    let (o, ev) = run_with_egress(&m, &s);
     assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
     let out = text(&o.stdout);
     let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
@@ -488,7 +499,6 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
     // refuses it, as in a native sandbox; the upstream never sees it.
     assert!(lines[3].contains("error getting response"), "{out}");
     assert_eq!(seen.lock().unwrap().clone(), vec!["GET /hello HTTP/1.1"]);
-    let ev = events.lock().unwrap();
     // One event per connection; an allowed one is recorded when it closes,
     // so a busy broker may record the refusals that followed first.
     assert_eq!(ev.len(), 4, "{ev:?}");
@@ -511,7 +521,7 @@ fn egress_goes_through_the_proxy_door_over_the_channel_and_nowhere_else() {
 
 #[test]
 fn dns_and_a_non_http_port_reach_an_allowed_name_and_nothing_else() {
-    use cordon_runtime::{Decision, Door, EgressEvent, EgressPolicy, Network};
+    use cordon_runtime::{Decision, Door, EgressPolicy, Network};
     use std::io::{BufRead, BufReader, Write};
     use std::sync::{Arc, Mutex};
     let m = microvm();
@@ -544,14 +554,7 @@ fn dns_and_a_non_http_port_reach_an_allowed_name_and_nothing_else() {
          {bb} nc -w 5 $a 22 </dev/null 2>&1; echo \"rc=$?\""
     ));
     s.network = Network::Doors(Box::new(ep));
-    let events: Arc<Mutex<Vec<EgressEvent>>> = Arc::default();
-    let ev = events.clone();
-    let mut ctx = Context::discard("t");
-    ctx.on_egress = Arc::new(move |e| ev.lock().unwrap().push(e));
-    let o = {
-        let _slot = slot();
-        m.run(&s, Vec::new(), &ctx).expect("run")
-    };
+    let (o, ev) = run_with_egress(&m, &s);
     assert_eq!(o.status, Status::Ok, "{o:?} {}", text(&o.stderr));
     let out = text(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
@@ -587,7 +590,6 @@ fn dns_and_a_non_http_port_reach_an_allowed_name_and_nothing_else() {
         "{out}"
     );
     // The doors saw the lookup and the connection, and the refused name.
-    let ev = events.lock().unwrap();
     let saw = |door: Door, decision: Decision| {
         ev.iter().any(|e| e.door == door && e.decision == decision)
     };

@@ -5,8 +5,10 @@
 //! ([`Bind`], [`Mount`]), and what came of it ([`Outcome`], [`Status`],
 //! [`LandlockStatus`]); the root's layout, which each runtime renders
 //! ([`layout`]); byte sizes and durations as messages write them
-//! ([`units`]).
+//! ([`units`]); where a program named without a `/` is looked for
+//! ([`exec`]).
 
+pub mod exec;
 pub mod layout;
 pub mod units;
 

@@ -7,20 +7,21 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::dns::{read_tcp, write_tcp};
 
 /// How long a query waits for the door's answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
-/// How often the accepting thread looks whether it should stop.
-const POLL: Duration = Duration::from_millis(100);
 
-/// A running relay; it stops accepting when dropped.
+/// A running relay; dropped, it stops accepting and closes its listener
+/// before the drop returns (queries already accepted are answered).
 #[derive(Debug)]
 pub struct DnsRelay {
     addr: SocketAddrV4,
     stop: Arc<AtomicBool>,
+    accepting: Option<JoinHandle<()>>,
 }
 
 impl DnsRelay {
@@ -31,29 +32,34 @@ impl DnsRelay {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(_) => return Err(std::io::ErrorKind::AddrNotAvailable.into()),
         };
-        l.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
-        std::thread::Builder::new()
+        let accepting = std::thread::Builder::new()
             .name("dns-relay".to_owned())
             .stack_size(128 * 1024)
             .spawn(move || {
-                while !halt.load(Ordering::SeqCst) {
-                    match l.accept() {
-                        Ok((c, _)) => {
+                for c in l.incoming() {
+                    // The drop's own connection wakes the accept.
+                    if halt.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match c {
+                        Ok(c) => {
                             let _ = std::thread::Builder::new()
                                 .name("dns-query".to_owned())
                                 .stack_size(128 * 1024)
                                 .spawn(move || serve(c, door));
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(POLL);
-                        }
-                        Err(_) => std::thread::sleep(POLL),
+                        // Out of descriptors, say: the client retries.
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
                 }
             })?;
-        Ok(DnsRelay { addr, stop })
+        Ok(DnsRelay {
+            addr,
+            stop,
+            accepting: Some(accepting),
+        })
     }
 
     /// Where it listens.
@@ -65,6 +71,12 @@ impl DnsRelay {
 impl Drop for DnsRelay {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake the accepting thread, which then ends with the listener.
+        if TcpStream::connect(self.addr).is_ok()
+            && let Some(t) = self.accepting.take()
+        {
+            let _ = t.join();
+        }
     }
 }
 
@@ -116,15 +128,12 @@ mod tests {
             let a = read_tcp(&mut c).unwrap().unwrap();
             assert_eq!(a, [b"answer:", q].concat());
         }
-        // Dropped: it accepts no more (a connection may still be queued,
-        // but nothing answers it).
+        // Dropped: its listener is closed by the time the drop returns.
         let addr = relay.addr();
         drop(relay);
-        std::thread::sleep(POLL * 3);
-        if let Ok(mut c) = TcpStream::connect(addr) {
-            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let _ = write_tcp(&mut c, b"late");
-            assert!(!matches!(read_tcp(&mut c), Ok(Some(_))));
-        }
+        assert_eq!(
+            TcpStream::connect(addr).map_err(|e| e.kind()).err(),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
     }
 }

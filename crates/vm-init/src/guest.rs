@@ -177,7 +177,7 @@ fn run(control: &mut Option<Control>) -> Result<GuestMessage, Fail> {
     let task = read_task(ctl)?;
     reseed(&task)?;
     set_clock(task.time_ns)?;
-    if !task.net.is_empty() || task.doors.is_some() {
+    if task.networked() {
         loopback.map_err(|e| failed("net", e))?;
     }
     run_task(&task, stdio, cgroup_ready)
@@ -718,72 +718,65 @@ fn start_net(task: &Task, port: File) -> Result<(), Fail> {
             .map_err(fail("net"))?;
     }
     if let Some((udp, route)) = dns {
-        std::thread::Builder::new()
-            .name("dns".to_owned())
-            .stack_size(128 * 1024)
-            .spawn(move || serve_dns(&udp, &route))
-            .map_err(fail("net"))?;
+        let learned = Arc::new(std::sync::Mutex::new(Learned {
+            route,
+            known: std::collections::HashSet::new(),
+            seq: 1000,
+        }));
+        for i in 0..DNS_WORKERS {
+            let udp = udp.try_clone().map_err(fail("net"))?;
+            let learned = learned.clone();
+            std::thread::Builder::new()
+                .name(format!("dns-{i}"))
+                .stack_size(128 * 1024)
+                .spawn(move || serve_dns(&udp, &learned))
+                .map_err(fail("net"))?;
+        }
     }
     Ok(())
 }
 
-/// Queries answered at once; more wait in the socket's queue.
-const DNS_AT_ONCE: usize = 8;
+/// Threads answering DNS queries, each one query at a time; more wait in
+/// the socket's queue.
+const DNS_WORKERS: usize = 8;
 
-/// Answers each UDP query on `udp` by carrying it over DNS-over-TCP to
-/// `127.0.0.1:53` (the init's own listener, whose streams the host relays
-/// to the DNS door), making each IPv4 address of the answer local on `lo`
-/// first (through `route`), then replying.
-fn serve_dns(udp: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
-    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let learned = Arc::new(std::sync::Mutex::new((
-        std::collections::HashSet::<Ipv4Addr>::new(),
-        1000u32,
-    )));
-    let Ok(route) = route.try_clone() else {
-        return;
-    };
-    let route = Arc::new(route);
+/// The addresses DNS answers made local on `lo`, and the socket that
+/// makes them so.
+struct Learned {
+    route: std::os::fd::OwnedFd,
+    known: std::collections::HashSet<Ipv4Addr>,
+    seq: u32,
+}
+
+/// Answers UDP queries on `udp`, one at a time: each carried over
+/// DNS-over-TCP to `127.0.0.1:53` (the init's own listener, whose streams
+/// the host relays to the DNS door), each IPv4 address of the answer made
+/// local on `lo` first, then the answer sent back.
+fn serve_dns(udp: &std::net::UdpSocket, learned: &std::sync::Mutex<Learned>) {
     let mut buf = vec![0u8; 4096];
     loop {
         let Ok((n, peer)) = udp.recv_from(&mut buf) else {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        while busy.load(Ordering::SeqCst) >= DNS_AT_ONCE {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let (Ok(reply), query) = (udp.try_clone(), buf[..n].to_vec()) else {
+        let Some(answer) = dns_exchange(&buf[..n]) else {
             continue;
         };
-        let (busy2, learned, route) = (busy.clone(), learned.clone(), route.clone());
-        busy.fetch_add(1, Ordering::SeqCst);
-        let spawned = std::thread::Builder::new()
-            .name("dns-query".to_owned())
-            .stack_size(128 * 1024)
-            .spawn(move || {
-                if let Some(answer) = dns_exchange(&query) {
-                    let mut l = learned.lock().unwrap_or_else(|p| p.into_inner());
-                    for ip in cordon_vm_init::dns::a_records(&answer) {
-                        if l.0.insert(ip) {
-                            l.1 = l.1.wrapping_add(1);
-                            let seq = l.1;
-                            let _ = cordon_sys::net::add_local_address(
-                                route.as_fd(),
-                                IpAddr::V4(ip),
-                                32,
-                                seq,
-                            );
-                        }
-                    }
-                    drop(l);
-                    let _ = reply.send_to(&answer, peer);
+        {
+            let mut l = learned.lock().unwrap_or_else(|p| p.into_inner());
+            for ip in cordon_vm_init::dns::a_records(&answer) {
+                if l.known.insert(ip) {
+                    l.seq = l.seq.wrapping_add(1);
+                    let _ = cordon_sys::net::add_local_address(
+                        l.route.as_fd(),
+                        IpAddr::V4(ip),
+                        32,
+                        l.seq,
+                    );
                 }
-                busy2.fetch_sub(1, Ordering::SeqCst);
-            });
-        if spawned.is_err() {
-            busy.fetch_sub(1, Ordering::SeqCst);
+            }
         }
+        let _ = udp.send_to(&answer, peer);
     }
 }
 
@@ -802,7 +795,7 @@ fn run_task(task: &Task, stdio: Stdio3, cgroup_ready: bool) -> Result<GuestMessa
         stderr,
         net,
     } = stdio;
-    if !task.net.is_empty() || task.doors.is_some() {
+    if task.networked() {
         start_net(task, net)?;
     }
     mount_fs(
@@ -929,15 +922,10 @@ fn exec_paths(task: &Task) -> Result<Vec<CString>, Fail> {
     if arg0.contains('/') {
         return Ok(vec![cstring("exec", arg0)?]);
     }
-    let path = task
-        .env
+    let path = cordon_sandbox::exec::search_path(&task.env, DEFAULT_PATH);
+    let out: Vec<CString> = cordon_sandbox::exec::path_candidates(path, arg0)
         .iter()
-        .find(|(k, _)| k == "PATH")
-        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let out: Vec<CString> = path
-        .split(':')
-        .filter(|d| d.starts_with('/'))
-        .map(|d| cstring("exec", &format!("{}/{arg0}", d.trim_end_matches('/'))))
+        .map(|p| cstring("exec", p))
         .collect::<Result<_, _>>()?;
     if out.is_empty() {
         return Err(failed(

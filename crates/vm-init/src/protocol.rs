@@ -78,6 +78,13 @@ pub struct Task {
     pub trust: Option<Trust>,
 }
 
+impl Task {
+    /// Whether the task has any network (the proxy door or the others).
+    pub fn networked(&self) -> bool {
+        !self.net.is_empty() || self.doors.is_some()
+    }
+}
+
 /// The guest's side of the egress doors besides the proxy: what the
 /// native jail sets up in a sandbox's own network namespace, with the
 /// init's listeners standing for the doors and each connection carried to

@@ -741,7 +741,7 @@ impl Vm {
         }
         // The DNS relay lives as long as this run (dropped at its end).
         let mut dns_relay = None;
-        let net = if task.net.is_empty() && task.doors.is_none() {
+        let net = if !task.networked() {
             None
         } else {
             let input = self.net.try_clone().map_err(io("net"))?;

@@ -1097,16 +1097,16 @@ fn vcpus(spec: &SandboxSpec) -> u32 {
 /// listener, two per open connection, at most 32 connections), which count
 /// in the task's cgroup beside the tool's own.
 const NET_THREADS: u64 = 1 + 2 * 32 + 4;
-/// The DNS threads beside them: the UDP listener, the TCP one, and the
-/// queries answered at once.
-const DNS_THREADS: u64 = 2 + 8;
+/// The DNS threads beside them: the TCP listener and the workers that
+/// answer UDP queries, one at a time each (as many on the host, relaying).
+const DNS_THREADS: u64 = 1 + 8;
 
 /// The task the guest's init runs for `spec`: with egress doors, the init
 /// listens on the guest's loopback at the proxy door's port (the tool's
 /// `HTTP_PROXY`/`HTTPS_PROXY` name that address already), on the
 /// allowlist's ports at the doors' local addresses, and for DNS, and
 /// carries each connection to the doors in the helper's network namespace.
-fn task(spec: &SandboxSpec, guest: &Guest) -> Result<Task, cordon_jail::JailError> {
+fn task(spec: &SandboxSpec, guest: &Guest, jail: &Jail) -> Result<Task, cordon_jail::JailError> {
     let (uid, gid) = spec.user.unwrap_or((1000, 1000));
     // The doors' plan, as the native jail sets it up in a sandbox's own
     // namespace: the proxy door on the loopback, the allowlist's ports at
@@ -1143,7 +1143,8 @@ fn task(spec: &SandboxSpec, guest: &Guest) -> Result<Task, cordon_jail::JailErro
         };
     // The native jail's filters, installed by the guest's init before the
     // tool's execve (sockets of the internet family only with egress).
-    let seccomp = cordon_jail::seccomp::filters(&spec.seccomp, !net.is_empty() || doors.is_some())?
+    let seccomp = jail
+        .filters_for(&spec.seccomp, !net.is_empty() || doors.is_some())?
         .iter()
         .map(|f| cordon_vm_init::protocol::pack_filter(f))
         .collect();
@@ -1257,7 +1258,7 @@ impl Child for VmChild<'_> {
                 RunError::Setup(format!("{}: microvm: {}: {e}", spec.tool, vm_dir.display()))
             })?;
         } else {
-            job.task = Some(task(spec, guest).map_err(|e| {
+            job.task = Some(task(spec, guest, self.rt.jail()).map_err(|e| {
                 RunError::Setup(format!(
                     "{}: microvm: the task's seccomp filters: {e}",
                     spec.tool
