@@ -21,6 +21,17 @@ list_skips() {
   fi
 }
 trap list_skips EXIT
+# A build for one run: incremental compilation's caches (about 5 GB for this
+# workspace) would never be read again.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# The build, the test images and the guests' disks take about 20 GB: a disk
+# that fills up half way fails with errors that do not say so.
+target_fs=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_fs"
+free_kb=$(df -Pk "$target_fs" | awk 'NR == 2 { print $4 }')
+if [ "${free_kb:-0}" -lt $((20 * 1024 * 1024)) ]; then
+  echo "== warning: $((free_kb / 1024 / 1024)) GB free where $target_fs is; a whole run needs about 20 GB" >&2
+fi
 # Each phase says how long it took.
 phase() {
   local name=$1 t0=$SECONDS

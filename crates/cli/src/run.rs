@@ -10,7 +10,7 @@ use anyhow::{Context, anyhow};
 use serde::Serialize;
 
 use cordon_policy::policy::{
-    Exec, Lifetime, Mechanism, Network, Output, Profile, Runtime, Seccomp, ToolPolicy,
+    Boot, Exec, Lifetime, Mechanism, Network, Output, Profile, Runtime, Seccomp, ToolPolicy,
 };
 use cordon_policy::units::{parse_cpu, parse_size_str};
 
@@ -331,6 +331,15 @@ pub enum ExecRuntime {
     Microvm,
 }
 
+/// How an ad-hoc microVM's guest starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecBoot {
+    /// Restored from the image's template snapshot.
+    Snapshot,
+    /// Booted from nothing, no snapshot made or kept.
+    Cold,
+}
+
 /// `cordon exec` flags.
 #[derive(clap::Args, Debug)]
 pub struct ExecArgs {
@@ -343,6 +352,11 @@ pub struct ExecArgs {
     /// needs `--accept kvm`).
     #[arg(long, value_enum, default_value = "native")]
     pub runtime: ExecRuntime,
+    /// With `--runtime microvm`: `snapshot` (default) restores the guest
+    /// from the image's template snapshot (made on first use); `cold`
+    /// boots it from nothing and keeps no snapshot.
+    #[arg(long, value_enum)]
+    pub boot: Option<ExecBoot>,
     /// Memory cap, e.g. 512M.
     #[arg(long)]
     pub memory: Option<String>,
@@ -416,6 +430,15 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
                 } else {
                     "microvm"
                 }
+            ));
+        }
+    };
+    let boot = match (a.boot, runtime) {
+        (None, _) | (Some(ExecBoot::Snapshot), Runtime::Microvm) => Boot::Snapshot,
+        (Some(ExecBoot::Cold), Runtime::Microvm) => Boot::Cold,
+        (Some(_), _) => {
+            return Err(anyhow!(
+                "--boot applies only with `--runtime microvm` (how the guest starts)"
             ));
         }
     };
@@ -509,6 +532,7 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         state: None,
         env,
         lifetime: Lifetime::Call,
+        boot,
         pool: None,
         input: cordon_policy::policy::Input {
             stdin: None,

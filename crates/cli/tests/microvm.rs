@@ -202,6 +202,68 @@ fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json record");
     assert_eq!(v["exit_code"], 4, "{v}");
+    // `--boot cold`: the guest boots from nothing and no template is made
+    // (the runs above made one: the count below is of a directory that
+    // holds them; another memory size would be another template).
+    let snapshots = || {
+        std::fs::read_dir(s.path().join("vm/snapshots"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let before = snapshots();
+    assert!(before >= 1, "no template in the store's vm/snapshots");
+    let cold = |wall: &str, script: &str| {
+        cordon(
+            &s,
+            &[
+                "exec",
+                "--runtime",
+                "microvm",
+                "--boot",
+                "cold",
+                "--accept",
+                "kvm",
+                "--memory",
+                "96M",
+                "--wall",
+                wall,
+                "--image",
+                &r,
+                "--",
+                "/bin/sh",
+                "-c",
+                script,
+            ],
+            b"",
+        )
+    };
+    // The tool's wall clock is counted from the task's start: a cold boot
+    // under emulation takes longer than this 1 s and the task still runs.
+    let o = cold("1", "cat /proc/cmdline; echo cold");
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("panic=-1") && out.ends_with("cold\n"), "{out}");
+    assert_eq!(snapshots(), before, "a cold boot made a template");
+    // And it holds: a task past it is stopped (its output withheld, as
+    // for every runtime); the reason is the guest's, sent once the task
+    // had started.
+    let o = cold("1", "echo started; sleep 30");
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(11), "{out}{err}");
+    assert_eq!(out, "", "{err}");
+    assert!(
+        err.contains("exec: timed out after 1s") && err.contains("booted cold"),
+        "{err}"
+    );
+    // `--boot` is the microVM's alone.
+    let o = cordon(&s, &["exec", "--boot", "cold", "--", "/bin/true"], b"");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--boot applies only with `--runtime microvm`"), "{err}");
     // No image: the guest shares nothing of the host's file system.
     let o = cordon(
         &s,

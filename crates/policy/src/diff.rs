@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::access::{Access, Grantee, Kind, glob_covers};
 use crate::gateway::{Concurrency, GatewayPolicy};
 use crate::policy::{
-    Deliver, Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp,
+    Boot, Deliver, Exec, Expose, Lifetime, Limits, Mechanism, Network, PolicySet, Runtime, Seccomp,
     Secret, ToolPolicy,
 };
 use crate::units::format_size;
@@ -276,6 +276,13 @@ fn secret_summary(s: &Secret) -> String {
     v
 }
 
+fn boot_name(b: Boot) -> &'static str {
+    match b {
+        Boot::Snapshot => "snapshot",
+        Boot::Cold => "cold",
+    }
+}
+
 fn lifetime_name(l: Lifetime) -> &'static str {
     match l {
         Lifetime::Call => "call",
@@ -343,6 +350,17 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
             lifetime_name(n.lifetime),
             // Anything but a fresh sandbox per call lets state carry over.
             o.lifetime == Lifetime::Call,
+        ));
+    }
+    if o.boot != n.boot {
+        out.push(change(
+            t,
+            "boot",
+            boot_name(o.boot),
+            boot_name(n.boot),
+            // Both start each task in a fresh guest: a restore of a
+            // template that ran no task, or a boot.
+            false,
         ));
     }
     if o.output_schema != n.output_schema {

@@ -173,6 +173,13 @@ pub struct Tool {
     #[serde(default)]
     #[schemars(with = "Option<Runtime>")]
     pub runtime: Option<Spanned<Runtime>>,
+    /// With `runtime: microvm`: how each task's guest starts. `snapshot`
+    /// (default): restored from a template snapshot of the image, booted
+    /// once on first use and kept in the store; `cold`: booted from
+    /// nothing for every task, and no snapshot is made or kept.
+    #[serde(default)]
+    #[schemars(with = "Option<Boot>")]
+    pub boot: Option<Spanned<Boot>>,
     /// With `runtime: wasm`: the WASI preview 1 module or WebAssembly
     /// component to run, pinned by sha256 (`command`, when given, is the
     /// argv it sees).
@@ -538,6 +545,17 @@ pub struct WarmUp {
     /// Its arguments (an object).
     #[serde(default)]
     pub arguments: Option<serde_json::Value>,
+}
+
+/// How a microVM task's guest starts (`boot:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Boot {
+    /// Restored from the image's template snapshot (made on first use).
+    #[default]
+    Snapshot,
+    /// Booted from nothing; no snapshot made or kept.
+    Cold,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

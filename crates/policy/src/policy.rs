@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::manifest::{
-    Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode, NAME_SEPARATOR,
-    OutputKind, Overflow, PoolSettings, Profile, Runtime,
+    Boot, Deliver, Encoding, Expose, InvalidUtf8, Label, Lifetime, Mechanism, MountMode,
+    NAME_SEPARATOR, OutputKind, Overflow, PoolSettings, Profile, Runtime,
 };
 /// A tool's limits and system-call filter are the sandbox's own.
 pub use cordon_sandbox::{Limits, Seccomp};
@@ -52,6 +52,10 @@ pub struct ToolPolicy {
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
+    /// How a `runtime: microvm` task's guest starts (`snapshot` for every
+    /// other runtime, where it means nothing).
+    #[serde(default)]
+    pub boot: Boot,
     /// The warm pool's settings (`lifetime: pool` only).
     pub pool: Option<PoolSettings>,
     pub input: Input,

@@ -148,6 +148,7 @@ const RULES: &[Rule] = &[
     rule_p3_runtime,
     rule_wasm,
     rule_pool,
+    rule_boot,
     rule_image_pinned,
     rule_egress_entries,
     rule_resolve_and_cidrs,
@@ -412,6 +413,21 @@ fn rule_p3_runtime(c: &Ctx<'_>) -> Vec<Diagnostic> {
             Some("P3 tools run attacker-authored content and need a separate kernel boundary"),
         )],
     }
+}
+
+fn rule_boot(c: &Ctx<'_>) -> Vec<Diagnostic> {
+    let t = c.tool;
+    let Some(boot) = &t.boot else {
+        return vec![];
+    };
+    if t.runtime.as_ref().map(|r| r.value) == Some(Runtime::Microvm) {
+        return vec![];
+    }
+    vec![c.diag(
+        boot.referenced,
+        "`boot:` applies only to `runtime: microvm` (how each task's guest starts)".into(),
+        Some("remove `boot:`, or write `runtime: microvm`"),
+    )]
 }
 
 fn rule_pool(c: &Ctx<'_>) -> Vec<Diagnostic> {
@@ -1552,6 +1568,7 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         state,
         env,
         lifetime,
+        boot: t.boot.as_ref().map(|b| b.value).unwrap_or_default(),
         pool: (lifetime == manifest::Lifetime::Pool).then(|| t.pool.unwrap_or_default()),
         input: {
             let i = t.input.clone().unwrap_or_default();

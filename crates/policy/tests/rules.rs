@@ -691,6 +691,26 @@ fn a_pool_has_a_size_and_refill_only_with_lifetime_pool() {
 }
 
 #[test]
+fn boot_cold_is_a_microvm_setting_and_snapshot_its_default() {
+    use cordon_policy::policy::Boot;
+    let vm = "tools:\n  b:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n    image: x@sha256:0000000000000000000000000000000000000000000000000000000000000000\n";
+    let boot = |y: &str| load_str(Path::new("m.yaml"), y).unwrap().policy.tools["b"].boot;
+    // Positive controls: the default, and both values on a microVM.
+    assert_eq!(boot(vm), Boot::Snapshot);
+    assert_eq!(boot(&format!("{vm}    boot: cold\n")), Boot::Cold);
+    assert_eq!(boot(&format!("{vm}    boot: snapshot\n")), Boot::Snapshot);
+    // Refused at the `boot:` line on any other runtime, and an unknown value.
+    let gv = "tools:\n  b:\n    profile: P3\n    runtime: gvisor\n    command: [/bin/true]\n";
+    assert_eq!(boot(gv), Boot::Snapshot);
+    assert_one(
+        &format!("{gv}    boot: cold\n"),
+        6,
+        "`boot:` applies only to `runtime: microvm`",
+    );
+    assert!(load_str(Path::new("m.yaml"), &format!("{vm}    boot: warm\n")).is_err());
+}
+
+#[test]
 fn a_warm_pool_of_servers_is_bounded_and_only_for_session_servers() {
     let warm = |y: &str| match &load_str(Path::new("m.yaml"), y).unwrap().policy.tools["a"].exec {
         Exec::Mcp { warm, .. } => *warm,

@@ -766,6 +766,7 @@ impl Child for Gvisor {
             on_end: Some(OnEnd(Box::new(move |out| {
                 task_outcome(out, &tool, tasks, host, watch.refused());
             }))),
+            boot: std::time::Duration::ZERO,
         })
     }
 }

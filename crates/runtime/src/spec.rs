@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use cordon_egress::EgressPolicy;
+pub use cordon_policy::policy::Boot;
 use cordon_policy::policy::{Exec, Network as PolicyNetwork, Profile};
 use cordon_policy::{ToolPolicy, policy};
 pub use cordon_sandbox::{Limits, Mount, Root, Seccomp};
@@ -55,6 +56,9 @@ pub struct SandboxSpec {
     /// The WASI module a `runtime: wasm` tool runs (`argv` is what it
     /// sees); `None` for every other runtime.
     pub wasm: Option<WasmModule>,
+    /// How a microVM's guest starts: restored from its image's template
+    /// snapshot, or booted cold (every other runtime ignores it).
+    pub boot: Boot,
 }
 
 /// A WASI preview 1 module or a component pinned by sha256 (`runtime: wasm`).
@@ -176,6 +180,7 @@ pub fn lower(
             }),
             _ => None,
         },
+        boot: p.boot,
     })
 }
 
@@ -484,6 +489,7 @@ impl SandboxSpec {
             state: None,
             user: None,
             wasm: None,
+            boot: Boot::Snapshot,
         }
     }
 

@@ -112,6 +112,10 @@ pub(crate) struct Launch {
     pub limits: Option<cordon_sandbox::Limits>,
     /// Applied to the outcome once the sandbox has ended.
     pub on_end: Option<OnEnd>,
+    /// How long the child's own start may take on top of the tool's wall
+    /// clock (a guest's cold boot); the child then keeps the tool's wall
+    /// clock from the task's start itself.
+    pub boot: std::time::Duration,
 }
 
 /// Numbers this process's sandbox directories (every runtime of it may
@@ -708,7 +712,7 @@ impl Supervisor {
         })?;
         let launch = child.launch(spec, &guest, &dir)?;
         let mut limits = launch.limits.unwrap_or_else(|| ctx.placement.limits(spec));
-        limits.wall = ctx.placement.limits(spec).wall;
+        limits.wall = ctx.placement.limits(spec).wall.saturating_add(launch.boot);
         let js = JailSpec {
             tool: spec.tool.clone(),
             argv: launch.argv,

@@ -102,6 +102,11 @@ pub struct Job {
     /// `/dev`; `None`: QEMU sees the helper's whole file view.
     #[serde(default)]
     pub qemu_root: Option<Vec<PathBuf>>,
+    /// The tool's wall clock in milliseconds, kept here from the task's
+    /// start (a cold boot, whose time is not the tool's); `None`: the
+    /// supervisor's clock alone.
+    #[serde(default)]
+    pub wall_ms: Option<u64>,
 }
 
 /// How the task ended, as the helper saw it.
@@ -116,6 +121,9 @@ pub enum End {
     GuestError { stage: String, message: String },
     /// The guest went away without a status (`panic`: a kernel panic).
     GuestDied { panic: bool, console: String },
+    /// The tool outlived the job's wall clock (`wall_ms`) and the guest
+    /// was killed.
+    WallClock { after_ms: u64 },
     /// The host side failed before or while the guest ran.
     HostError { message: String },
     /// A template was snapshotted.
@@ -274,7 +282,7 @@ fn run(dir: &Path) -> Result<Status, String> {
             std::io::stdin(),
             std::io::stdout(),
             std::io::stderr(),
-            None,
+            job.wall_ms.map(Duration::from_millis),
         )
         .map_err(|e| format!("run the task: {e}"))?;
     let end = match ran.outcome {
@@ -282,8 +290,8 @@ fn run(dir: &Path) -> Result<Status, String> {
         Outcome::Signaled { signal, oom } => End::Signaled { signal, oom },
         Outcome::GuestError { stage, message } => End::GuestError { stage, message },
         Outcome::GuestDied { panic, console } => End::GuestDied { panic, console },
-        Outcome::WallClock => End::HostError {
-            message: "the guest outlived a wall clock the helper does not keep".to_owned(),
+        Outcome::WallClock => End::WallClock {
+            after_ms: job.wall_ms.unwrap_or_default(),
         },
     };
     Ok(Status {

@@ -1,6 +1,7 @@
 //! The microVM runtime (`runtime: microvm`, profile P3): each task is a
 //! guest kernel of its own under QEMU `-M microvm`, started by restoring a
-//! template's memory snapshot, run once and destroyed.
+//! template's memory snapshot (or, with `boot: cold`, booted from
+//! nothing), run once and destroyed.
 //!
 //! The guest side and the QEMU launcher are `cordon-vm-init`'s (see
 //! `docs/microvm.md`); this module holds what is the runtime's:
@@ -61,7 +62,7 @@ pub mod carry;
 
 use crate::mechanism::{Mechanism, MechanismState};
 use crate::outcome::{Outcome, RunError};
-use crate::spec::{Network, Root, SandboxSpec};
+use crate::spec::{Boot, Network, Root, SandboxSpec};
 use crate::supervisor::{Child, Guest, Launch, Supervisor, WorkDir};
 use crate::{Check, Context, Facts, Runtime, Spawned};
 
@@ -368,7 +369,8 @@ struct Template {
 #[derive(Debug, Clone)]
 struct Parts {
     vm: VmConfig,
-    snapshot: Template,
+    /// The template it is restored from; `None`: a cold boot.
+    snapshot: Option<Template>,
     /// QEMU's ids on the host (when the broker is root).
     qemu_ids: Option<(u32, u32)>,
 }
@@ -465,20 +467,36 @@ impl Microvm {
             )));
         }
         let parts = self.parts(spec, ctx)?;
+        let (start, wall_ms) = match parts.snapshot {
+            Some(t) => (
+                Start::Restore {
+                    snapshot: t.state,
+                    state_sha256: t.state_sha256,
+                    ram: t.ram,
+                    ram_id: t.ram_id,
+                },
+                None,
+            ),
+            // A cold guest's boot is cordon's, not the tool's: the helper
+            // keeps the tool's wall clock from the task's start.
+            None => (
+                Start::Cold,
+                Some(
+                    u64::try_from(ctx.placement.limits(spec).wall.as_millis()).unwrap_or(u64::MAX),
+                ),
+            ),
+        };
         Ok(VmChild {
             rt: self,
+            tool: spec.tool.clone(),
             job: Job {
                 vm: parts.vm,
-                start: Start::Restore {
-                    snapshot: parts.snapshot.state,
-                    state_sha256: parts.snapshot.state_sha256,
-                    ram: parts.snapshot.ram,
-                    ram_id: parts.snapshot.ram_id,
-                },
+                start,
                 task: None,
                 qemu_ids: parts.qemu_ids,
                 confine_dev: true,
                 qemu_root: self.qemu_root(),
+                wall_ms,
             },
             template_out: None,
         })
@@ -840,7 +858,10 @@ impl Microvm {
             .map_err(refuse)?;
         vm.carry = carried;
         let qemu_ids = self.qemu_ids(ctx.placement.host_ids, accel);
-        let snapshot = self.template(spec, &vm, qemu_ids, ctx)?;
+        let snapshot = match spec.boot {
+            Boot::Snapshot => Some(self.template(spec, &vm, qemu_ids, ctx)?),
+            Boot::Cold => None,
+        };
         Ok(Parts {
             vm,
             snapshot,
@@ -1000,6 +1021,7 @@ impl Microvm {
     ) -> Result<(), RunError> {
         let t = VmChild {
             rt: self,
+            tool: spec.tool.clone(),
             job: Job {
                 vm: vm.clone(),
                 start: Start::Template,
@@ -1007,6 +1029,7 @@ impl Microvm {
                 qemu_ids,
                 confine_dev: true,
                 qemu_root: self.qemu_root(),
+                wall_ms: None,
             },
             template_out: Some(out.to_path_buf()),
         };
@@ -1219,6 +1242,8 @@ fn helper_argv(init: &Path, dir: &WorkDir) -> Vec<String> {
 /// template boot (no task; QEMU writes the snapshot into `template_out`).
 struct VmChild<'a> {
     rt: &'a Microvm,
+    /// The tool's name, for the outcome's reason.
+    tool: String,
     job: Job,
     template_out: Option<PathBuf>,
 }
@@ -1271,6 +1296,13 @@ impl Child for VmChild<'_> {
             cleanup: Vec::new(),
             limits: Some(vmm_limits(spec, &job.vm)),
             on_end: None,
+            // A cold boot's time on top of the tool's wall clock, which
+            // the helper keeps from the task's start.
+            boot: if job.start == Start::Cold {
+                BOOT_TIMEOUT
+            } else {
+                Duration::ZERO
+            },
         })
     }
 
@@ -1332,6 +1364,16 @@ impl Child for VmChild<'_> {
                 } else {
                     format!("the guest died without a status: {last}")
                 };
+            }
+            End::WallClock { after_ms } => {
+                out.status = Status::TimedOut;
+                out.exit_code = None;
+                out.signal = None;
+                out.reason = format!(
+                    "{}: timed out after {} (the tool's wall clock, kept from the task's start: the guest booted cold)",
+                    self.tool,
+                    cordon_sandbox::units::format_duration(Duration::from_millis(after_ms))
+                );
             }
             End::HostError { message } => {
                 out.status = Status::Exited;
