@@ -140,7 +140,7 @@ def main():
         # 2. through cordon, interleaved: a first call (template) and warm calls.
         print("== through cordon", flush=True)
         cold, first, warm_true, warm_tool = [], [], [], []
-        exe_cold = exe[:3] + ["--boot", "cold"] + exe[3:]
+        exe_cold = exe[:4] + ["--boot", "cold"] + exe[4:]
         blob = os.urandom(1 << 20)
         for i in range(a.rounds):
             shutil.rmtree(os.path.join(store, "vm", "snapshots"), ignore_errors=True)
