@@ -62,12 +62,14 @@ def timed(cmd, stdin=b"", env=ENV):
     return dt, p.stdout
 
 
-def runsc_bundle(tmp):
+def runsc_bundle(tmp, args=("/bin/true",), extra_binds=(), network_ns=True):
     """A bundle like cordon's for /bin/true (host binds, tmpfs /tmp and
-    /dev/shm, an empty /sys, P3 rlimits, no capabilities)."""
+    /dev/shm, an empty /sys, P3 rlimits, no capabilities); `args`, more
+    read-only binds and the host's network (with `runsc --network=host`)
+    for the browser's bare baseline."""
     rootfs = os.path.join(tmp, "rootfs")
     os.makedirs(rootfs)
-    binds = [("/usr", "/usr")]
+    binds = [("/usr", "/usr")] + list(extra_binds)
     for d in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
         p = "/" + d
         if os.path.islink(p):
@@ -86,13 +88,14 @@ def runsc_bundle(tmp):
         "hostname": "cordon",
         "root": {"path": "rootfs", "readonly": True},
         "process": {
-            "terminal": False, "user": {"uid": 1000, "gid": 1000}, "args": ["/bin/true"],
+            "terminal": False, "user": {"uid": 1000, "gid": 1000}, "args": list(args),
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/tmp"], "cwd": "/tmp",
             "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}], "noNewPrivileges": True,
         },
         "mounts": mounts,
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts")
+                                 + (("network",) if network_ns else ())]},
     }
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg, f)
@@ -167,8 +170,10 @@ PLAYWRIGHT_MCP = os.path.join(os.environ.get("CORDON_E2E_CACHE", "/var/cache/cor
 
 def bench_browser(rounds, calls, warm=0, warm_up=False):
     """Part 5: medians in ms of one conversation's first navigate (from
-    `initialize`) and of its later navigates and snapshots, through cordon
-    and directly. With `warm`, the manifest's server gets `mcp: {warm: N}`
+    `initialize`) and of its later navigates and snapshots, through cordon,
+    directly, and under bare `runsc run` (the same server and Chromium in
+    a bundle like the cold benchmark's, systrap, the host's network: no
+    cordon, no doors, no gateway; what gVisor's platform alone costs). With `warm`, the manifest's server gets `mcp: {warm: N}`
     and each conversation through cordon starts 15 s after the last one
     ended (the pool refilled; 25 s with `warm_up`); with `warm_up` also `warm_up:
     {tool: browser_navigate, arguments: {url: "about:blank"}}`."""
@@ -210,6 +215,26 @@ def bench_browser(rounds, calls, warm=0, warm_up=False):
                   "--output-dir", os.path.join(tmp, "direct-out")],
             cwd=tmp))
 
+    # Bare runsc: one container per conversation, its stdio the server's.
+    bundle = os.path.join(tmp, "bundle")
+    os.makedirs(bundle)
+    pw_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(PLAYWRIGHT_MCP))))
+    runsc_bundle(bundle, args=["/usr/bin/node", PLAYWRIGHT_MCP, "--headless", "--isolated", "--no-sandbox",
+                               "--executable-path", CHROMIUM, "--output-dir", "/tmp/playwright-mcp"],
+                 extra_binds=[(pw_dir, pw_dir)], network_ns=False)
+    runsc_state = os.path.join(tmp, "runsc-state")
+    runsc = shutil.which("runsc") or "/usr/bin/runsc"
+    bare_ids = []
+
+    def bare_streams():
+        cid = f"bench-browser-{len(bare_ids)}"
+        bare_ids.append(cid)
+        return stdio_client(StdioServerParameters(
+            command=runsc,
+            args=["--root", runsc_state, "--platform=systrap", "--network=host", "--ignore-cgroups",
+                  "--overlay2=none", "run", "--bundle", bundle, cid],
+            cwd=tmp))
+
     env = dict(ENV, CORDON_STATE_DIR=os.path.join(tmp, "state"))
     err = open(os.path.join(tmp, "serve.stderr"), "w+")
     manifest = os.path.join(ROOT, "examples/playwright-mcp.yaml")
@@ -242,16 +267,19 @@ def bench_browser(rounds, calls, warm=0, warm_up=False):
 
         via = {"first": [], "navigate": [], "snapshot": []}
         direct = {"first": [], "navigate": [], "snapshot": []}
+        bare = {"first": [], "navigate": [], "snapshot": []}
 
         async def run():
             # Warm both (page cache; the gateway's listing of the server).
             await conversation(cordon_streams, "http://news.example/", {"first": [], "navigate": [], "snapshot": []})
             await conversation(direct_streams, "http://127.0.0.80/", {"first": [], "navigate": [], "snapshot": []})
+            await conversation(bare_streams, "http://127.0.0.80/", {"first": [], "navigate": [], "snapshot": []})
             for _ in range(rounds):  # interleaved
                 if warm:
                     await asyncio.sleep(25 if warm_up else 15)
                 await conversation(cordon_streams, "http://news.example/", via)
                 await conversation(direct_streams, "http://127.0.0.80/", direct)
+                await conversation(bare_streams, "http://127.0.0.80/", bare)
         try:
             asyncio.run(run())
         except BaseException:
@@ -259,8 +287,11 @@ def bench_browser(rounds, calls, warm=0, warm_up=False):
             sys.stderr.write("cordon serve's stderr:\n" + err.read()[-4000:])
             raise
         med = statistics.median
-        return {k: (med(via[k]), med(direct[k])) for k in via}
+        return {k: (med(via[k]), med(direct[k]), med(bare[k])) for k in via}
     finally:
+        for cid in bare_ids:
+            subprocess.run([runsc, "--root", runsc_state, "delete", "--force", cid],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         serve.terminate()
         serve.wait(60)
         srv.shutdown()
@@ -442,8 +473,9 @@ def report_browser(br):
     for k, what in (("first", "initialize to the first browser_navigate result"),
                     ("navigate", "browser_navigate, later in the conversation"),
                     ("snapshot", "browser_snapshot")):
-        v, d = br[k]
-        print(f"browser MCP, {what}: cordon P3 {v:.0f} ms, directly {d:.0f} ms: {v / d:.2f}x")
+        v, d, b = br[k]
+        print(f"browser MCP, {what}: cordon P3 {v:.0f} ms, directly {d:.0f} ms: {v / d:.2f}x; "
+              f"bare runsc {b:.0f} ms: {b / d:.2f}x of directly, cordon {v / b:.2f}x of bare runsc")
     if len(sys.argv) > 1 and "--only" in sys.argv:
         print(json.dumps({"browser_mcp_ms": br}))
 
