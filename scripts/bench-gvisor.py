@@ -126,6 +126,21 @@ def bench_cold(rounds):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def bench_exec_in_sandbox(rounds):
+    """What a pooled hand-over cannot avoid: the program's `execve` inside
+    the sandbox. Milliseconds per fork+exec+wait of /bin/true, 20 in a row
+    in one P3 gVisor sandbox, and the same loop on the host (medians)."""
+    loop = ('a=$(date +%s%N); i=0; while [ $i -lt 20 ]; do /bin/true; i=$((i+1)); done; '
+            'b=$(date +%s%N); echo $(( (b - a) / 20000 ))')
+    inside, host = [], []
+    for _ in range(rounds):
+        _, out = timed([CORDON, "exec", "--runtime", "gvisor", "--", "/bin/sh", "-c", loop])
+        inside.append(int(out.strip()) / 1000)
+        _, out = timed(["/bin/sh", "-c", loop])
+        host.append(int(out.strip()) / 1000)
+    return statistics.median(inside), statistics.median(host)
+
+
 def bench_pool(rounds, profile):
     exe = os.path.join(ROOT, f"target/{profile}/examples/pool-bench")
     flags = ["--release"] if profile == "release" else []
@@ -435,7 +450,8 @@ def main():
                     help="conversations of part 5, each side")
     ap.add_argument("--browser-calls", type=int, default=5,
                     help="navigate+snapshot pairs per conversation of part 5")
-    ap.add_argument("--only", choices=["browser", "browser-memory"], help="run only that part")
+    ap.add_argument("--only", choices=["browser", "browser-memory", "start"],
+                    help="run only that part (start: the cold start, the pool and the exec figures)")
     ap.add_argument("--warm-sizes", default="1,2,4",
                     help="browser-memory: the pool sizes measured, comma-separated")
     ap.add_argument("--settle", type=int, default=20,
@@ -457,15 +473,25 @@ def main():
         return
     c, b = bench_cold(a.rounds)
     print(f"cold P3 /bin/true: cordon run {c:.1f} ms, bare runsc run {b:.1f} ms: {c / b:.2f}x")
+    if a.only == "start":
+        p = bench_pool(a.rounds, a.pool_profile)
+        print(f"pool: program runs {p['pool_take_to_start_ms']:.2f} ms after the take "
+              f"(cold: {p['cold_start_ms']:.1f} ms); task total {p['pool_total_ms']:.1f} ms")
+        ei, eh = bench_exec_in_sandbox(5)
+        print(f"fork+exec+wait of /bin/true: {ei:.2f} ms inside a P3 gVisor sandbox, {eh:.2f} ms on the host")
+        return
     p = bench_pool(a.rounds, a.pool_profile)
     print(f"pool: program runs {p['pool_take_to_start_ms']:.2f} ms after the take "
           f"(cold: {p['cold_start_ms']:.1f} ms); task total {p['pool_total_ms']:.1f} ms "
           f"(cold {p['cold_total_ms']:.1f} ms); idle pooled sandbox PSS {p['idle_pooled_pss_mib']:.1f} MiB")
+    ei, eh = bench_exec_in_sandbox(5)
+    print(f"fork+exec+wait of /bin/true: {ei:.2f} ms inside a P3 gVisor sandbox, {eh:.2f} ms on the host")
     cc, cd = bench_chromium(a.chromium_rounds)
     print(f"chromium page fetch: cordon P3 {cc:.0f} ms, directly {cd:.0f} ms: {cc / cd:.2f}x")
     br = bench_browser(a.browser_rounds, a.browser_calls)
     report_browser(br)
     print(json.dumps({"cold_cordon_ms": c, "cold_runsc_ms": b, "ratio": c / b, "pool": p,
+                      "exec_in_gvisor_ms": ei, "exec_on_host_ms": eh,
                       "chromium_cordon_ms": cc, "chromium_direct_ms": cd, "browser_mcp_ms": br}))
 
 

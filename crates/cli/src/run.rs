@@ -434,8 +434,9 @@ pub fn exec_policy(a: &ExecArgs) -> anyhow::Result<ToolPolicy> {
         }
     };
     let boot = match (a.boot, runtime) {
-        (None, _) | (Some(ExecBoot::Snapshot), Runtime::Microvm) => Boot::Snapshot,
-        (Some(ExecBoot::Cold), Runtime::Microvm) => Boot::Cold,
+        (None | Some(ExecBoot::Snapshot), Runtime::Microvm) => Some(Boot::Snapshot),
+        (Some(ExecBoot::Cold), Runtime::Microvm) => Some(Boot::Cold),
+        (None, _) => None,
         (Some(_), _) => {
             return Err(anyhow!(
                 "--boot applies only with `--runtime microvm` (how the guest starts)"

@@ -263,7 +263,10 @@ fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
     let o = cordon(&s, &["exec", "--boot", "cold", "--", "/bin/true"], b"");
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("--boot applies only with `--runtime microvm`"), "{err}");
+    assert!(
+        err.contains("--boot applies only with `--runtime microvm`"),
+        "{err}"
+    );
     // No image: the guest shares nothing of the host's file system.
     let o = cordon(
         &s,

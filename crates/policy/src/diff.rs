@@ -356,8 +356,8 @@ fn diff_tool(o: &ToolPolicy, n: &ToolPolicy, out: &mut Vec<Change>) {
         out.push(change(
             t,
             "boot",
-            boot_name(o.boot),
-            boot_name(n.boot),
+            o.boot.map_or(ABSENT, boot_name),
+            n.boot.map_or(ABSENT, boot_name),
             // Both start each task in a fresh guest: a restore of a
             // template that ran no task, or a boot.
             false,

@@ -52,10 +52,10 @@ pub struct ToolPolicy {
     /// The complete environment the tool sees (PATH, HOME, LANG and the manifest's `env`).
     pub env: BTreeMap<String, String>,
     pub lifetime: Lifetime,
-    /// How a `runtime: microvm` task's guest starts (`snapshot` for every
-    /// other runtime, where it means nothing).
-    #[serde(default)]
-    pub boot: Boot,
+    /// How a `runtime: microvm` task's guest starts (`None` for every
+    /// other runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
     /// The warm pool's settings (`lifetime: pool` only).
     pub pool: Option<PoolSettings>,
     pub input: Input,

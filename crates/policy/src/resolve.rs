@@ -1568,7 +1568,8 @@ fn resolve_tool(c: &Ctx<'_>) -> Result<ToolPolicy, Diagnostic> {
         state,
         env,
         lifetime,
-        boot: t.boot.as_ref().map(|b| b.value).unwrap_or_default(),
+        boot: (t.runtime.as_ref().map(|r| r.value) == Some(Runtime::Microvm))
+            .then(|| t.boot.as_ref().map(|b| b.value).unwrap_or_default()),
         pool: (lifetime == manifest::Lifetime::Pool).then(|| t.pool.unwrap_or_default()),
         input: {
             let i = t.input.clone().unwrap_or_default();

@@ -696,12 +696,15 @@ fn boot_cold_is_a_microvm_setting_and_snapshot_its_default() {
     let vm = "tools:\n  b:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n    image: x@sha256:0000000000000000000000000000000000000000000000000000000000000000\n";
     let boot = |y: &str| load_str(Path::new("m.yaml"), y).unwrap().policy.tools["b"].boot;
     // Positive controls: the default, and both values on a microVM.
-    assert_eq!(boot(vm), Boot::Snapshot);
-    assert_eq!(boot(&format!("{vm}    boot: cold\n")), Boot::Cold);
-    assert_eq!(boot(&format!("{vm}    boot: snapshot\n")), Boot::Snapshot);
+    assert_eq!(boot(vm), Some(Boot::Snapshot));
+    assert_eq!(boot(&format!("{vm}    boot: cold\n")), Some(Boot::Cold));
+    assert_eq!(
+        boot(&format!("{vm}    boot: snapshot\n")),
+        Some(Boot::Snapshot)
+    );
     // Refused at the `boot:` line on any other runtime, and an unknown value.
     let gv = "tools:\n  b:\n    profile: P3\n    runtime: gvisor\n    command: [/bin/true]\n";
-    assert_eq!(boot(gv), Boot::Snapshot);
+    assert_eq!(boot(gv), None);
     assert_one(
         &format!("{gv}    boot: cold\n"),
         6,

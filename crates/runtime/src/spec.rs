@@ -180,7 +180,7 @@ pub fn lower(
             }),
             _ => None,
         },
-        boot: p.boot,
+        boot: p.boot.unwrap_or_default(),
     })
 }
 
