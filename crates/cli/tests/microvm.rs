@@ -299,6 +299,26 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
     )
     .unwrap();
     let ms = m.to_str().unwrap();
+    // `boot: cold` as a manifest says it: explained, and run in a guest
+    // booted for the task (a manifest of its own: `serve` below probes
+    // every tool, and a cold tool's probes each boot a guest).
+    let cold = s.dir.join("cold.yaml");
+    std::fs::write(
+        &cold,
+        format!(
+            "tools:\n  vm_cold:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n    boot: cold\n    image: {r}\n    command: [/bin/sh, -c, \"grep -c panic=-1 /proc/cmdline\"]\n    network: none\n"
+        ),
+    )
+    .unwrap();
+    let cs = cold.to_str().unwrap();
+    let o = cordon(&s, &["explain", "vm_cold", "-m", cs], b"");
+    assert!(
+        text(&o.stdout).contains("boot: cold"),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = cordon(&s, &["run", "vm_cold", "-m", cs], b"");
+    assert_eq!(text(&o.stdout).trim(), "1", "{}", text(&o.stderr));
     let o = cordon(&s, &["run", "vm_count", "-m", ms], b"abcd");
     assert_eq!(
         text(&o.stdout).split_whitespace().collect::<Vec<_>>(),
