@@ -28,12 +28,13 @@ use crate::{Failure, RunOptions, Stdio};
 /// within about this.
 pub const TICK: Duration = Duration::from_millis(10);
 
-/// Advances the epoch (`bump`) to one tick per [`TICK`] of real time since
-/// `start`, `ticks` being how many it has had: a thread that wakes late (a
-/// loaded host stretches every sleep) catches up, so a call's wall clock
-/// is real time, never a count of sleeps.
-fn catch_up(start: Instant, ticks: &mut u64, mut bump: impl FnMut()) {
-    let due = u64::try_from(start.elapsed().as_micros() / TICK.as_micros()).unwrap_or(u64::MAX);
+/// Advances the epoch (`bump`) to one tick per [`TICK`] of real time from
+/// `start` to `now`, `ticks` being how many it has had: a thread that
+/// wakes late (a loaded host stretches every sleep) catches up, so a
+/// call's wall clock is real time, never a count of sleeps.
+fn catch_up(start: Instant, now: Instant, ticks: &mut u64, mut bump: impl FnMut()) {
+    let since = now.saturating_duration_since(start);
+    let due = u64::try_from(since.as_micros() / TICK.as_micros()).unwrap_or(u64::MAX);
     while *ticks < due {
         bump();
         *ticks += 1;
@@ -180,7 +181,9 @@ pub fn serve(o: &RunOptions, output_cap: u64, stderr_cap: u64) -> Result<(), Str
             let mut ticks = 0;
             loop {
                 std::thread::sleep(TICK);
-                catch_up(start, &mut ticks, || ticker.increment_epoch());
+                catch_up(start, Instant::now(), &mut ticks, || {
+                    ticker.increment_epoch()
+                });
             }
         })
         .map_err(|e| format!("epoch thread: {e}"))?;
@@ -296,14 +299,17 @@ mod tests {
     /// have let a call run past its wall clock).
     #[test]
     fn a_late_epoch_thread_catches_up_with_real_time() {
-        let start = Instant::now() - TICK * 5 - TICK / 2;
+        let start = Instant::now();
+        let late = start + TICK * 5 + TICK / 2;
         let mut ticks = 0;
         let mut bumped = 0;
-        catch_up(start, &mut ticks, || bumped += 1);
+        catch_up(start, late, &mut ticks, || bumped += 1);
         assert_eq!((ticks, bumped), (5, 5));
-        // Nothing more is due until the next tick.
-        catch_up(start, &mut ticks, || bumped += 1);
+        // Nothing more is due until the next tick; then one.
+        catch_up(start, late, &mut ticks, || bumped += 1);
         assert_eq!(bumped, 5);
+        catch_up(start, late + TICK, &mut ticks, || bumped += 1);
+        assert_eq!((ticks, bumped), (6, 6));
     }
 
     /// What the worker does per call (a fresh store and instance) sees
