@@ -499,9 +499,11 @@ impl Slot {
         for d in self.dirs() {
             if let Ok(t) = self.read(d, "cgroup.procs") {
                 // 0: a process of another pid namespace (see
-                // `kill_pid`), which this one cannot name.
+                // `kill_pid`), which this one cannot name. Each is asked
+                // its cgroup through a pidfd first: one that ended after
+                // the listing may have left its pid to an outsider.
                 for pid in procs(&t).filter(|p| *p > 0) {
-                    let _ = cordon_sys::io::kill_pid(pid);
+                    let _ = cordon_sys::io::kill_pid_if(pid, |text| in_dir(text, d));
                 }
             }
         }
@@ -580,6 +582,16 @@ impl Slot {
 }
 
 /// The pids of a `cgroup.procs` file.
+/// Whether a `/proc/PID/cgroup` text places its process in `dir` on one
+/// of its hierarchies (`ID:CONTROLLERS:PATH`, the path as the hierarchy's
+/// root names it, which `dir` ends with).
+fn in_dir(text: &str, dir: &Path) -> bool {
+    text.lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .map(|p| p.trim().trim_start_matches('/'))
+        .any(|p| !p.is_empty() && dir.ends_with(p))
+}
+
 fn procs(text: &str) -> impl Iterator<Item = i32> + '_ {
     text.lines().filter_map(|l| l.trim().parse::<i32>().ok())
 }
@@ -1091,6 +1103,17 @@ fn enable_v2_controllers(layout: &Layout, base: &Path, notes: &mut Vec<String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_dir_reads_a_procs_cgroup_lines() {
+        let v1 = "12:pids:/cordon/slot-7\n11:memory:/cordon/slot-7\n0::/user.slice\n";
+        let d = Path::new("/sys/fs/cgroup/pids/cordon/slot-7");
+        assert!(in_dir(v1, d));
+        // Another slot, a name that only starts the same, the root.
+        assert!(!in_dir(v1, Path::new("/sys/fs/cgroup/pids/cordon/slot-8")));
+        assert!(!in_dir("12:pids:/cordon/slot-77\n", d));
+        assert!(!in_dir("12:pids:/\n0::/\n", d));
+    }
 
     fn fake_v2() -> (tempfile::TempDir, Slot) {
         let t = tempfile::tempdir().unwrap();

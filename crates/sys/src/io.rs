@@ -394,9 +394,64 @@ pub fn kill_pid(pid: i32) -> Result<(), Errno> {
     }
 }
 
+/// `pidfd_open(2)`: a descriptor naming this one process for as long as
+/// it is held, whatever later takes its pid number.
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    if pid <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: plain syscall with integer arguments; on success it returns
+    // a new descriptor, which `owned` takes.
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })
+}
+
+/// SIGKILL the process `pid` if `belongs` accepts its `/proc/PID/cgroup`
+/// (a leftover listed in a cgroup's `cgroup.procs`). The process is pinned
+/// by a pidfd before its cgroup is read and signalled through it, so a
+/// pid freed and taken by another process after the listing is never
+/// signalled (pid numbers wrap, at 32768 on some hosts). `Ok(false)`: not
+/// one of `belongs`'s. Without pidfds (before Linux 5.3), a plain kill.
+pub fn kill_pid_if(pid: i32, belongs: impl Fn(&str) -> bool) -> Result<bool, Errno> {
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(Errno::ENOSYS) => return kill_pid(pid).map(|()| true),
+        Err(e) => return Err(e),
+    };
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| {
+        e.raw_os_error()
+            .map(Errno::from_raw)
+            .unwrap_or(Errno::ESRCH)
+    })?;
+    if !belongs(&text) {
+        return Ok(false);
+    }
+    pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGKILL)?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
+
+    /// A process is killed only when its cgroup is the one asked for.
+    #[test]
+    fn kill_pid_if_asks_the_process_its_cgroup_first() {
+        let mut c = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(c.id()).unwrap();
+        assert_eq!(super::kill_pid_if(pid, |_| false), Ok(false));
+        assert!(super::pid_alive(pid), "killed although not its cgroup");
+        let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(super::kill_pid_if(pid, |t| t == mine), Ok(true));
+        let st = c.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL)
+        );
+        assert_eq!(super::kill_pid_if(0, |_| true), Err(super::Errno::EINVAL));
+    }
 
     /// Pid 0 is this process's group (the test runner's): refused, never
     /// signalled.
