@@ -642,7 +642,7 @@ fn microvm_checks(registry: &Registry, checks: &mut Vec<Check>, notes: &mut Vec<
             name: "microvm accelerator",
             ok: accel == "kvm",
             detail: accel,
-            how: "a tiny guest booted under -accel kvm once (cached per guest kernel, QEMU and host kernel); $CORDON_VM_ACCEL=tcg|kvm decides without it".into(),
+            how: "a tiny guest booted under -accel kvm once (cached per guest kernel, QEMU, host kernel and guest init); $CORDON_VM_ACCEL=tcg|kvm decides without it".into(),
         });
     }
     for n in facts.notes {

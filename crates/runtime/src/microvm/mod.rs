@@ -532,7 +532,9 @@ impl Microvm {
     }
 
     /// Whether a tiny guest boots under KVM here: cached in the state
-    /// directory per guest kernel, QEMU build and host kernel.
+    /// directory per guest kernel, QEMU build, host kernel and guest init
+    /// (a verdict an older cordon reached, rightly or not, is not kept
+    /// past its init).
     fn kvm_verdict(&self) -> Result<Accel, String> {
         if let Err(e) = fs::OpenOptions::new()
             .read(true)
@@ -545,14 +547,16 @@ impl Microvm {
             return Err(p);
         }
         let f = self.found();
-        let (Ok(q), Ok(k), Ok(state)) = (&f.qemu, &f.kernel, &f.state) else {
+        let (Ok(q), Ok(k), Ok(state), Ok(init)) = (&f.qemu, &f.kernel, &f.state, &f.init) else {
             return Err("the microVM parts are missing".into());
         };
+        let init_sha = self.init_sha(init)?;
         let key = sha256_hex(&[
             k.path.as_os_str().as_encoded_bytes(),
             k.release.as_bytes(),
             q.version.as_bytes(),
             cordon_sys::io::kernel_release().as_bytes(),
+            init_sha.as_bytes(),
         ]);
         let cache = state.join(format!("kvm-{}.json", &key[..16]));
         if let Ok(text) = fs::read_to_string(&cache)
