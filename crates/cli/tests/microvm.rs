@@ -243,9 +243,16 @@ fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
     };
     // The tool's wall clock is counted from the task's start: a cold boot
     // under emulation takes longer than this 1 s and the task still runs.
+    let t = std::time::Instant::now();
     let o = cold("1", "cat /proc/cmdline; echo cold");
     let (out, err) = (text(&o.stdout), text(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    // The premise, or the test proves nothing: the call outlasted the 1 s.
+    assert!(
+        t.elapsed() > std::time::Duration::from_secs(1),
+        "the cold call took {:?}, within the wall clock it is to outlast",
+        t.elapsed()
+    );
     assert!(out.contains("panic=-1") && out.ends_with("cold\n"), "{out}");
     assert_eq!(snapshots(), before, "a cold boot made a template");
     // And it holds: a task past it is stopped (its output withheld, as
