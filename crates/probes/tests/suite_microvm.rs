@@ -94,6 +94,9 @@ fn every_probe_holds_inside_a_guest_with_the_agent_carried_in() {
         ("fresh_task", "no process of the earlier task is visible"),
         // Cut by the guest's cgroup, not by the host's.
         ("memory", "killed at its memory limit in the guest"),
+        // Its 32 tasks exactly: the agent and 31 children (the init and its
+        // threads in the same cgroup are not counted against the tool).
+        ("fork", "process #32 refused: EAGAIN (31 children running)"),
     ] {
         let e = evidence(probe);
         assert!(e.contains(why), "{probe}: {e}\n{human}");

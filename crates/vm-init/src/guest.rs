@@ -538,7 +538,8 @@ fn prepare_cgroup() -> std::io::Result<()> {
 }
 
 /// The task's limits on its cgroup, with PID 1 in it (the OOM killer never
-/// picks PID 1; `pids.max` counts it, so it gets one more).
+/// picks PID 1; `pids.max` counts it and its pressure watches' threads, so
+/// it gets as many more).
 fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
     let dir = format!("{CGROUP}/task");
     if let Some(m) = task.limits.memory_mib {
@@ -553,53 +554,94 @@ fn cgroup(task: &Task) -> std::io::Result<Cgroup> {
         })?;
         write_file(&format!("{dir}/memory.oom.group"), "1")?;
     }
-    if let Some(p) = task.limits.pids {
-        write_file(&format!("{dir}/pids.max"), &(p + 1).to_string())?;
-    }
     let events = File::open(format!("{dir}/memory.events"))?;
     let thrashed = match task.limits.memory_mib {
         Some(_) => watch_pressure(&dir)?,
         None => None,
     };
+    if let Some(p) = task.limits.pids {
+        // PID 1 and its pressure watches' threads are not the tool's.
+        let watches = if thrashed.is_some() {
+            PRESSURE.len()
+        } else {
+            0
+        };
+        write_file(
+            &format!("{dir}/pids.max"),
+            &(p + 1 + watches as u64).to_string(),
+        )?;
+    }
     write_file(&format!("{dir}/cgroup.procs"), "0")?;
     Ok(Cgroup { events, thrashed })
 }
 
-/// The pressure watch's trigger: every task of the cgroup stalled on memory
-/// for 2 s of a 10 s window...
-const PRESSURE_TRIGGER: &str = "full 2000000 10000000";
-/// ...in this many windows in a row (30 s): a tool that spends a fifth of
-/// its time waiting on its own memory for that long is out of memory, not
-/// merely busy (a thrashing tool measured here stalls 20-25%, an ordinary
-/// one at its limit in short bursts).
-const PRESSURE_WINDOWS: u32 = 3;
-/// An event later than this after the previous one starts the count anew.
-const PRESSURE_GAP: Duration = Duration::from_secs(12);
+/// One memory-pressure (PSI) watch on the task's cgroup: every task of the
+/// cgroup stalled on memory for the trigger's share of a window, in
+/// `windows` windows in a row (an event later than `gap` after the previous
+/// one starts the count anew).
+struct Pressure {
+    trigger: &'static str,
+    windows: u32,
+    gap: Duration,
+}
 
-/// Watches the task cgroup's memory pressure (PSI) and kills every process
-/// in it (`cgroup.kill`; PID 1, in the cgroup too, ignores the signal) when
-/// the trigger fires. Without swap the kernel's OOM killer does not fire
-/// while reclaim still frees something: a tool whose anonymous memory
-/// fills its `memory.max` can evict and refault its own program's pages for
-/// minutes. Such a tool is killed as out of memory, not left to hang until
-/// its wall clock. `None` when the kernel has no PSI.
+/// The watches, each killing the task when it fires:
+const PRESSURE: [Pressure; 2] = [
+    // Stalled for 2 s of every 10 s window, for 30 s: a tool that spends a
+    // fifth of its time waiting on its own memory for that long is out of
+    // memory, not merely busy (a thrashing tool measured here stalls
+    // 20-25%, an ordinary one at its limit in short bursts).
+    Pressure {
+        trigger: "full 2000000 10000000",
+        windows: 3,
+        gap: Duration::from_secs(12),
+    },
+    // Stalled for more than half of every second, for 3 s: stuck. A tool
+    // that fills its limit with anonymous memory and then evicts and
+    // refaults its own program's pages stalls so (measured under TCG: the
+    // probe agent's memory probe at a 64 or 128 MiB limit was killed
+    // 3.4-4.4 s after its start by this watch, 2-18 s by the kernel's OOM
+    // killer without it, and past a 20 s wall clock on a loaded host).
+    Pressure {
+        trigger: "full 500000 1000000",
+        windows: 3,
+        gap: Duration::from_millis(1500),
+    },
+];
+
+/// Watches the task cgroup's memory pressure ([`PRESSURE`]) and kills every
+/// process in it (`cgroup.kill`; PID 1, in the cgroup too, ignores the
+/// signal) when a watch fires. Without swap the kernel's OOM killer does
+/// not fire while reclaim still frees something: a tool whose anonymous
+/// memory fills its `memory.max` can evict and refault its own program's
+/// pages for minutes. Such a tool is killed as out of memory, not left to
+/// hang until its wall clock. `None` when the kernel has no PSI.
 fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for p in &PRESSURE {
+        if !watch(dir, p, flag.clone())? {
+            return Ok(None);
+        }
+    }
+    Ok(Some(flag))
+}
+
+/// Starts one watch; false when the kernel has no PSI.
+fn watch(dir: &str, p: &'static Pressure, set: Arc<AtomicBool>) -> std::io::Result<bool> {
     let path = format!("{dir}/memory.pressure");
     let mut fd = match OpenOptions::new().read(true).write(true).open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("{path}: {e}"))),
     };
-    match fd.write_all(PRESSURE_TRIGGER.as_bytes()) {
+    match fd.write_all(p.trigger.as_bytes()) {
         Ok(()) => {}
         // PSI compiled in but off (`psi=0`).
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error()) => {
-            return Ok(None);
+            return Ok(false);
         }
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("{path}: {e}"))),
     }
-    let flag = Arc::new(AtomicBool::new(false));
-    let set = flag.clone();
     // Opened now, before the tool starts.
     let kill_path = format!("{dir}/cgroup.kill");
     let mut kill = OpenOptions::new()
@@ -613,8 +655,8 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
         loop {
             let mut fds = [PollFd::new(&fd, PollFlags::PRI)];
             let gap = rustix::time::Timespec {
-                tv_sec: PRESSURE_GAP.as_secs() as i64,
-                tv_nsec: 0,
+                tv_sec: p.gap.as_secs() as i64,
+                tv_nsec: i64::from(p.gap.subsec_nanos()),
             };
             match rustix::event::poll(&mut fds, Some(&gap)) {
                 // The window passed without an event.
@@ -629,13 +671,14 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
             let revents = fds[0].revents();
             if revents.contains(PollFlags::PRI) {
                 windows += 1;
-                if windows < PRESSURE_WINDOWS {
+                if windows < p.windows {
                     continue;
                 }
                 set.store(true, Ordering::SeqCst);
                 let said = match kill.write_all(b"1") {
                     Ok(()) => format!(
-                        "<3>cordon-vm-init: the task stalled on memory at its limit ({PRESSURE_TRIGGER}, {PRESSURE_WINDOWS} windows in a row): killed"
+                        "<3>cordon-vm-init: the task stalled on memory at its limit ({}, {} windows in a row): killed",
+                        p.trigger, p.windows
                     ),
                     Err(e) => format!("<3>cordon-vm-init: {kill_path}: {e}"),
                 };
@@ -649,7 +692,7 @@ fn watch_pressure(dir: &str) -> std::io::Result<Option<Arc<AtomicBool>>> {
             }
         }
     });
-    Ok(Some(flag))
+    Ok(true)
 }
 
 /// The guest's side of the egress doors: listens on `127.0.0.1:PORT` for
