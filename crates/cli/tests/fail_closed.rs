@@ -50,8 +50,14 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
-/// `cordon ARGS` as root (`nobody` false) or as uid 65534, stdin `input`.
+/// `cordon ARGS` as root (`nobody` false) or as uid 65534, stdin `input`,
+/// with a state directory of its own (the records it cannot write are
+/// counted there, not in the host's).
 fn cordon(nobody: bool, args: &[&str], input: &[u8], audit: &Path) -> Output {
+    let state = cordon_testkit::scratch::named("cordon-fc-state-");
+    if nobody {
+        std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+    }
     let mut cmd = if nobody {
         let mut c = Command::new("/usr/bin/setpriv");
         c.args([
@@ -72,6 +78,7 @@ fn cordon(nobody: bool, args: &[&str], input: &[u8], audit: &Path) -> Output {
         // pick the version of the shims the tests below make.
         .env_remove("PYENV_VERSION")
         .env("CORDON_AUDIT", audit)
+        .env("CORDON_STATE_DIR", state.path())
         .env("HOME", "/tmp")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
