@@ -9,6 +9,9 @@
    booted and snapshotted, then restored for the task) and every later
    call (a restore), `/bin/true` and a small real tool (`sha256sum` of
    1 MiB of stdin);
+   And a served tool (`cordon serve --no-probe`, the MCP stdio door):
+   the time `serve` takes to be ready, which makes the tool's template
+   snapshot when it has none, then its first and second calls;
 3. a pooled task (`lifetime: pool`) against a restored one, whole tasks
    timed on the host (crates/runtime/examples/pool-bench.rs; its
    hand-over-to-first-act figure reads the guest's clock, which drifts
@@ -20,7 +23,7 @@
    with every other guest of the template, in the page cache; the pages it
    writes are its own), and the template's files.
 
-Run as root: `python3 scripts/bench-microvm.py [--rounds N] [--kvm]`
+Run as root: `python3 scripts/bench-microvm.py [--rounds N] [--kvm] [--only served]`
 (`CORDON_BIN` for another cordon binary; default target/debug/cordon).
 The guests run under TCG unless `--kvm` (a host where KVM boots guests):
 the table's KVM column is filled only there.
@@ -108,10 +111,66 @@ def allocated(path):
     return st.st_size, st.st_blocks * 512
 
 
+def mcp(proc, msg):
+    """One JSON-RPC request (or notification) on a served cordon's stdio;
+    the response's result for a request."""
+    import json
+    proc.stdin.write((json.dumps(msg) + "\n").encode())
+    proc.stdin.flush()
+    if "id" not in msg:
+        return None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            sys.exit("cordon serve ended: " + proc.stderr.read().decode()[-600:])
+        r = json.loads(line)
+        if r.get("id") == msg["id"]:
+            if "error" in r or r["result"].get("isError"):
+                sys.exit(f"cordon serve: {r}")
+            return r["result"]
+
+
+def served(env, ref, tmp, store, rounds):
+    """Per round, with no template in the store: `cordon serve` started
+    until it answers `initialize` (it makes the template then), and its
+    first and second `tools/call` of a `/bin/true` tool."""
+    m = os.path.join(tmp, "served.yaml")
+    with open(m, "w") as f:
+        f.write("tools:\n  t:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n"
+                f"    image: {ref}\n    command: [/bin/true]\n    network: none\n"
+                "    limits: {memory: 128M, cpu: 100%}\n")
+    ready, first, second = [], [], []
+    for i in range(rounds):
+        shutil.rmtree(os.path.join(store, "vm", "snapshots"), ignore_errors=True)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([CORDON, "serve", "-m", m, "--no-probe", "--no-metrics"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        try:
+            mcp(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                       "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                  "clientInfo": {"name": "bench", "version": "0"}}})
+            ready.append((time.perf_counter() - t0) * 1e3)
+            mcp(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            for n, out in ((2, first), (3, second)):
+                t0 = time.perf_counter()
+                mcp(proc, {"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                           "params": {"name": "t", "arguments": {}}})
+                out.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            proc.kill()
+            proc.wait()
+        print(f"served round {i}: ready {ready[-1]:.0f} ms, first call {first[-1]:.0f} ms, "
+              f"second call {second[-1]:.0f} ms", flush=True)
+    return ready, first, second
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kvm", action="store_true")
+    ap.add_argument("--only", choices=["served"],
+                    help="the bare QEMU baseline and the served tool only")
     a = ap.parse_args()
     init = sh(["bash", os.path.join(ROOT, "scripts/build-vm-init.sh")]).strip()
     tmp = tempfile.mkdtemp(prefix="cordon-bench-vm-")
@@ -137,6 +196,17 @@ def main():
         bare_cold = float(re.search(r"cold result (\d+) ms", med).group(1))
         bare_restore = float(re.search(r"restore result (\d+) ms", med).group(1))
 
+        m = statistics.median
+        if a.only == "served":
+            ready, first_s, second_s = served(env, ref, tmp, store, a.rounds)
+            print()
+            print(f"| what ({'KVM' if a.kvm else 'TCG'}, median of {a.rounds}) | cordon | baseline | ratio |")
+            print("|---|---:|---:|---|")
+            print(f"| `cordon serve` ready (answers `initialize`), template made at its start | {m(ready):.0f} ms | {bare_cold:.0f} ms (bare cold boot) | {m(ready) / bare_cold:.2f}x |")
+            print(f"| a served tool's first call vs bare QEMU cold boot to result | {m(first_s):.0f} ms | {bare_cold:.0f} ms | {m(first_s) / bare_cold:.3f}x |")
+            print(f"| a served tool's second call vs bare QEMU cold boot to result | {m(second_s):.0f} ms | {bare_cold:.0f} ms | {m(second_s) / bare_cold:.3f}x |")
+            return
+
         # 2. through cordon, interleaved: a first call (template) and warm calls.
         print("== through cordon", flush=True)
         cold, first, warm_true, warm_tool = [], [], [], []
@@ -155,7 +225,7 @@ def main():
             print(f"round {i}: cold boot {cold[-1]:.0f} ms, first call {first[-1]:.0f} ms, warm /bin/true "
                   f"{warm_true[-1]:.0f} ms, warm sha256sum 1 MiB {warm_tool[-1]:.0f} ms",
                   flush=True)
-        m = statistics.median
+        ready, first_s, second_s = served(env, ref, tmp, store, a.rounds)
         # Pools: a restored guest waiting for its task (the generic pool over
         # spawn), from the hand-over to the program's first act.
         hexd = ref.split("sha256:")[1]
@@ -215,6 +285,9 @@ def main():
         print(f"| restore to result vs cold boot to result, through cordon | {m(warm_true):.0f} ms | {bare_cold:.0f} ms (bare cold) | **{m(warm_true) / bare_cold:.3f}x** (target 0.1x) | not measured |")
         print(f"| restore to result vs cold boot to result, bare QEMU | {bare_restore:.0f} ms | {bare_cold:.0f} ms | {bare_restore / bare_cold:.3f}x | not measured |")
         print(f"| warm `cordon exec` of `busybox sha256sum` of 1 MiB | {m(warm_tool):.0f} ms | | | not measured |")
+        print(f"| `cordon serve` ready (answers `initialize`), template made at its start | {m(ready):.0f} ms | | | not measured |")
+        print(f"| a served tool's first call vs bare QEMU cold boot to result | {m(first_s):.0f} ms | {bare_cold:.0f} ms | {m(first_s) / bare_cold:.3f}x | not measured |")
+        print(f"| a served tool's second call vs bare QEMU cold boot to result | {m(second_s):.0f} ms | {bare_cold:.0f} ms | {m(second_s) / bare_cold:.3f}x | not measured |")
         for n, (k, rss, pss, priv, total) in mem.items():
             print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS / private per QEMU; PSS of all | {rss:.1f} / {pss:.1f} / {priv:.1f} MiB; {total:.0f} MiB | | | not measured |")
         for n, (rss, pss, dirty) in ram.items():

@@ -358,6 +358,38 @@ pub fn probe_and_filter(
     refused
 }
 
+/// Makes ahead what each microVM tool's first call would otherwise make
+/// (its image's disk, its template snapshot), so that a served tool's
+/// first call is a restore like every later one. A tool that cannot be
+/// made ready is still served (its first call tries again, and fails as it
+/// would have); one line says why.
+pub fn prepare_tools(set: &cordon_policy::PolicySet, registry: &Registry) {
+    use cordon_policy::policy::Runtime;
+    for p in set.tools.values().filter(|p| p.runtime == Runtime::Microvm) {
+        let t = std::time::Instant::now();
+        let r = registry.admit(p, cordon_runtime::Use::of(p)).and_then(|a| {
+            a.prepare(&cordon_runtime::Context::discard("serve-start"))
+                .map_err(|e| e.to_string())
+        });
+        match r {
+            Ok(()) => eprintln!(
+                "cordon: {}: its microVM is ready ({:.1} s: the image's disk{})",
+                p.name,
+                t.elapsed().as_secs_f64(),
+                if p.boot == Some(cordon_policy::policy::Boot::Snapshot) {
+                    " and template snapshot"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => eprintln!(
+                "cordon: {}: warning: its microVM was not made ready ahead (its first call tries again): {e}",
+                p.name
+            ),
+        }
+    }
+}
+
 fn unix_seconds(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -420,6 +452,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             eprintln!("cordon: {refusal}");
         }
     }
+    prepare_tools(&loaded.policy, &registry);
     let bopts = cordon_broker::BrokerOptions {
         audit: opts.audit.clone(),
         audit_fail_open: opts.audit_fail_open,

@@ -380,6 +380,58 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
         );
         let _ = c.cancel().await;
     });
+    // `serve` makes a tool's template at its start, not at its first call:
+    // a tool of another memory size (another template) whose guest no call
+    // has started, served without start probes (which make templates of
+    // their own): one template more once serving, none at the first call.
+    let ready = s.dir.join("ready.yaml");
+    std::fs::write(
+        &ready,
+        format!(
+            "tools:\n  vm_ready:\n    profile: P3\n    runtime: microvm\n    accept: [kvm]\n    image: {r}\n    command: [/bin/sh, -c, \"echo ready\"]\n    network: none\n    limits: {{wall_seconds: 60, memory: 256M}}\n"
+        ),
+    )
+    .unwrap();
+    let templates = || {
+        std::fs::read_dir(s.path().join("vm/snapshots"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let before = templates();
+    let log = s.dir.join("ready.stderr");
+    rt.block_on(async {
+        let c = cordon_testkit::serve::Serve::manifest(CORDON, &ready, &s.dir.join("ready.jsonl"))
+            .arg("--no-probe")
+            .env("CORDON_STORE", s.path())
+            .env("CORDON_VM_INIT", init())
+            .env("CORDON_VM_ACCEL", "tcg")
+            .stdio((), Stdio::from(std::fs::File::create(&log).unwrap()))
+            .await;
+        let served = templates();
+        let res = c
+            .peer()
+            .call_tool(CallToolRequestParams::new("vm_ready".to_owned()))
+            .await
+            .unwrap();
+        let t: String = res
+            .content
+            .iter()
+            .filter_map(|x| x.as_text().map(|t| t.text.clone()))
+            .collect();
+        let _ = c.cancel().await;
+        let err = std::fs::read_to_string(&log).unwrap();
+        assert!(t.contains("\nready\n"), "{t}\n{err}");
+        assert_eq!(served, before + 1, "serving made no template: {err}");
+        assert_eq!(templates(), served, "the first call made a template");
+        assert!(
+            err.contains("vm_ready: its microVM is ready") && err.contains("template snapshot"),
+            "{err}"
+        );
+    });
     // `image gc` after `image rm`: the guest's disk and template go with
     // the image (positive control: both are there before).
     let disks = |s: &Store| {
@@ -402,10 +454,10 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let o = cordon(&s, &["image", "gc"], b"");
     let out = text(&o.stdout);
-    // The image's disk and template, and the probes' carried disk and
-    // their template: all of the image's.
+    // The image's disk and its two templates (128 and 256 MiB), and the
+    // probes' carried disk and their template: all of the image's.
     assert!(
-        out.contains("microVM: 2 disks, 2 snapshots, 1 initramfs"),
+        out.contains("microVM: 2 disks, 3 snapshots, 1 initramfs"),
         "{out}"
     );
     assert_eq!(disks(&s), 0, "{out}");

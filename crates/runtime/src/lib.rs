@@ -224,6 +224,13 @@ pub trait Runtime: Send + Sync {
     fn input_schema(&self, _spec: &SandboxSpec) -> Result<Option<serde_json::Value>, String> {
         Ok(None)
     }
+    /// Make now what `spec`'s first call would otherwise make before its
+    /// tool starts (a microVM's template snapshot), so that a server's
+    /// first call costs what every later one does. Runs no tool; a no-op
+    /// where nothing is made ahead.
+    fn prepare(&self, _spec: &SandboxSpec, _ctx: &Context) -> Result<(), RunError> {
+        Ok(())
+    }
 }
 
 /// A policy admitted to run: its spec, the runtime that builds it, and how
@@ -294,6 +301,11 @@ impl Admitted {
     /// Start a long-lived sandbox.
     pub fn spawn(&self, ctx: &Context) -> Result<Spawned, RunError> {
         self.runtime.spawn(&self.spec, ctx)
+    }
+
+    /// Make ahead what its first call would make ([`Runtime::prepare`]).
+    pub fn prepare(&self, ctx: &Context) -> Result<(), RunError> {
+        self.runtime.prepare(&self.spec, ctx)
     }
 }
 

@@ -1438,6 +1438,11 @@ impl Runtime for Microvm {
         self.sup.spawn(&child, spec, ctx)
     }
 
+    /// The image's block disk and, for `boot: snapshot`, its template.
+    fn prepare(&self, spec: &SandboxSpec, ctx: &Context) -> Result<(), RunError> {
+        self.parts(spec, ctx).map(|_| ())
+    }
+
     fn facts(&self) -> Facts {
         let spec = SandboxSpec::new("doctor", ["/bin/true"]);
         let f = self.found();
