@@ -358,32 +358,30 @@ pub fn probe_and_filter(
     refused
 }
 
-/// Makes ahead what each microVM tool's first call would otherwise make
-/// (its image's disk, its template snapshot), so that a served tool's
-/// first call is a restore like every later one. A tool that cannot be
-/// made ready is still served (its first call tries again, and fails as it
-/// would have); one line says why.
+/// Makes ahead what each tool's first call would otherwise make
+/// ([`cordon_runtime::Runtime::prepare`]: a microVM tool's image disk and
+/// template snapshot), so that a served tool's first call costs what every
+/// later one does. A tool refused at admission is skipped (the gateway says
+/// why); one that cannot be made ready is still served (its first call
+/// tries again, and fails as it would have), with one line saying why.
 pub fn prepare_tools(set: &cordon_policy::PolicySet, registry: &Registry) {
-    use cordon_policy::policy::Runtime;
-    for p in set.tools.values().filter(|p| p.runtime == Runtime::Microvm) {
+    for p in set.tools.values() {
+        let Ok(admitted) = registry.admit(p, cordon_runtime::Use::of(p)) else {
+            continue;
+        };
         let t = std::time::Instant::now();
-        let r = registry.admit(p, cordon_runtime::Use::of(p)).and_then(|a| {
-            a.prepare(&cordon_runtime::Context::discard("serve-start"))
-                .map_err(|e| e.to_string())
-        });
-        match r {
-            Ok(()) => eprintln!(
-                "cordon: {}: its microVM is ready ({:.1} s: the image's disk{})",
+        match admitted.prepare(&cordon_runtime::Context::discard("serve-start")) {
+            // Only what took time is worth a line (nothing is made ahead
+            // for most runtimes, or it was made before).
+            Ok(()) if t.elapsed() >= std::time::Duration::from_millis(100) => eprintln!(
+                "cordon: {}: made ready for its first call in {:.1} s ({})",
                 p.name,
                 t.elapsed().as_secs_f64(),
-                if p.boot == Some(cordon_policy::policy::Boot::Snapshot) {
-                    " and template snapshot"
-                } else {
-                    ""
-                }
+                admitted.runtime.name()
             ),
+            Ok(()) => {}
             Err(e) => eprintln!(
-                "cordon: {}: warning: its microVM was not made ready ahead (its first call tries again): {e}",
+                "cordon: {}: warning: not made ready ahead (its first call tries again): {e}",
                 p.name
             ),
         }
