@@ -95,6 +95,17 @@ fn load_image(s: &Store, layout: &Path, name: &str) -> String {
     text(&o.stdout).trim().to_string()
 }
 
+/// How many template snapshots the store holds.
+fn templates(s: &Store) -> usize {
+    std::fs::read_dir(s.path().join("vm/snapshots"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 fn store(nobody: bool) -> Store {
     let dir = cordon_testkit::scratch::named(if nobody {
         "cordon-vm-cli-nobody-"
@@ -205,16 +216,7 @@ fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
     // `--boot cold`: the guest boots from nothing and no template is made
     // (the runs above made one: the count below is of a directory that
     // holds them; another memory size would be another template).
-    let snapshots = || {
-        std::fs::read_dir(s.path().join("vm/snapshots"))
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    let before = snapshots();
+    let before = templates(&s);
     assert!(before >= 1, "no template in the store's vm/snapshots");
     let cold = |wall: &str, script: &str| {
         cordon(
@@ -254,7 +256,7 @@ fn exec_runtime_microvm_runs_an_image_in_a_guest_and_says_what_it_refuses() {
         t.elapsed()
     );
     assert!(out.contains("panic=-1") && out.ends_with("cold\n"), "{out}");
-    assert_eq!(snapshots(), before, "a cold boot made a template");
+    assert_eq!(templates(&s), before, "a cold boot made a template");
     // And it holds: a task past it is stopped (its output withheld, as
     // for every runtime); the reason is the guest's, sent once the task
     // had started.
@@ -392,16 +394,7 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
         ),
     )
     .unwrap();
-    let templates = || {
-        std::fs::read_dir(s.path().join("vm/snapshots"))
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    let before = templates();
+    let before = templates(&s);
     let log = s.dir.join("ready.stderr");
     rt.block_on(async {
         let c = cordon_testkit::serve::Serve::manifest(CORDON, &ready, &s.dir.join("ready.jsonl"))
@@ -411,7 +404,7 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
             .env("CORDON_VM_ACCEL", "tcg")
             .stdio((), Stdio::from(std::fs::File::create(&log).unwrap()))
             .await;
-        let served = templates();
+        let served = templates(&s);
         let res = c
             .peer()
             .call_tool(CallToolRequestParams::new("vm_ready".to_owned()))
@@ -426,7 +419,11 @@ fn a_manifest_microvm_tool_runs_and_is_served() {
         let err = std::fs::read_to_string(&log).unwrap();
         assert!(t.contains("\nready\n"), "{t}\n{err}");
         assert_eq!(served, before + 1, "serving made no template: {err}");
-        assert_eq!(templates(), served, "the first call made a template: {err}");
+        assert_eq!(
+            templates(&s),
+            served,
+            "the first call made a template: {err}"
+        );
     });
     // `image gc` after `image rm`: the guest's disk and template go with
     // the image (positive control: both are there before).
