@@ -165,6 +165,16 @@ def served(env, ref, tmp, store, rounds):
     return ready, first, second
 
 
+def served_rows(ready, first, second, bare_cold):
+    """The served tool's table rows (medians), without their last `|`."""
+    m = statistics.median
+    return [
+        f"| `cordon serve` ready (answers `initialize`), template made at its start | {m(ready):.0f} ms | {bare_cold:.0f} ms (bare cold boot) | {m(ready) / bare_cold:.2f}x",
+        f"| a served tool's first call vs bare QEMU cold boot to result | {m(first):.0f} ms | {bare_cold:.0f} ms | {m(first) / bare_cold:.3f}x",
+        f"| a served tool's second call vs bare QEMU cold boot to result | {m(second):.0f} ms | {bare_cold:.0f} ms | {m(second) / bare_cold:.3f}x",
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -202,9 +212,8 @@ def main():
             print()
             print(f"| what ({'KVM' if a.kvm else 'TCG'}, median of {a.rounds}) | cordon | baseline | ratio |")
             print("|---|---:|---:|---|")
-            print(f"| `cordon serve` ready (answers `initialize`), template made at its start | {m(ready):.0f} ms | {bare_cold:.0f} ms (bare cold boot) | {m(ready) / bare_cold:.2f}x |")
-            print(f"| a served tool's first call vs bare QEMU cold boot to result | {m(first_s):.0f} ms | {bare_cold:.0f} ms | {m(first_s) / bare_cold:.3f}x |")
-            print(f"| a served tool's second call vs bare QEMU cold boot to result | {m(second_s):.0f} ms | {bare_cold:.0f} ms | {m(second_s) / bare_cold:.3f}x |")
+            for row in served_rows(ready, first_s, second_s, bare_cold):
+                print(row + " |")
             return
 
         # 2. through cordon, interleaved: a first call (template) and warm calls.
@@ -285,9 +294,8 @@ def main():
         print(f"| restore to result vs cold boot to result, through cordon | {m(warm_true):.0f} ms | {bare_cold:.0f} ms (bare cold) | **{m(warm_true) / bare_cold:.3f}x** (target 0.1x) | not measured |")
         print(f"| restore to result vs cold boot to result, bare QEMU | {bare_restore:.0f} ms | {bare_cold:.0f} ms | {bare_restore / bare_cold:.3f}x | not measured |")
         print(f"| warm `cordon exec` of `busybox sha256sum` of 1 MiB | {m(warm_tool):.0f} ms | | | not measured |")
-        print(f"| `cordon serve` ready (answers `initialize`), template made at its start | {m(ready):.0f} ms | | | not measured |")
-        print(f"| a served tool's first call vs bare QEMU cold boot to result | {m(first_s):.0f} ms | {bare_cold:.0f} ms | {m(first_s) / bare_cold:.3f}x | not measured |")
-        print(f"| a served tool's second call vs bare QEMU cold boot to result | {m(second_s):.0f} ms | {bare_cold:.0f} ms | {m(second_s) / bare_cold:.3f}x | not measured |")
+        for row in served_rows(ready, first_s, second_s, bare_cold):
+            print(row + " | not measured |")
         for n, (k, rss, pss, priv, total) in mem.items():
             print(f"| {n} restored guests of one template at once ({k} QEMU seen): mean RSS / PSS / private per QEMU; PSS of all | {rss:.1f} / {pss:.1f} / {priv:.1f} MiB; {total:.0f} MiB | | | not measured |")
         for n, (rss, pss, dirty) in ram.items():

@@ -581,7 +581,6 @@ impl Slot {
     }
 }
 
-/// The pids of a `cgroup.procs` file.
 /// Whether a `/proc/PID/cgroup` text places its process in `dir` on one
 /// of its hierarchies (`ID:CONTROLLERS:PATH`, the path as the hierarchy's
 /// root names it, which `dir` ends with).
@@ -592,6 +591,7 @@ fn in_dir(text: &str, dir: &Path) -> bool {
         .any(|p| !p.is_empty() && dir.ends_with(p))
 }
 
+/// The pids of a `cgroup.procs` file.
 fn procs(text: &str) -> impl Iterator<Item = i32> + '_ {
     text.lines().filter_map(|l| l.trim().parse::<i32>().ok())
 }

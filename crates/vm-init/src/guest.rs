@@ -600,8 +600,9 @@ const PRESSURE: [Pressure; 2] = [
     // that fills its limit with anonymous memory and then evicts and
     // refaults its own program's pages stalls so (measured under TCG: the
     // probe agent's memory probe at a 64 or 128 MiB limit was killed
-    // 3.4-4.4 s after its start by this watch, 2-18 s by the kernel's OOM
-    // killer without it, and past a 20 s wall clock on a loaded host).
+    // 3.4-5.5 s after its start by this watch, filling included; by the
+    // kernel's OOM killer without it, 2-18 s, and past a 20 s wall clock
+    // on a loaded host).
     Pressure {
         trigger: "full 500000 1000000",
         windows: 3,
